@@ -1,0 +1,37 @@
+"""Exit codes and the error bases the CLI maps to them (DESIGN section 7).
+
+0 clean, 1 a policy violation was found, 2 usage or configuration error, 3 the check
+could not be completed. Each sidecar module derives its own base from one of these, so
+the CLI prints the message (which names the file, key or step) and never a traceback.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_VIOLATION = 1
+EXIT_USAGE = 2
+EXIT_INCOMPLETE = 3
+
+
+class WardenError(Exception):
+    """Base of every expected failure. ``exit_code`` is what the CLI exits with."""
+
+    exit_code = EXIT_INCOMPLETE
+
+
+class ViolationError(WardenError):
+    """A check ran to the end and found something wrong (tampered, unsafe, unhealthy)."""
+
+    exit_code = EXIT_VIOLATION
+
+
+class ConfigError(WardenError):
+    """A flag, policy or config file is wrong; the message names the file and key."""
+
+    exit_code = EXIT_USAGE
+
+
+class IncompleteError(WardenError):
+    """A check could not be completed (store unreachable, file unreadable)."""
+
+    exit_code = EXIT_INCOMPLETE
