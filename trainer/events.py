@@ -16,6 +16,7 @@ Contracts:
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -76,7 +77,7 @@ class JournalTruncated(JournalError):
 
 def utc_timestamp(now: float) -> str:
     """RFC 3339 UTC time with microseconds, e.g. ``2026-11-30T03:12:45.123456Z``."""
-    moment = _dt.datetime.fromtimestamp(now, tz=_dt.timezone.utc)
+    moment = _dt.datetime.fromtimestamp(now, tz=_dt.UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
@@ -124,7 +125,7 @@ class Event:
             raise ValueError("field 'step' must be an integer or null")
         if not isinstance(data, dict):
             raise ValueError("field 'data' must be an object")
-        return cls(seq=seq, run_id=run_id, type=etype, time=etime, step=step, data=data, v=v)
+        return cls(seq=seq, run_id=str(run_id), type=str(etype), time=str(etime), step=step, data=data, v=v)
 
 
 def encode_line(event: Event) -> bytes:
@@ -158,10 +159,8 @@ def atomic_write_bytes(path: str, payload: bytes, mode: int = 0o644) -> None:
         os.fsync(fd)
     except BaseException:
         os.close(fd)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise
     os.close(fd)
     os.replace(tmp, path)
@@ -372,7 +371,7 @@ class JournalReader:
     def read_available(self) -> Iterator[tuple[Event, Cursor]]:
         """Yields events after the cursor. Raises JournalTruncated, OSError."""
         try:
-            fh = open(self.path, "rb")
+            fh = open(self.path, "rb")  # noqa: SIM115 (closed by the with below)
         except FileNotFoundError:
             return
         with fh:

@@ -1,0 +1,84 @@
+"""The ``warden`` command. Exit codes: 0 clean, 1 violation, 2 usage, 3 incomplete.
+
+Expected failures (WardenError, OSError) print one ``error:`` line naming the file,
+key or step, and never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+import click
+
+from sidecars import __version__
+from sidecars.errors import EXIT_INCOMPLETE, WardenError
+
+# Command groups that live in other modules: name -> "module:attribute". Imported lazily
+# so `warden --help` does not import every sidecar.
+LAZY_COMMANDS: dict[str, str] = {
+    "sidecar": "sidecars.commands.sidecar:sidecar",
+    "events": "sidecars.commands.events:events",
+}
+
+
+class WardenGroup(click.Group):
+    """A click group that maps expected errors to exit codes and loads subcommands lazily."""
+
+    def __init__(self, *args: Any, lazy: dict[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy = lazy or {}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy:
+            module_name, _, attr = self.lazy[cmd_name].partition(":")
+            command = getattr(importlib.import_module(module_name), attr)
+            if not isinstance(command, click.Command):
+                raise TypeError(f"{self.lazy[cmd_name]} is not a click command")
+            return command
+        return super().get_command(ctx, cmd_name)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except WardenError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except OSError as exc:
+            where = f"{exc.filename}: " if exc.filename else ""
+            click.echo(f"error: {where}{exc.strerror or exc}", err=True)
+            ctx.exit(EXIT_INCOMPLETE)
+
+
+@click.group(
+    cls=WardenGroup,
+    lazy=LAZY_COMMANDS,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
+@click.version_option(__version__, "--version", prog_name="warden")
+def cli() -> None:
+    """Warden: ops and compliance sidecars for RL (PPO) post-training.
+
+    The trainer appends events to <run_dir>/events.jsonl; sidecars follow that journal,
+    act on it (sign checkpoints, archive reward snapshots, scan tokenizers, audit
+    dependencies, watch paths) and export Prometheus metrics.
+
+    Exit codes: 0 clean, 1 a policy violation was found, 2 usage or configuration
+    error, 3 the check could not be completed. Every option can also be set with an
+    environment variable WARDEN_<OPTION> (shown in each command's --help).
+    """
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    cli.main(args=argv if argv is not None else sys.argv[1:], prog_name="warden")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""``warden sidecar list|run``."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from sidecars.cliutil import echo_json, format_option, option
+from sidecars.errors import ConfigError
+from sidecars.httpserve import MetricsServer
+from sidecars.logs import configure_json_logging, log_fields
+from sidecars.policy import load_policy
+from sidecars.registry import SIDECARS, sidecar_class
+from sidecars.runner import Runner
+from sidecars.runtime import Sidecar, SidecarContext
+
+
+@click.group()
+def sidecar() -> None:
+    """List the sidecars or run one."""
+
+
+@sidecar.command("list")
+@format_option()
+def list_sidecars(output_format: str) -> None:
+    """Show every registered sidecar, its default port and what it does."""
+    rows = []
+    for name in SIDECARS:
+        cls = sidecar_class(name)
+        rows.append(
+            {"name": name, "port": cls.default_port, "description": cls.description, "events": sorted(cls.handles)}
+        )
+    if output_format == "json":
+        echo_json(rows)
+        return
+    for row in rows:
+        click.echo(f"{row['name']:<10} :{row['port']:<6} {row['description']}")
+
+
+def _resolve_policy(cls: type[Sidecar], policy: str | None, policy_dir: str) -> tuple[object, str | None]:
+    if cls.policy_schema is None:
+        return None, None
+    path = policy or os.path.join(policy_dir, f"{cls.name}.yaml")
+    if policy is None and not os.path.exists(path):
+        raise ConfigError(
+            f"{path}: default policy of sidecar {cls.name!r} not found; pass --policy FILE "
+            "or --policy-dir DIR (policies/README.md describes the fields)"
+        )
+    return load_policy(path, cls.policy_schema), path
+
+
+@sidecar.command("run")
+@click.argument("name")
+@option("--run-dir", type=click.Path(file_okay=False), help="Run directory holding events.jsonl.")
+@option(
+    "--state-dir",
+    type=click.Path(file_okay=False),
+    help="Where cursors and spools live. Default: <run-dir>/state/<name>, else ./state/<name>.",
+)
+@option("--policy", type=click.Path(dir_okay=False), help="Policy file. Default: <policy-dir>/<name>.yaml.")
+@option(
+    "--policy-dir",
+    default="policies",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Directory of the default policy files.",
+)
+@option("--port", type=int, help="Port of /metrics and /healthz. Default: the sidecar's own (see `sidecar list`).")
+@option("--listen", default="127.0.0.1", show_default=True, help="Address to bind /metrics to.")
+@option("--once", is_flag=True, help="Handle the backlog and run one round of checks, then exit 0/1/3.")
+@option(
+    "--poll-interval",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Seconds between journal polls (inotify misses writes made by other NFS clients).",
+)
+@option("--log-level", default="info", show_default=True, type=click.Choice(["debug", "info", "warning", "error"]))
+def run_sidecar(
+    name: str,
+    run_dir: str | None,
+    state_dir: str | None,
+    policy: str | None,
+    policy_dir: str,
+    port: int | None,
+    listen: str,
+    once: bool,
+    poll_interval: float,
+    log_level: str,
+) -> None:
+    """Run sidecar NAME until SIGTERM (or one pass with --once).
+
+    Logs JSON lines to stderr; serves Prometheus metrics on /metrics and liveness on /healthz.
+    """
+    configure_json_logging(log_level)
+    cls = sidecar_class(name)
+    if cls.needs_run_dir and not run_dir:
+        raise click.UsageError(f"sidecar {name!r} follows a journal: pass --run-dir DIR (or WARDEN_RUN_DIR)")
+    policy_obj, policy_path = _resolve_policy(cls, policy, policy_dir)
+    if state_dir is None:
+        state_dir = os.path.join(run_dir, "state", name) if run_dir else os.path.join("state", name)
+    os.makedirs(state_dir, exist_ok=True)
+    ctx = SidecarContext(
+        name=name,
+        state_dir=os.path.abspath(state_dir),
+        run_dir=os.path.abspath(run_dir) if run_dir else None,
+        policy=policy_obj,
+        policy_path=policy_path,
+    )
+    runner = Runner(cls(ctx), poll_seconds=poll_interval)
+    if once:
+        sys.exit(int(runner.run_once()))
+    try:
+        server = MetricsServer(ctx.registry, listen, cls.default_port if port is None else port, runner.health)
+    except OSError as exc:
+        raise ConfigError(
+            f"cannot listen on {listen}:{port or cls.default_port} ({exc.strerror}); pick another with --port"
+        ) from None
+    server.start()
+    ctx.log.info("serving metrics", extra=log_fields(sidecar=name, url=f"http://{listen}:{server.port}/metrics"))
+    try:
+        code = runner.run_forever(server)
+    finally:
+        server.stop()
+    sys.exit(code)

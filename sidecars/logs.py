@@ -1,0 +1,47 @@
+"""JSON-lines logging to stderr, one object per record.
+
+Fields: ``time`` (RFC 3339 UTC), ``level``, ``logger``, ``msg`` and whatever was passed
+in ``extra={"fields": {...}}``. Exceptions are rendered into ``exc`` as text, never as a
+bare traceback on the terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any, TextIO
+
+from trainer.events import utc_timestamp
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": utc_timestamp(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        fields = getattr(record, "fields", None)
+        if isinstance(fields, dict):
+            entry.update(fields)
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str, ensure_ascii=False)
+
+
+def configure_json_logging(level: str = "info", stream: TextIO | None = None) -> None:
+    """Routes the root logger to ``stream`` (stderr) as JSON lines."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.Formatter.converter = time.gmtime
+
+
+def log_fields(**fields: Any) -> dict[str, Any]:
+    """``logger.info("msg", extra=log_fields(path=p))`` attaches structured fields."""
+    return {"fields": fields}

@@ -1,0 +1,137 @@
+"""What every sidecar shares: the :class:`Sidecar` base, its context and the runner.
+
+A sidecar reacts to journal events (``handles`` + :meth:`Sidecar.handle`) and/or runs a
+periodic :meth:`Sidecar.check`. The :class:`Runner` feeds it, keeps its cursor, serves
+``/metrics`` and ``/healthz``, logs JSON to stderr and stops cleanly on SIGTERM.
+
+Delivery is at least once: the cursor is saved after an event's side effect is done, so
+a crash between the two replays that event, and handlers must be idempotent.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from sidecars.errors import WardenError
+from trainer.events import (
+    JOURNAL_NAME,
+    Event,
+)
+
+
+class Outcome(enum.IntEnum):
+    """Result of one event or one check; values are the CLI exit codes."""
+
+    OK = 0
+    VIOLATION = 1
+    INCOMPLETE = 3
+
+
+class RetryLater(WardenError):
+    """Raised by a handler whose side effect cannot be done now (store down).
+
+    The runner keeps the cursor before the event and retries it after a back-off.
+    """
+
+
+@dataclass
+class SidecarContext:
+    """Everything a sidecar gets from outside; tests build one with fresh parts."""
+
+    name: str
+    state_dir: str
+    run_dir: str | None = None
+    policy: Any = None
+    policy_path: str | None = None
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    log: logging.Logger = field(default_factory=lambda: logging.getLogger("warden"))
+    clock: Callable[[], float] = time.time
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def journal_path(self) -> str | None:
+        return os.path.join(self.run_dir, JOURNAL_NAME) if self.run_dir else None
+
+
+class Sidecar:
+    """Base of every sidecar. Subclasses set the class attributes and override one or both hooks."""
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    default_port: ClassVar[int]
+    policy_schema: ClassVar[type | None] = None
+    handles: ClassVar[frozenset[str]] = frozenset()
+    needs_run_dir: ClassVar[bool] = False
+
+    def __init__(self, ctx: SidecarContext) -> None:
+        self.ctx = ctx
+
+    @property
+    def check_interval_seconds(self) -> float | None:
+        """Seconds between periodic checks; None for sidecars without :meth:`check`."""
+        return None
+
+    def handle(self, event: Event) -> Outcome:
+        """Acts on one event of a type in ``handles``. Must be idempotent.
+
+        Raises RetryLater to be called again later with the same event, WardenError for
+        a failure of this event (counted, logged, then skipped).
+        """
+        return Outcome.OK
+
+    def check(self) -> Outcome:
+        """One round of periodic checks. Raises WardenError when it cannot complete."""
+        return Outcome.OK
+
+    def close(self) -> None:
+        """Releases resources; called once when the runner stops."""
+
+
+class SidecarMetrics:
+    """The common ``warden_sidecar_*`` families (DESIGN section 8), labelled ``sidecar``."""
+
+    def __init__(self, registry: CollectorRegistry, name: str) -> None:
+        label = ["sidecar"]
+        self.up = Gauge("warden_sidecar_up", "1 while the sidecar process runs.", label, registry=registry)
+        self.processed = Counter("warden_sidecar_events_processed", "Journal events handled.", label, registry=registry)
+        self.lag = Gauge(
+            "warden_sidecar_lag_events", "Journal events written but not yet handled.", label, registry=registry
+        )
+        self.errors = Counter(
+            "warden_sidecar_errors", "Failures by kind (handler, check, journal).", [*label, "kind"], registry=registry
+        )
+        self.last_success = Gauge(
+            "warden_sidecar_last_success_timestamp_seconds",
+            "Unix time of the last event or check that completed.",
+            label,
+            registry=registry,
+        )
+        self.violations = Counter(
+            "warden_sidecar_violations", "Events or checks that found a policy violation.", label, registry=registry
+        )
+        self.name = name
+        for metric in (self.up, self.processed, self.lag, self.last_success, self.violations):
+            metric.labels(name)
+        self.up.labels(name).set(1)
+
+    def error(self, kind: str) -> None:
+        self.errors.labels(self.name, kind).inc()
+
+
+def error_kind(exc: BaseException) -> str:
+    """A bounded label value for an exception: its class name in snake case."""
+    out = []
+    for i, ch in enumerate(type(exc).__name__):
+        if ch.isupper() and i:
+            out.append("_")
+        out.append(ch.lower())
+    return "".join(out)

@@ -1,0 +1,90 @@
+"""Helpers shared by the tests: free ports, process control, HTTP polling, binaries.
+
+Fakes that implement real interfaces also live here, so there is one place to look.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def need_binary(name: str) -> str:
+    """Path of ``name``; skips locally when missing, fails under CI=true."""
+    path = shutil.which(name)
+    if path:
+        return path
+    message = f"{name} is not installed (CI installs it via .ci/run)"
+    if IN_CI:
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+def warden_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sidecars.cli", *args]
+
+
+def run_warden(*args: str, timeout: float = 60, env: dict[str, str] | None = None,
+               cwd: str = ROOT) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(warden_cmd(*args), capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def wait_http(url: str, deadline_s: float = 20.0, proc: subprocess.Popen[bytes] | None = None) -> str:
+    """Polls ``url`` until it answers 200 and returns the body."""
+    end = time.monotonic() + deadline_s
+    last: Exception | None = None
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited with {proc.returncode} before {url} answered")
+        try:
+            status, body = http_get(url, timeout=1.0)
+            if status == 200:
+                return body
+        except OSError as exc:
+            last = exc
+        time.sleep(0.05)
+    raise AssertionError(f"{url} did not answer within {deadline_s}s ({last})")
+
+
+def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 10) -> int:
+    """Signals ``proc`` by PID, waits, kills on timeout; returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def spawn(cmd: Sequence[str], **kwargs: object) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(list(cmd), cwd=ROOT, **kwargs)  # type: ignore[call-overload]
