@@ -43,8 +43,9 @@ def warden_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "sidecars.cli", *args]
 
 
-def run_warden(*args: str, timeout: float = 60, env: dict[str, str] | None = None,
-               cwd: str = ROOT) -> subprocess.CompletedProcess[str]:
+def run_warden(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None, cwd: str = ROOT
+) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(warden_cmd(*args), capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd)
 

@@ -65,7 +65,8 @@ def test_two_processes_appending_never_interleave(run_dir):
     for p in procs:
         p.join(60)
         assert p.exitcode == 0
-    lines = open(path, "rb").read().split(b"\n")
+    with open(path, "rb") as fh:
+        lines = fh.read().split(b"\n")
     assert lines[-1] == b""
     decoded = [json.loads(line) for line in lines[:-1]]  # any interleaving would fail to parse
     for tag in "ab":
@@ -175,7 +176,7 @@ def test_oversized_line_refused_without_holding_it(run_dir, journal):
 
 
 def test_emit_refuses_an_oversized_event(journal):
-    with pytest.raises(EventTooLarge, match="step.completed event at step 3"):
+    with pytest.raises(EventTooLarge, match=r"step\.completed event at step 3"):
         journal.emit(ev.STEP_COMPLETED, {"x": "a" * (ev.MAX_LINE_BYTES + 1)}, step=3)
     assert journal.last_seq == 0
 
