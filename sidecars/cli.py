@@ -21,6 +21,7 @@ from sidecars.errors import EXIT_INCOMPLETE, WardenError
 LAZY_COMMANDS: dict[str, str] = {
     "sidecar": "sidecars.commands.sidecar:sidecar",
     "events": "sidecars.commands.events:events",
+    "train": "trainer.cli:train",
 }
 
 

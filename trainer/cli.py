@@ -1,0 +1,46 @@
+"""``warden train``: the PPO trainer's command line (also runs under torchrun)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from sidecars.cliutil import option
+
+
+@click.command("train")
+@option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
+        help="Trainer config YAML (see trainer/configs/demo.yaml).")
+@option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+        help="Override a config key, e.g. --set ppo.actor_lr=1e-5 (repeatable).")
+@option("--max-steps", type=int, help="Stop after this step (overrides max_steps).")
+@option("--run-dir", required=True, type=click.Path(file_okay=False),
+        help="Run directory: events.jsonl, checkpoints/, state/.")
+@option("--resume", default="auto", show_default=True,
+        help="auto: newest checkpoint that verifies; never: start fresh; or a checkpoint directory.")
+def train(config_path: str, overrides: tuple[str, ...], max_steps: int | None, run_dir: str, resume: str) -> None:
+    """Train with PPO on a local model, writing events and checkpoints into RUN_DIR.
+
+    Validates the config and every path before loading a model; fails with exit 2 naming
+    the key. Under torchrun, only rank 0 writes events, checkpoints and /metrics.
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from trainer.config import load_config
+    from trainer.core import PPOTrainer
+
+    cfg = load_config(config_path, list(overrides))
+    name = os.path.splitext(os.path.basename(config_path))[0]
+    trainer = PPOTrainer(cfg, run_dir, resume=resume, config_name=name)
+    try:
+        if trainer.resumed:
+            click.echo(f"resumed from {trainer.resumed.path} at step {trainer.step} ({trainer.resumed.verification})",
+                       err=True)
+        trainer.train(max_steps if max_steps is not None else cfg.max_steps)
+    finally:
+        trainer.close()

@@ -1,0 +1,77 @@
+"""Actor, frozen reference and critic (causal-LM backbone + value head), loaded locally.
+
+Every ``from_pretrained`` passes ``trust_remote_code=False`` and ``local_files_only=True``.
+Weights are saved with safetensors only.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CRITIC_WEIGHTS = "critic.safetensors"
+
+
+def load_causal_lm(path: str, dtype: str, device: torch.device) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path, trust_remote_code=False, local_files_only=True, dtype=DTYPES[dtype]
+    )
+    return model.to(device)
+
+
+class Critic(nn.Module):
+    """Value model: ``forward(input_ids (B, L), attention_mask (B, L)) -> values (B, L)`` float32."""
+
+    def __init__(self, backbone: nn.Module, hidden_size: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.value_head.weight)
+        nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        hidden = out.last_hidden_state
+        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
+
+
+def _backbone_from_config(path: str, dtype: str) -> tuple[nn.Module, int]:
+    from transformers import AutoConfig, AutoModel
+
+    config = AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    return AutoModel.from_config(config, dtype=DTYPES[dtype]), int(config.hidden_size)
+
+
+def load_critic(path: str, dtype: str, device: torch.device) -> Critic:
+    """A critic from a saved critic directory, or a fresh value head on a causal-LM's backbone."""
+    weights = os.path.join(path, CRITIC_WEIGHTS)
+    if os.path.exists(weights):
+        backbone, hidden = _backbone_from_config(path, dtype)
+        critic = Critic(backbone, hidden)
+        critic.load_state_dict(load_file(weights))
+        return critic.to(device)
+    lm = load_causal_lm(path, dtype, torch.device("cpu"))
+    critic = Critic(lm.model, int(lm.config.hidden_size))
+    return critic.to(device)
+
+
+def save_critic(critic: Critic, out_dir: str, source_config_dir: str) -> None:
+    """Writes ``critic.safetensors`` and the backbone's ``config.json`` into ``out_dir``."""
+    os.makedirs(out_dir, exist_ok=True)
+    state = {k: v.detach().contiguous().cpu() for k, v in critic.state_dict().items()}
+    save_file(state, os.path.join(out_dir, CRITIC_WEIGHTS))
+    from transformers import AutoConfig
+
+    AutoConfig.from_pretrained(source_config_dir, local_files_only=True).save_pretrained(out_dir)
+
+
+def unwrap(model: nn.Module) -> Any:
+    """The module inside a DistributedDataParallel wrapper, or the model itself."""
+    return getattr(model, "module", model)

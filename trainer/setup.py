@@ -1,0 +1,89 @@
+"""Start-up checks that run before any model is loaded: paths and environment."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from sidecars.errors import ConfigError
+from trainer.config import PreflightConfig, TrainerConfig
+
+
+@dataclass(frozen=True)
+class ResolvedPaths:
+    """Absolute, checked paths the run uses."""
+
+    actor: str
+    critic: str
+    tokenizer: str
+    reward_model: str
+    train_files: tuple[str, ...]
+    checkpoint_root: str
+
+
+def _readable_dir(key: str, path: str) -> None:
+    if not os.path.isabs(path):
+        raise ConfigError(f"{key}: {path!r} must be an absolute path")
+    if not os.path.isdir(path):
+        raise ConfigError(f"{key}: {path} does not exist or is not a directory")
+    if not os.access(path, os.R_OK | os.X_OK):
+        raise ConfigError(f"{key}: {path} is not readable by this user")
+
+
+def _writable_root(key: str, path: str) -> None:
+    if not os.path.isabs(path):
+        raise ConfigError(f"{key}: {path!r} must be an absolute path")
+    probe = path
+    while not os.path.exists(probe):
+        probe = os.path.dirname(probe)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}: {path} is not writable by this user (checked {probe})")
+
+
+def resolve_paths(cfg: TrainerConfig, run_dir: str) -> ResolvedPaths:
+    """Fills in defaults (tiny offline assets, checkpoint root) and validates every path."""
+    m = cfg.model
+    actor, tokenizer, files = m.actor_path, m.tokenizer_path, cfg.data.train_files
+    if m.tiny is not None:
+        from trainer.assets import ensure_tiny_assets
+
+        built = ensure_tiny_assets(m.tiny, seed=0)
+        actor = actor or built.model_dir
+        tokenizer = tokenizer or built.tokenizer_dir
+        files = files or ((built.arithmetic_file,) if cfg.reward.rule == "arithmetic" else (built.prompts_file,))
+    if not actor:
+        raise ConfigError("model.actor_path: required (or set model.tiny to build a tiny offline model)")
+    tokenizer = tokenizer or actor
+    critic = m.critic_path or actor
+    for key, path in (("model.actor_path", actor), ("model.critic_path", critic),
+                      ("model.tokenizer_path", tokenizer)):
+        _readable_dir(key, path)
+    if cfg.reward.kind == "model":
+        _readable_dir("model.reward_model_path", m.reward_model_path)
+    if not files:
+        raise ConfigError("data.train_files: at least one prompt file is required")
+    from trainer.data import check_readable_files
+
+    check_readable_files(tuple(files))
+    root = cfg.checkpoint.root or os.path.join(run_dir, "checkpoints")
+    _writable_root("checkpoint.root", root)
+    return ResolvedPaths(actor, critic, tokenizer, m.reward_model_path, tuple(files), root)
+
+
+def check_environment(cfg: PreflightConfig, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Checks required variables; returns the effective ``NCCL_*`` settings for run.started.
+
+    Raises ConfigError naming every missing or wrong variable at once.
+    """
+    env = dict(os.environ if environ is None else environ)
+    problems = []
+    for name, pattern in cfg.required_env.items():
+        value = env.get(name)
+        if not value:
+            problems.append(f"{name} is not set")
+        elif pattern and not re.fullmatch(pattern, value):
+            problems.append(f"{name}={value!r} does not match {pattern!r}")
+    if problems:
+        raise ConfigError("preflight.required_env: " + "; ".join(problems) + " (set them in the job script)")
+    return {k: v for k, v in sorted(env.items()) if k.startswith("NCCL_")}
