@@ -72,6 +72,9 @@ def build_model(out_dir: str, tokenizer_dir: str, spec: TinyAssets, seed: int = 
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+    from trainer.models import quiet_transformers
+
+    quiet_transformers()
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
     config = LlamaConfig(
         vocab_size=len(tokenizer),

@@ -17,9 +17,18 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 CRITIC_WEIGHTS = "critic.safetensors"
 
 
+def quiet_transformers() -> None:
+    """No per-file progress bars from transformers in the trainer's console or logs."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def load_causal_lm(path: str, dtype: str, device: torch.device) -> Any:
     from transformers import AutoModelForCausalLM
 
+    quiet_transformers()
     model = AutoModelForCausalLM.from_pretrained(
         path, trust_remote_code=False, local_files_only=True, dtype=DTYPES[dtype]
     )

@@ -32,13 +32,17 @@ def _readable_dir(key: str, path: str) -> None:
 
 
 def _writable_root(key: str, path: str) -> None:
+    """Creates ``path`` if needed and writes and removes a probe file (root ignores mode bits)."""
     if not os.path.isabs(path):
         raise ConfigError(f"{key}: {path!r} must be an absolute path")
-    probe = path
-    while not os.path.exists(probe):
-        probe = os.path.dirname(probe)
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"{key}: {path} is not writable by this user (checked {probe})")
+    probe = os.path.join(path, f".warden-write-probe-{os.getpid()}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with open(probe, "wb") as fh:
+            fh.write(b"ok")
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"{key}: {path} is not writable ({exc.strerror}); fix the mount or pick another root") from None
 
 
 def resolve_paths(cfg: TrainerConfig, run_dir: str) -> ResolvedPaths:
