@@ -21,6 +21,12 @@ from sidecars.errors import EXIT_INCOMPLETE, WardenError
 LAZY_COMMANDS: dict[str, str] = {
     "sidecar": "sidecars.commands.sidecar:sidecar",
     "events": "sidecars.commands.events:events",
+    "paths": "sidecars.paths.commands:paths",
+    "keys": "sidecars.signer.commands:keys_group",
+    "checkpoint": "sidecars.signer.commands:checkpoint_group",
+    "audit": "sidecars.archiver.commands:audit",
+    "scan": "sidecars.tokenscan.commands:scan",
+    "deps": "sidecars.deps.commands:deps",
     "train": "trainer.cli:train",
 }
 

@@ -14,6 +14,11 @@ from sidecars.runtime import Sidecar
 
 SIDECARS: dict[str, str] = {
     "journal": "sidecars.journal.sidecar:JournalSidecar",
+    "paths": "sidecars.paths.sidecar:PathsSidecar",
+    "signer": "sidecars.signer.sidecar:SignerSidecar",
+    "archiver": "sidecars.archiver.sidecar:ArchiverSidecar",
+    "tokenscan": "sidecars.tokenscan.sidecar:TokenscanSidecar",
+    "deps": "sidecars.deps.sidecar:DepsSidecar",
 }
 
 

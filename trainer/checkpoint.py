@@ -58,10 +58,10 @@ def list_complete(root: str) -> list[CheckpointRef]:
 
 
 def remove_stale_temporaries(root: str) -> list[str]:
-    """Deletes ``.tmp-step-*`` directories left by a crash; returns their names."""
+    """Deletes ``.tmp-step-*`` and ``.del-step-*`` directories left by a crash; returns their names."""
     removed = []
     for name in os.listdir(root) if os.path.isdir(root) else []:
-        if name.startswith(".tmp-step-"):
+        if name.startswith((".tmp-step-", ".del-step-")):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
             removed.append(name)
     return removed
@@ -185,10 +185,11 @@ def write_checkpoint(root: str, step: int, fill: Callable[[str], None]) -> str:
         fill(tmp)
         write_manifest(tmp)
         _fsync_tree(tmp)
-        if os.path.exists(final):  # same step saved again after a resume: replace it whole
-            shutil.rmtree(final)
+        doomed = _retire(final) if os.path.exists(final) else None  # same step saved again
         os.rename(tmp, final)
         fsync_dir(root)
+        if doomed:
+            shutil.rmtree(doomed, ignore_errors=True)
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(f"{tmp}: checkpoint write failed: {exc.strerror or exc}") from exc
@@ -199,12 +200,23 @@ def prune(root: str, keep_last: int) -> list[str]:
     """Deletes all but the newest ``keep_last`` complete checkpoints (and their .sig files)."""
     removed = []
     for ref in list_complete(root)[keep_last:]:
-        shutil.rmtree(ref.path, ignore_errors=True)
+        doomed = _retire(ref.path)
         sig = ref.path + ".sig"
         if os.path.exists(sig):
             os.unlink(sig)
+        shutil.rmtree(doomed, ignore_errors=True)
         removed.append(ref.path)
     return removed
+
+
+def _retire(path: str) -> str:
+    """Renames a complete checkpoint out of sight first, so a crash mid-delete never
+    leaves a half-deleted ``step-N`` that looks complete."""
+    doomed = os.path.join(os.path.dirname(path), ".del-" + os.path.basename(path))
+    shutil.rmtree(doomed, ignore_errors=True)
+    os.rename(path, doomed)
+    fsync_dir(os.path.dirname(path))
+    return doomed
 
 
 def contains_pickle(path: str) -> bool:

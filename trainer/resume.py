@@ -36,15 +36,27 @@ def verify_checkpoint(path: str, trusted_keys: str, allow_unsigned: bool) -> tup
     if trusted_keys:
         sig = path + ".sig"
         if os.path.exists(sig):
-            from sidecars.signer.api import verify_signed_checkpoint
-
-            return verify_signed_checkpoint(path, sig, trusted_keys)
+            return _verify_signature(path, sig, trusted_keys)
         if not allow_unsigned:
             return False, f"no signature {os.path.basename(sig)} and checkpoint.allow_unsigned is false"
     problems = ckpt.verify_manifest(path)
     if problems:
         return False, "manifest mismatch: " + "; ".join(problems[:5])
     return True, "manifest sha256 verified" + (" (unsigned)" if trusted_keys else "")
+
+
+def _verify_signature(path: str, sig: str, trusted_keys: str) -> tuple[bool, str]:
+    from sidecars.errors import WardenError
+    from sidecars.signer import load_trusted_keys
+    from sidecars.signer import verify_checkpoint as verify_signed
+
+    try:
+        result = verify_signed(path, load_trusted_keys(trusted_keys), signature_path=sig)
+    except WardenError as exc:
+        return False, f"signature check failed: {exc}"
+    if not result.ok:
+        return False, "signature: " + "; ".join(p.message for p in result.problems[:5])
+    return True, f"signature verified (key {(result.key_id or '')[:16]})"
 
 
 def find_resume_point(trainer: Any, mode: str) -> ResumeResult | None:

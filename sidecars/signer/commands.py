@@ -1,0 +1,262 @@
+"""Click groups ``keys`` and ``checkpoint``, mounted by the ``warden`` root CLI.
+
+The commands raise :class:`sidecars.errors.WardenError` subclasses and leave printing the
+message and choosing the exit code to the root (0 valid, 1 invalid, 2 bad key or flag,
+3 something could not be read). Every option has an environment variable
+``WARDEN_<OPTION>``. Reports go to stdout; progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from typing import Any
+
+import click
+
+from sidecars.errors import WardenError
+from sidecars.signer.dsse import sign_checkpoint
+from sidecars.signer.keys import generate_keypair, load_private_key, load_trusted_keys
+from sidecars.signer.manifest import Provenance
+from sidecars.signer.verify import verify_checkpoint
+
+PROGRESS_THRESHOLD_BYTES = 1 << 30
+DEFAULT_TRUST = "policies/keys"
+_FORMAT = click.Choice(["text", "json"])
+
+
+class _Progress:
+    """Progress bar on stderr for checkpoints over 1 GiB, when stderr is a terminal."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.bar: Any = None
+        self.last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        if total < PROGRESS_THRESHOLD_BYTES or not sys.stderr.isatty():
+            return
+        now = time.monotonic()
+        if self.bar is None:
+            self.bar = click.progressbar(length=total, label=self.label, file=sys.stderr)
+            self.bar.__enter__()
+        if done >= total or now - self.last >= 0.2:
+            self.last = now
+            self.bar.update(done - self.bar.pos)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(None, None, None)
+
+
+def _parent_digest(_ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+    """Validates ``--parent-digest`` as 64 lowercase hex characters."""
+    if value is not None and not re.fullmatch(r"[0-9a-f]{64}", value):
+        raise click.BadParameter("expected the parent checkpoint's root digest: 64 lowercase hex characters")
+    return value
+
+
+def _emit(fmt: str, text: str, document: dict[str, Any]) -> None:
+    """Prints ``text`` or ``document`` as JSON, per ``--format``."""
+    click.echo(json.dumps(document, indent=2) if fmt == "json" else text)
+
+
+@click.group("keys")
+def keys_group() -> None:
+    """Create signing keys (ECDSA P-256) for checkpoint and snapshot signatures."""
+
+
+@keys_group.command("generate")
+@click.option(
+    "--out",
+    "out_dir",
+    required=True,
+    envvar="WARDEN_OUT",
+    show_envvar=True,
+    type=click.Path(file_okay=False),
+    metavar="DIR",
+    help="Directory to write signing.key (PKCS#8 PEM, mode 0600) and signing.pub into; created if missing.",
+)
+@click.option(
+    "--force", is_flag=True, envvar="WARDEN_FORCE", show_envvar=True, help="Replace an existing key pair in DIR."
+)
+def generate_command(out_dir: str, force: bool) -> None:
+    """Generate a signing key pair.
+
+    The private key never leaves DIR; copy signing.pub into policies/keys/ (any NAME.pub)
+    so that verifiers trust it. Prints the key id: the hex SHA-256 of the public key PEM,
+    the `hint` in every bundle signed with it.
+    """
+    files = generate_keypair(out_dir, force=force)
+    click.echo(f"wrote {files.private_key} (private, mode 0600) and {files.public_key}")
+    click.echo(f"key id {files.key_id}")
+
+
+@click.group("checkpoint")
+def checkpoint_group() -> None:
+    """Sign and verify checkpoint directories (Sigstore bundle beside the directory)."""
+
+
+@checkpoint_group.command("sign")
+@click.argument("path", type=click.Path(file_okay=False))
+@click.option(
+    "--key",
+    "key_path",
+    required=True,
+    envvar="WARDEN_KEY",
+    show_envvar=True,
+    type=click.Path(dir_okay=False),
+    help="Private key (PEM, mode 0600) from `warden keys generate`.",
+)
+@click.option(
+    "--run-id",
+    envvar="WARDEN_RUN_ID",
+    show_envvar=True,
+    help="Run id recorded in the signature (predicate.warden.run_id).",
+)
+@click.option(
+    "--step", type=int, envvar="WARDEN_STEP", show_envvar=True, help="Training step recorded in the signature."
+)
+@click.option(
+    "--parent-digest",
+    envvar="WARDEN_PARENT_DIGEST",
+    show_envvar=True,
+    callback=_parent_digest,
+    metavar="HEX",
+    help="Root digest (hex) of the previous checkpoint of the run, chaining the signatures.",
+)
+@click.option(
+    "--trainer-version",
+    envvar="WARDEN_TRAINER_VERSION",
+    show_envvar=True,
+    help="Trainer version recorded in the signature.",
+)
+@click.option(
+    "--signature",
+    "signature_path",
+    envvar="WARDEN_SIGNATURE",
+    show_envvar=True,
+    type=click.Path(dir_okay=False),
+    help="Where to write the bundle. Default: PATH with .sig appended, beside the directory.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    envvar="WARDEN_WORKERS",
+    show_envvar=True,
+    help="Hashing threads (default: cores).",
+)
+@click.option(
+    "--format", "fmt", type=_FORMAT, default="text", envvar="WARDEN_FORMAT", show_envvar=True, help="Output format."
+)
+def sign_command(
+    path: str,
+    key_path: str,
+    run_id: str | None,
+    step: int | None,
+    parent_digest: str | None,
+    trainer_version: str | None,
+    signature_path: str | None,
+    workers: int | None,
+    fmt: str,
+) -> None:
+    """Hash every file of the checkpoint directory PATH and sign it.
+
+    Writes a Sigstore bundle (DSSE, in-toto Statement, model_signing `files` format) to
+    PATH.sig atomically; `model_signing verify key` accepts it too. Refuses symlinks and
+    special files inside PATH (exit 1) and a key readable by group or others (exit 2).
+    """
+    key = load_private_key(key_path)
+    provenance = Provenance(run_id=run_id, step=step, trainer_version=trainer_version, parent_root_digest=parent_digest)
+    progress = _Progress("hashing " + path)
+    try:
+        result = sign_checkpoint(
+            path, key, provenance, signature_path=signature_path, max_workers=workers, progress=progress
+        )
+    finally:
+        progress.close()
+    document = {
+        "checkpoint": path,
+        "signature": result.signature_path,
+        "root_digest": result.root_digest,
+        "key_id": result.key_id,
+        "files": len(result.manifest.resources),
+        "bytes": result.total_bytes,
+        "provenance": provenance.to_dict(),
+    }
+    text = (
+        f"signed {path}: {document['files']} files, {result.total_bytes} bytes, root sha256:{result.root_digest}\n"
+        f"  key {result.key_id} -> {result.signature_path}"
+    )
+    _emit(fmt, text, document)
+
+
+@checkpoint_group.command("verify")
+@click.argument("path", type=click.Path(file_okay=False))
+@click.option(
+    "--signature",
+    "signature_path",
+    envvar="WARDEN_SIGNATURE",
+    show_envvar=True,
+    type=click.Path(dir_okay=False),
+    help="Bundle to check. Default: PATH with .sig appended. Bundles from `model_signing sign key` work too.",
+)
+@click.option(
+    "--trust",
+    default=DEFAULT_TRUST,
+    show_default=True,
+    envvar="WARDEN_TRUST",
+    show_envvar=True,
+    type=click.Path(),
+    metavar="FILE_OR_DIR",
+    help="Trusted public key: a PEM file, or a directory whose *.pub files are all trusted.",
+)
+@click.option(
+    "--ignore-subject",
+    is_flag=True,
+    envvar="WARDEN_IGNORE_SUBJECT",
+    show_envvar=True,
+    help="Accept a signature made for a directory of another name (a renamed copy).",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    envvar="WARDEN_WORKERS",
+    show_envvar=True,
+    help="Hashing threads (default: cores).",
+)
+@click.option(
+    "--format", "fmt", type=_FORMAT, default="text", envvar="WARDEN_FORMAT", show_envvar=True, help="Report format."
+)
+def verify_command(
+    path: str, signature_path: str | None, trust: str, ignore_subject: bool, workers: int | None, fmt: str
+) -> None:
+    """Verify the checkpoint directory PATH against its signature.
+
+    Exit 0: signed by a trusted key and every file matches. Exit 1: the report names each
+    modified, missing or extra file with its hex SHA-256, or why the signature is
+    rejected (untrusted key, bad signature, altered payload, signature of another
+    checkpoint, symlink inside). Exit 2: bad trust keys. Exit 3: something unreadable.
+    """
+    trusted = load_trusted_keys(trust)
+    progress = _Progress("verifying " + path)
+    try:
+        result = verify_checkpoint(
+            path,
+            trusted,
+            signature_path=signature_path,
+            check_subject=not ignore_subject,
+            max_workers=workers,
+            progress=progress,
+        )
+    except WardenError as exc:
+        if fmt == "json":
+            error = {"kind": type(exc).__name__, "exit_code": exc.exit_code, "message": str(exc)}
+            click.echo(json.dumps({"ok": False, "checkpoint": path, "error": error}))
+        raise
+    finally:
+        progress.close()
+    _emit(fmt, result.report(), result.to_dict())
+    result.raise_for_problems()

@@ -1,0 +1,262 @@
+"""Signing layer: DSSE envelopes in Sigstore bundles v0.3, and signing a checkpoint.
+
+Format (DESIGN section 4), byte-compatible with ``model_signing sign key``::
+
+    {"mediaType": "application/vnd.dev.sigstore.bundle.v0.3+json",
+     "verificationMaterial": {"publicKey": {"hint": <key id>}, "tlogEntries": []},
+     "dsseEnvelope": {"payload": <base64 statement>, "payloadType": "application/vnd.in-toto+json",
+                      "signatures": [{"sig": <base64 DER ECDSA P-256/SHA-256 over PAE>, "keyid": ""}]}}
+
+PAE is the DSSE v1 pre-authentication encoding:
+``"DSSEv1" SP len(type) SP type SP len(body) SP body`` (lengths in bytes, ASCII decimal).
+
+The signature of ``<parent>/step-000000050/`` is ``<parent>/step-000000050.sig``, written
+atomically (temporary file, fsync, rename), so a reader never sees half a bundle.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from sidecars.signer.errors import BadSignature, MalformedBundle, SignatureWriteError, WrongKey
+from sidecars.signer.hashing import ProgressCallback, hash_files, refuse_unsafe, scan_tree
+from sidecars.signer.keys import TrustedKey, TrustedKeys, key_id
+from sidecars.signer.manifest import (
+    DEFAULT_IGNORE_PATHS,
+    Manifest,
+    Provenance,
+    build_manifest,
+    build_statement,
+    encode_statement,
+)
+from trainer.events import atomic_write_bytes
+
+PAYLOAD_TYPE = "application/vnd.in-toto+json"
+BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+SIGNATURE_SUFFIX = ".sig"
+
+
+def pae(payload_type: str, payload: bytes) -> bytes:
+    """DSSE v1 pre-authentication encoding of ``payload``: the bytes that are signed."""
+    kind = payload_type.encode("utf-8")
+    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
+
+
+@dataclass(frozen=True)
+class DsseSignature:
+    """One DSSE signature: raw DER bytes and the (usually empty) keyid."""
+
+    sig: bytes
+    keyid: str = ""
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A Sigstore bundle v0.3 with a DSSE envelope and a public-key hint."""
+
+    payload: bytes
+    payload_type: str
+    signatures: tuple[DsseSignature, ...]
+    key_hint: str | None
+    media_type: str = BUNDLE_MEDIA_TYPE
+
+
+def sign_payload(payload: bytes, private_key: ec.EllipticCurvePrivateKey, payload_type: str = PAYLOAD_TYPE) -> Bundle:
+    """Signs ``payload`` with ECDSA P-256/SHA-256 over its PAE; the hint is the key id."""
+    signature = private_key.sign(pae(payload_type, payload), ec.ECDSA(hashes.SHA256()))
+    return Bundle(payload, payload_type, (DsseSignature(signature),), key_id(private_key.public_key()))
+
+
+def encode_bundle(bundle: Bundle) -> bytes:
+    """The bundle as JSON, standard base64 for payload and signatures."""
+    document = {
+        "mediaType": bundle.media_type,
+        "verificationMaterial": {"publicKey": {"hint": bundle.key_hint}, "tlogEntries": []},
+        "dsseEnvelope": {
+            "payload": base64.b64encode(bundle.payload).decode("ascii"),
+            "payloadType": bundle.payload_type,
+            "signatures": [
+                {"sig": base64.b64encode(s.sig).decode("ascii"), "keyid": s.keyid} for s in bundle.signatures
+            ],
+        },
+    }
+    return (json.dumps(document, indent=2) + "\n").encode("utf-8")
+
+
+def _b64(value: Any, where: str) -> bytes:
+    """Decodes standard (or URL-safe) base64, as DSSE allows both; raises MalformedBundle."""
+    if not isinstance(value, str):
+        raise MalformedBundle(f"{where} must be a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        try:
+            return base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+        except (binascii.Error, ValueError):
+            raise MalformedBundle(f"{where} is not valid base64") from None
+
+
+def _object(parent: Any, key: str, where: str) -> dict[str, Any]:
+    """``parent[key]`` as a JSON object; raises MalformedBundle naming the field."""
+    value = parent.get(key) if isinstance(parent, dict) else None
+    if not isinstance(value, dict):
+        raise MalformedBundle(f"{where}{key} is missing or not an object")
+    return value
+
+
+def _parse_signatures(envelope: dict[str, Any]) -> tuple[DsseSignature, ...]:
+    """The envelope's signatures; at least one is required."""
+    raw = envelope.get("signatures")
+    if not isinstance(raw, list) or not raw:
+        raise MalformedBundle("dsseEnvelope.signatures must be a non-empty list")
+    parsed = []
+    for index, item in enumerate(raw):
+        where = f"dsseEnvelope.signatures[{index}]"
+        if not isinstance(item, dict):
+            raise MalformedBundle(f"{where} must be an object")
+        keyid = item.get("keyid") or ""
+        parsed.append(DsseSignature(_b64(item.get("sig"), where + ".sig"), str(keyid)))
+    return tuple(parsed)
+
+
+def decode_bundle(data: bytes) -> Bundle:
+    """Parses a bundle; raises MalformedBundle saying which field is wrong.
+
+    Accepts what model_signing reads too: missing ``tlogEntries`` or ``hint``.
+    """
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise MalformedBundle(f"not JSON: {exc}") from None
+    if not isinstance(document, dict) or document.get("mediaType") != BUNDLE_MEDIA_TYPE:
+        found = document.get("mediaType") if isinstance(document, dict) else None
+        raise MalformedBundle(f"mediaType is {found!r}, expected {BUNDLE_MEDIA_TYPE!r}")
+    material = _object(document, "verificationMaterial", "")
+    hint = _object(material, "publicKey", "verificationMaterial.").get("hint")
+    if hint is not None and not isinstance(hint, str):
+        raise MalformedBundle("verificationMaterial.publicKey.hint must be a string")
+    envelope = _object(document, "dsseEnvelope", "")
+    payload_type = envelope.get("payloadType")
+    if not isinstance(payload_type, str):
+        raise MalformedBundle("dsseEnvelope.payloadType is missing")
+    payload = _b64(envelope.get("payload"), "dsseEnvelope.payload")
+    return Bundle(payload, payload_type, _parse_signatures(envelope), hint or None, document["mediaType"])
+
+
+def _verifies(key: TrustedKey, bundle: Bundle) -> bool:
+    """True if any signature of ``bundle`` verifies under ``key``."""
+    message = pae(bundle.payload_type, bundle.payload)
+    for signature in bundle.signatures:
+        try:
+            key.public_key.verify(signature.sig, message, ec.ECDSA(hashes.SHA256()))
+        except InvalidSignature:
+            continue
+        return True
+    return False
+
+
+def verify_bundle(bundle: Bundle, trusted: TrustedKeys) -> str:
+    """Checks the DSSE signature against the trusted key named by the hint; returns its key id.
+
+    Without a hint (older bundles) every trusted key is tried. Raises WrongKey when the
+    hint names an untrusted key or no trusted key verifies a hint-less bundle, and
+    BadSignature when the named key does not verify the payload.
+    """
+    if bundle.key_hint is None:
+        match = next((k for k in trusted if _verifies(k, bundle)), None)
+        if match is None:
+            raise WrongKey(
+                f"the bundle names no key, and none of the {len(trusted)} trusted keys in {trusted.source} verifies it"
+            )
+        return match.key_id
+    key = trusted.get(bundle.key_hint)
+    if key is None:
+        known = ", ".join(k.key_id[:16] for k in trusted) or "none"
+        raise WrongKey(
+            f"signed by key {bundle.key_hint}, which is not trusted (trusted keys in {trusted.source}: {known}); "
+            "if this key is legitimate, add its .pub file there"
+        )
+    if not _verifies(key, bundle):
+        raise BadSignature(
+            f"the signature does not verify under trusted key {key.key_id} ({key.source}): "
+            "the payload or the signature was altered after signing"
+        )
+    return key.key_id
+
+
+def signature_path_for(checkpoint_dir: str | os.PathLike[str]) -> str:
+    """``<parent>/step-000000050/`` -> ``<parent>/step-000000050.sig`` (beside the directory)."""
+    path = os.path.abspath(os.fspath(checkpoint_dir))
+    return path + SIGNATURE_SUFFIX
+
+
+def checkpoint_name(checkpoint_dir: str | os.PathLike[str]) -> str:
+    """The subject name of a checkpoint: its directory's basename."""
+    return os.path.basename(os.path.abspath(os.fspath(checkpoint_dir)))
+
+
+def ignore_paths_for(checkpoint_dir: str, signature_path: str, base: tuple[str, ...]) -> tuple[str, ...]:
+    """``base`` plus the signature file's relative path when it lies inside the checkpoint."""
+    relative = os.path.relpath(os.path.abspath(signature_path), os.path.abspath(checkpoint_dir))
+    if relative == os.curdir or relative.startswith(os.pardir + os.sep) or relative == os.pardir:
+        return base
+    return (*base, relative.replace(os.sep, "/"))
+
+
+@dataclass(frozen=True)
+class SignResult:
+    """What :func:`sign_checkpoint` did: where the bundle is, and what it vouches for."""
+
+    signature_path: str
+    manifest: Manifest
+    root_digest: str
+    key_id: str
+    total_bytes: int
+
+
+def sign_checkpoint(
+    checkpoint_dir: str | os.PathLike[str],
+    private_key: ec.EllipticCurvePrivateKey,
+    provenance: Provenance | None = None,
+    *,
+    signature_path: str | os.PathLike[str] | None = None,
+    ignore_paths: tuple[str, ...] = DEFAULT_IGNORE_PATHS,
+    max_workers: int | None = None,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> SignResult:
+    """Hashes ``checkpoint_dir``, signs its manifest and writes the bundle atomically.
+
+    The bundle goes to ``signature_path`` (default :func:`signature_path_for`); if that
+    lies inside the directory it is added to the ignored paths. Raises the hashing
+    layer's errors (UnsafePathError, CheckpointVanished, CheckpointChanged,
+    CheckpointUnreadable, HashingCancelled) before anything is written, and
+    SignatureWriteError if the bundle cannot be written.
+    """
+    directory = os.fspath(checkpoint_dir)
+    target = os.fspath(signature_path) if signature_path is not None else signature_path_for(directory)
+    ignored = ignore_paths_for(directory, target, ignore_paths)
+    scan = refuse_unsafe(scan_tree(directory, ignored))
+    digests = hash_files(directory, scan.files, max_workers=max_workers, progress=progress, cancel=cancel)
+    manifest = build_manifest(checkpoint_name(directory), digests, ignored)
+    bundle = sign_payload(encode_statement(build_statement(manifest, provenance)), private_key)
+    write_bundle(target, bundle)
+    return SignResult(target, manifest, manifest.root_digest.hex(), key_id(private_key.public_key()), scan.total_bytes)
+
+
+def write_bundle(path: str, bundle: Bundle) -> None:
+    """Writes ``bundle`` to ``path`` atomically (temp file, fsync, rename, fsync dir)."""
+    try:
+        atomic_write_bytes(path, encode_bundle(bundle))
+    except OSError as exc:
+        raise SignatureWriteError(f"{path}: cannot write the signature: {exc.strerror}") from None

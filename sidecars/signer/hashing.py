@@ -1,0 +1,373 @@
+"""Hashing layer: SHA-256 of every regular file of a checkpoint directory, in parallel.
+
+Contracts:
+- :func:`scan_tree` lists the directory without following anything: regular files are
+  kept, directories are descended, and every other entry (symlink, symlinked directory,
+  FIFO, socket, device, a name that is not UTF-8) is *refused* and reported with its
+  path, never silently skipped. Ignored paths (``.git`` ...) are pruned, not descended.
+- :func:`hash_files` reads each file exactly once, with large reads into a per-thread
+  buffer, on a thread pool sized to the cores (hashlib releases the GIL). Files are opened
+  with ``O_NOFOLLOW | O_NONBLOCK`` and checked again with ``fstat``, so an entry swapped
+  for a symlink or a FIFO after the scan is refused and never followed or waited on.
+- A file deleted after the scan raises :class:`CheckpointVanished`; one that changes
+  size while it is read raises :class:`CheckpointChanged`; the first error cancels the
+  remaining work.
+- Names are POSIX paths relative to the root (``actor/model.safetensors``).
+
+Nothing here knows about manifests, keys or signatures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import os
+import stat
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from sidecars.signer.errors import (
+    CheckpointChanged,
+    CheckpointUnreadable,
+    CheckpointVanished,
+    HashingCancelled,
+    UnsafePathError,
+)
+
+CHUNK_SIZE = 1 << 20
+"""Bytes per read. 1 MiB measured fastest here (256 KiB..16 MiB are within 10%)."""
+
+ProgressCallback = Callable[[int, int], None]
+"""``progress(bytes_done, bytes_total)``; see :func:`hash_files` for when it is called."""
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """A regular file found by :func:`scan_tree`: relative POSIX name and size when listed."""
+
+    name: str
+    size: int
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An entry that cannot be part of a signed checkpoint, e.g. ``("a/b", "a symlink (-> /x)")``."""
+
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class TreeScan:
+    """What :func:`scan_tree` found under ``root``."""
+
+    root: str
+    files: tuple[FileEntry, ...]
+    refused: tuple[Refusal, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        """Sum of the listed file sizes."""
+        return sum(entry.size for entry in self.files)
+
+
+def default_workers() -> int:
+    """Number of hashing threads: the CPUs this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def normalize_ignore_path(path: str) -> str:
+    """``"./.git/"`` -> ``".git"``. Raises ValueError for absolute paths, ``..`` and the root itself."""
+    pure = PurePosixPath(path)
+    if pure.is_absolute() or ".." in pure.parts:
+        raise ValueError(f"ignore path {path!r} must be relative to the checkpoint and stay inside it")
+    if not pure.parts:
+        raise ValueError(f"ignore path {path!r} would ignore the whole checkpoint")
+    return str(pure)
+
+
+def is_ignored(name: str, ignore_paths: Iterable[str]) -> bool:
+    """True when ``name`` is one of ``ignore_paths`` or lies under one (path components, not prefixes)."""
+    return any(name == ignored or name.startswith(ignored + "/") for ignored in ignore_paths)
+
+
+def refusal_reason(mode: int) -> str | None:
+    """Why an entry with ``lstat`` mode ``mode`` is refused, or None for files and directories."""
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    kinds = (
+        (stat.S_ISLNK, "a symlink"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    )
+    return next((text for test, text in kinds if test(mode)), "not a regular file")
+
+
+def _symlink_reason(path: str) -> str:
+    """Describes a symlink, naming its target, e.g. ``a symlink to a directory (-> ../other)``."""
+    try:
+        target = os.readlink(path)
+    except OSError:
+        target = "?"
+    kind = "a symlink to a directory" if os.path.isdir(path) else "a symlink"
+    return f"{kind} (-> {target})"
+
+
+def _check_root(root: str) -> None:
+    """Raises unless ``root`` is an existing directory that is not itself a symlink."""
+    try:
+        mode = os.lstat(root).st_mode
+    except FileNotFoundError:
+        raise CheckpointVanished(
+            f"{root}: checkpoint directory does not exist (deleted, or never written)", root
+        ) from None
+    except OSError as exc:
+        raise CheckpointUnreadable(f"{root}: cannot read checkpoint directory: {exc.strerror}") from None
+    if stat.S_ISLNK(mode):
+        reason = _symlink_reason(root)
+        raise UnsafePathError(
+            f"{root}: refused, the checkpoint path is {reason}; pass the real directory", ((root, reason),)
+        )
+    if not stat.S_ISDIR(mode):
+        raise CheckpointUnreadable(f"{root}: not a directory; a checkpoint is a directory of files")
+
+
+def _list_dir(path: str) -> list[os.DirEntry[str]]:
+    """``os.scandir`` with errors turned into signer errors naming ``path``."""
+    try:
+        with os.scandir(path) as entries:
+            return list(entries)
+    except FileNotFoundError:
+        raise CheckpointVanished(f"{path}: directory vanished while the checkpoint was listed", path) from None
+    except OSError as exc:
+        raise CheckpointUnreadable(f"{path}: cannot list directory: {exc.strerror}") from None
+
+
+def _entry_mode(entry: os.DirEntry[str]) -> os.stat_result:
+    """``lstat`` of a directory entry, with errors turned into signer errors."""
+    try:
+        return entry.stat(follow_symlinks=False)
+    except FileNotFoundError:
+        raise CheckpointVanished(f"{entry.path}: vanished while the checkpoint was listed", entry.path) from None
+    except OSError as exc:
+        raise CheckpointUnreadable(f"{entry.path}: cannot stat: {exc.strerror}") from None
+
+
+def scan_tree(root: str | os.PathLike[str], ignore_paths: Iterable[str] = ()) -> TreeScan:
+    """Lists every regular file under ``root`` and every entry that must be refused.
+
+    Never follows a symlink. Raises CheckpointVanished if ``root`` does not exist,
+    UnsafePathError if ``root`` itself is a symlink, CheckpointUnreadable if a directory
+    cannot be listed. ``files`` and ``refused`` are sorted by name.
+    """
+    top = os.fspath(root)
+    _check_root(top)
+    ignored = [normalize_ignore_path(p) for p in ignore_paths]
+    files: list[FileEntry] = []
+    refused: list[Refusal] = []
+    pending: list[tuple[str, str]] = [(top, "")]
+    while pending:
+        directory, prefix = pending.pop()
+        for entry in _list_dir(directory):
+            name = prefix + entry.name
+            if is_ignored(name, ignored):
+                continue
+            st = _entry_mode(entry)
+            reason = _symlink_reason(entry.path) if stat.S_ISLNK(st.st_mode) else refusal_reason(st.st_mode)
+            if reason is None and not _is_utf8(entry.name):
+                name, reason = _printable(name), "a name that is not valid UTF-8"
+            if reason is not None:
+                refused.append(Refusal(name, reason))
+            elif stat.S_ISDIR(st.st_mode):
+                pending.append((entry.path, name + "/"))
+            else:
+                files.append(FileEntry(name, st.st_size))
+    files.sort(key=lambda f: f.name)
+    refused.sort(key=lambda r: r.name)
+    return TreeScan(top, tuple(files), tuple(refused))
+
+
+def _is_utf8(name: str) -> bool:
+    """False for names holding undecodable bytes (surrogate escapes)."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _printable(name: str) -> str:
+    """``name`` with undecodable bytes shown as ``\\xNN``, safe to print and log."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def refusal_message(root: str, refused: Sequence[Refusal]) -> str:
+    """One message naming every refused entry, e.g. for :class:`UnsafePathError`."""
+    listed = "; ".join(f"{os.path.join(root, r.name)} is {r.reason}" for r in refused)
+    return (
+        f"{root}: refused to hash the checkpoint: {listed}. A checkpoint may hold only regular files "
+        "and directories; replace links and special files with real files"
+    )
+
+
+class _Tracker:
+    """Shared state of one :func:`hash_files` call: progress, cancellation, per-thread buffers."""
+
+    def __init__(
+        self, total: int, chunk_size: int, progress: ProgressCallback | None, cancel: threading.Event | None
+    ) -> None:
+        self.total = total
+        self.done = 0
+        self.chunk_size = chunk_size
+        self.progress = progress
+        self.cancel = cancel
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.local = threading.local()
+
+    def buffer(self) -> bytearray:
+        """This thread's reusable read buffer."""
+        buf: bytearray | None = getattr(self.local, "buf", None)
+        if buf is None:
+            buf = bytearray(self.chunk_size)
+            self.local.buf = buf
+        return buf
+
+    def check(self, path: str) -> None:
+        """Raises HashingCancelled if the caller cancelled or another file failed."""
+        if self.stop.is_set() or (self.cancel is not None and self.cancel.is_set()):
+            raise HashingCancelled(f"{path}: hashing cancelled before it finished")
+
+    def advance(self, nbytes: int) -> None:
+        """Adds ``nbytes`` to the progress and reports it (under the lock, so calls never overlap)."""
+        if self.progress is None:
+            return
+        with self.lock:
+            self.done += nbytes
+            self.progress(self.done, self.total)
+
+
+def _open_regular(path: str) -> tuple[int, int]:
+    """Opens ``path`` without following links or blocking; returns (fd, size). Refuses non-files."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except FileNotFoundError:
+        raise CheckpointVanished(f"{path}: deleted while the checkpoint was being hashed", path) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            reason = _symlink_reason(path)
+            raise UnsafePathError(f"{path}: refused, became {reason} while hashing", ((path, reason),)) from None
+        raise CheckpointUnreadable(f"{path}: cannot open: {exc.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        reason = refusal_reason(st.st_mode) or "not a regular file"
+        raise UnsafePathError(f"{path}: refused, became {reason} while hashing", ((path, reason),))
+    return fd, st.st_size
+
+
+def _advise_sequential(fd: int) -> None:
+    """Asks the kernel for aggressive read-ahead; a hint, so failures are ignored."""
+    if hasattr(os, "posix_fadvise"):
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+
+
+def hash_file(path: str, listed_size: int, tracker: _Tracker) -> bytes:
+    """Raw SHA-256 of one regular file, read once in ``tracker.chunk_size`` pieces."""
+    fd, size = _open_regular(path)
+    try:
+        _advise_sequential(fd)
+        digest = hashlib.sha256()
+        buf = tracker.buffer()
+        view = memoryview(buf)
+        read = 0
+        while True:
+            tracker.check(path)
+            try:
+                count = os.readv(fd, [buf])
+            except OSError as exc:
+                raise CheckpointUnreadable(f"{path}: read failed after {read} bytes: {exc.strerror}") from None
+            if count == 0:
+                break
+            digest.update(view[:count])
+            read += count
+            tracker.advance(count)
+    finally:
+        os.close(fd)
+    if read != size or size != listed_size:
+        raise CheckpointChanged(
+            f"{path}: changed while hashing (listed {listed_size} bytes, opened {size}, read {read}); "
+            "sign the checkpoint only after it is completely written"
+        )
+    return digest.digest()
+
+
+def hash_files(
+    root: str | os.PathLike[str],
+    files: Sequence[FileEntry],
+    *,
+    max_workers: int | None = None,
+    chunk_size: int = CHUNK_SIZE,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> dict[str, bytes]:
+    """Hashes ``files`` (relative to ``root``) in parallel; returns ``{name: raw sha256}``.
+
+    Largest files start first so the threads finish together. ``progress(done, total)``
+    is called from the worker threads, one call at a time, after each read; ``total`` is
+    the listed size of ``files``. Setting ``cancel`` stops within one read with
+    HashingCancelled. The first failure cancels the rest and is raised.
+    """
+    top = os.fspath(root)
+    tracker = _Tracker(sum(f.size for f in files), chunk_size, progress, cancel)
+    order = sorted(files, key=lambda f: (-f.size, f.name))
+    workers = min(len(order), max_workers or default_workers())
+    if workers <= 1:
+        return {f.name: hash_file(os.path.join(top, f.name), f.size, tracker) for f in order}
+    digests: dict[str, bytes] = {}
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="warden-hash") as pool:
+        futures = {pool.submit(hash_file, os.path.join(top, f.name), f.size, tracker): f.name for f in order}
+        try:
+            for future in as_completed(futures):
+                digests[futures[future]] = future.result()
+        except BaseException:
+            tracker.stop.set()
+            for future in futures:
+                future.cancel()
+            raise
+    return digests
+
+
+def refuse_unsafe(scan: TreeScan) -> TreeScan:
+    """Returns ``scan`` unchanged, or raises UnsafePathError naming every refused entry."""
+    if scan.refused:
+        raise UnsafePathError(
+            refusal_message(scan.root, scan.refused),
+            tuple((os.path.join(scan.root, r.name), r.reason) for r in scan.refused),
+        )
+    return scan
+
+
+def hash_tree(
+    root: str | os.PathLike[str],
+    ignore_paths: Iterable[str] = (),
+    *,
+    max_workers: int | None = None,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> dict[str, bytes]:
+    """Scans and hashes ``root``; raises UnsafePathError naming every refused entry."""
+    scan = refuse_unsafe(scan_tree(root, ignore_paths))
+    return hash_files(scan.root, scan.files, max_workers=max_workers, progress=progress, cancel=cancel)

@@ -1,0 +1,282 @@
+"""Manifest layer: file digests -> model_signing ``files`` manifest -> in-toto Statement v1.
+
+Pure functions, no I/O. The format is exactly what ``model_signing`` 1.1.1 writes for
+``sign key`` with the ``files`` serialization, so either tool verifies the other's output:
+
+- resources ``{"name", "algorithm": "sha256", "digest": hex}``, one per file, sorted by
+  path components (``a/b/x`` sorts before ``a.b``: ``("a", "b", "x") < ("a.b",)``);
+- the subject is ``{"name": <directory basename>, "digest": {"sha256": root}}`` where the
+  root is SHA-256 over the concatenated raw file digests in resource order;
+- ``predicate.serialization`` is ``{"method": "files", "hash_type": "sha256",
+  "allow_symlinks": false, "ignore_paths": [...]}`` (``ignore_paths`` omitted when empty).
+
+Warden's own fields (run id, step, trainer version, parent checkpoint's root digest) go
+in one extra predicate object, ``predicate.warden``. model_signing documents that v1.0
+verifiers ignore predicate fields other than ``serialization`` and ``resources``, reads
+only those two (``model_signing/_signing/signing.py``), and the interop tests check that
+``model_signing verify key`` accepts our bundles with the extra object present.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from sidecars.signer.errors import PayloadMismatch, UnsupportedSignature
+from sidecars.signer.hashing import normalize_ignore_path
+
+HASH_ALGORITHM = "sha256"
+STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+PREDICATE_TYPE = "https://model_signing/signature/v1.0"
+SERIALIZATION_METHOD = "files"
+WARDEN_PREDICATE_KEY = "warden"
+DEFAULT_IGNORE_PATHS: tuple[str, ...] = (".git", ".gitattributes", ".github", ".gitignore")
+"""What ``model_signing sign key`` ignores by default (``--ignore-git-paths``); we match it
+so that its verifier, which ignores them too, computes the same manifest."""
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def sort_key(name: str) -> tuple[str, ...]:
+    """Resource order of model_signing: by POSIX path components, not by raw string."""
+    return PurePosixPath(name).parts
+
+
+def root_digest(digests: Iterable[bytes]) -> bytes:
+    """SHA-256 over the concatenation of raw digests, in the order given."""
+    hasher = hashlib.sha256()
+    for digest in digests:
+        hasher.update(digest)
+    return hasher.digest()
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One file of the manifest: relative POSIX name and raw SHA-256."""
+
+    name: str
+    digest: bytes
+
+    @property
+    def hex(self) -> str:
+        """The digest as lowercase hex."""
+        return self.digest.hex()
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The signed content of a checkpoint: its name, files in canonical order, ignored paths."""
+
+    name: str
+    resources: tuple[Resource, ...]
+    ignore_paths: tuple[str, ...] = ()
+
+    @property
+    def root_digest(self) -> bytes:
+        """The subject digest of this manifest (raw bytes)."""
+        return root_digest(r.digest for r in self.resources)
+
+    def digests(self) -> dict[str, bytes]:
+        """``{name: raw digest}``."""
+        return {r.name: r.digest for r in self.resources}
+
+
+def build_manifest(name: str, digests: Mapping[str, bytes], ignore_paths: Iterable[str] = ()) -> Manifest:
+    """Builds the manifest of directory ``name`` from ``{relative name: raw sha256}``."""
+    names = sorted(digests, key=sort_key)
+    ignored = tuple(sorted({normalize_ignore_path(p) for p in ignore_paths}))
+    return Manifest(name, tuple(Resource(n, digests[n]) for n in names), ignored)
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Warden's fields in ``predicate.warden``; all optional, unknown keys kept in ``other``.
+
+    ``parent_root_digest`` is the hex root digest of the previous checkpoint of the run,
+    so the signatures of a run form a chain.
+    """
+
+    run_id: str | None = None
+    step: int | None = None
+    trainer_version: str | None = None
+    parent_root_digest: str | None = None
+    other: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object written to the predicate; None fields are left out."""
+        known = {
+            "run_id": self.run_id,
+            "step": self.step,
+            "trainer_version": self.trainer_version,
+            "parent_root_digest": self.parent_root_digest,
+        }
+        return {**dict(self.other), **{k: v for k, v in known.items() if v is not None}}
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Provenance:
+        """Parses ``predicate.warden``; raises PayloadMismatch on a wrongly typed field."""
+        if not isinstance(raw, dict):
+            raise PayloadMismatch(f"predicate.{WARDEN_PREDICATE_KEY} must be an object, got {type(raw).__name__}")
+        for key, kind in (("run_id", str), ("trainer_version", str), ("parent_root_digest", str)):
+            if raw.get(key) is not None and not isinstance(raw[key], kind):
+                raise PayloadMismatch(f"predicate.{WARDEN_PREDICATE_KEY}.{key} must be a string")
+        step = raw.get("step")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise PayloadMismatch(f"predicate.{WARDEN_PREDICATE_KEY}.step must be an integer")
+        known = {"run_id", "step", "trainer_version", "parent_root_digest"}
+        return cls(
+            run_id=raw.get("run_id"),
+            step=step,
+            trainer_version=raw.get("trainer_version"),
+            parent_root_digest=raw.get("parent_root_digest"),
+            other={k: v for k, v in raw.items() if k not in known},
+        )
+
+    def is_empty(self) -> bool:
+        """True when there is nothing to write."""
+        return not self.to_dict()
+
+
+def serialization_params(manifest: Manifest) -> dict[str, Any]:
+    """``predicate.serialization`` as model_signing 1.1.1 writes it for ``files``."""
+    params: dict[str, Any] = {"method": SERIALIZATION_METHOD, "hash_type": HASH_ALGORITHM, "allow_symlinks": False}
+    if manifest.ignore_paths:
+        params["ignore_paths"] = list(manifest.ignore_paths)
+    return params
+
+
+def build_statement(manifest: Manifest, provenance: Provenance | None = None) -> dict[str, Any]:
+    """The in-toto Statement v1 (as a JSON-ready dict) that is signed for ``manifest``."""
+    predicate: dict[str, Any] = {
+        "serialization": serialization_params(manifest),
+        "resources": [{"name": r.name, "algorithm": HASH_ALGORITHM, "digest": r.hex} for r in manifest.resources],
+    }
+    if provenance is not None and not provenance.is_empty():
+        predicate[WARDEN_PREDICATE_KEY] = provenance.to_dict()
+    return {
+        "_type": STATEMENT_TYPE,
+        "subject": [{"name": manifest.name, "digest": {HASH_ALGORITHM: manifest.root_digest.hex()}}],
+        "predicateType": PREDICATE_TYPE,
+        "predicate": predicate,
+    }
+
+
+def encode_statement(statement: Mapping[str, Any]) -> bytes:
+    """The DSSE payload bytes: UTF-8 JSON, indented like model_signing's."""
+    return json.dumps(statement, indent=2, ensure_ascii=False).encode("utf-8")
+
+
+@dataclass(frozen=True)
+class SignedStatement:
+    """A parsed, self-consistent Statement: its manifest, subject digest and Warden fields."""
+
+    manifest: Manifest
+    subject_digest: str
+    provenance: Provenance
+
+
+def _field(obj: Any, key: str, kind: type, where: str) -> Any:
+    """``obj[key]`` checked to be of ``kind``; raises PayloadMismatch naming ``where.key``."""
+    if not isinstance(obj, dict) or key not in obj:
+        raise PayloadMismatch(f"the signed statement has no {where}{key}")
+    value = obj[key]
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise PayloadMismatch(f"{where}{key} must be a {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+def _check_name(name: str) -> str:
+    """A resource name must be a normalized relative POSIX path inside the checkpoint."""
+    pure = PurePosixPath(name)
+    if not name or pure.is_absolute() or ".." in pure.parts or str(pure) != name:
+        raise PayloadMismatch(f"resource name {name!r} is not a normalized path inside the checkpoint")
+    return name
+
+
+def _parse_serialization(raw: Any) -> tuple[str, ...]:
+    """Checks ``predicate.serialization``; returns its ignore paths (normalized)."""
+    where = "predicate.serialization."
+    method = _field(raw, "method", str, where)
+    hash_type = _field(raw, "hash_type", str, where)
+    if method != SERIALIZATION_METHOD or hash_type != HASH_ALGORITHM:
+        raise UnsupportedSignature(
+            f"the signature uses serialization method {method!r} with {hash_type!r}; Warden checks only "
+            f"{SERIALIZATION_METHOD!r} with {HASH_ALGORITHM!r} (re-sign with `warden checkpoint sign` or "
+            "verify with `model_signing verify`)"
+        )
+    _field(raw, "allow_symlinks", bool, where)
+    ignored = raw.get("ignore_paths", [])
+    if not isinstance(ignored, list) or not all(isinstance(p, str) for p in ignored):
+        raise PayloadMismatch(f"{where}ignore_paths must be a list of strings")
+    try:
+        return tuple(sorted({normalize_ignore_path(p) for p in ignored}))
+    except ValueError as exc:
+        raise PayloadMismatch(f"{where}ignore_paths: {exc}") from None
+
+
+def _parse_resources(raw: Any) -> list[Resource]:
+    """Parses ``predicate.resources`` in their signed order; rejects duplicates."""
+    if not isinstance(raw, list):
+        raise PayloadMismatch("predicate.resources must be a list")
+    resources: list[Resource] = []
+    seen: set[str] = set()
+    for index, item in enumerate(raw):
+        where = f"predicate.resources[{index}]."
+        name = _check_name(_field(item, "name", str, where))
+        algorithm = _field(item, "algorithm", str, where)
+        digest = _field(item, "digest", str, where)
+        if algorithm != HASH_ALGORITHM or not _HEX64.fullmatch(digest):
+            raise PayloadMismatch(f"{where[:-1]} ({name}): expected a sha256 hex digest, got {algorithm}:{digest}")
+        if name in seen:
+            raise PayloadMismatch(f"predicate.resources lists {name!r} twice")
+        seen.add(name)
+        resources.append(Resource(name, bytes.fromhex(digest)))
+    return resources
+
+
+def _parse_subject(statement: dict[str, Any]) -> tuple[str, str]:
+    """Returns (name, hex sha256) of the single subject."""
+    subjects = _field(statement, "subject", list, "")
+    if len(subjects) != 1:
+        raise PayloadMismatch(f"expected exactly one subject, got {len(subjects)}")
+    name = _field(subjects[0], "name", str, "subject[0].")
+    digest = _field(_field(subjects[0], "digest", dict, "subject[0]."), HASH_ALGORITHM, str, "subject[0].digest.")
+    if not _HEX64.fullmatch(digest):
+        raise PayloadMismatch(f"subject[0].digest.sha256 is not a sha256 hex digest: {digest!r}")
+    return name, digest
+
+
+def parse_statement(payload: bytes) -> SignedStatement:
+    """Parses and checks a signed payload.
+
+    Raises PayloadMismatch when it is not an in-toto Statement v1 with the model_signing
+    v1.0 predicate, or when the subject digest does not match the resources (in their
+    signed order, as model_signing computes it); UnsupportedSignature for a serialization
+    other than ``files``/``sha256``. Resources come back in canonical order.
+    """
+    try:
+        statement = json.loads(payload)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PayloadMismatch(f"the signed payload is not JSON: {exc}") from None
+    if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
+        raise PayloadMismatch(f"the signed payload is not an in-toto statement of type {STATEMENT_TYPE}")
+    if statement.get("predicateType") != PREDICATE_TYPE:
+        raise PayloadMismatch(f"predicateType is {statement.get('predicateType')!r}, expected {PREDICATE_TYPE!r}")
+    name, subject_digest = _parse_subject(statement)
+    predicate = _field(statement, "predicate", dict, "")
+    ignored = _parse_serialization(predicate.get("serialization"))
+    resources = _parse_resources(predicate.get("resources"))
+    computed = root_digest(r.digest for r in resources).hex()
+    if computed != subject_digest:
+        raise PayloadMismatch(
+            f"the statement is inconsistent: subject digest is {subject_digest} but its resources hash to {computed}"
+        )
+    raw_provenance = predicate.get(WARDEN_PREDICATE_KEY)
+    provenance = Provenance() if raw_provenance is None else Provenance.from_dict(raw_provenance)
+    ordered = tuple(sorted(resources, key=lambda r: sort_key(r.name)))
+    return SignedStatement(Manifest(name, ordered, ignored), subject_digest, provenance)

@@ -1,0 +1,97 @@
+"""Interoperability with OpenSSF model_signing 1.x, both ways, through its real CLI.
+
+Skipped with a message when model_signing is not installed; fails when CI=true.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sidecars.signer import Provenance, sign_checkpoint, verify_checkpoint
+from sidecars.signer.dsse import decode_bundle
+from sidecars.signer.hashing import hash_tree
+from sidecars.signer.manifest import DEFAULT_IGNORE_PATHS, build_manifest, build_statement
+from tests.sidecars.signer.signer_helpers import Keys, make_keys, model_signing_cli, run_model_signing, write_tree
+
+FILES = {
+    "actor/model.safetensors": bytes(range(256)) * 4096,
+    "actor/empty": b"",
+    "a/b/x": b"nested",
+    "a.b": b"sorts after a/ by components",
+    "critic/sub/deeper/state.json": b"{}",
+}
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
+    model_signing_cli()  # skip early when the tool is missing
+    return make_keys(tmp_path_factory.mktemp("keys"))
+
+
+def verify_with_model_signing(model: Path, sig: Path, keys: Keys) -> tuple[int, str]:
+    done = run_model_signing(
+        ["verify", "key", str(model), "--signature", str(sig), "--public_key", str(keys.public_path)]
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+def test_model_signing_verifies_our_signature_with_warden_fields(tmp_path: Path, keys: Keys) -> None:
+    model = write_tree(tmp_path / "step-000000050", FILES)
+    provenance = Provenance(run_id="run-1", step=50, trainer_version="0.1.0", parent_root_digest="ab" * 32)
+    result = sign_checkpoint(model, keys.private, provenance)
+    statement = json.loads(decode_bundle(Path(result.signature_path).read_bytes()).payload)
+    assert statement["predicate"]["warden"]["parent_root_digest"] == "ab" * 32  # extra fields are present
+    code, output = verify_with_model_signing(model, Path(result.signature_path), keys)
+    assert code == 0 and "Verification succeeded" in output, output
+
+    (model / "a/b/x").write_bytes(b"tampered")
+    code, output = verify_with_model_signing(model, Path(result.signature_path), keys)
+    assert code != 0 and "a/b/x" in output, output
+
+
+def test_we_verify_a_model_signing_signature_made_with_a_p256_key(tmp_path: Path, keys: Keys) -> None:
+    model = write_tree(tmp_path / "model", FILES)
+    sig = tmp_path / "model.sig"
+    done = run_model_signing(
+        ["sign", "key", str(model), "--private_key", str(keys.private_path), "--signature", str(sig)]
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = verify_checkpoint(model, keys.trusted(), signature_path=sig)
+    assert result.ok, result.report()
+    assert result.files_checked == len(FILES)
+
+    (model / "actor/empty").write_bytes(b"no longer empty")
+    result = verify_checkpoint(model, keys.trusted(), signature_path=sig)
+    assert [d.name for d in result.modified] == ["actor/empty"]
+
+
+def test_model_signing_signature_kept_inside_the_model_directory(tmp_path: Path, keys: Keys) -> None:
+    model = write_tree(tmp_path / "model", {**FILES, ".gitignore": b"*.tmp"})
+    sig = model / "model.sig"
+    done = run_model_signing(
+        ["sign", "key", str(model), "--private_key", str(keys.private_path), "--signature", str(sig)], cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert verify_checkpoint(model, keys.trusted(), signature_path=sig).ok
+
+
+def test_same_statement_as_model_signing_api(tmp_path: Path) -> None:
+    model_signing_cli()
+    ms_hashing = pytest.importorskip("model_signing.hashing")
+    from google.protobuf import json_format
+    from model_signing._signing import signing as ms_signing
+
+    model = write_tree(tmp_path / "model", FILES)
+    payload = ms_signing.Payload(ms_hashing.Config().hash(model))
+    theirs = json.loads(json_format.MessageToJson(payload.statement.pb))
+    ours = build_statement(build_manifest("model", hash_tree(model), DEFAULT_IGNORE_PATHS))
+    assert theirs["subject"] == ours["subject"]  # same root digest, so the same resource order
+    assert theirs["predicate"]["resources"] == ours["predicate"]["resources"]
+    assert theirs["predicateType"] == ours["predicateType"] and theirs["_type"] == ours["_type"]
+    theirs_serialization = dict(theirs["predicate"]["serialization"])
+    ours_serialization = dict(ours["predicate"]["serialization"])
+    assert sorted(theirs_serialization.pop("ignore_paths")) == ours_serialization.pop("ignore_paths")
+    assert theirs_serialization == ours_serialization
