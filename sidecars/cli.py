@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from sidecars import __version__
-from sidecars.errors import EXIT_INCOMPLETE, WardenError
+from sidecars.errors import EXIT_INCOMPLETE, ConfigError, WardenError
 
 # Command groups that live in other modules: name -> "module:attribute". Imported lazily
 # so `warden --help` does not import every sidecar.
@@ -44,7 +44,10 @@ class WardenGroup(click.Group):
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         if cmd_name in self.lazy:
             module_name, _, attr = self.lazy[cmd_name].partition(":")
-            command = getattr(importlib.import_module(module_name), attr)
+            try:
+                command = getattr(importlib.import_module(module_name), attr)
+            except ImportError as exc:
+                return _unavailable(cmd_name, exc)
             if not isinstance(command, click.Command):
                 raise TypeError(f"{self.lazy[cmd_name]} is not a click command")
             return command
@@ -60,6 +63,17 @@ class WardenGroup(click.Group):
             where = f"{exc.filename}: " if exc.filename else ""
             click.echo(f"error: {where}{exc.strerror or exc}", err=True)
             ctx.exit(EXIT_INCOMPLETE)
+
+
+def _unavailable(name: str, exc: ImportError) -> click.Command:
+    """Stands in for a command whose module cannot be imported (a missing extra)."""
+    hint = "pip install 'warden[train]'" if exc.name in ("torch", "transformers", "safetensors") else "reinstall warden"
+    message = f"`warden {name}` is unavailable here: {exc} ({hint})"
+
+    def fail() -> None:
+        raise ConfigError(message)
+
+    return click.Command(name, callback=fail, help=message, short_help="(unavailable: missing dependency)")
 
 
 @click.group(

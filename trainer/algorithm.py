@@ -45,16 +45,25 @@ def position_ids_from(mask: torch.Tensor) -> torch.Tensor:
     return (mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def response_logits(model: Any, seq: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, prompt_len: int,
-                    temperature: float) -> torch.Tensor:
+def response_logits(
+    model: Any, seq: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, prompt_len: int, temperature: float
+) -> torch.Tensor:
     """``(B, T, V)`` float32 logits that predict each response token."""
     logits = model(input_ids=seq, attention_mask=attn, position_ids=pos).logits
     return logits[:, prompt_len - 1 : -1].float() / temperature
 
 
 @torch.no_grad()
-def batched_logprobs(model: Any, exp_seq: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor,
-                     responses: torch.Tensor, prompt_len: int, temperature: float, micro: int) -> torch.Tensor:
+def batched_logprobs(
+    model: Any,
+    exp_seq: torch.Tensor,
+    attn: torch.Tensor,
+    pos: torch.Tensor,
+    responses: torch.Tensor,
+    prompt_len: int,
+    temperature: float,
+    micro: int,
+) -> torch.Tensor:
     out = []
     for i in range(0, exp_seq.shape[0], micro):
         sl = slice(i, i + micro)
@@ -64,16 +73,28 @@ def batched_logprobs(model: Any, exp_seq: torch.Tensor, attn: torch.Tensor, pos:
 
 
 @torch.no_grad()
-def batched_values(critic: Any, seq: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, prompt_len: int,
-                   micro: int) -> torch.Tensor:
+def batched_values(
+    critic: Any, seq: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, prompt_len: int, micro: int
+) -> torch.Tensor:
     out = [critic(seq[i : i + micro], attn[i : i + micro], pos[i : i + micro]) for i in range(0, seq.shape[0], micro)]
     return torch.cat(out)[:, prompt_len - 1 : -1]
 
 
-def make_experience(actor: Any, ref: Any, critic: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                    responses: torch.Tensor, response_mask: torch.Tensor, scores: torch.Tensor,
-                    group_ids: torch.Tensor, alg: AlgorithmConfig, kl_coef: float, temperature: float,
-                    micro: int) -> Experience:
+def make_experience(
+    actor: Any,
+    ref: Any,
+    critic: Any,
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    scores: torch.Tensor,
+    group_ids: torch.Tensor,
+    alg: AlgorithmConfig,
+    kl_coef: float,
+    temperature: float,
+    micro: int,
+) -> Experience:
     """Log-probs, values, KL-penalised token rewards and advantages for one rollout."""
     seq = torch.cat([prompt_ids, responses], dim=1)
     attn = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
@@ -89,10 +110,12 @@ def make_experience(actor: Any, ref: Any, critic: Any, prompt_ids: torch.Tensor,
     if alg.adv_estimator == "grpo":
         adv, ret = ppo.compute_grpo_advantage(scores, group_ids, response_mask)
     else:
-        adv, ret = ppo.compute_gae(token_rewards, values, response_mask, alg.gamma, alg.lam,
-                                   whiten=alg.whiten_advantages)
-    return Experience(seq, attn, pos, responses, response_mask, old_lp, ref_lp, values, adv, ret, scores,
-                      float(mean_kl))
+        adv, ret = ppo.compute_gae(
+            token_rewards, values, response_mask, alg.gamma, alg.lam, whiten=alg.whiten_advantages
+        )
+    return Experience(
+        seq, attn, pos, responses, response_mask, old_lp, ref_lp, values, adv, ret, scores, float(mean_kl)
+    )
 
 
 def _denominator(mask: torch.Tensor, mode: str) -> torch.Tensor:
@@ -105,8 +128,17 @@ def _denominator(mask: torch.Tensor, mode: str) -> torch.Tensor:
 STAT_KEYS = ("policy_loss", "value_loss", "entropy", "clip_fraction", "approx_kl", "vf_clip_fraction")
 
 
-def ppo_update(actor: Any, critic: Any, actor_opt: Any, critic_opt: Any, exp: Experience, cfg: PPOConfig,
-               temperature: float, info: DistInfo, generator: torch.Generator) -> dict[str, float]:
+def ppo_update(
+    actor: Any,
+    critic: Any,
+    actor_opt: Any,
+    critic_opt: Any,
+    exp: Experience,
+    cfg: PPOConfig,
+    temperature: float,
+    info: DistInfo,
+    generator: torch.Generator,
+) -> dict[str, float]:
     """Runs ``cfg.epochs`` passes of minibatch updates; returns mean statistics and grad norm."""
     n = exp.responses.shape[0]
     sums = torch.zeros(len(STAT_KEYS), dtype=torch.float64)
@@ -135,8 +167,17 @@ def ppo_update(actor: Any, critic: Any, actor_opt: Any, critic_opt: Any, exp: Ex
     return stats
 
 
-def _micro_step(actor: Any, critic: Any, exp: Experience, idx: torch.Tensor, den: torch.Tensor, cfg: PPOConfig,
-                temperature: float, info: DistInfo, sync: bool) -> torch.Tensor:
+def _micro_step(
+    actor: Any,
+    critic: Any,
+    exp: Experience,
+    idx: torch.Tensor,
+    den: torch.Tensor,
+    cfg: PPOConfig,
+    temperature: float,
+    info: DistInfo,
+    sync: bool,
+) -> torch.Tensor:
     """Forward/backward of one micro-batch; returns its weighted statistics (float64, len(STAT_KEYS))."""
     mask = exp.response_mask[idx]
     weight = float(_denominator(mask, cfg.loss_agg_mode) / den) * info.world_size
@@ -147,14 +188,22 @@ def _micro_step(actor: Any, critic: Any, exp: Experience, idx: torch.Tensor, den
         logits = response_logits(actor, seq, attn, pos, exp.prompt_len, temperature)
         logprob = ppo.logprobs_from_logits(logits, exp.responses[idx])
         pg_loss, clipfrac, approx_kl, _ = ppo.policy_loss(
-            exp.old_logprob[idx], logprob, exp.advantages[idx], mask, cfg.clip_ratio_low, cfg.clip_ratio_high,
-            cfg.clip_ratio_c, cfg.loss_agg_mode)
+            exp.old_logprob[idx],
+            logprob,
+            exp.advantages[idx],
+            mask,
+            cfg.clip_ratio_low,
+            cfg.clip_ratio_high,
+            cfg.clip_ratio_c,
+            cfg.loss_agg_mode,
+        )
         entropy = ppo.aggregate_loss(ppo.entropy_from_logits(logits), mask, cfg.loss_agg_mode)
         ((pg_loss - cfg.entropy_coef * entropy) * weight).backward()
     with no_sync_c:
         values = critic(seq, attn, pos)[:, exp.prompt_len - 1 : -1]
-        vf_loss, vf_clipfrac = ppo.value_loss(values, exp.values[idx], exp.returns[idx], mask, cfg.value_clip,
-                                              cfg.loss_agg_mode)
+        vf_loss, vf_clipfrac = ppo.value_loss(
+            values, exp.values[idx], exp.returns[idx], mask, cfg.value_clip, cfg.loss_agg_mode
+        )
         (vf_loss * weight).backward()
     share = weight / info.world_size
     parts = (pg_loss, vf_loss, entropy, clipfrac, approx_kl, vf_clipfrac)

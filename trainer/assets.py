@@ -17,10 +17,37 @@ from trainer.config import TinyAssets
 from trainer.events import atomic_write_bytes
 
 SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>")
-WORDS = (
-    "the model learns to count and add numbers while the critic estimates value of each token "
-    "reward rises when answers are digits policy gradient with clipping keeps updates small"
-).split()
+WORDS = [
+    "the",
+    "model",
+    "learns",
+    "to",
+    "count",
+    "and",
+    "add",
+    "numbers",
+    "while",
+    "the",
+    "critic",
+    "estimates",
+    "value",
+    "of",
+    "each",
+    "token",
+    "reward",
+    "rises",
+    "when",
+    "answers",
+    "are",
+    "digits",
+    "policy",
+    "gradient",
+    "with",
+    "clipping",
+    "keeps",
+    "updates",
+    "small",
+]
 
 
 @dataclass(frozen=True)
@@ -98,7 +125,9 @@ def build_model(out_dir: str, tokenizer_dir: str, spec: TinyAssets, seed: int = 
 def build_prompts(path: str, count: int, seed: int = 0) -> None:
     """Free-form prompts for the ``digits`` reward, one JSON object per line."""
     rng = random.Random(seed)
-    lines = [json.dumps({"prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6)))}) for _ in range(count)]
+    lines = [
+        json.dumps({"prompt": " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 6)))}) for _ in range(count)
+    ]
     atomic_write_bytes(path, ("\n".join(lines) + "\n").encode())
 
 

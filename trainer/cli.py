@@ -12,15 +12,33 @@ from sidecars.cliutil import option
 
 
 @click.command("train")
-@option("--config", "config_path", required=True, type=click.Path(dir_okay=False),
-        help="Trainer config YAML (see trainer/configs/demo.yaml).")
-@option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-        help="Override a config key, e.g. --set ppo.actor_lr=1e-5 (repeatable).")
+@option(
+    "--config",
+    "config_path",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="Trainer config YAML (see trainer/configs/demo.yaml).",
+)
+@option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a config key, e.g. --set ppo.actor_lr=1e-5 (repeatable).",
+)
 @option("--max-steps", type=int, help="Stop after this step (overrides max_steps).")
-@option("--run-dir", required=True, type=click.Path(file_okay=False),
-        help="Run directory: events.jsonl, checkpoints/, state/.")
-@option("--resume", default="auto", show_default=True,
-        help="auto: newest checkpoint that verifies; never: start fresh; or a checkpoint directory.")
+@option(
+    "--run-dir",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Run directory: events.jsonl, checkpoints/, state/.",
+)
+@option(
+    "--resume",
+    default="auto",
+    show_default=True,
+    help="auto: newest checkpoint that verifies; never: start fresh; or a checkpoint directory.",
+)
 def train(config_path: str, overrides: tuple[str, ...], max_steps: int | None, run_dir: str, resume: str) -> None:
     """Train with PPO on a local model, writing events and checkpoints into RUN_DIR.
 
@@ -39,8 +57,9 @@ def train(config_path: str, overrides: tuple[str, ...], max_steps: int | None, r
     trainer = PPOTrainer(cfg, run_dir, resume=resume, config_name=name)
     try:
         if trainer.resumed:
-            click.echo(f"resumed from {trainer.resumed.path} at step {trainer.step} ({trainer.resumed.verification})",
-                       err=True)
+            click.echo(
+                f"resumed from {trainer.resumed.path} at step {trainer.step} ({trainer.resumed.verification})", err=True
+            )
         trainer.train(max_steps if max_steps is not None else cfg.max_steps)
     finally:
         trainer.close()

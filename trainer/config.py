@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -241,19 +240,39 @@ def validate(cfg: TrainerConfig, where: str = "<config>", world_size: int = 1) -
         "ppo.train_batch_size",
         f"train_batch_size x rollout.n = {responses} is not divisible by the world size {world_size}",
     )
-    _require(0 < ppo.mini_batch_size <= responses, where, "ppo.mini_batch_size",
-             f"must be in 1..train_batch_size x rollout.n ({responses}), got {ppo.mini_batch_size}")
-    _require(responses % ppo.mini_batch_size == 0, where, "ppo.mini_batch_size",
-             f"must divide train_batch_size x rollout.n ({responses})")
-    _require(ppo.micro_batch_size > 0 and ppo.mini_batch_size % ppo.micro_batch_size == 0, where,
-             "ppo.micro_batch_size", f"must divide mini_batch_size ({ppo.mini_batch_size})")
-    _require((ppo.mini_batch_size // world_size) % ppo.micro_batch_size == 0 or world_size == 1, where,
-             "ppo.micro_batch_size", f"must divide mini_batch_size / world size ({ppo.mini_batch_size // world_size})")
+    _require(
+        0 < ppo.mini_batch_size <= responses,
+        where,
+        "ppo.mini_batch_size",
+        f"must be in 1..train_batch_size x rollout.n ({responses}), got {ppo.mini_batch_size}",
+    )
+    _require(
+        responses % ppo.mini_batch_size == 0,
+        where,
+        "ppo.mini_batch_size",
+        f"must divide train_batch_size x rollout.n ({responses})",
+    )
+    _require(
+        ppo.micro_batch_size > 0 and ppo.mini_batch_size % ppo.micro_batch_size == 0,
+        where,
+        "ppo.micro_batch_size",
+        f"must divide mini_batch_size ({ppo.mini_batch_size})",
+    )
+    _require(
+        (ppo.mini_batch_size // world_size) % ppo.micro_batch_size == 0 or world_size == 1,
+        where,
+        "ppo.micro_batch_size",
+        f"must divide mini_batch_size / world size ({ppo.mini_batch_size // world_size})",
+    )
     _require(0 <= ppo.clip_ratio_low < 1, where, "ppo.clip_ratio_low", "must be in [0, 1)")
     _require(ppo.clip_ratio_high >= 0, where, "ppo.clip_ratio_high", "must be >= 0")
     _require(ppo.clip_ratio_c > 1, where, "ppo.clip_ratio_c", "must be > 1 (dual clip)")
-    _require(ppo.loss_agg_mode in LOSS_AGG_MODES, where, "ppo.loss_agg_mode",
-             f"unknown mode {ppo.loss_agg_mode!r}; use one of {', '.join(sorted(LOSS_AGG_MODES))}")
+    _require(
+        ppo.loss_agg_mode in LOSS_AGG_MODES,
+        where,
+        "ppo.loss_agg_mode",
+        f"unknown mode {ppo.loss_agg_mode!r}; use one of {', '.join(sorted(LOSS_AGG_MODES))}",
+    )
     _require(ppo.epochs > 0, where, "ppo.epochs", "must be > 0")
     _require(alg.adv_estimator in ("gae", "grpo"), where, "algorithm.adv_estimator", "must be gae or grpo")
     _require(alg.adv_estimator != "grpo" or roll.n > 1, where, "rollout.n", "grpo needs rollout.n > 1")
@@ -266,8 +285,12 @@ def validate(cfg: TrainerConfig, where: str = "<config>", world_size: int = 1) -
     _require(cfg.reward.rule in ("digits", "arithmetic"), where, "reward.rule", "must be digits or arithmetic")
     _require(cfg.oom.action in ("fail", "skip"), where, "oom.action", "must be fail or skip")
     _require(cfg.run.device in ("cpu", "cuda", "auto"), where, "run.device", "must be cpu, cuda or auto")
-    _require(cfg.model.dtype in ("float32", "bfloat16", "float16"), where, "model.dtype",
-             "must be float32, bfloat16 or float16")
+    _require(
+        cfg.model.dtype in ("float32", "bfloat16", "float16"),
+        where,
+        "model.dtype",
+        "must be float32, bfloat16 or float16",
+    )
     _require(cfg.checkpoint.every_steps >= 0, where, "checkpoint.every_steps", "must be >= 0 (0: never)")
     _require(cfg.checkpoint.keep_last >= 1, where, "checkpoint.keep_last", "must be >= 1")
     _require(cfg.max_steps >= 0, where, "max_steps", "must be >= 0")

@@ -58,16 +58,30 @@ def _versions() -> dict[str, str]:
 
     from sidecars import __version__
 
-    return {"warden": __version__, "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__}
+    return {
+        "warden": __version__,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
 
 
 class PPOTrainer:
     """One run. ``resume`` is ``auto``, ``never`` or a checkpoint path."""
 
-    def __init__(self, cfg: TrainerConfig, run_dir: str, *, resume: str = "auto", config_name: str = "run",
-                 emit_events: bool = True, serve_metrics: bool = True) -> None:
+    def __init__(
+        self,
+        cfg: TrainerConfig,
+        run_dir: str,
+        *,
+        resume: str = "auto",
+        config_name: str = "run",
+        emit_events: bool = True,
+        serve_metrics: bool = True,
+        instrumented: bool = True,
+    ) -> None:
         self.cfg = cfg
+        self.instrumented = instrumented  # False: no events, metrics or snapshots per step (benchmarks)
         self.run_dir = os.path.abspath(run_dir)
         pin_gpus(cfg.run.gpu_uuids)
         self.dist: DistInfo = init_distributed(cfg.run.device)
@@ -113,7 +127,7 @@ class PPOTrainer:
             self.emit(ev.MODEL_LOADING, {"path": path, "kind": kind})
         self.actor = load_causal_lm(paths.actor, cfg.model.dtype, self.device)
         self.ref = load_causal_lm(paths.actor, cfg.model.dtype, self.device).eval().requires_grad_(False)
-        self.critic = load_critic(paths.critic, cfg.model.dtype, self.device)
+        self.critic: Any = load_critic(paths.critic, cfg.model.dtype, self.device)
         self.actor.config.use_cache = True
         if self.dist.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -125,33 +139,51 @@ class PPOTrainer:
         self.actor_opt = torch.optim.AdamW(self.actor.parameters(), lr=p.actor_lr, weight_decay=p.weight_decay)
         self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=p.critic_lr, weight_decay=p.weight_decay)
         warm = max(1, p.warmup_steps)
-        self.actor_sched = torch.optim.lr_scheduler.LinearLR(self.actor_opt, 1.0 / warm if p.warmup_steps else 1.0,
-                                                             1.0, total_iters=p.warmup_steps)
-        self.critic_sched = torch.optim.lr_scheduler.LinearLR(self.critic_opt, 1.0 / warm if p.warmup_steps else 1.0,
-                                                              1.0, total_iters=p.warmup_steps)
-        self.rollout = HFRollout(unwrap(self.actor), cfg.rollout, self.tokenizer.eos_token_id,
-                                 self.tokenizer.pad_token_id)
-        self.reward = build_reward(cfg.reward.kind, cfg.reward.rule, paths.reward_model, self.tokenizer,
-                                   str(self.device))
+        self.actor_sched = torch.optim.lr_scheduler.LinearLR(
+            self.actor_opt, 1.0 / warm if p.warmup_steps else 1.0, 1.0, total_iters=p.warmup_steps
+        )
+        self.critic_sched = torch.optim.lr_scheduler.LinearLR(
+            self.critic_opt, 1.0 / warm if p.warmup_steps else 1.0, 1.0, total_iters=p.warmup_steps
+        )
+        self.rollout = HFRollout(
+            unwrap(self.actor), cfg.rollout, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        )
+        self.reward = build_reward(
+            cfg.reward.kind, cfg.reward.rule, paths.reward_model, self.tokenizer, str(self.device)
+        )
         self.prompts = load_prompts(paths.train_files, cfg.data.prompt_key, cfg.data.ground_truth_key)
         self.sampler = PromptSampler(len(self.prompts), cfg.ppo.train_batch_size, cfg.run.seed, cfg.data.shuffle)
         from trainer.ppo import AdaptiveKLController, FixedKLController
 
         alg = cfg.algorithm
-        self.kl_ctl: Any = (AdaptiveKLController(alg.kl_coef, alg.kl_target, alg.kl_horizon)
-                            if alg.kl_controller == "adaptive" else FixedKLController(alg.kl_coef))
+        self.kl_ctl: Any = (
+            AdaptiveKLController(alg.kl_coef, alg.kl_target, alg.kl_horizon)
+            if alg.kl_controller == "adaptive"
+            else FixedKLController(alg.kl_coef)
+        )
 
     def _announce(self, resume: str) -> None:
         self.resumed = find_resume_point(self, resume)
         if self.resumed is not None:
-            self.emit(ev.RUN_RESUMED, {"from_step": self.step, "checkpoint": self.resumed.path,
-                                       "verification": self.resumed.verification}, step=self.step)
+            self.emit(
+                ev.RUN_RESUMED,
+                {"from_step": self.step, "checkpoint": self.resumed.path, "verification": self.resumed.verification},
+                step=self.step,
+            )
             return
-        self.emit(ev.RUN_STARTED, {
-            "config_digest": self.cfg.digest(), "config": self.cfg.to_dict(),
-            "model_path": self.paths.actor, "tokenizer_path": self.paths.tokenizer,
-            "world_size": self.dist.world_size, "versions": _versions(), "nccl_env": self.nccl_env,
-            "device": str(self.device)})
+        self.emit(
+            ev.RUN_STARTED,
+            {
+                "config_digest": self.cfg.digest(),
+                "config": self.cfg.to_dict(),
+                "model_path": self.paths.actor,
+                "tokenizer_path": self.paths.tokenizer,
+                "world_size": self.dist.world_size,
+                "versions": _versions(),
+                "nccl_env": self.nccl_env,
+                "device": str(self.device),
+            },
+        )
 
     def _serve_metrics(self) -> Any:
         self.metrics.info.info({"run_id": self.run_id, **_versions()})
@@ -162,8 +194,10 @@ class PPOTrainer:
         try:
             return MetricsServer(self.metrics.registry, self.cfg.run.metrics_listen, self.cfg.run.metrics_port).start()
         except OSError as exc:
-            raise ConfigError(f"run.metrics_port: cannot listen on {self.cfg.run.metrics_port} ({exc.strerror}); "
-                              "set another port or 0 to disable") from None
+            raise ConfigError(
+                f"run.metrics_port: cannot listen on {self.cfg.run.metrics_port} ({exc.strerror}); "
+                "set another port or 0 to disable"
+            ) from None
 
     # -- training ------------------------------------------------------------------------
     def train(self, max_steps: int | None = None) -> list[StepResult]:
@@ -190,16 +224,20 @@ class PPOTrainer:
             return self.train_step()
         except torch.OutOfMemoryError as exc:
             self.metrics.oom.labels(self.phase).inc()
-            self.emit(ev.OOM, {"phase": self.phase, "error": str(exc)[:500], "action": self.cfg.oom.action},
-                      step=self.step + 1)
+            self.emit(
+                ev.OOM,
+                {"phase": self.phase, "error": str(exc)[:500], "action": self.cfg.oom.action},
+                step=self.step + 1,
+            )
             log.error("out of memory in %s at step %d (oom.action=%s)", self.phase, self.step + 1, self.cfg.oom.action)
             self.actor_opt.zero_grad(set_to_none=True)
             self.critic_opt.zero_grad(set_to_none=True)
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             if self.cfg.oom.action == "fail":
-                raise TrainingFailed(f"out of memory in {self.phase} at step {self.step + 1}; lower the batch "
-                                     "or set oom.action: skip") from None
+                raise TrainingFailed(
+                    f"out of memory in {self.phase} at step {self.step + 1}; lower the batch or set oom.action: skip"
+                ) from None
             return None
 
     def _batch(self) -> tuple[list[str], list[str | None], torch.Tensor]:
@@ -217,51 +255,90 @@ class PPOTrainer:
         if cfg.oom.raise_at_step == step and not self._oom_hook_fired:
             self._oom_hook_fired = True
             raise torch.OutOfMemoryError("raised by the oom.raise_at_step test hook")
-        enc = self.tokenizer(prompts, return_tensors="pt", padding=True, truncation=True,
-                             max_length=cfg.data.max_prompt_tokens).to(self.device)
+        enc = self.tokenizer(
+            prompts, return_tensors="pt", padding=True, truncation=True, max_length=cfg.data.max_prompt_tokens
+        ).to(self.device)
         t0 = time.perf_counter()
         responses, mask = self.rollout.generate(enc.input_ids, enc.attention_mask)
         t_rollout = time.perf_counter() - t0
-        texts = self.tokenizer.batch_decode(responses * mask + self.tokenizer.pad_token_id * (1 - mask),
-                                            skip_special_tokens=True)
+        texts = self.tokenizer.batch_decode(
+            responses * mask + self.tokenizer.pad_token_id * (1 - mask), skip_special_tokens=True
+        )
         scores = torch.tensor(self.reward.score(prompts, texts, truths), dtype=torch.float32, device=self.device)
         self.phase = "experience"
         t0 = time.perf_counter()
-        exp = make_experience(self.actor, self.ref, self.critic, enc.input_ids, enc.attention_mask, responses, mask,
-                              scores, groups.to(self.device), cfg.algorithm, self.kl_ctl.value,
-                              cfg.rollout.temperature, cfg.ppo.micro_batch_size)
+        exp = make_experience(
+            self.actor,
+            self.ref,
+            self.critic,
+            enc.input_ids,
+            enc.attention_mask,
+            responses,
+            mask,
+            scores,
+            groups.to(self.device),
+            cfg.algorithm,
+            self.kl_ctl.value,
+            cfg.rollout.temperature,
+            cfg.ppo.micro_batch_size,
+        )
         t_exp = time.perf_counter() - t0
         self.phase = "update"
         t0 = time.perf_counter()
         gen = torch.Generator().manual_seed(cfg.run.seed * 7919 + step)
-        stats = ppo_update(self.actor, self.critic, self.actor_opt, self.critic_opt, exp, cfg.ppo,
-                           cfg.rollout.temperature, self.dist, gen)
+        stats = ppo_update(
+            self.actor,
+            self.critic,
+            self.actor_opt,
+            self.critic_opt,
+            exp,
+            cfg.ppo,
+            cfg.rollout.temperature,
+            self.dist,
+            gen,
+        )
         t_update = time.perf_counter() - t0
         self.kl_ctl.update(exp.mean_kl, len(prompts))
         self.actor_sched.step()
         self.critic_sched.step()
         self.step = step
+        if not self.instrumented:
+            return StepResult(step, {"timings": {"rollout_s": t_rollout, "step_s": time.perf_counter() - t_start}})
         tokens = int(mask.sum())
         step_s = time.perf_counter() - t_start
-        metrics = {"reward_mean": float(scores.mean()), "reward_max": float(scores.max()), "kl": exp.mean_kl,
-                   "kl_coef": float(self.kl_ctl.value), **stats, "response_tokens": tokens,
-                   "tokens_per_second": tokens / max(t_rollout, 1e-9), "lr": self.actor_opt.param_groups[0]["lr"],
-                   "timings": {"rollout_s": t_rollout, "experience_s": t_exp, "update_s": t_update,
-                               "step_s": step_s}}
+        metrics = {
+            "reward_mean": float(scores.mean()),
+            "reward_max": float(scores.max()),
+            "kl": exp.mean_kl,
+            "kl_coef": float(self.kl_ctl.value),
+            **stats,
+            "response_tokens": tokens,
+            "tokens_per_second": tokens / max(t_rollout, 1e-9),
+            "lr": self.actor_opt.param_groups[0]["lr"],
+            "timings": {"rollout_s": t_rollout, "experience_s": t_exp, "update_s": t_update, "step_s": step_s},
+        }
         self._report(step, metrics, prompts, texts, scores)
         return StepResult(step, metrics)
 
     # -- reporting -----------------------------------------------------------------------
-    def _report(self, step: int, m: dict[str, Any], prompts: list[str], texts: list[str],
-                scores: torch.Tensor) -> None:
+    def _report(self, step: int, m: dict[str, Any], prompts: list[str], texts: list[str], scores: torch.Tensor) -> None:
         mt = self.metrics
         mt.steps.inc()
         mt.step_duration.observe(m["timings"]["step_s"])
         mt.rollout_duration.observe(m["timings"]["rollout_s"])
         mt.tokens_per_second.set(m["tokens_per_second"])
         mt.generated_tokens.inc(m["response_tokens"])
-        for key in ("reward_mean", "reward_max", "kl", "kl_coef", "policy_loss", "value_loss", "entropy",
-                    "clip_fraction", "grad_norm"):
+        for key in (
+            "reward_mean",
+            "reward_max",
+            "kl",
+            "kl_coef",
+            "policy_loss",
+            "value_loss",
+            "entropy",
+            "clip_fraction",
+            "grad_norm",
+        ):
             getattr(mt, key).set(m[key])
         mt.last_step.set(step)
         mt.last_step_time.set(time.time())
@@ -276,11 +353,18 @@ class PPOTrainer:
             return
         order = sorted(range(len(texts)), key=lambda i: (-float(scores[i]), i))
         cap = snap.max_text_chars
-        samples = [{"index": i, "prompt": prompts[i][:cap], "response": texts[i][:cap], "reward": float(scores[i]),
-                    "truncated": len(prompts[i]) > cap or len(texts[i]) > cap}
-                   for i in order if snap.min_reward is None or float(scores[i]) >= snap.min_reward][: snap.top_k]
-        self.emit(ev.REWARD_SNAPSHOT, {"k": snap.top_k, "min_reward": snap.min_reward, "samples": samples},
-                  step=step)
+        samples = [
+            {
+                "index": i,
+                "prompt": prompts[i][:cap],
+                "response": texts[i][:cap],
+                "reward": float(scores[i]),
+                "truncated": len(prompts[i]) > cap or len(texts[i]) > cap,
+            }
+            for i in order
+            if snap.min_reward is None or float(scores[i]) >= snap.min_reward
+        ][: snap.top_k]
+        self.emit(ev.REWARD_SNAPSHOT, {"k": snap.top_k, "min_reward": snap.min_reward, "samples": samples}, step=step)
 
     # -- checkpoints ---------------------------------------------------------------------
     def _maybe_checkpoint(self, final: bool) -> None:
@@ -305,8 +389,11 @@ class PPOTrainer:
                 self.metrics.checkpoint_failures.inc()
                 log.error("%s (attempt %d of %d)", exc, attempt + 1, retries + 1)
                 if attempt == retries:
-                    self.emit(ev.CHECKPOINT_REJECTED, {"path": ckpt.step_dir_name(self.step),
-                                                       "why": f"write failed: {exc}"}, step=self.step)
+                    self.emit(
+                        ev.CHECKPOINT_REJECTED,
+                        {"path": ckpt.step_dir_name(self.step), "why": f"write failed: {exc}"},
+                        step=self.step,
+                    )
                     return None
                 time.sleep(min(5.0, 0.5 * 2**attempt))
                 continue
@@ -323,11 +410,19 @@ class PPOTrainer:
         ckpt.save_state(tmp, "optim_actor", self.actor_opt.state_dict())
         ckpt.save_state(tmp, "optim_critic", self.critic_opt.state_dict())
         ckpt.save_state(tmp, "rng", capture_rng())
-        ckpt.write_json(os.path.join(tmp, ckpt.STATE), {
-            "step": self.step, "run_id": self.run_id, "config_digest": self.cfg.digest(),
-            "data_position": self.sampler.state(), "kl_coef": float(self.kl_ctl.value),
-            "scheduler_actor": self.actor_sched.state_dict(), "scheduler_critic": self.critic_sched.state_dict(),
-            "world_size": self.dist.world_size})
+        ckpt.write_json(
+            os.path.join(tmp, ckpt.STATE),
+            {
+                "step": self.step,
+                "run_id": self.run_id,
+                "config_digest": self.cfg.digest(),
+                "data_position": self.sampler.state(),
+                "kl_coef": float(self.kl_ctl.value),
+                "scheduler_actor": self.actor_sched.state_dict(),
+                "scheduler_critic": self.critic_sched.state_dict(),
+                "world_size": self.dist.world_size,
+            },
+        )
 
     def close(self) -> None:
         if self._server is not None:
@@ -341,11 +436,16 @@ class PPOTrainer:
 
 def capture_rng() -> dict[str, Any]:
     py = random.getstate()
-    np_state = np.random.get_state()
+    np_state: Any = np.random.get_state()
     state: dict[str, Any] = {
         "python": [py[0], list(py[1]), py[2]],
-        "numpy": {"key": str(np_state[0]), "pos": int(np_state[2]), "has_gauss": int(np_state[3]),
-                  "cached_gaussian": float(np_state[4]), "state": torch.from_numpy(np_state[1].astype(np.int64))},
+        "numpy": {
+            "key": str(np_state[0]),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+            "state": torch.from_numpy(np_state[1].astype(np.int64)),
+        },
         "torch_cpu": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -357,8 +457,9 @@ def restore_rng(state: dict[str, Any]) -> None:
     py = state["python"]
     random.setstate((py[0], tuple(py[1]), py[2]))
     n = state["numpy"]
-    np.random.set_state((n["key"], n["state"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                         n["cached_gaussian"]))
+    np.random.set_state(
+        (n["key"], n["state"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
     torch.set_rng_state(state["torch_cpu"])
     if "torch_cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["torch_cuda"])

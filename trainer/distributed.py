@@ -39,8 +39,9 @@ def init_distributed(device: str) -> DistInfo:
 
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device == "cuda" else "gloo")
-    return DistInfo(rank=dist.get_rank(), world_size=dist.get_world_size(),
-                    local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    return DistInfo(
+        rank=dist.get_rank(), world_size=dist.get_world_size(), local_rank=int(os.environ.get("LOCAL_RANK", "0"))
+    )
 
 
 def pick_device(requested: str, info: DistInfo) -> torch.device:

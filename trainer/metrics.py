@@ -15,12 +15,18 @@ class TrainerMetrics:
         reg = self.registry = registry or CollectorRegistry()
         p = "warden_trainer_"
         self.steps = Counter(p + "steps", "PPO steps completed.", registry=reg)
-        self.step_duration = Histogram(p + "step_duration_seconds", "Wall time of one PPO step.",
-                                       buckets=STEP_BUCKETS, registry=reg)
-        self.rollout_duration = Histogram(p + "rollout_duration_seconds", "Wall time of one rollout (generation).",
-                                          buckets=ROLLOUT_BUCKETS, registry=reg)
-        self.tokens_per_second = Gauge(p + "generated_tokens_per_second", "Response tokens generated per second.",
-                                       registry=reg)
+        self.step_duration = Histogram(
+            p + "step_duration_seconds", "Wall time of one PPO step.", buckets=STEP_BUCKETS, registry=reg
+        )
+        self.rollout_duration = Histogram(
+            p + "rollout_duration_seconds",
+            "Wall time of one rollout (generation).",
+            buckets=ROLLOUT_BUCKETS,
+            registry=reg,
+        )
+        self.tokens_per_second = Gauge(
+            p + "generated_tokens_per_second", "Response tokens generated per second.", registry=reg
+        )
         self.generated_tokens = Counter(p + "generated_tokens", "Response tokens generated.", registry=reg)
         self.reward_mean = Gauge(p + "reward_mean", "Mean reward of the last step.", registry=reg)
         self.reward_max = Gauge(p + "reward_max", "Max reward of the last step.", registry=reg)
@@ -32,14 +38,18 @@ class TrainerMetrics:
         self.clip_fraction = Gauge(p + "clip_fraction", "Fraction of tokens clipped by PPO.", registry=reg)
         self.grad_norm = Gauge(p + "grad_norm", "Actor gradient norm before clipping.", registry=reg)
         self.last_step = Gauge(p + "last_step", "Number of the last completed step.", registry=reg)
-        self.last_step_time = Gauge(p + "last_step_timestamp_seconds", "Unix time the last step completed.",
-                                    registry=reg)
-        self.last_checkpoint_step = Gauge(p + "last_checkpoint_step", "Step of the newest complete checkpoint.",
-                                          registry=reg)
-        self.last_checkpoint_time = Gauge(p + "last_checkpoint_timestamp_seconds",
-                                          "Unix time the newest checkpoint was completed.", registry=reg)
-        self.checkpoint_failures = Counter(p + "checkpoint_write_failures", "Checkpoint writes that failed.",
-                                           registry=reg)
+        self.last_step_time = Gauge(
+            p + "last_step_timestamp_seconds", "Unix time the last step completed.", registry=reg
+        )
+        self.last_checkpoint_step = Gauge(
+            p + "last_checkpoint_step", "Step of the newest complete checkpoint.", registry=reg
+        )
+        self.last_checkpoint_time = Gauge(
+            p + "last_checkpoint_timestamp_seconds", "Unix time the newest checkpoint was completed.", registry=reg
+        )
+        self.checkpoint_failures = Counter(
+            p + "checkpoint_write_failures", "Checkpoint writes that failed.", registry=reg
+        )
         self.oom = Counter(p + "oom_events", "Out-of-memory errors caught.", ["phase"], registry=reg)
         self.info = Info(p + "run", "Run id and versions.", registry=reg)
         self.oom.labels("step")

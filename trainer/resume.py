@@ -67,10 +67,7 @@ def find_resume_point(trainer: Any, mode: str) -> ResumeResult | None:
     if trainer.dist.is_main:
         ckpt.remove_stale_temporaries(root)
     explicit = mode != "auto"
-    if explicit:
-        candidates = [ckpt.CheckpointRef(_step_of(mode), os.path.abspath(mode))]
-    else:
-        candidates = ckpt.list_complete(root)
+    candidates = [ckpt.CheckpointRef(_step_of(mode), os.path.abspath(mode))] if explicit else ckpt.list_complete(root)
     cfg = trainer.cfg.checkpoint
     for ref in candidates:
         ok, how = verify_checkpoint(ref.path, cfg.trusted_keys, cfg.allow_unsigned)
@@ -108,8 +105,9 @@ def load_into(trainer: Any, path: str) -> None:
     missing, unexpected = actor.load_state_dict(_load_weights(os.path.join(path, "actor")), strict=False)
     tied = bool(getattr(actor.config, "tie_word_embeddings", False))
     if unexpected or (missing and not tied):
-        raise ckpt.CheckpointError(f"{path}/actor: weights do not match the model (missing {missing[:3]}, "
-                                   f"unexpected {unexpected[:3]})")
+        raise ckpt.CheckpointError(
+            f"{path}/actor: weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     unwrap(trainer.critic).load_state_dict(load_file(os.path.join(path, "critic", CRITIC_WEIGHTS)))
     trainer.actor_opt.load_state_dict(ckpt.load_state(path, "optim_actor"))
     trainer.critic_opt.load_state_dict(ckpt.load_state(path, "optim_critic"))

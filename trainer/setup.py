@@ -42,7 +42,9 @@ def _writable_root(key: str, path: str) -> None:
             fh.write(b"ok")
         os.unlink(probe)
     except OSError as exc:
-        raise ConfigError(f"{key}: {path} is not writable ({exc.strerror}); fix the mount or pick another root") from None
+        raise ConfigError(
+            f"{key}: {path} is not writable ({exc.strerror}); fix the mount or pick another root"
+        ) from None
 
 
 def resolve_paths(cfg: TrainerConfig, run_dir: str) -> ResolvedPaths:
@@ -60,8 +62,7 @@ def resolve_paths(cfg: TrainerConfig, run_dir: str) -> ResolvedPaths:
         raise ConfigError("model.actor_path: required (or set model.tiny to build a tiny offline model)")
     tokenizer = tokenizer or actor
     critic = m.critic_path or actor
-    for key, path in (("model.actor_path", actor), ("model.critic_path", critic),
-                      ("model.tokenizer_path", tokenizer)):
+    for key, path in (("model.actor_path", actor), ("model.critic_path", critic), ("model.tokenizer_path", tokenizer)):
         _readable_dir(key, path)
     if cfg.reward.kind == "model":
         _readable_dir("model.reward_model_path", m.reward_model_path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pathlib
 import random
 import signal
 import time
@@ -26,8 +27,9 @@ def _writer_loop(root: str, start_step: int) -> None:
         def fill(tmp: str, step: int = step) -> None:
             for part in ("actor", "critic"):
                 os.makedirs(os.path.join(tmp, part))
-                save_file({"w": rng.standard_normal(400_000).astype(np.float32)},
-                          os.path.join(tmp, part, "model.safetensors"))
+                save_file(
+                    {"w": rng.standard_normal(400_000).astype(np.float32)}, os.path.join(tmp, part, "model.safetensors")
+                )
             ckpt.write_json(os.path.join(tmp, ckpt.STATE), {"step": step})
 
         ckpt.write_checkpoint(root, step, fill)
@@ -82,15 +84,14 @@ def test_prune_keeps_the_newest_and_their_signatures(tmp_path):
         open(os.path.join(root, ckpt.step_dir_name(step) + ".sig"), "w").close()
     removed = ckpt.prune(root, keep_last=2)
     assert sorted(os.path.basename(p) for p in removed) == ["step-000000001", "step-000000002"]
-    assert sorted(os.listdir(root)) == ["step-000000003", "step-000000003.sig", "step-000000004",
-                                        "step-000000004.sig"]
+    assert sorted(os.listdir(root)) == ["step-000000003", "step-000000003.sig", "step-000000004", "step-000000004.sig"]
 
 
 def test_manifest_reports_missing_extra_and_changed(tmp_path):
-    path = ckpt.write_checkpoint(str(tmp_path), 5, lambda d: [open(os.path.join(d, n), "w").write(n) for n in "abc"])
+    path = ckpt.write_checkpoint(str(tmp_path), 5, lambda d: [(pathlib.Path(d) / n).write_text(n) for n in "abc"])
     os.unlink(os.path.join(path, "a"))
-    open(os.path.join(path, "b"), "w").write("changed")
-    open(os.path.join(path, "z"), "w").write("new")
+    (pathlib.Path(path) / "b").write_text("changed")
+    (pathlib.Path(path) / "z").write_text("new")
     problems = ckpt.verify_manifest(path)
     assert problems[0] == "a: missing" and problems[1] == "z: not in the manifest"
     assert problems[2].startswith("b: sha256 ")

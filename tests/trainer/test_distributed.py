@@ -13,8 +13,14 @@ from trainer import events as ev
 
 
 def _run(cmd, env=None):
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                            env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    result = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -23,8 +29,22 @@ def test_torchrun_two_processes_match_one(make_config, tmp_path):
     _, config = make_config({"max_steps": 2, "checkpoint": {"every_steps": 2}})
     one, two = tmp_path / "one", tmp_path / "two"
     _run([sys.executable, "-m", "sidecars.cli", "train", "--config", config, "--run-dir", str(one)])
-    _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-          "-m", "sidecars.cli", "train", "--config", config, "--run-dir", str(two)])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "sidecars.cli",
+            "train",
+            "--config",
+            config,
+            "--run-dir",
+            str(two),
+        ]
+    )
     a = load_file(str(one / "checkpoints" / "step-000000002" / "actor" / "model.safetensors"))
     b = load_file(str(two / "checkpoints" / "step-000000002" / "actor" / "model.safetensors"))
     worst = max(float((a[k] - b[k]).abs().max()) for k in a)

@@ -107,7 +107,8 @@ def test_checkpoints_hold_no_pickle(make_config, tmp_path):
         with open(path, "rb") as fh:
             assert b"\x80\x04\x95" not in fh.read(64), rel  # a protocol-4 pickle frame opcode
         if rel.endswith(".json"):
-            json.loads(open(path, encoding="utf-8").read())
+            with open(path, encoding="utf-8") as fh:
+                json.load(fh)
         else:
             assert rel.endswith(".safetensors"), f"unexpected file type {rel}"
             _safetensors_header_ok(path)
@@ -141,20 +142,32 @@ def test_metrics_endpoint_exposes_every_listed_metric(make_config, tmp_path):
         trainer.close()
     assert status == 200
     names = {s.name for fam in text_string_to_metric_families(body) for s in fam.samples}
-    for name in ("warden_trainer_steps_total", "warden_trainer_step_duration_seconds_bucket",
-                 "warden_trainer_rollout_duration_seconds_bucket", "warden_trainer_generated_tokens_per_second",
-                 "warden_trainer_reward_mean", "warden_trainer_reward_max", "warden_trainer_kl",
-                 "warden_trainer_policy_loss", "warden_trainer_value_loss", "warden_trainer_entropy",
-                 "warden_trainer_clip_fraction", "warden_trainer_grad_norm", "warden_trainer_last_checkpoint_step",
-                 "warden_trainer_oom_events_total", "warden_trainer_run_info"):
+    for name in (
+        "warden_trainer_steps_total",
+        "warden_trainer_step_duration_seconds_bucket",
+        "warden_trainer_rollout_duration_seconds_bucket",
+        "warden_trainer_generated_tokens_per_second",
+        "warden_trainer_reward_mean",
+        "warden_trainer_reward_max",
+        "warden_trainer_kl",
+        "warden_trainer_policy_loss",
+        "warden_trainer_value_loss",
+        "warden_trainer_entropy",
+        "warden_trainer_clip_fraction",
+        "warden_trainer_grad_norm",
+        "warden_trainer_last_checkpoint_step",
+        "warden_trainer_oom_events_total",
+        "warden_trainer_run_info",
+    ):
         assert name in names, name
-    assert 'warden_trainer_steps_total 2.0' in body
-    assert 'warden_trainer_last_checkpoint_step 2.0' in body
+    assert "warden_trainer_steps_total 2.0" in body
+    assert "warden_trainer_last_checkpoint_step 2.0" in body
 
 
 def test_oom_is_counted_emitted_and_skipped(make_config, tmp_path):
-    cfg, _ = make_config({"max_steps": 3, "oom": {"action": "skip", "raise_at_step": 2},
-                          "checkpoint": {"every_steps": 0}})
+    cfg, _ = make_config(
+        {"max_steps": 3, "oom": {"action": "skip", "raise_at_step": 2}, "checkpoint": {"every_steps": 0}}
+    )
     trainer = PPOTrainer(cfg, str(tmp_path / "run"))
     results = trainer.train()
     trainer.close()
@@ -175,6 +188,7 @@ def test_oom_fail_stops_the_run(make_config, tmp_path):
 
 
 def test_console_line_format():
-    line = format_step_line(12, {"reward_mean": 0.8123, "kl": 0.0041, "policy_loss": 0.3, "value_loss": 0.12,
-                                 "tokens_per_second": 1900.0})
+    line = format_step_line(
+        12, {"reward_mean": 0.8123, "kl": 0.0041, "policy_loss": 0.3, "value_loss": 0.12, "tokens_per_second": 1900.0}
+    )
     assert line == "step 12 | reward 0.81 | kl 0.004 | loss 0.42 | 1.9k tok/s"
