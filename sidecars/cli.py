@@ -28,6 +28,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "scan": "sidecars.tokenscan.commands:scan",
     "deps": "sidecars.deps.commands:deps",
     "train": "trainer.cli:train",
+    "demo": "sidecars.stack.commands:demo",
 }
 
 

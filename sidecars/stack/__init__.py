@@ -1,0 +1,1 @@
+"""Running the suite as local processes: `warden stack up` and `warden demo`."""
