@@ -29,6 +29,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "deps": "sidecars.deps.commands:deps",
     "train": "trainer.cli:train",
     "demo": "sidecars.stack.commands:demo",
+    "stack": "sidecars.stack.commands:stack",
 }
 
 

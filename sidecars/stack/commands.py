@@ -25,3 +25,61 @@ def demo(run_dir: str | None, steps: int) -> None:
     result = run_demo(run_dir, steps, click.echo)
     if result.trainer_exit != 0:
         raise click.exceptions.Exit(result.trainer_exit)
+
+
+@click.group("stack")
+def stack() -> None:
+    """Run the docker-compose services as local processes."""
+
+
+@stack.command("up")
+@option("--run-dir", required=True, type=click.Path(file_okay=False), help="Run directory the sidecars watch.")
+@option(
+    "--compose-file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Compose file whose warden services to run. Default: the checkout's docker-compose.yml.",
+)
+@option(
+    "--signing-key",
+    default="",
+    type=click.Path(dir_okay=False),
+    help="Private key for signer and archiver. Default: <run-dir>/keys/signing.key (created if missing).",
+)
+@option("--only", multiple=True, help="Run only these warden services (repeatable).")
+@option("--no-s3", is_flag=True, help="Do not start SeaweedFS.")
+@option("--no-prometheus", is_flag=True, help="Do not start Prometheus and Alertmanager.")
+@option("--pager-url", default="", help="Webhook URL of the pager receiver (critical alerts).")
+@option("--ticket-url", default="", help="Webhook URL of the ticket receiver (warnings).")
+@option("--deadman-url", default="", help="Webhook URL of the dead-man's switch (Watchdog).")
+def stack_up(
+    run_dir: str,
+    compose_file: str | None,
+    signing_key: str,
+    only: tuple[str, ...],
+    no_s3: bool,
+    no_prometheus: bool,
+    pager_url: str,
+    ticket_url: str,
+    deadman_url: str,
+) -> None:
+    """Start the stack, wait until every service is ready, print the URLs, supervise.
+
+    Crashed services are restarted (three times at most); Ctrl-C or SIGTERM stops all
+    of them by PID.
+    """
+    from sidecars.stack.local import StackOptions, run_stack
+
+    run_dir = os.path.abspath(run_dir)
+    receivers = {k: v for k, v in (("pager", pager_url), ("ticket", ticket_url), ("deadman", deadman_url)) if v}
+    opts = StackOptions(
+        run_dir=run_dir,
+        signing_key=signing_key,
+        only=only,
+        with_s3=not no_s3,
+        with_prometheus=not no_prometheus,
+        receivers=receivers,
+    )
+    if compose_file:
+        opts.compose_file = os.path.abspath(compose_file)
+    run_stack(opts, click.echo)
