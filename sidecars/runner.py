@@ -196,10 +196,13 @@ class Runner:
         return 0
 
     def _sleep(self, follower: JournalFollower | None) -> None:
+        # Never sleep past the next periodic check: detection latency depends on it.
+        limit = min(self.poll_seconds, self.sidecar.check_interval_seconds or self.poll_seconds)
         if follower is not None:
+            follower.poll_seconds = limit
             follower.wait(self.ctx.stop)
         else:
-            self.ctx.stop.wait(self.poll_seconds)
+            self.ctx.stop.wait(limit)
 
     def _install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():

@@ -153,7 +153,8 @@ class OOMConfig:
 @dataclass(frozen=True)
 class PreflightConfig:
     required_env: dict[str, str] = field(default_factory=dict)  # NAME -> regex ('' = any non-empty)
-    check_paths: bool = True
+    check_paths: bool = True  # probe model, tokenizer, data and checkpoint root in child processes
+    deadline_seconds: float = 10.0
 
 
 @dataclass(frozen=True)

@@ -72,8 +72,34 @@ def resolve_paths(cfg: TrainerConfig, run_dir: str) -> ResolvedPaths:
 
     check_readable_files(tuple(files))
     root = cfg.checkpoint.root or os.path.join(run_dir, "checkpoints")
+    resolved = ResolvedPaths(actor, critic, tokenizer, m.reward_model_path, tuple(files), root)
+    if cfg.preflight.check_paths:
+        # Child-process probes with a deadline first: a hung mount cannot hang the start.
+        probe_paths(resolved, cfg.preflight.deadline_seconds)
     _writable_root("checkpoint.root", root)
-    return ResolvedPaths(actor, critic, tokenizer, m.reward_model_path, tuple(files), root)
+    return resolved
+
+
+def probe_paths(paths: ResolvedPaths, deadline: float) -> None:
+    """Probes every path in a child process with a deadline (a hung NFS mount cannot hang
+    the trainer's start); raises ConfigError naming each unhealthy path and the reason."""
+    from sidecars.paths import preflight
+
+    root = paths.checkpoint_root
+    while not os.path.isdir(root) and os.path.dirname(root) != root:
+        root = os.path.dirname(root)  # not created yet: its parent must take the write
+    targets: dict[str, tuple[str, bool]] = {
+        "model": (paths.actor, False),
+        "tokenizer": (paths.tokenizer, False),
+        "checkpoint root": (root, True),
+    }
+    if paths.critic != paths.actor:
+        targets["critic"] = (paths.critic, False)
+    for i, file in enumerate(paths.train_files):
+        targets[f"data {i}"] = (os.path.dirname(file), False)
+    problems = preflight(targets, deadline=deadline)
+    if problems:
+        raise ConfigError("preflight: " + "; ".join(str(p) for p in problems))
 
 
 def check_environment(cfg: PreflightConfig, environ: dict[str, str] | None = None) -> dict[str, str]:

@@ -1,10 +1,11 @@
 """The child side of a path probe, and the pure functions that judge what it saw.
 
 This module is standard-library only and has no package-relative imports, so the parent
-runs it as a script in a fresh interpreter (``python -I -S probe.py SPEC_JSON``): the
-serving process never touches a watched path. The child prints one JSON object (a
-:func:`run_probe` result) on stdout and exits 0; it may hang in the kernel forever, and
-the parent (scheduler.py) copes with that.
+runs it as a script in a fresh interpreter (``python -I -S probe.py path=/data writable=1``,
+see :func:`spec_to_args`): the serving process never touches a watched path. The child
+prints ``@step`` progress lines, then one JSON object (a :func:`run_probe` result) and
+exits 0; it may hang in the kernel forever, and the parent (scheduler.py) copes with that.
+It imports no ``json``, ``re`` or ``typing``: a probe costs about one bare interpreter start.
 
 Steps, in order, each stopping the probe at its first OSError:
 ``stat`` (exists), ``statvfs`` (free bytes/inodes, the read-only mount flag), ``list``
@@ -19,16 +20,16 @@ human text; the remaining keys are observations (``None`` when not observed).
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import json
 import os
-import socket
 import stat
 import sys
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the child imports as little as it can: it starts once per probe
+    from collections.abc import Callable, Mapping
+    from typing import Any
 
 # The fixed set of failure reasons (label values of warden_path_failure{reason}).
 MISSING = "missing"
@@ -83,6 +84,8 @@ LIST_LIMIT = 64  # directory entries looked at, at most
 READ_BYTES = 4096  # bytes read from the small file
 PROBE_PAYLOAD = b"warden path probe\n"
 PROBE_PREFIX = ".warden-probe-"
+STALE_PROBE_SECONDS = 600.0  # probe files of this host older than this were left by killed probes
+STALE_SCAN_LIMIT = 256
 
 
 def classify_errno(err: int | None) -> str:
@@ -195,10 +198,12 @@ def _read_small(target: str) -> None:
 
 
 def _write_probe(path: str, is_dir: bool) -> None:
+    """Creates, writes, fsyncs and removes a probe file (for a file path: opens it for append)."""
     if not is_dir:
         os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOCTTY))
         return
-    name = os.path.join(path, f"{PROBE_PREFIX}{socket.gethostname()}-{os.getpid()}")
+    prefix = f"{PROBE_PREFIX}{os.uname().nodename}-"
+    name = os.path.join(path, f"{prefix}{os.getpid()}")
     fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOCTTY, 0o600)
     created = True
     try:
@@ -212,8 +217,33 @@ def _write_probe(path: str, is_dir: bool) -> None:
         if fd >= 0:
             os.close(fd)
         if created:
-            with contextlib.suppress(OSError):
-                os.unlink(name)
+            _unlink_quietly(name)
+    _remove_stale_probes(path, prefix)
+
+
+def _remove_stale_probes(path: str, prefix: str) -> None:
+    """Removes this host's probe files that a killed (stuck) probe could not remove; best effort."""
+    now = time.time()
+    try:
+        with os.scandir(path) as it:
+            for i, entry in enumerate(it):
+                if i >= STALE_SCAN_LIMIT:
+                    break
+                if entry.name.startswith(prefix):
+                    try:
+                        if now - entry.stat(follow_symlinks=False).st_mtime > STALE_PROBE_SECONDS:
+                            os.unlink(entry.path)
+                    except OSError:
+                        continue
+    except OSError:
+        return
+
+
+def _unlink_quietly(name: str) -> None:
+    try:
+        os.unlink(name)
+    except OSError:
+        return
 
 
 STEP_WORDS = {
@@ -292,22 +322,95 @@ def _report_step(step: str) -> None:
     sys.stdout.flush()
 
 
+BOOL_KEYS = frozenset({"exists", "readable", "writable", "not_read_only"})
+INT_KEYS = frozenset({"min_free_bytes", "min_free_inodes"})
+FLOAT_KEYS = frozenset({"min_free_bytes_percent", "min_free_inodes_percent", "max_latency_seconds"})
+STR_KEYS = frozenset({"name", "path", "read_file"})
+
+
+def spec_to_args(spec: Mapping[str, Any]) -> list[str]:
+    """The child's argv for ``spec``: ``key=value`` words, None values left out."""
+    args = []
+    for key, value in spec.items():
+        if value is None:
+            continue
+        if key in BOOL_KEYS:
+            value = "1" if value else "0"
+        args.append(f"{key}={value}")
+    return args
+
+
+def args_to_spec(args: list[str]) -> dict[str, Any]:
+    """Parses :func:`spec_to_args` words; raises ValueError on an unknown key or a bad value."""
+    spec: dict[str, Any] = {}
+    for arg in args:
+        key, sep, raw = arg.partition("=")
+        if not sep:
+            raise ValueError(f"expected key=value, got {arg!r}")
+        if key in BOOL_KEYS:
+            if raw not in ("0", "1", "true", "false"):
+                raise ValueError(f"{key}: expected 0 or 1, got {raw!r}")
+            spec[key] = raw in ("1", "true")
+        elif key in INT_KEYS:
+            spec[key] = int(raw)
+        elif key in FLOAT_KEYS:
+            spec[key] = float(raw)
+        elif key in STR_KEYS:
+            spec[key] = raw
+        else:
+            raise ValueError(f"unknown key {key!r}")
+    if "path" not in spec:
+        raise ValueError("path=... is required")
+    return spec
+
+
+_ESCAPES = {i: f"\\u{i:04x}" for i in range(32)}
+_ESCAPES.update({ord('"'): '\\"', ord("\\"): "\\\\", ord("\n"): "\\n", ord("\t"): "\\t"})
+
+
+def _json_str(text: str) -> str:
+    out = text.translate(_ESCAPES)
+    try:
+        out.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates from undecodable file names
+        out = "".join(c if not 0xD800 <= ord(c) <= 0xDFFF else f"\\u{ord(c):04x}" for c in out)
+    return f'"{out}"'
+
+
+def to_json(value: Any) -> str:
+    """JSON text of None/bool/int/float/str/list/tuple/dict, without importing ``json``."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value) if value == value and value not in (float("inf"), float("-inf")) else "null"
+    if isinstance(value, str):
+        return _json_str(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(to_json(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{_json_str(str(k))}:{to_json(v)}" for k, v in value.items()) + "}"
+    return _json_str(str(value))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Child entry point: ``probe.py SPEC_JSON`` prints the result as one JSON line, exits 0.
+    """Child entry point: ``probe.py key=value...`` prints the result as one JSON line, exits 0.
 
     Exit 2 on a malformed spec; an unexpected crash exits non-zero, and the parent
     reports that as an incomplete probe.
     """
-    args = sys.argv[1:] if argv is None else argv
     try:
-        spec = json.loads(args[0])
-        if not isinstance(spec, dict) or "path" not in spec:
-            raise ValueError("spec must be an object with 'path'")
-    except (IndexError, ValueError) as exc:
-        print(f"usage: probe.py SPEC_JSON ({exc})", file=sys.stderr)
+        spec = args_to_spec(sys.argv[1:] if argv is None else argv)
+    except ValueError as exc:
+        sys.stderr.write(f"usage: probe.py path=PATH [writable=1 ...] ({exc})\n")
         return 2
     result = run_probe(spec, _report_step)
-    sys.stdout.write(json.dumps(result, separators=(",", ":")) + "\n")
+    sys.stdout.write(to_json(result) + "\n")
     sys.stdout.flush()
     return 0
 

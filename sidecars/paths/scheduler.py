@@ -68,8 +68,12 @@ ADVICE: dict[str, str] = {
         "and network; `umount -l` detaches it"
     ),
     probe.SLOW: "the filesystem answers slowly: check server load and network, or raise max_latency_seconds",
-    probe.OTHER: "see the error above",
+    probe.OTHER: "an unexpected error: check dmesg and the filesystem's server or daemon",
 }
+INCOMPLETE_ADVICE = (
+    "the probe itself could not run, so the path's health is unknown: check the sidecar's log, "
+    "process limits (ulimit -u) and the probe interpreter ($WARDEN_PROBE_PYTHON)"
+)
 
 
 @dataclass
@@ -102,7 +106,6 @@ class PathState:
     mount: Mount | None = None
     last_success: float | None = None
     verdict_time: float | None = None
-    probes: int = 0
 
     @property
     def healthy(self) -> bool:
@@ -114,7 +117,7 @@ class PathState:
         head = f"{self.display_name} {self.path}: {self.detail}"
         if self.healthy or self.reason is None:
             return head
-        advice = ADVICE.get(self.reason, "").format(uid=os.geteuid())
+        advice = INCOMPLETE_ADVICE if self.incomplete else ADVICE.get(self.reason, "").format(uid=os.geteuid())
         return f"{head}; {advice}" if advice else head
 
     def to_dict(self) -> dict[str, Any]:
@@ -144,17 +147,17 @@ class PathState:
 class ProbeChild:
     """One probe process. Reads its output without blocking; never waits for it.
 
-    Output protocol: progress lines ``@<step>`` then one JSON result line.
+    Protocol: argv ``key=value`` words (:func:`probe.spec_to_args`); output: progress
+    lines ``@<step>`` then one JSON result line.
     """
 
     def __init__(self, spec: PathSpec, started: float, python: str | None = None) -> None:
         self.spec = spec
         self.started = started
         self.abandoned = False
-        self.step: str | None = None
         self._out = bytearray()
         self.proc = subprocess.Popen(
-            [python or probe_python(), "-I", "-S", PROBE_SCRIPT, json.dumps(spec.probe_spec())],
+            [python or probe_python(), "-I", "-S", PROBE_SCRIPT, *probe.spec_to_args(spec.probe_spec())],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -184,7 +187,6 @@ class ProbeChild:
                 return
             if len(self._out) < MAX_OUTPUT:
                 self._out += chunk[: MAX_OUTPUT - len(self._out)]
-        return
 
     def exited(self) -> bool:
         """True once the child has ended (reaped with WNOHANG); drains its output then."""
@@ -352,7 +354,6 @@ class PathWatcher:
             setattr(st, key, result.get(key))
         st.dev = result.get("dev")
         st.verdict_time = now
-        st.probes += 1
         if st.reason is None:
             st.last_success = self.wall()
         return st
@@ -373,7 +374,6 @@ class PathWatcher:
         st.detail = f"no answer within the {slot.spec.deadline_seconds:g}s deadline{where}{pinfo}"
         st.duration_seconds = now - child.started
         st.verdict_time = now
-        st.probes += 1
         return st
 
     def _set_incomplete(self, slot: _Slot, text: str, now: float) -> None:
@@ -384,7 +384,6 @@ class PathWatcher:
         st.step = None
         st.detail = text
         st.verdict_time = now
-        st.probes += 1
 
     def _mounts(self) -> list[Mount]:
         try:

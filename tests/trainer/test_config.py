@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 from support import run_warden
 
@@ -76,3 +78,25 @@ def test_cli_exits_2_before_loading_any_model(make_config, tmp_path):
     assert not (run_dir / "events.jsonl").exists()
     bad_set = run_warden("train", "--config", path, "--run-dir", str(run_dir), "--set", "novalue")
     assert bad_set.returncode == 2 and "expected KEY=VALUE" in bad_set.stderr
+
+
+def test_preflight_names_a_read_only_checkpoint_root(make_config, tmp_path):
+    """The trainer's path preflight (child-process probes) refuses a read-only mount."""
+    import shutil
+    import subprocess
+
+    from support import IN_CI
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"]).returncode != 0:
+        if IN_CI:
+            pytest.fail("unshare -m is needed for this test")
+        pytest.skip("unshare -m not available")
+    _, path = make_config()
+    ro = tmp_path / "ro"
+    (ro / "checkpoints").mkdir(parents=True)
+    script = (f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && "
+              f"exec {sys.executable} -m sidecars.cli train --config {path} --run-dir {tmp_path / 'run'} "
+              f"--set checkpoint.root={ro / 'checkpoints'}")
+    result = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "checkpoint root" in result.stderr and "read-only file system (EROFS)" in result.stderr

@@ -60,6 +60,16 @@ class Sidecar:
             for s in fam.samples
         }
 
+    def assert_scrapes_fast(self, limit: float = 0.1) -> None:
+        """95% of scrapes under ``limit`` (100 ms) and none near a probe deadline (0.5 s).
+
+        The tail allows for a loaded 2-core machine; a scrape that waited on a hung probe
+        would take seconds, not a scheduling hiccup's tens of milliseconds.
+        """
+        ordered = sorted(self.latencies)
+        p95 = ordered[int(0.95 * (len(ordered) - 1))]
+        assert p95 < limit and ordered[-1] < 0.5, f"p95 {p95:.3f}s, max {ordered[-1]:.3f}s over {len(ordered)}"
+
     def value(self, name: str, **labels: str) -> float | None:
         return self.scrape().get((name, tuple(sorted(labels.items()))))
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import time
 
+from support import stop_process
+
 HANG_HOLD_SECONDS = 12.0
 
 
@@ -45,7 +47,7 @@ def test_errno_faults_are_classified_and_recover(paths_kit, faultfs, tmp_path):
         assert sidecar.value("warden_path_up", path="data") == 0
         faultfs.mode("ok")
         sidecar.wait_for("warden_path_up", 1, 5, path="data")
-    assert max(sidecar.latencies) < 0.1
+    sidecar.assert_scrapes_fast()
 
 
 def test_unkillable_hang_is_stuck_bounded_and_recovers(paths_kit, faultfs, tmp_path, report_by_name):
@@ -68,9 +70,14 @@ def test_unkillable_hang_is_stuck_bounded_and_recovers(paths_kit, faultfs, tmp_p
     # `warden paths check` in another process: reports stuck on time, never waits for its child.
     code, report, took = paths_kit.check(policy)
     assert code == 1 and report_by_name(report)["data"]["stuck"] and took < deadline + 2.5, took
+    # A second sidecar whose probe hangs too stops on SIGTERM at once, leaving its D-state child.
+    other = paths_kit.start_sidecar(policy)
+    other.wait_for("warden_path_stuck", 1, deadline + 3, path="data")
+    t_term = time.monotonic()
+    assert stop_process(other.proc) == 0 and time.monotonic() - t_term < 2.0
 
     states, probe_counts, hung = set(), [], set()
-    end = time.monotonic() + HANG_HOLD_SECONDS
+    end = t0 + HANG_HOLD_SECONDS
     while time.monotonic() < end:
         samples = sidecar.scrape()
         assert samples[("warden_path_stuck", (("path", "data"),))] == 1
@@ -80,14 +87,14 @@ def test_unkillable_hang_is_stuck_bounded_and_recovers(paths_kit, faultfs, tmp_p
         states.update(state for _pid, state in children)
         hung.update(pid for pid, state in children if state == "D")
         time.sleep(0.2)
-    assert max(sidecar.latencies) < 0.1, max(sidecar.latencies)
+    sidecar.assert_scrapes_fast()
     # At most the hung probe of `data` plus a short-lived probe of `scratch`; the hung one
     # ignores SIGKILL while the filesystem holds its request: state D, the hard-NFS case.
     assert max(probe_counts) <= 2, probe_counts
     assert "D" in states, states
     assert sidecar.value("warden_path_probe_processes", path="data") == 1
     duration = sidecar.value("warden_path_probe_duration_seconds", path="data")
-    assert duration is not None and duration > HANG_HOLD_SECONDS
+    assert duration is not None and duration > HANG_HOLD_SECONDS - deadline - 1
 
     faultfs.mode("ok")
     t1 = time.monotonic()

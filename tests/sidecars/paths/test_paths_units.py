@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -83,9 +84,8 @@ def test_evaluate_precedence_and_thresholds():
 def test_probe_child_script_runs_isolated(tmp_path):
     """The child runs as `python -I -S probe.py SPEC` (no site, no package imports)."""
     (tmp_path / "f.txt").write_text("x")
-    spec = json.dumps({"path": str(tmp_path), "writable": True})
     done = subprocess.run(
-        [sys.executable, "-I", "-S", os.path.join(ROOT, "sidecars/paths/probe.py"), spec],
+        [sys.executable, "-I", "-S", os.path.join(ROOT, "sidecars/paths/probe.py"), f"path={tmp_path}", "writable=1"],
         capture_output=True,
         text=True,
         cwd="/",
@@ -93,10 +93,24 @@ def test_probe_child_script_runs_isolated(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[:5] == ["@stat", "@statvfs", "@list", "@read", "@write"]
-    assert '"reason":null' in lines[-1] and str(tmp_path / "f.txt") in lines[-1]
+    result = json.loads(lines[-1])
+    assert result["reason"] is None and result["read_target"] == str(tmp_path / "f.txt")
     assert sorted(os.listdir(tmp_path)) == ["f.txt"], "the probe file is removed"
-    bad = subprocess.run([sys.executable, "-I", "-S", os.path.join(ROOT, "sidecars/paths/probe.py"), "{"], text=True)
+    bad = subprocess.run(
+        [sys.executable, "-I", "-S", os.path.join(ROOT, "sidecars/paths/probe.py"), "bogus=1"], capture_output=True
+    )
     assert bad.returncode == 2
+
+
+def test_child_protocol_round_trips():
+    spec = PathSpec(name="d", path="/a b=c", writable=True, min_free_bytes="5%", max_latency_seconds=0.5).probe_spec()
+    back = probe.args_to_spec(probe.spec_to_args(spec))
+    assert back == {k: v for k, v in spec.items() if v is not None}
+    for bad in (["path"], ["writable=2", "path=/"], ["min_free_bytes=x", "path=/"], ["readable=1"]):
+        with pytest.raises(ValueError):
+            probe.args_to_spec(bad)
+    weird = {"s": 'q"b\\n\n\t\x01é\udcff', "n": None, "t": True, "f": 1.5, "i": -3, "l": [1, "x"], "inf": float("inf")}
+    assert json.loads(probe.to_json(weird)) == {**weird, "inf": None}
 
 
 MOUNTINFO = r"""22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw,errors=remount-ro
@@ -179,3 +193,15 @@ def test_importing_sidecars_paths_does_not_import_torch():
     code = "import sys, sidecars.paths, sidecars.paths.sidecar, sidecars.paths.commands; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_probe_removes_stale_probe_files_of_this_host(tmp_path):
+    stale = tmp_path / f".warden-probe-{socket.gethostname()}-999999"
+    fresh = tmp_path / f".warden-probe-{socket.gethostname()}-999998"
+    other = tmp_path / ".warden-probe-otherhost-1"
+    for f in (stale, fresh, other):
+        f.write_text("x")
+    os.utime(stale, (1, 1))
+    os.utime(other, (1, 1))
+    assert probe.run_probe({"path": str(tmp_path), "writable": True})["reason"] is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([fresh.name, other.name])

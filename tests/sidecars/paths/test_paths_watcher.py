@@ -57,17 +57,19 @@ def test_run_round_does_not_wait_for_a_hung_probe(fifo_dir, tmp_path):
         PathSpec(name="fine", path=str(tmp_path), writable=True, min_free_bytes="1MiB"),
     ]
     watcher = PathWatcher(specs)
-    t0 = time.monotonic()
-    states = watcher.run_round()
-    took = time.monotonic() - t0
-    assert took < 0.5 + 0.4
-    assert states["hung"].stuck and states["fine"].healthy
-    assert states["fine"].mount is not None and states["fine"].free_bytes > 0
-    assert states_outcome(states.values()) == 1
-    # The FIFO hang is killable: the abandoned probe dies, a new one hangs again.
-    again = watcher.run_round()
-    assert again["hung"].stuck and watcher.live_probes()["hung"] <= 1
-    watcher.close()
+    try:
+        t0 = time.monotonic()
+        states = watcher.run_round()
+        took = time.monotonic() - t0
+        assert took < 0.5 + 0.4
+        assert states["hung"].stuck and states["fine"].healthy
+        assert states["fine"].mount is not None and states["fine"].free_bytes > 0
+        assert states_outcome(states.values()) == 1
+        # The FIFO hang is killable: the abandoned probe dies, a new one hangs again.
+        again = watcher.run_round()
+        assert again["hung"].stuck and watcher.live_probes()["hung"] <= 1
+    finally:
+        watcher.close()
 
 
 def test_a_probe_that_cannot_run_is_incomplete(tmp_path):
