@@ -89,3 +89,59 @@ def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeo
 
 def spawn(cmd: Sequence[str], **kwargs: object) -> subprocess.Popen[bytes]:
     return subprocess.Popen(list(cmd), cwd=ROOT, **kwargs)  # type: ignore[call-overload]
+
+
+class WebhookSink:
+    """An Alertmanager webhook receiver on 127.0.0.1: records every POST by URL path.
+
+    ``wait_for(path, predicate, timeout)`` returns the first alert (a dict with labels,
+    status, ...) posted to ``path`` that satisfies ``predicate``, with its arrival time.
+    """
+
+    def __init__(self) -> None:
+        import json
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.received: list[tuple[float, str, dict]] = []
+        self._cond = threading.Condition()
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                payload = json.loads(body or b"{}")
+                with sink._cond:
+                    for alert in payload.get("alerts", []):
+                        sink.received.append((time.monotonic(), self.path, alert))
+                    sink._cond.notify_all()
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                return
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def wait_for(self, path: str, predicate, timeout: float) -> tuple[float, dict]:
+        end = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                for arrived, got_path, alert in self.received:
+                    if got_path == path and predicate(alert):
+                        return arrived, alert
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    seen = [(p, a.get("labels", {}).get("alertname"), a.get("status")) for _, p, a in self.received]
+                    raise AssertionError(f"no matching alert on {path} within {timeout}s; got {seen}")
+                self._cond.wait(remaining)
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
