@@ -46,6 +46,12 @@ def stack() -> None:
     type=click.Path(dir_okay=False),
     help="Private key for signer and archiver. Default: <run-dir>/keys/signing.key (created if missing).",
 )
+@option(
+    "--policy-dir",
+    default=None,
+    type=click.Path(file_okay=False),
+    help="Directory of the sidecars' policies. Default: the checkout's policies/.",
+)
 @option("--only", multiple=True, help="Run only these warden services (repeatable).")
 @option("--no-s3", is_flag=True, help="Do not start SeaweedFS.")
 @option("--no-prometheus", is_flag=True, help="Do not start Prometheus and Alertmanager.")
@@ -56,6 +62,7 @@ def stack_up(
     run_dir: str,
     compose_file: str | None,
     signing_key: str,
+    policy_dir: str | None,
     only: tuple[str, ...],
     no_s3: bool,
     no_prometheus: bool,
@@ -82,4 +89,6 @@ def stack_up(
     )
     if compose_file:
         opts.compose_file = os.path.abspath(compose_file)
+    if policy_dir:
+        opts.policy_dir = os.path.abspath(policy_dir)
     run_stack(opts, click.echo)

@@ -164,7 +164,7 @@ def _plan_monitoring(stack: LocalStack, opts: StackOptions) -> None:
         return
     conf_dir = os.path.join(opts.run_dir, "stack")
     os.makedirs(conf_dir, exist_ok=True)
-    am_port, am_cluster, prom_port = free_port(9093), free_port(0), free_port(9090)
+    am_port, prom_port = free_port(9093), free_port(9090)
     am_conf = write_alertmanager_config(opts, conf_dir)
     stack.services.append(
         Service(
@@ -174,7 +174,8 @@ def _plan_monitoring(stack: LocalStack, opts: StackOptions) -> None:
                 f"--config.file={am_conf}",
                 f"--storage.path={os.path.join(conf_dir, 'alertmanager-data')}",
                 f"--web.listen-address=127.0.0.1:{am_port}",
-                f"--cluster.listen-address=127.0.0.1:{am_cluster}",
+                # One local Alertmanager: no gossip cluster (it delays notifications ~10 s).
+                "--cluster.listen-address=",
             ],
             ready_url=f"http://127.0.0.1:{am_port}/-/ready",
             log_path=os.path.join(opts.run_dir, "logs", "am.log"),
@@ -189,6 +190,9 @@ def _plan_monitoring(stack: LocalStack, opts: StackOptions) -> None:
                 f"--config.file={prom_conf}",
                 f"--storage.tsdb.path={os.path.join(conf_dir, 'prometheus-data')}",
                 f"--web.listen-address=127.0.0.1:{prom_port}",
+                # Re-send firing alerts every second: an alert evaluated before Alertmanager
+                # was discovered would otherwise wait a minute for its next send.
+                "--rules.alert.resend-delay=1s",
             ],
             ready_url=f"http://127.0.0.1:{prom_port}/-/ready",
             log_path=os.path.join(opts.run_dir, "logs", "prometheus.log"),

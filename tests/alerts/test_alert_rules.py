@@ -44,8 +44,10 @@ def test_promtool_check_rules_lint_fatal():
 
 
 def test_promtool_unit_tests():
-    out = run([need_binary("promtool"), "test", "rules", *[os.path.basename(t) for t in TEST_FILES]],
-              cwd=os.path.join(ALERTS, "tests"))
+    out = run(
+        [need_binary("promtool"), "test", "rules", *[os.path.basename(t) for t in TEST_FILES]],
+        cwd=os.path.join(ALERTS, "tests"),
+    )
     assert out.count("SUCCESS") == len(TEST_FILES)
 
 
@@ -101,8 +103,7 @@ def test_amtool_check_config():
 def test_amtool_routes(labels, receiver):
     amtool = need_binary("amtool")
     args = [f"{k}={v}" for k, v in labels.items()]
-    run([amtool, "config", "routes", "test", "--config.file=alertmanager.yml", f"--verify.receivers={receiver}",
-         *args])
+    run([amtool, "config", "routes", "test", "--config.file=alertmanager.yml", f"--verify.receivers={receiver}", *args])
 
 
 def test_alertmanager_groups_and_inhibits_as_designed():
@@ -111,6 +112,7 @@ def test_alertmanager_groups_and_inhibits_as_designed():
     assert conf["route"]["group_by"] == ["alertname", "job", "severity"]
     assert conf["route"]["group_wait"] in ("1s", "1000ms") or conf["route"]["group_wait"].endswith("s")
     rules = conf["inhibit_rules"]
-    assert any(r["source_matchers"] == ['severity="critical"'] and set(r["equal"]) == {"alertname", "instance"}
-               for r in rules)
+    assert any(
+        r["source_matchers"] == ['severity="critical"'] and set(r["equal"]) == {"alertname", "instance"} for r in rules
+    )
     assert any(r["source_matchers"] == ['alertname="WardenTargetDown"'] and r["equal"] == ["job"] for r in rules)

@@ -1,0 +1,180 @@
+"""Live: real Prometheus scraping a real paths sidecar, real Alertmanager, a webhook sink."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+
+import pytest
+import yaml
+from support import WebhookSink, need_binary, spawn, warden_cmd
+
+
+def post_alerts(am_url: str, alerts: list[dict]) -> None:
+    req = urllib.request.Request(
+        f"{am_url}/api/v2/alerts",
+        data=json.dumps(alerts).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        assert resp.status == 200
+
+
+class Stack:
+    """`warden stack up` in a child process; reads the URLs it prints."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.proc = spawn(warden_cmd("stack", "up", *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.urls: dict[str, str] = {}
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            self.lines.append(line)
+            match = re.match(r"^\s+(\S+)\s+(http://127\.0\.0\.1:\d+)", line)
+            if match:
+                self.urls[match.group(1)] = match.group(2)
+            if line.startswith("stack ready"):
+                threading.Timer(0.5, self.ready.set).start()
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        end = time.monotonic() + timeout
+        while not self.ready.wait(0.2) and self.proc.poll() is None and time.monotonic() < end:
+            pass
+        if not self.ready.is_set():
+            self.stop()
+            raise AssertionError("stack not ready:\n" + "\n".join(self.lines[-30:]))
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def is_alert(name: str, status: str = "firing"):
+    return lambda a: a["labels"].get("alertname") == name and a.get("status") == status
+
+
+@pytest.fixture
+def paths_stack(tmp_path):
+    need_binary("prometheus")
+    if not (shutil.which("alertmanager") or shutil.which("prometheus-alertmanager")):
+        need_binary("prometheus-alertmanager")
+    watched = tmp_path / "watched"
+    watched.mkdir()
+    (watched / "data.bin").write_bytes(b"x" * 100)
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    policy = {
+        "version": 1,
+        "check_interval_seconds": 0.2,
+        "paths": [
+            {"name": "data", "path": str(watched), "readable": True, "interval_seconds": 0.5, "deadline_seconds": 1}
+        ],
+    }
+    (policies / "paths.yaml").write_text(yaml.safe_dump(policy))
+    sink = WebhookSink()
+    stack = Stack(
+        [
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--policy-dir",
+            str(policies),
+            "--only",
+            "paths",
+            "--no-s3",
+            "--pager-url",
+            sink.url("/pager"),
+            "--ticket-url",
+            sink.url("/ticket"),
+            "--deadman-url",
+            sink.url("/deadman"),
+        ]
+    )
+    try:
+        stack.wait_ready()
+        yield stack, sink, watched
+    finally:
+        code = stack.stop()
+        sink.close()
+        assert code == 0, "\n".join(stack.lines[-20:])
+
+
+def test_a_flipped_metric_pages_the_right_receiver_and_resolves(paths_stack):
+    stack, sink, watched = paths_stack
+    assert {"paths", "prometheus", "alertmanager"} <= set(stack.urls)
+    sink.wait_for("/deadman", is_alert("Watchdog"), timeout=30)
+    time.sleep(2)
+    start = time.monotonic()
+    shutil.rmtree(watched)
+    arrived, alert = sink.wait_for("/pager", is_alert("WardenPathUnreachable"), timeout=30)
+    assert alert["labels"]["path"] == "data" and alert["labels"]["reason"] == "missing"
+    assert alert["labels"]["severity"] == "critical" and alert["labels"]["job"] == "paths"
+    assert alert["annotations"]["runbook_url"].endswith("#wardenpathunreachable")
+    fault_to_page = arrived - start
+    assert fault_to_page < 10, fault_to_page
+    watched.mkdir()
+    (watched / "data.bin").write_bytes(b"y")
+    sink.wait_for("/pager", is_alert("WardenPathUnreachable", "resolved"), timeout=40)
+    assert not any(
+        p == "/ticket" and a["labels"].get("alertname") == "WardenPathUnreachable" for _, p, a in sink.received
+    )
+
+
+def test_inhibition_in_real_alertmanager(paths_stack):
+    stack, sink, _ = paths_stack
+    am = stack.urls["alertmanager"]
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    common = {"startsAt": now, "annotations": {"summary": "live inhibition test"}}
+    post_alerts(
+        am,
+        [
+            {**common, "labels": {"alertname": "WardenTwin", "severity": "critical", "instance": "x:1", "job": "deps"}},
+            {**common, "labels": {"alertname": "WardenTwin", "severity": "warning", "instance": "x:1", "job": "deps"}},
+            {
+                **common,
+                "labels": {
+                    "alertname": "WardenTargetDown",
+                    "severity": "critical",
+                    "instance": "a:1",
+                    "job": "archiver",
+                },
+            },
+            {
+                **common,
+                "labels": {
+                    "alertname": "WardenSidecarLagGrowing",
+                    "severity": "warning",
+                    "instance": "a:1",
+                    "job": "archiver",
+                    "sidecar": "archiver",
+                },
+            },
+            {
+                **common,
+                "labels": {"alertname": "WardenControl", "severity": "warning", "instance": "c:1", "job": "deps"},
+            },
+        ],
+    )
+    sink.wait_for("/pager", is_alert("WardenTwin"), timeout=20)
+    sink.wait_for("/pager", is_alert("WardenTargetDown"), timeout=20)
+    sink.wait_for("/ticket", is_alert("WardenControl"), timeout=20)  # warnings do get through
+    time.sleep(3)
+    tickets = [a["labels"]["alertname"] for _, p, a in sink.received if p == "/ticket"]
+    assert "WardenTwin" not in tickets, "critical must inhibit its warning twin"
+    assert "WardenSidecarLagGrowing" not in tickets, "a down component must inhibit its symptoms"
