@@ -108,7 +108,7 @@ class WebhookSink:
         sink = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 payload = json.loads(body or b"{}")
                 with sink._cond:
