@@ -1,0 +1,518 @@
+"""The ``signer`` sidecar: signs checkpoints as they appear and re-verifies signed ones.
+
+Inputs:
+- ``checkpoint.saved`` events (the Warden trainer): the directory is complete when the
+  event is written, so it is signed at once; if a valid ``.sig`` already exists (a replay
+  after a crash) nothing is written, and a ``.sig`` that no longer matches (the same step
+  saved again after a resume) is replaced;
+- :meth:`SignerSidecar.check`, every ``check_interval_seconds``: rescans the watched roots
+  (``<run_dir>/checkpoints`` plus the policy's ``watch`` list of HF / verl / warden roots)
+  when inotify saw a change, when ``rescan_seconds`` passed (NFS) or when a pending
+  checkpoint may have become stable; signs complete, stable, unsigned ones (in the run's
+  own root only after ``stable_seconds``, leaving the event the first go); exports the age
+  of the newest unsigned checkpoint; re-verifies every signed checkpoint once per
+  ``reverify_interval_seconds`` (the first check does a whole round, later checks one
+  checkpoint each, so signing never waits long behind verification).
+
+Signatures lie beside each directory (``step-N.sig``) and carry run id, step, trainer
+version and the previous signed checkpoint's root digest. A checkpoint deleted while it
+is hashed (retention) is logged and counted (``warden_signer_errors_total{kind=
+"checkpoint_vanished"}``), never fatal; a signature written just as its directory
+vanished or changed is removed again. On SIGTERM the current hash is abandoned within one
+read and the event is retried on the next start (its cursor is not advanced).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from sidecars.errors import ConfigError, IncompleteError
+from sidecars.logs import log_fields
+from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext, error_kind
+from sidecars.signer.dsse import SignResult, sign_checkpoint
+from sidecars.signer.errors import (
+    CheckpointChanged,
+    CheckpointVanished,
+    HashingCancelled,
+    SignatureMissing,
+    SignerError,
+    UnsupportedSignature,
+)
+from sidecars.signer.keys import TrustedKeys, load_private_key, load_trusted_keys, trusted_keys_from
+from sidecars.signer.manifest import Provenance
+from sidecars.signer.metrics import SignerMetrics
+from sidecars.signer.policy import SIGNING_KEY_ENV, SignerPolicy
+from sidecars.signer.verify import VerifyResult, read_signed_statement, verify_checkpoint
+from sidecars.signer.watch import (
+    VERL_TRACKER,
+    Candidate,
+    RootWatcher,
+    StabilityTracker,
+    TreeState,
+    completion_blocker,
+    layout_of,
+    list_checkpoints,
+    read_tracker,
+    remove_stale_signature_temps,
+    signed_steps_before,
+    tree_state,
+)
+from trainer.events import CHECKPOINT_SAVED, RUN_STARTED, Event, atomic_write_bytes
+
+T = TypeVar("T")
+RUN_CHECKPOINTS = "checkpoints"
+RUNS_FILE = "runs.json"
+MAX_REMEMBERED_RUNS = 32
+
+
+class BadEvent(IncompleteError):
+    """A ``checkpoint.saved`` event without a usable ``data.path`` (logged, counted, skipped)."""
+
+
+@dataclass(frozen=True)
+class Root:
+    """A directory of checkpoints the sidecar looks after."""
+
+    path: str
+    layout: str
+    run_id: str | None
+    default_run_id: str | None = None
+
+    def extras(self) -> list[str]:
+        """Files outside the checkpoint whose stability counts too (verl's tracker)."""
+        return [os.path.join(self.path, VERL_TRACKER)] if self.layout == "verl" else []
+
+
+@dataclass
+class Unsigned:
+    """A complete checkpoint without a signature, as last observed."""
+
+    candidate: Candidate
+    root: Root
+    state: TreeState
+    observed_at: float
+    ready_at: float
+
+
+def signing_key(policy: SignerPolicy, policy_path: str | None) -> ec.EllipticCurvePrivateKey:
+    """Loads the policy's (or ``$WARDEN_SIGNING_KEY``'s) key; refuses group/other-readable files."""
+    path = policy.key_path()
+    if path is None:
+        where = policy_path or "the signer policy"
+        raise ConfigError(f"{where}: signing_key is not set; set it or {SIGNING_KEY_ENV} to a private key file")
+    return load_private_key(path)
+
+
+def trust_set(key: ec.EllipticCurvePrivateKey, extra: str | None) -> TrustedKeys:
+    """The signer's own public key, plus every key in ``extra`` (a .pub file or directory)."""
+    own = trusted_keys_from([key.public_key()], "the signing key")
+    if not extra:
+        return own
+    loaded = load_trusted_keys(extra)
+    return TrustedKeys({**loaded.by_id, **own.by_id}, f"{loaded.source} and the signing key")
+
+
+class SignerSidecar(Sidecar):
+    name = "signer"
+    description = "hashes and signs checkpoints (checkpoint.saved, HF and verl roots), re-verifies them"
+    default_port = 9461
+    policy_schema = SignerPolicy
+    handles = frozenset({CHECKPOINT_SAVED, RUN_STARTED})
+    needs_run_dir = False
+
+    def __init__(self, ctx: SidecarContext, use_watchdog: bool = True) -> None:
+        super().__init__(ctx)
+        self.policy: SignerPolicy = ctx.policy if isinstance(ctx.policy, SignerPolicy) else SignerPolicy()
+        self.key = signing_key(self.policy, ctx.policy_path)
+        self.trusted = trust_set(self.key, self.policy.trusted_keys)
+        self.metrics = SignerMetrics(ctx.registry)
+        self.roots = self._roots()
+        self.stability = StabilityTracker(self.policy.stable_seconds)
+        self.watcher = RootWatcher([r.path for r in self.roots], use_watchdog)
+        self.metrics.watchdog.set(1 if self.watcher.refresh() else 0)
+        self.runs = RunRegistry(os.path.join(ctx.state_dir, RUNS_FILE))
+        self._unsigned: dict[str, Unsigned] = {}
+        self._failed: dict[str, tuple[tuple[tuple[str, int, int], ...], float]] = {}
+        self._next_rescan = 0.0
+        self._first_check = True
+        self._reverify_queue: list[Candidate] = []
+        self._next_reverify = 0.0
+        self._invalid: set[str] = set()
+
+    def _roots(self) -> list[Root]:
+        roots = []
+        if self.policy.sign_run_checkpoints and self.ctx.run_dir:
+            roots.append(Root(os.path.join(self.ctx.run_dir, RUN_CHECKPOINTS), "warden", None))
+        for spec in self.policy.watch:
+            if spec.resolved not in {r.path for r in roots}:
+                roots.append(Root(spec.resolved, spec.layout, spec.run_id, spec.effective_run_id))
+        return roots
+
+    @property
+    def check_interval_seconds(self) -> float:
+        return self.policy.check_interval_seconds
+
+    # -- events ----------------------------------------------------------------------------
+    def handle(self, event: Event) -> Outcome:
+        if event.type == RUN_STARTED:
+            versions = event.data.get("versions")
+            version = versions.get("warden") if isinstance(versions, dict) else None
+            self.runs.record(event.run_id, version if isinstance(version, str) else None)
+            return Outcome.OK
+        candidate = self._event_candidate(event)
+        self.runs.record(event.run_id, None)
+        version = event.data.get("trainer_version")
+        trainer_version = version if isinstance(version, str) else self.runs.version(event.run_id)
+        try:
+            if self._already_signed(candidate):
+                return Outcome.OK
+            self._sign(candidate, event.run_id, trainer_version)
+        except HashingCancelled:
+            raise RetryLater(f"{candidate.path}: hashing abandoned on stop; the event will be retried") from None
+        except CheckpointVanished as exc:
+            self._count(exc, candidate.path)
+        except SignerError as exc:
+            self._count(exc, candidate.path)
+            raise
+        return Outcome.OK
+
+    def _event_candidate(self, event: Event) -> Candidate:
+        """The checkpoint an event names; relative paths are under the run dir."""
+        raw = event.data.get("path")
+        if not isinstance(raw, str) or not raw:
+            raise BadEvent(f"checkpoint.saved seq {event.seq} (step {event.step}) has no data.path; skipped")
+        base = self.ctx.run_dir or os.getcwd()
+        path = os.path.normpath(raw if os.path.isabs(raw) else os.path.join(base, raw))
+        if not os.path.lexists(path) and self.ctx.run_dir:
+            # The trainer may see the run volume at another mount point than this container.
+            moved = os.path.join(self.ctx.run_dir, RUN_CHECKPOINTS, os.path.basename(path))
+            path = moved if os.path.lexists(moved) else path
+        known = layout_of(os.path.basename(path))
+        layout, step = known if known else ("warden", event.step if event.step is not None else 0)
+        return Candidate(path, step, layout)
+
+    def _already_signed(self, candidate: Candidate) -> bool:
+        """True when a ``.sig`` exists and verifies; a mismatching one is about to be replaced."""
+        if not os.path.lexists(candidate.signature_path):
+            if not os.path.isdir(candidate.path):
+                raise CheckpointVanished(f"{candidate.path}: deleted before it could be signed", candidate.path)
+            return False
+        try:
+            result = self._verify(candidate)
+        except (SignatureMissing, UnsupportedSignature):
+            return False
+        if result.ok:
+            self.ctx.log.info("already signed", extra=self._fields(candidate))
+            self._unsigned.pop(candidate.path, None)
+            return True
+        self.ctx.log.warning(
+            f"replacing a signature that does not match: {result.summary()}", extra=self._fields(candidate)
+        )
+        return False
+
+    # -- signing ---------------------------------------------------------------------------
+    def _timed(self, operation: str, call: Callable[[Any], T]) -> T:
+        """Runs ``call(progress)``, feeding the bytes counter and, on success, the duration histogram."""
+        start = time.monotonic()
+        result = call(self.metrics.progress(operation))
+        self.metrics.hash_seconds.labels(operation).observe(time.monotonic() - start)
+        return result
+
+    def _verify(self, candidate: Candidate) -> VerifyResult:
+        return self._timed(
+            "verify",
+            lambda progress: verify_checkpoint(
+                candidate.path,
+                self.trusted,
+                max_workers=self.policy.hash_workers,
+                progress=progress,
+                cancel=self.ctx.stop,
+            ),
+        )
+
+    def _sign(
+        self, candidate: Candidate, run_id: str | None, trainer_version: str | None, before: Unsigned | None = None
+    ) -> SignResult:
+        """Signs ``candidate``; removes the new ``.sig`` again if the directory vanished or changed meanwhile."""
+        provenance = Provenance(
+            run_id=run_id,
+            step=candidate.step,
+            trainer_version=trainer_version,
+            parent_root_digest=self._parent_digest(candidate, run_id),
+        )
+        started = time.monotonic()
+        result = self._timed(
+            "sign",
+            lambda progress: sign_checkpoint(
+                candidate.path,
+                self.key,
+                provenance,
+                max_workers=self.policy.hash_workers,
+                progress=progress,
+                cancel=self.ctx.stop,
+            ),
+        )
+        self._check_unchanged(candidate, result, before)
+        self.metrics.signed.labels(candidate.layout).inc()
+        self.metrics.last_signed.set(self.ctx.clock())
+        self._unsigned.pop(candidate.path, None)
+        self._failed.pop(candidate.path, None)
+        self.ctx.log.info(
+            "signed checkpoint",
+            extra=self._fields(
+                candidate,
+                root_digest=result.root_digest,
+                bytes=result.total_bytes,
+                seconds=round(time.monotonic() - started, 3),
+                parent=provenance.parent_root_digest,
+                signature=result.signature_path,
+            ),
+        )
+        return result
+
+    def _check_unchanged(self, candidate: Candidate, result: SignResult, before: Unsigned | None) -> None:
+        """Raises (after deleting the fresh ``.sig``) if the directory vanished or changed while hashed."""
+        extras = before.root.extras() if before is not None else []
+        after = tree_state(candidate.path, extras) if before is not None else None
+        if not os.path.isdir(candidate.path) or (before is not None and after is None):
+            self._discard(result.signature_path)
+            raise CheckpointVanished(f"{candidate.path}: deleted while it was being signed", candidate.path)
+        if before is not None and after is not None and after.fingerprint != before.state.fingerprint:
+            self._discard(result.signature_path)
+            raise CheckpointChanged(f"{candidate.path}: changed while it was being signed; it will be signed again")
+
+    def _discard(self, signature_path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(signature_path)
+
+    def _parent_digest(self, candidate: Candidate, run_id: str | None) -> str | None:
+        """Root digest of the newest earlier signed checkpoint of the same run in the same root."""
+        for _step, signature in signed_steps_before(candidate.root, candidate.layout, candidate.step):
+            try:
+                _key, statement = read_signed_statement(signature, self.trusted)
+            except SignerError as exc:
+                self.ctx.log.warning(f"previous signature skipped for the chain: {exc}", extra=self._fields(candidate))
+                continue
+            previous_run = statement.provenance.run_id
+            if previous_run is not None and run_id is not None and previous_run != run_id:
+                return None
+            return statement.subject_digest
+        return None
+
+    def _count(self, exc: SignerError, path: str) -> None:
+        """Counts and logs a failure of one checkpoint; a vanished one is a warning, not an error."""
+        kind = error_kind(exc)
+        self.metrics.errors.labels(kind).inc()
+        fields = log_fields(sidecar=self.name, path=path, kind=kind)
+        if isinstance(exc, CheckpointVanished):
+            self.ctx.log.warning(f"{exc} (deleted by retention?); skipped", extra=fields)
+        else:
+            self.ctx.log.error(str(exc), extra=fields)
+
+    def _fields(self, candidate: Candidate, **more: object) -> dict[str, Any]:
+        return log_fields(sidecar=self.name, path=candidate.path, step=candidate.step, layout=candidate.layout, **more)
+
+    # -- periodic check --------------------------------------------------------------------
+    def check(self) -> Outcome:
+        now = self.ctx.clock()
+        due = self._roots_due(now)
+        if due:
+            self.metrics.watchdog.set(1 if self.watcher.refresh() else 0)
+        for root in due:
+            self._scan(root, now)
+        self.stability.forget(self._unsigned)
+        outcome = self._sign_ready(now)
+        self._publish_unsigned(self.ctx.clock())
+        if not self.ctx.stop.is_set():
+            outcome = max(outcome, self._reverify(now))
+        self._first_check = False
+        return outcome
+
+    def _roots_due(self, now: float) -> list[Root]:
+        """Roots to rescan: all on the timer, else those inotify saw change or with a pending checkpoint due."""
+        if now >= self._next_rescan or self._first_check:
+            self._next_rescan = now + self.policy.rescan_seconds
+            self.watcher.take_dirty()
+            return list(self.roots)
+        dirty = self.watcher.take_dirty()
+        waiting = {u.root.path for u in self._unsigned.values() if u.ready_at <= now}
+        return [r for r in self.roots if r.path in dirty or r.path in waiting]
+
+    def _scan(self, root: Root, now: float) -> None:
+        """Refreshes what is known about ``root``'s unsigned complete checkpoints."""
+        remove_stale_signature_temps(root.path, now)
+        tracker = read_tracker(root.path) if root.layout == "verl" else None
+        grace = self.policy.stable_seconds
+        seen = set()
+        for candidate in list_checkpoints(root.path, root.layout):
+            if os.path.lexists(candidate.signature_path) or completion_blocker(candidate, tracker):
+                continue
+            state = tree_state(candidate.path, root.extras())
+            if state is None:
+                continue
+            wait = self.stability.remaining(candidate.path, state, now) if grace else 0.0
+            ready_at = now + max(0.0, wait)
+            failed = self._failed.get(candidate.path)
+            if failed is not None and failed[0] == state.fingerprint:
+                ready_at = max(ready_at, failed[1])  # the same content failed before: wait for its retry
+            self._unsigned[candidate.path] = Unsigned(candidate, root, state, now, ready_at)
+            seen.add(candidate.path)
+        for path in [p for p, u in self._unsigned.items() if u.root == root and p not in seen]:
+            del self._unsigned[path]
+        for path in [p for p in self._failed if os.path.dirname(p) == root.path and p not in seen]:
+            del self._failed[path]
+
+    def _sign_ready(self, now: float) -> Outcome:
+        """Signs the pending checkpoints that are stable now, oldest step first."""
+        outcome = Outcome.OK
+        ready = [u for u in self._unsigned.values() if u.ready_at <= now and u.observed_at == now]
+        for item in sorted(ready, key=lambda u: (u.root.path, u.candidate.step)):
+            if self.ctx.stop.is_set():
+                return max(outcome, Outcome.INCOMPLETE)
+            outcome = max(outcome, self._sign_pending(item, now))
+        return outcome
+
+    def _sign_pending(self, item: Unsigned, now: float) -> Outcome:
+        run_id = self._run_id_for(item)
+        try:
+            self._sign(item.candidate, run_id, self.runs.version(run_id), before=item)
+        except HashingCancelled:
+            return Outcome.INCOMPLETE
+        except CheckpointVanished as exc:
+            self._count(exc, item.candidate.path)
+            self._unsigned.pop(item.candidate.path, None)
+        except CheckpointChanged as exc:
+            self._count(exc, item.candidate.path)
+            item.ready_at = now + self.policy.stable_seconds
+        except SignerError as exc:
+            self._count(exc, item.candidate.path)
+            retry = math.inf if exc.exit_code == 1 else now + self.policy.rescan_seconds
+            self._failed[item.candidate.path] = (item.state.fingerprint, retry)
+            item.ready_at = retry
+            return Outcome.VIOLATION if exc.exit_code == 1 else Outcome.INCOMPLETE
+        return Outcome.OK
+
+    def _run_id_for(self, item: Unsigned) -> str | None:
+        """The policy's run id, else (warden layout) trainer_state.json's, else the root's name or the journal's."""
+        if item.root.run_id:
+            return item.root.run_id
+        if item.root.layout == "warden":
+            try:
+                with open(os.path.join(item.candidate.path, "trainer_state.json"), encoding="utf-8") as fh:
+                    run_id = json.load(fh).get("run_id")
+                if isinstance(run_id, str) and run_id:
+                    return run_id
+            except (OSError, ValueError, AttributeError):
+                pass
+        if item.root.default_run_id:
+            return item.root.default_run_id
+        return self.runs.last_run_id or (os.path.basename(self.ctx.run_dir) if self.ctx.run_dir else None)
+
+    def _publish_unsigned(self, now: float) -> None:
+        self.metrics.unsigned.set(len(self._unsigned))
+        newest = max((u.state.last_change for u in self._unsigned.values()), default=None)
+        self.metrics.unsigned_age.set(0.0 if newest is None else max(0.0, now - newest))
+
+    # -- re-verification -------------------------------------------------------------------
+    def _reverify(self, now: float) -> Outcome:
+        """Verifies queued signed checkpoints (all of them in the first check, else one); refills on time."""
+        if not self.policy.reverify_interval_seconds:
+            return Outcome.OK
+        if not self._reverify_queue and now >= self._next_reverify:
+            self._reverify_queue = [
+                c
+                for root in self.roots
+                for c in list_checkpoints(root.path, root.layout)
+                if os.path.lexists(c.signature_path)
+            ]
+            self._invalid &= {c.path for c in self._reverify_queue}
+            self._next_reverify = now + self.policy.reverify_interval_seconds
+            if not self._reverify_queue:
+                self.metrics.last_reverify.set(self.ctx.clock())
+        outcome = Outcome.OK
+        budget = len(self._reverify_queue) if self._first_check else 1
+        while self._reverify_queue and budget > 0 and not self.ctx.stop.is_set():
+            budget -= 1
+            outcome = max(outcome, self._reverify_one(self._reverify_queue.pop(0)))
+            if not self._reverify_queue:
+                self.metrics.last_reverify.set(self.ctx.clock())
+        self.metrics.invalid.set(len(self._invalid))
+        return outcome
+
+    def _reverify_one(self, candidate: Candidate) -> Outcome:
+        try:
+            result = self._verify(candidate)
+        except HashingCancelled:
+            self._reverify_queue.insert(0, candidate)
+            return Outcome.OK
+        except (CheckpointVanished, SignatureMissing) as exc:
+            self._count(exc, candidate.path)
+            self._invalid.discard(candidate.path)
+            return Outcome.OK
+        except SignerError as exc:
+            self._count(exc, candidate.path)
+            self.metrics.verifications.labels("incomplete").inc()
+            return Outcome.INCOMPLETE
+        if result.ok:
+            self.metrics.verifications.labels("ok").inc()
+            self._invalid.discard(candidate.path)
+            return Outcome.OK
+        self.metrics.verifications.labels("failed").inc()
+        self.metrics.verify_failures.labels(result.codes[0]).inc()
+        self._invalid.add(candidate.path)
+        self.ctx.log.error(
+            f"re-verification failed: {result.summary()}", extra=self._fields(candidate, codes=result.codes)
+        )
+        return Outcome.VIOLATION
+
+    def close(self) -> None:
+        self.watcher.close()
+
+
+class RunRegistry:
+    """Run ids seen in the journal and their trainer versions, kept in ``<state_dir>/runs.json``.
+
+    ``run.started`` is read once (the cursor moves past it), so the version it carries is
+    saved for the checkpoints of that run signed after a restart.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.versions: dict[str, str | None] = {}
+        self.last_run_id: str | None = None
+        try:
+            with open(path, encoding="utf-8") as fh:
+                raw = json.load(fh)
+            self.versions = {str(k): v if isinstance(v, str) else None for k, v in raw.get("versions", {}).items()}
+            last = raw.get("last_run_id")
+            self.last_run_id = last if isinstance(last, str) else None
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def version(self, run_id: str | None) -> str | None:
+        return self.versions.get(run_id) if run_id else None
+
+    def record(self, run_id: str, version: str | None) -> None:
+        """Remembers ``run_id`` (and its version, when given); writes the file only on a change."""
+        known = self.versions.get(run_id)
+        new_version = version or known
+        if run_id == self.last_run_id and run_id in self.versions and new_version == known:
+            return
+        self.versions.pop(run_id, None)
+        self.versions[run_id] = new_version
+        while len(self.versions) > MAX_REMEMBERED_RUNS:
+            del self.versions[next(iter(self.versions))]
+        self.last_run_id = run_id
+        document = {"versions": self.versions, "last_run_id": run_id}
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            atomic_write_bytes(self.path, json.dumps(document, indent=1).encode("utf-8"))

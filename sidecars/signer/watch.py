@@ -1,0 +1,315 @@
+"""Finding checkpoints in a root directory and deciding when one is complete and stable.
+
+Layouts (the trainer that writes the root decides):
+
+- ``warden``: ``step-NNNNNNNNN/`` written as ``.tmp-step-N/`` and renamed, so a name
+  without ``.tmp-`` is complete at once;
+- ``hf``: HF Trainer's ``checkpoint-N/``, written in place; ``trainer_state.json`` is
+  its last file, so a directory is complete when it holds that file and stable when no
+  entry changed (size and mtime) for ``stable_seconds``;
+- ``verl``: ``global_step_N/`` written in place, then ``latest_checkpointed_iteration.txt``
+  (``N``, not written atomically) beside them. Only the step that file names is complete,
+  once the file and the directory have both been stable for ``stable_seconds``.
+
+Stability is judged twice, so it works both for a service and for one ``--once`` pass:
+the same fingerprint seen ``stable_seconds`` ago, or no entry's mtime/ctime newer than
+``stable_seconds``. :class:`RootWatcher` marks roots dirty on inotify events (watchdog);
+callers still rescan on a timer, because inotify misses writes by other NFS clients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import stat
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sidecars.signer.dsse import SIGNATURE_SUFFIX, signature_path_for
+
+HF_STATE_FILE = "trainer_state.json"
+VERL_TRACKER = "latest_checkpointed_iteration.txt"
+DIR_PATTERNS: dict[str, re.Pattern[str]] = {
+    "warden": re.compile(r"^step-(\d{9,})$"),
+    "hf": re.compile(r"^checkpoint-(\d+)$"),
+    "verl": re.compile(r"^global_step_(\d+)$"),
+}
+_TEMP_SIGNATURE = re.compile(r"^\.tmp-.+\.sig\.(\d+)\.(\d+)$")
+STALE_TEMP_SECONDS = 600.0
+_IGNORED_EVENTS = frozenset({"opened", "closed_no_write"})
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A checkpoint directory found in a root: absolute path, step, layout."""
+
+    path: str
+    step: int
+    layout: str
+
+    @property
+    def root(self) -> str:
+        """The directory holding the checkpoint."""
+        return os.path.dirname(self.path)
+
+    @property
+    def signature_path(self) -> str:
+        """``<root>/<name>.sig``."""
+        return signature_path_for(self.path)
+
+
+def layout_of(name: str) -> tuple[str, int] | None:
+    """``("hf", 500)`` for ``checkpoint-500``; None for a name no layout knows."""
+    for layout, pattern in DIR_PATTERNS.items():
+        match = pattern.match(name)
+        if match:
+            return layout, int(match.group(1))
+    return None
+
+
+def list_checkpoints(root: str, layout: str) -> list[Candidate]:
+    """Checkpoint directories of ``layout`` under ``root`` (not symlinks), by ascending step.
+
+    A missing or unreadable root yields an empty list.
+    """
+    pattern = DIR_PATTERNS[layout]
+    found = []
+    try:
+        with os.scandir(root) as entries:
+            for entry in entries:
+                match = pattern.match(entry.name)
+                with contextlib.suppress(OSError):
+                    if match and entry.is_dir(follow_symlinks=False):
+                        found.append(Candidate(os.path.join(root, entry.name), int(match.group(1)), layout))
+    except OSError:
+        return []
+    return sorted(found, key=lambda c: c.step)
+
+
+def signed_steps_before(root: str, layout: str, step: int) -> list[tuple[int, str]]:
+    """(step, signature path) of the ``.sig`` files of ``layout`` below ``step``, newest first."""
+    pattern = DIR_PATTERNS[layout]
+    out = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    for name in names:
+        if not name.endswith(SIGNATURE_SUFFIX):
+            continue
+        match = pattern.match(name[: -len(SIGNATURE_SUFFIX)])
+        if match and int(match.group(1)) < step:
+            out.append((int(match.group(1)), os.path.join(root, name)))
+    return sorted(out, reverse=True)
+
+
+def read_tracker(root: str) -> int | None:
+    """The step in verl's ``latest_checkpointed_iteration.txt``; None if absent or not (yet) a number."""
+    try:
+        with open(os.path.join(root, VERL_TRACKER), encoding="utf-8") as fh:
+            text = fh.read(64).strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def completion_blocker(candidate: Candidate, tracker_step: int | None) -> str | None:
+    """Why ``candidate`` is not complete yet, or None when it is (stability aside)."""
+    if candidate.layout == "hf" and not os.path.isfile(os.path.join(candidate.path, HF_STATE_FILE)):
+        return f"no {HF_STATE_FILE} yet"
+    if candidate.layout == "verl" and tracker_step != candidate.step:
+        return f"not the step named by {VERL_TRACKER} ({tracker_step})"
+    return None
+
+
+@dataclass(frozen=True)
+class TreeState:
+    """Fingerprint of a tree ((name, size, mtime_ns) of every entry) and its newest change."""
+
+    fingerprint: tuple[tuple[str, int, int], ...]
+    last_change: float
+
+
+def tree_state(path: str, extra: Iterable[str] = ()) -> TreeState | None:
+    """Walks ``path`` (without following links) plus the ``extra`` files; None if ``path`` is gone.
+
+    ``last_change`` is the newest mtime or ctime of any entry (ctime catches ``cp -p``).
+    """
+    entries: list[tuple[str, int, int]] = []
+    newest = 0.0
+    pending = [path]
+    for extra_path in extra:
+        with contextlib.suppress(OSError):
+            st = os.lstat(extra_path)
+            entries.append((extra_path, st.st_size, st.st_mtime_ns))
+            newest = max(newest, st.st_mtime, st.st_ctime)
+    while pending:
+        directory = pending.pop()
+        try:
+            st = os.lstat(directory)
+            with os.scandir(directory) as scan:
+                children = list(scan)
+        except FileNotFoundError:
+            if directory == path:
+                return None
+            continue
+        except OSError:
+            continue
+        entries.append((directory, st.st_size, st.st_mtime_ns))
+        newest = max(newest, st.st_mtime, st.st_ctime)
+        for child in children:
+            try:
+                cst = child.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(cst.st_mode):
+                pending.append(child.path)
+            else:
+                entries.append((child.path, cst.st_size, cst.st_mtime_ns))
+                newest = max(newest, cst.st_mtime, cst.st_ctime)
+    return TreeState(tuple(sorted(entries)), newest)
+
+
+class StabilityTracker:
+    """Remembers when each path's fingerprint was first seen, to tell how long it has been quiet."""
+
+    def __init__(self, stable_seconds: float) -> None:
+        self.stable_seconds = stable_seconds
+        self._seen: dict[str, tuple[tuple[tuple[str, int, int], ...], float]] = {}
+
+    def remaining(self, path: str, state: TreeState, now: float) -> float:
+        """Seconds until ``path`` counts as stable (<= 0: stable now), recording this observation."""
+        previous = self._seen.get(path)
+        if previous is None or previous[0] != state.fingerprint:
+            self._seen[path] = (state.fingerprint, now)
+            since = now
+        else:
+            since = previous[1]
+        quiet = max(now - since, now - state.last_change)
+        return self.stable_seconds - quiet
+
+    def forget(self, keep: Iterable[str]) -> None:
+        """Drops every path not in ``keep`` (deleted or signed)."""
+        wanted = set(keep)
+        for path in [p for p in self._seen if p not in wanted]:
+            del self._seen[path]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_signature_temps(root: str, now: float | None = None) -> list[str]:
+    """Deletes ``.tmp-<name>.sig.<pid>.<tid>`` files left by a killed signer; returns their paths.
+
+    A temporary file is stale when its writer's process is gone (and it is over a second
+    old) or when it is over :data:`STALE_TEMP_SECONDS` old: a write takes milliseconds.
+    """
+    moment = time.time() if now is None else now
+    removed = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    for name in names:
+        match = _TEMP_SIGNATURE.match(name)
+        if not match or int(match.group(1)) == os.getpid():
+            continue
+        path = os.path.join(root, name)
+        try:
+            age = moment - os.lstat(path).st_mtime
+            if age > STALE_TEMP_SECONDS or (age > 1.0 and not _pid_alive(int(match.group(1)))):
+                os.unlink(path)
+                removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
+class RootWatcher:
+    """Marks roots dirty when inotify (watchdog) reports a change under them.
+
+    Roots that do not exist yet are watched once they appear (:meth:`refresh`). Without
+    watchdog, or when inotify fails (watch limit, NFS), nothing is marked and the caller's
+    periodic rescan does the work. Events on signature files (our own writes), opens and
+    reads (our own hashing) are ignored.
+    """
+
+    def __init__(self, roots: Iterable[str], use_watchdog: bool = True) -> None:
+        self.roots = list(dict.fromkeys(roots))
+        self._dirty: set[str] = set()
+        self._lock = threading.Lock()
+        self._watched: set[str] = set()
+        self._observer: Any = self._start() if use_watchdog else None
+
+    def _start(self) -> Any:
+        try:
+            from watchdog.observers import Observer
+        except ImportError:
+            return None
+        observer = Observer()
+        observer.daemon = True
+        try:
+            observer.start()
+        except OSError:
+            return None
+        return observer
+
+    def refresh(self) -> bool:
+        """Starts watching roots that exist now; True when every existing root is watched."""
+        if self._observer is None:
+            return False
+        complete = True
+        for root in self.roots:
+            if root in self._watched or not os.path.isdir(root):
+                continue
+            try:
+                self._observer.schedule(self._handler(root), root, recursive=True)
+                self._watched.add(root)
+            except OSError:
+                complete = False
+        return complete
+
+    def _handler(self, root: str) -> Any:
+        from watchdog.events import FileSystemEventHandler
+
+        watcher = self
+
+        class _Handler(FileSystemEventHandler):  # type: ignore[misc]
+            def on_any_event(self, event: Any) -> None:
+                if event.event_type in _IGNORED_EVENTS or (event.is_directory and event.event_type == "modified"):
+                    return  # reads (our own hashing) and directory mtime updates that echo a child's event
+                paths = [str(event.src_path), str(getattr(event, "dest_path", "") or "")]
+                if all(not p or _is_signature_file(p) for p in paths):
+                    return
+                with watcher._lock:
+                    watcher._dirty.add(root)
+
+        return _Handler()
+
+    def take_dirty(self) -> set[str]:
+        """The roots changed since the last call (and clears them)."""
+        with self._lock:
+            dirty, self._dirty = self._dirty, set()
+        return dirty
+
+    def close(self) -> None:
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout=2)
+            self._observer = None
+
+
+def _is_signature_file(path: str) -> bool:
+    name = os.path.basename(path)
+    return name.endswith(SIGNATURE_SUFFIX) or bool(_TEMP_SIGNATURE.match(name))

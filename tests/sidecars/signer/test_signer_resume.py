@@ -1,0 +1,97 @@
+"""A real trainer run signed by the sidecar; a tampered newest checkpoint makes resume fall back.
+
+Imports the trainer (torch); the tiny offline model trains 4 steps on CPU in about a second.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import yaml
+
+from sidecars import __version__
+from trainer import events as ev
+
+# The trainer tests' tiny config (tests/trainer/conftest.py), repeated so this test does not
+# import another directory's conftest.
+TINY = {"vocab_size": 300, "hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128}
+CONFIG = {
+    "version": 1,
+    "run": {"seed": 3, "device": "cpu", "metrics_port": 0, "torch_threads": 1, "console": False},
+    "model": {"tiny": {**TINY, "num_prompts": 64}},
+    "reward": {"kind": "rule", "rule": "digits"},
+    "rollout": {"n": 2, "max_new_tokens": 8, "progress": False},
+    "algorithm": {"kl_coef": 0.001, "kl_kind": "k3"},
+    "ppo": {
+        "train_batch_size": 8,
+        "mini_batch_size": 8,
+        "micro_batch_size": 4,
+        "epochs": 2,
+        "actor_lr": 3.0e-3,
+        "critic_lr": 3.0e-3,
+    },
+    "snapshot": {"top_k": 3},
+    "checkpoint": {"every_steps": 2, "keep_last": 3},
+    "max_steps": 4,
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_assets_dir(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("signer-tiny-assets"))
+
+
+def trainer_config(cache: str, where: str, checkpoint: dict[str, object]):  # type: ignore[no-untyped-def]
+    from trainer.config import load_config
+
+    raw = json.loads(json.dumps(CONFIG))
+    raw["model"]["tiny"]["cache_dir"] = cache
+    raw["checkpoint"].update(checkpoint)
+    with open(where, "w", encoding="utf-8") as fh:
+        yaml.safe_dump(raw, fh)
+    return load_config(where)
+
+
+def flip_last_byte(path: str) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(-1, os.SEEK_END)
+        last = fh.read(1)
+        fh.seek(-1, os.SEEK_END)
+        fh.write(bytes([last[0] ^ 1]))
+
+
+def test_resume_falls_back_past_a_tampered_signed_checkpoint(signer_kit, tiny_assets_dir, tmp_path):
+    from trainer.core import PPOTrainer
+
+    kit = signer_kit
+    run_dir = str(kit.run_dir)
+    trainer = PPOTrainer(trainer_config(tiny_assets_dir, str(tmp_path / "a.yaml"), {}), run_dir)
+    trainer.train(4)
+    run_id = trainer.run_id
+    trainer.close()
+    done = kit.once(kit.policy(stable_seconds=60))
+    assert done.returncode == 0, done.stderr
+    two, four = kit.checkpoints / "step-000000002", kit.checkpoints / "step-000000004"
+    assert kit.cli_verify(two).returncode == 0 and kit.cli_verify(four).returncode == 0
+    newest = kit.statement(four)
+    assert (newest.provenance.run_id, newest.provenance.step, newest.provenance.trainer_version) == (
+        run_id,
+        4,
+        __version__,
+    )
+    assert newest.provenance.parent_root_digest == kit.statement(two).subject_digest
+
+    flip_last_byte(str(four / "critic" / "critic.safetensors"))
+    assert kit.cli_verify(four).returncode == 1
+    trusted = {"trusted_keys": str(kit.trust_dir), "allow_unsigned": False}
+    resumed = PPOTrainer(trainer_config(tiny_assets_dir, str(tmp_path / "b.yaml"), trusted), run_dir, resume="auto")
+    resumed.close()
+    assert resumed.step == 2
+    events = [e for e, _ in ev.JournalReader(os.path.join(run_dir, ev.JOURNAL_NAME)).read_available()]
+    rejected = [e for e in events if e.type == ev.CHECKPOINT_REJECTED]
+    assert len(rejected) == 1 and rejected[0].data["path"] == str(four)
+    assert "files differ from the signature" in rejected[0].data["why"]
+    resumed_event = [e for e in events if e.type == ev.RUN_RESUMED][-1]
+    assert resumed_event.data["verification"].startswith("signature verified")
