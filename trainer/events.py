@@ -472,6 +472,9 @@ def read_last_seq(path: str) -> int:
         return 0
 
 
+WAKE_EVENTS = frozenset({"modified", "created", "moved", "deleted", "closed"})
+
+
 class JournalFollower:
     """Waits for the journal to change: watchdog (inotify) when it works, else polling.
 
@@ -502,6 +505,10 @@ class JournalFollower:
 
         class _Handler(FileSystemEventHandler):  # type: ignore[misc]
             def on_any_event(self, event: Any) -> None:
+                # Opens and no-write closes come from readers (ourselves included): waking on
+                # them would turn every read into another wake-up, a busy loop.
+                if event.event_type not in WAKE_EVENTS:
+                    return
                 if os.path.abspath(str(event.src_path)) == target or getattr(event, "dest_path", "") == target:
                     changed.set()
 

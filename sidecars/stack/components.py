@@ -116,8 +116,34 @@ def _paths_policy(plan: Plan, policy: dict[str, Any]) -> dict[str, Any]:
     return {**policy, "paths": entries}
 
 
+def demo_key(plan: Plan) -> str:
+    """A signing key for this demo run only: ``<run>/keys/signing.key`` (mode 0600)."""
+    from sidecars.signer import generate_keypair
+
+    key_dir = os.path.join(plan.run_dir, "keys")
+    path = os.path.join(key_dir, "signing.key")
+    if not os.path.exists(path):
+        generate_keypair(key_dir)
+    return path
+
+
+def _signer_policy(plan: Plan, policy: dict[str, Any]) -> dict[str, Any]:
+    key = demo_key(plan)
+    plan.settings["signing_key"] = key
+    plan.settings["trusted_keys"] = os.path.join(os.path.dirname(key), "signing.pub")
+    return {
+        **policy,
+        "signing_key": key,
+        "trusted_keys": plan.settings["trusted_keys"],
+        "check_interval_seconds": 1,
+        "stable_seconds": 2,
+        "reverify_interval_seconds": 10,
+    }
+
+
 POLICY_ADJUSTERS: dict[str, Callable[[Plan, dict[str, Any]], dict[str, Any]]] = {
     "journal": _journal_policy,
+    "signer": _signer_policy,
     "paths": _paths_policy,
 }
 
@@ -189,11 +215,36 @@ def one_shot_checks(plan: Plan, echo: Echo) -> dict[str, str]:
         processed = samples.get(f"warden_sidecar_events_processed_total{{sidecar={sc.name}}}", 0.0)
         errors = sum(v for k, v in samples.items() if k.startswith("warden_sidecar_errors_total"))
         verdicts[f"sidecar {sc.name}"] = f"{processed:.0f} events handled, {errors:.0f} errors"
+    if "trusted_keys" in plan.settings:
+        verdicts["signatures"] = verify_checkpoints(plan)
     if any(sc.name == "paths" for sc in plan.sidecars):
         policy = next(sc.policy_path for sc in plan.sidecars if sc.name == "paths")
         result = subprocess.run(warden_argv("paths", "check", "--policy", policy), capture_output=True, text=True)
         verdicts["paths"] = {0: "healthy", 1: "UNHEALTHY", 3: "could not check"}.get(result.returncode, "?")
     return verdicts
+
+
+def verify_checkpoints(plan: Plan) -> str:
+    """`warden checkpoint verify` on every checkpoint of the run, as the auditor would."""
+    root = os.path.join(plan.run_dir, "checkpoints")
+    names = (
+        sorted(n for n in os.listdir(root) if n.startswith("step-") and os.path.isdir(os.path.join(root, n)))
+        if os.path.isdir(root)
+        else []
+    )
+    ok = 0
+    for name in names:
+        result = subprocess.run(
+            warden_argv("checkpoint", "verify", os.path.join(root, name), "--trust", plan.settings["trusted_keys"]),
+            capture_output=True,
+            text=True,
+        )
+        ok += result.returncode == 0
+    plan.next_steps.append(
+        f"verify       warden checkpoint verify {root}/{names[-1] if names else 'step-N'} "
+        f"--trust {plan.settings['trusted_keys']}"
+    )
+    return f"{ok}/{len(names)} checkpoints signed and verified (warden checkpoint verify)"
 
 
 def firing_alerts(plan: Plan) -> str:

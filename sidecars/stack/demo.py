@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -77,6 +78,10 @@ def wait_for_sidecars(plan: components.Plan, timeout: float = 60.0) -> None:
         time.sleep(0.5)
 
 
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def run_demo(run_dir: str, steps: int, echo: Echo) -> DemoResult:
     run_dir = os.path.abspath(run_dir)
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
@@ -86,9 +91,11 @@ def run_demo(run_dir: str, steps: int, echo: Echo) -> DemoResult:
         echo(f"  note: {note}")
     supervisor = Supervisor(plan.services)
     echo(f"starting {len(plan.services)} services: {', '.join(s.name for s in plan.services)}")
-    supervisor.start_all(ready_timeout=90)
+    # SIGTERM must unwind through `finally`, or the services (own sessions) would outlive us.
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     result = DemoResult(run_dir=run_dir, trainer_exit=-1, urls=plan.urls)
     try:
+        supervisor.start_all(ready_timeout=90)
         echo(f"training {steps} PPO steps on the tiny offline model (CPU)...")
         result.trainer_exit = run_trainer(run_dir, steps, plan.trainer_port, echo)
         echo("waiting for the sidecars to catch up with the journal...")

@@ -243,3 +243,24 @@ def test_follower_wakes_on_append(run_dir, journal):
         assert time.monotonic() - start < 2.0
     finally:
         follower.close()
+
+
+def test_follower_is_not_woken_by_reads(run_dir, journal):
+    """Readers open and close the journal; that must not count as a change (busy loop)."""
+    journal.emit(ev.RUN_STARTED, {})
+    path = str(run_dir / "events.jsonl")
+    follower = ev.JournalFollower(path, poll_seconds=0.5)
+    try:
+        if not follower.using_watchdog:
+            pytest.skip("watchdog could not start an inotify observer here")
+        wakes = 0
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end:
+            start = time.monotonic()
+            list(JournalReader(path).read_available())  # what a sidecar does after each wake
+            ev.read_last_seq(path)
+            follower.wait()
+            wakes += time.monotonic() - start < 0.4
+        assert wakes <= 1, f"{wakes} early wake-ups without any write"
+    finally:
+        follower.close()
