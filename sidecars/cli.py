@@ -21,6 +21,7 @@ from sidecars.errors import EXIT_INCOMPLETE, ConfigError, WardenError
 LAZY_COMMANDS: dict[str, str] = {
     "sidecar": "sidecars.commands.sidecar:sidecar",
     "events": "sidecars.commands.events:events",
+    "bridge": "sidecars.bridge.commands:bridge",
     "paths": "sidecars.paths.commands:paths",
     "keys": "sidecars.signer.commands:keys_group",
     "checkpoint": "sidecars.signer.commands:checkpoint_group",

@@ -79,13 +79,20 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class RolloutConfig:
-    engine: str = "hf"
+    engine: str = "hf"  # hf (model.generate on the actor) | vllm (in-process vllm.LLM, extra `vllm`)
     n: int = 1  # responses per prompt
     max_new_tokens: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     progress: bool = True
+    # vllm engine only. gpu_memory_utilization: share of the device's memory vLLM may take for its
+    # weights and KV cache (the trainer's models share the device, so well under 1).
+    gpu_memory_utilization: float = 0.4
+    max_num_seqs: int = 0  # 0: the rollout batch (train_batch_size x n); else at least that
+    max_num_batched_tokens: int = 0  # 0: vLLM's default; else at least max_num_seqs
+    kv_cache_gib: float = 0.0  # 0: from gpu_memory_utilization on a GPU, from the batch's needs on CPU
+    enforce_eager: bool = False  # true: no CUDA graphs or torch.compile (quicker start, slower decoding)
 
 
 @dataclass(frozen=True)
@@ -282,6 +289,9 @@ def validate(cfg: TrainerConfig, where: str = "<config>", world_size: int = 1) -
     _require(0 <= alg.gamma <= 1 and 0 <= alg.lam <= 1, where, "algorithm.gamma", "gamma and lam must be in [0, 1]")
     _require(roll.engine in ("hf", "vllm"), where, "rollout.engine", "must be hf or vllm")
     _require(roll.max_new_tokens > 0, where, "rollout.max_new_tokens", "must be > 0")
+    _require(roll.temperature > 0, where, "rollout.temperature", "must be > 0 (log-probs are divided by it)")
+    if roll.engine == "vllm":
+        validate_vllm(cfg, where, world_size)
     _require(cfg.reward.kind in ("rule", "model"), where, "reward.kind", "must be rule or model")
     _require(cfg.reward.rule in ("digits", "arithmetic"), where, "reward.rule", "must be digits or arithmetic")
     _require(cfg.oom.action in ("fail", "skip"), where, "oom.action", "must be fail or skip")
@@ -295,3 +305,37 @@ def validate(cfg: TrainerConfig, where: str = "<config>", world_size: int = 1) -
     _require(cfg.checkpoint.every_steps >= 0, where, "checkpoint.every_steps", "must be >= 0 (0: never)")
     _require(cfg.checkpoint.keep_last >= 1, where, "checkpoint.keep_last", "must be >= 1")
     _require(cfg.max_steps >= 0, where, "max_steps", "must be >= 0")
+
+
+def validate_vllm(cfg: TrainerConfig, where: str, world_size: int) -> None:
+    """The vllm engine's memory settings: the engine must hold the whole rollout batch at once."""
+    roll = cfg.rollout
+    responses = cfg.ppo.train_batch_size * roll.n
+    _require(
+        world_size == 1,
+        where,
+        "rollout.engine",
+        f"vllm runs in-process on one device; use hf for a {world_size}-process run",
+    )
+    _require(
+        0 < roll.gpu_memory_utilization <= 1,
+        where,
+        "rollout.gpu_memory_utilization",
+        f"must be in (0, 1], got {roll.gpu_memory_utilization}",
+    )
+    _require(
+        roll.max_num_seqs == 0 or roll.max_num_seqs >= responses,
+        where,
+        "rollout.max_num_seqs",
+        f"must cover the rollout batch (train_batch_size x rollout.n = {responses}) or be 0 (that batch), "
+        f"got {roll.max_num_seqs}",
+    )
+    seqs = roll.max_num_seqs or responses
+    _require(
+        roll.max_num_batched_tokens == 0 or roll.max_num_batched_tokens >= seqs,
+        where,
+        "rollout.max_num_batched_tokens",
+        f"must be at least max_num_seqs ({seqs}) so every sequence decodes in each step, or 0 (vLLM's default), "
+        f"got {roll.max_num_batched_tokens}",
+    )
+    _require(roll.kv_cache_gib >= 0, where, "rollout.kv_cache_gib", "must be >= 0 (0: sized automatically)")

@@ -36,7 +36,7 @@ from trainer.metrics import TrainerMetrics
 from trainer.models import load_causal_lm, load_critic, save_critic, unwrap
 from trainer.resume import ResumeResult, find_resume_point
 from trainer.rewards import build_reward
-from trainer.rollout import HFRollout
+from trainer.rollout import build_rollout
 from trainer.setup import ResolvedPaths, check_environment, resolve_paths
 from trainer.tokenizer import load_tokenizer
 
@@ -145,8 +145,8 @@ class PPOTrainer:
         self.critic_sched = torch.optim.lr_scheduler.LinearLR(
             self.critic_opt, 1.0 / warm if p.warmup_steps else 1.0, 1.0, total_iters=p.warmup_steps
         )
-        self.rollout = HFRollout(
-            unwrap(self.actor), cfg.rollout, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+        self.rollout = build_rollout(
+            cfg, unwrap(self.actor), paths.actor, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
         )
         self.reward = build_reward(
             cfg.reward.kind, cfg.reward.rule, paths.reward_model, self.tokenizer, str(self.device)
@@ -297,6 +297,7 @@ class PPOTrainer:
             self.dist,
             gen,
         )
+        self.rollout.sync_weights(unwrap(self.actor))  # engines with their own copy (vllm) follow the actor
         t_update = time.perf_counter() - t0
         self.kl_ctl.update(exp.mean_kl, len(prompts))
         self.actor_sched.step()

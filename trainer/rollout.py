@@ -3,6 +3,8 @@
 ``generate(prompt_ids (B, P) left-padded, prompt_mask (B, P)) -> responses (B, T)``
 right-padded with ``pad_id`` after the first EOS (which is kept), where
 ``T = max_new_tokens``; and ``response_mask (B, T)`` (1 up to and including EOS).
+``sync_weights(actor)`` is called after every PPO update; :func:`build_rollout` picks
+the engine that ``rollout.engine`` names (``vllm`` is imported only then).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from typing import Any, Protocol
 
 import torch
 
-from trainer.config import RolloutConfig
+from trainer.config import RolloutConfig, TrainerConfig
 
 
 class RolloutEngine(Protocol):
@@ -89,3 +91,12 @@ class HFRollout:
         mask = response_mask_from(responses, self.eos_id)
         responses = torch.where(mask.bool(), responses, torch.full_like(responses, self.pad_id))
         return responses, mask
+
+
+def build_rollout(cfg: TrainerConfig, actor: Any, model_dir: str, eos_id: int, pad_id: int) -> RolloutEngine:
+    """The engine ``cfg.rollout.engine`` names, sampling from ``actor`` (loaded from ``model_dir``)."""
+    if cfg.rollout.engine == "vllm":
+        from trainer.rollout_vllm import VLLMRollout
+
+        return VLLMRollout(actor, cfg, model_dir, eos_id, pad_id)
+    return HFRollout(actor, cfg.rollout, eos_id, pad_id)

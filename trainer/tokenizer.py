@@ -1,71 +1,98 @@
 """The trainer's one tokenizer-loading function, fail-closed.
 
-Before anything is imported from the directory: no ``auto_map`` in its JSON configs, a
-``tokenizer_class`` exactly on the whitelist, no ``TRUST_REMOTE_CODE`` in the
-environment. Then ``trust_remote_code=False``, ``local_files_only=True``,
-``HF_HUB_OFFLINE=1`` and an absolute path; the loaded class is checked again.
-(The tokenscan sidecar issue adds its full scan here.)
+:func:`load_tokenizer` refuses before anything is imported from the directory when
+``TRUST_REMOTE_CODE`` is set in the environment, when the path is not absolute, or when
+the full tokenscan scan (``sidecars.tokenscan``: auto_map, code files, whitelists, path
+keys, links, dangerous keys, chat templates, pickles, sentencepiece, special tokens...)
+reports a finding at or above the policy's ``fail_on`` severity or cannot complete. Then
+it loads with ``trust_remote_code=False``, ``local_files_only=True``, ``HF_HUB_OFFLINE=1``
+and the absolute path, checks the loaded class against the whitelist, and compares the
+SHA-256 manifest of the directory's tokenizer files taken before the scan with one
+taken after loading (a file swapped meanwhile is a time-of-check/time-of-use refusal).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import Any
 
-from sidecars.errors import ViolationError
+from sidecars.errors import ViolationError, WardenError
+from sidecars.tokenscan import Manifest, TokenscanPolicy, coerce_policy, scan_directory
+from sidecars.tokenscan.manifest import describe_diff
+from sidecars.tokenscan.scanner import directory_manifest
 
-CONFIG_FILES = ("tokenizer_config.json", "config.json", "processor_config.json", "preprocessor_config.json")
+WEIGHT_EXTENSIONS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt")
+MAX_LISTED = 8
 
 
 class UnsafeTokenizer(ViolationError):
     """The tokenizer directory fails a guard; the message names the file and key."""
 
 
-def _read_json(path: str) -> dict[str, Any] | None:
+def guard_policy(allowed_classes: Iterable[str], policy: TokenscanPolicy | str | None = None) -> TokenscanPolicy:
+    """``policy`` (a TokenscanPolicy, a YAML path, or None for the built-in one) whose class
+    whitelist is narrowed to ``allowed_classes`` (a class must be on both lists)."""
+    base = coerce_policy(policy)
+    allowed = tuple(allowed_classes)
+    if policy is None:
+        return replace(base, allowed_tokenizer_classes=allowed)
+    both = tuple(c for c in base.allowed_tokenizer_classes if c in allowed)
+    return replace(base, allowed_tokenizer_classes=both)
+
+
+def _tokenizer_manifest(path: str, policy: TokenscanPolicy) -> Manifest:
     try:
-        with open(path, encoding="utf-8") as fh:
-            obj = json.load(fh)
-    except FileNotFoundError:
-        return None
-    except ValueError as exc:
-        raise UnsafeTokenizer(f"{path}: not valid JSON ({exc}); refusing to load") from None
-    return obj if isinstance(obj, dict) else None
+        return directory_manifest(path, policy, exclude_extensions=WEIGHT_EXTENSIONS)
+    except (OSError, WardenError) as exc:
+        raise UnsafeTokenizer(f"{path}: cannot take the manifest before loading ({exc}); refusing to load") from None
 
 
-def check_tokenizer_dir(path: str, allowed_classes: Iterable[str]) -> None:
-    """Raises UnsafeTokenizer when ``path`` must not be loaded."""
-    allowed = set(allowed_classes)
+def _preconditions(path: str) -> None:
+    if "TRUST_REMOTE_CODE" in os.environ:
+        raise UnsafeTokenizer("TRUST_REMOTE_CODE is set in the environment; unset it, remote code is never run")
     if not os.path.isabs(path):
         raise UnsafeTokenizer(f"{path}: tokenizer path must be absolute")
-    if os.environ.get("TRUST_REMOTE_CODE"):
-        raise UnsafeTokenizer("TRUST_REMOTE_CODE is set in the environment; unset it, remote code is never run")
-    for name in CONFIG_FILES:
-        where = os.path.join(path, name)
-        cfg = _read_json(where)
-        if cfg is None:
-            continue
-        if "auto_map" in cfg:
-            raise UnsafeTokenizer(f"{where}: auto_map: custom code references are refused; remove the key")
-        cls = cfg.get("tokenizer_class")
-        if cls is not None and cls not in allowed:
-            raise UnsafeTokenizer(
-                f"{where}: tokenizer_class: {cls!r} is not on the whitelist ({', '.join(sorted(allowed))})"
-            )
 
 
-def load_tokenizer(path: str, allowed_classes: Iterable[str]) -> Any:
-    """Loads a tokenizer through the guard. Raises UnsafeTokenizer."""
+def check_tokenizer_dir(path: str, allowed_classes: Iterable[str], policy: TokenscanPolicy | str | None = None) -> None:
+    """Raises UnsafeTokenizer when ``path`` must not be loaded (see the module docstring)."""
+    _preconditions(path)
+    effective = guard_policy(allowed_classes, policy)
+    result = scan_directory(path, effective, with_manifest=False)
+    blocking = result.blocking(effective.fail_severity)
+    if blocking:
+        listed = "; ".join(f"{f.id} {f.rule.name} at {f.location}: {f.message}" for f in blocking[:MAX_LISTED])
+        more = f" (+{len(blocking) - MAX_LISTED} more)" if len(blocking) > MAX_LISTED else ""
+        raise UnsafeTokenizer(
+            f"{path}: refusing to load, {len(blocking)} finding(s) at or above {effective.fail_on}: {listed}{more}. "
+            f"Details and fixes: warden scan tokenizer {path}"
+        )
+    if result.errors:
+        raise UnsafeTokenizer(f"{path}: scan incomplete ({'; '.join(result.errors[:3])}); refusing to load")
+
+
+def load_tokenizer(path: str, allowed_classes: Iterable[str], policy: TokenscanPolicy | str | None = None) -> Any:
+    """Loads a tokenizer through the guard. Raises UnsafeTokenizer (a ViolationError)."""
     allowed = tuple(allowed_classes)
-    check_tokenizer_dir(path, allowed)
+    effective = guard_policy(allowed, policy)
+    _preconditions(path)
+    before = _tokenizer_manifest(path, effective)
+    check_tokenizer_dir(path, allowed, effective)
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
-    name = type(tokenizer).__name__
-    if name not in allowed:
-        raise UnsafeTokenizer(f"{path}: loaded class {name} is not on the whitelist")
+    cls = type(tokenizer)
+    if cls.__name__ not in effective.allowed_tokenizer_classes or not cls.__module__.startswith("transformers."):
+        raise UnsafeTokenizer(f"{path}: loaded class {cls.__module__}.{cls.__name__} is not on the whitelist")
+    after = _tokenizer_manifest(path, effective)
+    if after.digest != before.digest:
+        raise UnsafeTokenizer(
+            f"{path}: files changed while the tokenizer was being checked and loaded ({describe_diff(before, after)}); "
+            "refusing to use it"
+        )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

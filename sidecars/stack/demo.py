@@ -61,11 +61,16 @@ def run_trainer(run_dir: str, steps: int, metrics_port: int, echo: Echo) -> int:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     log_path = os.path.join(run_dir, "logs", "trainer.log")
-    with open(log_path, "a", encoding="utf-8") as log:
-        for line in proc.stdout:
-            log.write(line)
-            if line.startswith(("step ", "resumed", "error")):
-                echo("  " + line.rstrip())
+    try:
+        with open(log_path, "a", encoding="utf-8") as log:
+            for line in proc.stdout:
+                log.write(line)
+                if line.startswith(("step ", "resumed", "error")):
+                    echo("  " + line.rstrip())
+    except BaseException:
+        proc.terminate()  # the trainer journals run.finished and exits; never leave it behind
+        proc.wait(30)
+        raise
     return proc.wait()
 
 
