@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 import click
@@ -52,6 +53,10 @@ def train(config_path: str, overrides: tuple[str, ...], max_steps: int | None, r
     from trainer.config import load_config
     from trainer.core import PPOTrainer
 
+    def _interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # unwinds through train(): run.finished is journalled
+
+    signal.signal(signal.SIGTERM, _interrupt)
     cfg = load_config(config_path, list(overrides))
     name = os.path.splitext(os.path.basename(config_path))[0]
     trainer = PPOTrainer(cfg, run_dir, resume=resume, config_name=name)
@@ -61,5 +66,8 @@ def train(config_path: str, overrides: tuple[str, ...], max_steps: int | None, r
                 f"resumed from {trainer.resumed.path} at step {trainer.step} ({trainer.resumed.verification})", err=True
             )
         trainer.train(max_steps if max_steps is not None else cfg.max_steps)
+    except KeyboardInterrupt:
+        click.echo(f"interrupted at step {trainer.step}; resume with --resume auto", err=True)
+        raise click.exceptions.Exit(130) from None
     finally:
         trainer.close()

@@ -211,6 +211,9 @@ class PPOTrainer:
                 if result is not None:
                     results.append(result)
                     self._maybe_checkpoint(final=self.step >= target)
+        except KeyboardInterrupt:
+            status, error = "interrupted", "SIGINT/SIGTERM"
+            raise
         except BaseException as exc:
             status, error = "failed", f"{type(exc).__name__}: {exc}"
             raise
