@@ -6,11 +6,13 @@ Fakes that implement real interfaces also live here, so there is one place to lo
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -145,3 +147,42 @@ class WebhookSink:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class StackProcess:
+    """`warden stack up` in a child process; reads the URLs it prints."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.proc = spawn(warden_cmd("stack", "up", *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        self.urls: dict[str, str] = {}
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for raw in self.proc.stdout:
+            line = raw.decode(errors="replace").rstrip()
+            self.lines.append(line)
+            match = re.match(r"^\s+(\S+)\s+(http://127\.0\.0\.1:\d+)", line)
+            if match:
+                self.urls[match.group(1)] = match.group(2)
+            if line.startswith("stack ready"):
+                threading.Timer(0.5, self.ready.set).start()
+
+    def wait_ready(self, timeout: float = 90) -> None:
+        end = time.monotonic() + timeout
+        while not self.ready.wait(0.2) and self.proc.poll() is None and time.monotonic() < end:
+            pass
+        if not self.ready.is_set():
+            self.stop()
+            raise AssertionError("stack not ready:\n" + "\n".join(self.lines[-30:]))
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode

@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import json
-import re
 import shutil
-import signal
-import subprocess
-import threading
 import time
 import urllib.request
 
 import pytest
 import yaml
-from support import WebhookSink, need_binary, spawn, warden_cmd
+from support import StackProcess, WebhookSink, need_binary
 
 
 def post_alerts(am_url: str, alerts: list[dict]) -> None:
@@ -25,45 +21,6 @@ def post_alerts(am_url: str, alerts: list[dict]) -> None:
     )
     with urllib.request.urlopen(req, timeout=5) as resp:
         assert resp.status == 200
-
-
-class Stack:
-    """`warden stack up` in a child process; reads the URLs it prints."""
-
-    def __init__(self, args: list[str]) -> None:
-        self.proc = spawn(warden_cmd("stack", "up", *args), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        self.urls: dict[str, str] = {}
-        self.lines: list[str] = []
-        self.ready = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for raw in self.proc.stdout:
-            line = raw.decode(errors="replace").rstrip()
-            self.lines.append(line)
-            match = re.match(r"^\s+(\S+)\s+(http://127\.0\.0\.1:\d+)", line)
-            if match:
-                self.urls[match.group(1)] = match.group(2)
-            if line.startswith("stack ready"):
-                threading.Timer(0.5, self.ready.set).start()
-
-    def wait_ready(self, timeout: float = 90) -> None:
-        end = time.monotonic() + timeout
-        while not self.ready.wait(0.2) and self.proc.poll() is None and time.monotonic() < end:
-            pass
-        if not self.ready.is_set():
-            self.stop()
-            raise AssertionError("stack not ready:\n" + "\n".join(self.lines[-30:]))
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
 
 
 def is_alert(name: str, status: str = "firing"):
@@ -89,7 +46,7 @@ def paths_stack(tmp_path):
     }
     (policies / "paths.yaml").write_text(yaml.safe_dump(policy))
     sink = WebhookSink()
-    stack = Stack(
+    stack = StackProcess(
         [
             "--run-dir",
             str(tmp_path / "run"),

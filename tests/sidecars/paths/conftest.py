@@ -5,37 +5,18 @@ Helpers are reached through the ``paths_kit`` fixture (tests here do not import 
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
-import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 
 import pytest
 import yaml
+from faults import FaultFS, need
 from prometheus_client.parser import text_string_to_metric_families
-from support import IN_CI, ROOT, free_port, http_get, need_binary, spawn, stop_process, wait_http, warden_cmd
-
-FAULTFS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paths_faultfs.py")
-
-
-def need(condition: bool, message: str) -> None:
-    """Skips locally when ``condition`` is false, fails under CI=true (DESIGN section 10)."""
-    if condition:
-        return
-    if IN_CI:
-        pytest.fail(message)
-    pytest.skip(message)
-
-
-def mounted(mountpoint: str) -> bool:
-    """Whether ``mountpoint`` is in our mount table, read as text (never stats the mount)."""
-    with open("/proc/self/mountinfo", encoding="utf-8") as fh:
-        return any(line.split(" ")[4] == mountpoint for line in fh)
+from support import ROOT, free_port, http_get, need_binary, spawn, stop_process, wait_http, warden_cmd
 
 
 @dataclass
@@ -171,55 +152,6 @@ def by_name(report: dict[str, object]) -> dict[str, dict[str, object]]:
 @pytest.fixture
 def report_by_name():
     return by_name
-
-
-class FaultFS:
-    """A running paths_faultfs.py; ``mode()`` switches its faults through the control file."""
-
-    def __init__(self, base: str) -> None:
-        self.mountpoint = os.path.join(base, "mnt")
-        self.control = os.path.join(base, "control.json")
-        self.data = os.path.join(self.mountpoint, "data")
-        os.makedirs(self.mountpoint)
-        self.mode("ok")
-        self.log = open(os.path.join(base, "faultfs.log"), "wb")  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen([sys.executable, FAULTFS, self.mountpoint, self.control], stderr=self.log)
-        deadline = time.monotonic() + 10
-        while not mounted(self.mountpoint):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                with open(self.log.name, encoding="utf-8", errors="replace") as fh:
-                    raise AssertionError(f"faultfs did not mount: {fh.read()[-2000:]}")
-            time.sleep(0.02)
-
-    def mode(self, mode: str, **extra: object) -> None:
-        tmp = self.control + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump({"mode": mode, **extra}, fh)
-        os.replace(tmp, self.control)
-
-    def kill_daemon(self) -> None:
-        """SIGKILL the daemon: the mount stays but every request fails with ENOTCONN."""
-        with contextlib.suppress(OSError):
-            self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        """Releases any hang, unmounts lazily and stops the daemon; never leaves a hung mount."""
-        self.mode("ok")
-        time.sleep(0.1)
-        if mounted(self.mountpoint):
-            subprocess.run(["fusermount3", "-u", "-z", self.mountpoint], capture_output=True, timeout=10)
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        if mounted(self.mountpoint):
-            subprocess.run(["umount", "-l", self.mountpoint], capture_output=True, timeout=10)
-        self.log.close()
 
 
 @pytest.fixture

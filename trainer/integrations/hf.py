@@ -1,0 +1,211 @@
+"""``WardenCallback``: Warden events from an HF ``transformers.Trainer`` (and TRL trainers).
+
+Add one line to an existing script, then run the sidecars against the run directory::
+
+    trainer = Trainer(..., callbacks=[WardenCallback(run_dir="runs/sft-1")])
+
+On the world's process zero only (``state.is_world_process_zero``) it appends to
+``<run_dir>/events.jsonl``:
+
+================================  ======================  =====================================
+Trainer hook                      event                   data
+================================  ======================  =====================================
+``on_train_begin`` (fresh)        ``run.started``         config digest, model/tokenizer paths,
+                                                          world size, versions
+``on_train_begin`` (resumed)      ``run.resumed``         ``from_step``, ``checkpoint``
+``on_log``                        ``step.completed``      mapped metric names, Warden aliases,
+                                                          ``hf_logs`` (the original dict)
+``on_save``                       ``checkpoint.saved``    ``path`` of ``checkpoint-{global_step}``
+``on_train_end``                  ``run.finished``        status, last step, the train summary
+================================  ======================  =====================================
+
+HF rotates checkpoints (``save_total_limit``) *before* ``on_save``, and a sidecar can be
+behind: the signer treats a checkpoint that vanished before it was hashed as counted,
+not as an error. A journal write failure is logged and never stops training unless
+``strict=True``. Run directory: ``run_dir``, else ``$WARDEN_RUN_DIR``, else the
+Trainer's ``output_dir``; run id: ``run_id``, else the journal's, else ``$WARDEN_RUN_ID``,
+else the run directory's name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import os
+import platform
+from typing import Any
+
+from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+
+from sidecars.bridge.names import HF_ALIASES, map_metrics, warden_aliases
+from sidecars.bridge.runid import journal_run_id, sanitize_run_id
+from trainer import events as ev
+
+log = logging.getLogger("warden.hf")
+SOURCE = "hf"
+SUMMARY_KEY = "train_runtime"  # present only in the Trainer's final summary log
+
+
+def json_safe(value: Any, depth: int = 0) -> Any:
+    """``value`` with NaN/inf as None, tensors and numpy scalars as numbers, unknown objects as text."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if depth < 8 and isinstance(value, dict):
+        return {str(k): json_safe(v, depth + 1) for k, v in value.items()}
+    if depth < 8 and isinstance(value, list | tuple):
+        return [json_safe(v, depth + 1) for v in value]
+    item = getattr(value, "item", None)
+    if callable(item):
+        try:
+            return json_safe(item(), depth + 1)
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    return str(value)
+
+
+def step_payload(logs: dict[str, Any]) -> dict[str, Any]:
+    """``step.completed`` data: mapped names, the Warden trainer's aliases, the original logs."""
+    safe = json_safe(logs)
+    data: dict[str, Any] = dict(map_metrics(safe).values)
+    for alias, value in warden_aliases(safe, HF_ALIASES).items():
+        data.setdefault(alias, value)
+    data["source"] = SOURCE
+    data["kind"] = "eval" if any(str(k).startswith("eval_") for k in logs) else "train"
+    data["hf_logs"] = safe
+    return data
+
+
+def output_dir(args: TrainingArguments) -> str:
+    """The Trainer's output directory, absolute (HF's default name when unset)."""
+    return os.path.abspath(args.output_dir or "trainer_output")
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    from sidecars import __version__
+
+    return {
+        "warden": __version__,
+        "python": platform.python_version(),
+        "torch": str(torch.__version__),
+        "transformers": transformers.__version__,
+    }
+
+
+class WardenCallback(TrainerCallback):  # type: ignore[misc]
+    """Writes the Warden journal from Trainer hooks; see the module docstring."""
+
+    def __init__(self, run_dir: str | None = None, run_id: str | None = None, *, strict: bool = False) -> None:
+        self.run_dir = run_dir
+        self.run_id = run_id
+        self.strict = strict
+        self._writer: ev.EventWriter | None = None
+        self._summary: dict[str, Any] | None = None
+
+    # -- the journal ------------------------------------------------------------------------
+    def resolve_run_dir(self, args: TrainingArguments) -> str:
+        return os.path.abspath(self.run_dir or os.environ.get("WARDEN_RUN_DIR") or output_dir(args))
+
+    def _journal(self, args: TrainingArguments) -> ev.EventWriter:
+        if self._writer is None:
+            run_dir = self.resolve_run_dir(args)
+            os.makedirs(run_dir, exist_ok=True)
+            path = os.path.join(run_dir, ev.JOURNAL_NAME)
+            run_id = (
+                self.run_id
+                or journal_run_id(path)
+                or os.environ.get("WARDEN_RUN_ID")
+                or sanitize_run_id(os.path.basename(run_dir), "hf-run")
+            )
+            self._writer = ev.EventWriter(path, run_id)
+        return self._writer
+
+    def emit(
+        self, args: TrainingArguments, state: TrainerState, etype: str, data: dict[str, Any], step: int | None
+    ) -> ev.Event | None:
+        """Appends one event on the world's process zero; None elsewhere or after a logged failure."""
+        if not state.is_world_process_zero:
+            return None
+        try:
+            return self._journal(args).emit(etype, data, step=step)
+        except (OSError, ev.JournalError) as exc:
+            if self.strict:
+                raise
+            log.error("warden: could not write %s at step %s: %s", etype, step, exc)
+            return None
+
+    # -- hooks --------------------------------------------------------------------------------
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self._summary = None
+        if state.global_step > 0:
+            checkpoint = os.path.join(output_dir(args), f"checkpoint-{state.global_step}")
+            data = {
+                "source": SOURCE,
+                "from_step": state.global_step,
+                "checkpoint": checkpoint if os.path.isdir(checkpoint) else None,
+                "verification": "not verified by the callback",
+            }
+            self.emit(args, state, ev.RUN_RESUMED, data, state.global_step)
+            return
+        model, tokenizer = kwargs.get("model"), kwargs.get("processing_class") or kwargs.get("tokenizer")
+        data = {
+            "source": SOURCE,
+            "config_digest": hashlib.sha256(args.to_json_string().encode("utf-8")).hexdigest(),
+            "model_path": getattr(model, "name_or_path", None) or None,
+            "tokenizer_path": getattr(tokenizer, "name_or_path", None) or None,
+            "world_size": args.world_size,
+            "max_steps": state.max_steps,
+            "output_dir": output_dir(args),
+            "versions": _versions(),
+        }
+        self.emit(args, state, ev.RUN_STARTED, data, None)
+
+    def on_log(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not logs:
+            return
+        if SUMMARY_KEY in logs:
+            self._summary = json_safe(logs)
+            return
+        self.emit(args, state, ev.STEP_COMPLETED, step_payload(logs), state.global_step)
+
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        root = output_dir(args)
+        path = os.path.join(root, f"checkpoint-{state.global_step}")
+        if state.is_world_process_zero and not os.path.isdir(path):
+            log.warning("warden: %s is not there after on_save; no checkpoint.saved written", path)
+            return
+        data = {"source": SOURCE, "path": path, "root": root, "layout": "hf"}
+        self.emit(args, state, ev.CHECKPOINT_SAVED, data, state.global_step)
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        data = {
+            "source": SOURCE,
+            "status": "completed",
+            "error": None,
+            "last_step": state.global_step,
+            "summary": self._summary,
+        }
+        self.emit(args, state, ev.RUN_FINISHED, data, state.global_step)
+        self.close()
+
+    def close(self) -> None:
+        """Closes the journal (it is reopened if training starts again)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
