@@ -5,6 +5,7 @@ Fakes that implement real interfaces also live here, so there is one place to lo
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shutil
@@ -186,3 +187,44 @@ class StackProcess:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+# A tiny trainer config for tests: ~0.2M parameters, 8 prompts x 8 tokens, CPU, one thread.
+TEST_CONFIG = {
+    "version": 1,
+    "run": {"seed": 3, "device": "cpu", "metrics_port": 0, "torch_threads": 1, "console": False},
+    "model": {
+        "tiny": {
+            "vocab_size": 300,
+            "hidden_size": 64,
+            "num_layers": 2,
+            "num_heads": 2,
+            "intermediate_size": 128,
+            "num_prompts": 64,
+        }
+    },
+    "reward": {"kind": "rule", "rule": "digits"},
+    "rollout": {"n": 2, "max_new_tokens": 8, "progress": False},
+    "algorithm": {"kl_coef": 0.001, "kl_kind": "k3"},
+    "ppo": {
+        "train_batch_size": 8,
+        "mini_batch_size": 8,
+        "micro_batch_size": 4,
+        "epochs": 2,
+        "actor_lr": 3.0e-3,
+        "critic_lr": 3.0e-3,
+    },
+    "snapshot": {"top_k": 3},
+    "checkpoint": {"every_steps": 2, "keep_last": 3},
+    "max_steps": 4,
+}
+
+
+def merge(base, extra):
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out

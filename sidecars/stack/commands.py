@@ -55,6 +55,8 @@ def stack() -> None:
 @option("--only", multiple=True, help="Run only these warden services (repeatable).")
 @option("--no-s3", is_flag=True, help="Do not start SeaweedFS.")
 @option("--no-prometheus", is_flag=True, help="Do not start Prometheus and Alertmanager.")
+@option("--scrape-interval", default="1s", show_default=True, help="Prometheus scrape interval.")
+@option("--evaluation-interval", default="1s", show_default=True, help="Prometheus rule evaluation interval.")
 @option("--pager-url", default="", help="Webhook URL of the pager receiver (critical alerts).")
 @option("--ticket-url", default="", help="Webhook URL of the ticket receiver (warnings).")
 @option("--deadman-url", default="", help="Webhook URL of the dead-man's switch (Watchdog).")
@@ -66,6 +68,8 @@ def stack_up(
     only: tuple[str, ...],
     no_s3: bool,
     no_prometheus: bool,
+    scrape_interval: str,
+    evaluation_interval: str,
     pager_url: str,
     ticket_url: str,
     deadman_url: str,
@@ -86,6 +90,8 @@ def stack_up(
         with_s3=not no_s3,
         with_prometheus=not no_prometheus,
         receivers=receivers,
+        scrape_interval=scrape_interval,
+        evaluation_interval=evaluation_interval,
     )
     if compose_file:
         opts.compose_file = os.path.abspath(compose_file)
