@@ -25,8 +25,18 @@ def test_docker_compose_config_is_valid():
 
 def test_stack_has_every_component():
     names = set(services())
-    assert {"trainer", "signer", "archiver", "tokenscan", "deps", "paths", "seaweedfs", "prometheus",
-            "alertmanager", "grafana"} <= names
+    assert {
+        "trainer",
+        "signer",
+        "archiver",
+        "tokenscan",
+        "deps",
+        "paths",
+        "seaweedfs",
+        "prometheus",
+        "alertmanager",
+        "grafana",
+    } <= names
 
 
 WARDEN = sorted(name for name, svc in services().items() if str(svc.get("image", "")).startswith("warden"))

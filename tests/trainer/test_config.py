@@ -94,9 +94,11 @@ def test_preflight_names_a_read_only_checkpoint_root(make_config, tmp_path):
     _, path = make_config()
     ro = tmp_path / "ro"
     (ro / "checkpoints").mkdir(parents=True)
-    script = (f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && "
-              f"exec {sys.executable} -m sidecars.cli train --config {path} --run-dir {tmp_path / 'run'} "
-              f"--set checkpoint.root={ro / 'checkpoints'}")
+    script = (
+        f"mount --bind {ro} {ro} && mount -o remount,bind,ro {ro} && "
+        f"exec {sys.executable} -m sidecars.cli train --config {path} --run-dir {tmp_path / 'run'} "
+        f"--set checkpoint.root={ro / 'checkpoints'}"
+    )
     result = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "checkpoint root" in result.stderr and "read-only file system (EROFS)" in result.stderr
