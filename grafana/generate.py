@@ -1,0 +1,1113 @@
+#!/usr/bin/env python3
+"""Writes Warden's Grafana dashboards: the dashboards are code, the committed JSON is its output.
+
+Usage: ``python grafana/generate.py`` rewrites ``grafana/dashboards/*.json`` and
+``grafana/metrics-used.json``; ``python grafana/generate.py --check`` writes nothing and exits 1
+(naming the stale files) when the committed files differ from what this script produces.
+
+Contracts:
+
+- Output is byte-stable: ``json.dumps(sort_keys=True, indent=2)`` plus a trailing newline, panel
+  ids numbered in layout order, grid positions computed by :func:`layout`.
+- Every panel and query uses the datasource variable (:data:`DATASOURCE`); every panel but a
+  row sets ``fieldConfig.defaults.unit``.
+- ``metrics-used.json`` is the sorted list of every metric name a panel, annotation or variable
+  query names, read from the parsed queries (PyPI ``promql-parser``; only this file needs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DASHBOARD_DIR = HERE / "dashboards"
+METRICS_FILE = HERE / "metrics-used.json"
+
+Json = dict[str, Any]
+
+DATASOURCE: Json = {"type": "prometheus", "uid": "${datasource}"}
+SCHEMA_VERSION = 41
+TAGS = ["warden"]
+RATE = "$__rate_interval"
+INSTANCE = 'instance=~"$instance"'
+GRID_WIDTH = 24
+FIRING_ALERTS_EXCLUDED = 'alertname!="Watchdog"'
+
+GREEN, YELLOW, RED, BLUE = "green", "yellow", "red", "blue"
+
+
+# --------------------------------------------------------------------------- panel builders
+
+
+def target(expr: str, legend: str = "", *, instant: bool = False, fmt: str = "time_series") -> Json:
+    """One Prometheus query; ``refId`` is filled in by :func:`panel`."""
+    return {
+        "datasource": DATASOURCE,
+        "editorMode": "code",
+        "expr": expr,
+        "format": fmt,
+        "instant": instant,
+        "legendFormat": legend or "__auto",
+        "range": not instant,
+    }
+
+
+def thresholds(*steps: tuple[float | None, str]) -> Json:
+    """Absolute thresholds; the first step's value is ``None`` (minus infinity)."""
+    return {"mode": "absolute", "steps": [{"color": color, "value": value} for value, color in steps]}
+
+
+def value_map(mapping: dict[str, tuple[str, str]]) -> list[Json]:
+    """A value mapping ``{"1": ("UP", "green")}`` in Grafana's form."""
+    options = {
+        key: {"color": color, "index": index, "text": text}
+        for index, (key, (text, color)) in enumerate(mapping.items())
+    }
+    return [{"options": options, "type": "value"}]
+
+
+@dataclass
+class Spec:
+    """A panel before layout: what :func:`layout` needs besides the panel body."""
+
+    body: Json
+    w: int
+    h: int
+
+
+def panel(
+    kind: str,
+    title: str,
+    targets: Sequence[Json],
+    unit: str,
+    *,
+    w: int,
+    h: int,
+    description: str = "",
+    options: Json | None = None,
+    defaults: Json | None = None,
+    custom: Json | None = None,
+) -> Spec:
+    """A panel of plugin ``kind`` whose fields all display in ``unit``."""
+    field_defaults: Json = {"unit": unit, **(defaults or {})}
+    if custom is not None:
+        field_defaults["custom"] = custom
+    body: Json = {
+        "datasource": DATASOURCE,
+        "description": description,
+        "fieldConfig": {"defaults": field_defaults, "overrides": []},
+        "options": options or {},
+        "targets": [{**t, "refId": chr(ord("A") + i)} for i, t in enumerate(targets)],
+        "title": title,
+        "type": kind,
+    }
+    return Spec(body, w, h)
+
+
+def stat(
+    title: str,
+    expr: str,
+    unit: str,
+    *,
+    w: int = 3,
+    h: int = 4,
+    description: str = "",
+    steps: Sequence[tuple[float | None, str]] = ((None, BLUE),),
+    mappings: list[Json] | None = None,
+    no_value: str = "no data",
+    legend: str = "",
+    text_mode: str = "value",
+) -> Spec:
+    """A single-value panel of an instant query, coloured by ``steps``."""
+    defaults: Json = {"color": {"mode": "thresholds"}, "noValue": no_value, "thresholds": thresholds(*steps)}
+    if mappings:
+        defaults["mappings"] = mappings
+    options = {
+        "colorMode": "background" if mappings else "value",
+        "graphMode": "none",
+        "justifyMode": "center",
+        "orientation": "auto",
+        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        "textMode": text_mode,
+    }
+    targets = [target(expr, legend, instant=True)]
+    return panel("stat", title, targets, unit, w=w, h=h, description=description, options=options, defaults=defaults)
+
+
+def timeseries(
+    title: str,
+    queries: Sequence[tuple[str, str]],
+    unit: str,
+    *,
+    w: int = 12,
+    h: int = 8,
+    description: str = "",
+    interpolation: str = "linear",
+    steps: Sequence[tuple[float | None, str]] = ((None, GREEN),),
+    threshold_style: str = "off",
+    minimum: float | None = None,
+) -> Spec:
+    """A graph of ``(expr, legend)`` queries over time."""
+    custom = {
+        "drawStyle": "line",
+        "fillOpacity": 10,
+        "lineInterpolation": interpolation,
+        "lineWidth": 1,
+        "showPoints": "never",
+        "spanNulls": False,
+        "thresholdsStyle": {"mode": threshold_style},
+    }
+    defaults: Json = {"color": {"mode": "palette-classic"}, "thresholds": thresholds(*steps)}
+    if minimum is not None:
+        defaults["min"] = minimum
+    options = {
+        "legend": {"calcs": ["lastNotNull", "max"], "displayMode": "table", "placement": "bottom", "showLegend": True},
+        "tooltip": {"mode": "multi", "sort": "desc"},
+    }
+    targets = [target(expr, legend) for expr, legend in queries]
+    return panel(
+        "timeseries",
+        title,
+        targets,
+        unit,
+        w=w,
+        h=h,
+        description=description,
+        options=options,
+        defaults=defaults,
+        custom=custom,
+    )
+
+
+def heatmap(title: str, bucket_metric: str, *, w: int = 8, h: int = 8, description: str = "", scheme: str) -> Spec:
+    """A latency heatmap straight from a histogram's ``_bucket`` series (bounds in seconds)."""
+    expr = f"sum by (le) (rate({bucket_metric}[{RATE}]))"
+    options = {
+        "calculate": False,
+        "cellGap": 1,
+        "color": {"exponent": 0.5, "fill": "dark-orange", "mode": "scheme", "scale": "exponential", "scheme": scheme},
+        "filterValues": {"le": 1e-9},
+        "legend": {"show": True},
+        "rowsFrame": {"layout": "auto"},
+        "tooltip": {"mode": "single", "showColorScale": False, "yHistogram": True},
+        "yAxis": {"axisPlacement": "left", "reverse": False, "unit": "s"},
+    }
+    custom = {"hideFrom": {"legend": False, "tooltip": False, "viz": False}, "scaleDistribution": {"type": "linear"}}
+    targets = [target(expr, "{{le}}", fmt="heatmap")]
+    return panel("heatmap", title, targets, "s", w=w, h=h, description=description, options=options, custom=custom)
+
+
+def state_timeline(title: str, queries: Sequence[tuple[str, str]], *, w: int, h: int, description: str) -> Spec:
+    """Rows of yes/no states over time: each query returns 1 while its event or condition holds."""
+    mappings = value_map({"0": ("", "transparent"), "1": ("yes", GREEN)})
+    defaults: Json = {
+        "color": {"mode": "thresholds"},
+        "mappings": mappings,
+        "thresholds": thresholds((None, "transparent"), (1, GREEN)),
+    }
+    custom = {"fillOpacity": 80, "hideFrom": {"legend": False, "tooltip": False, "viz": False}, "lineWidth": 0}
+    options = {
+        "alignValue": "left",
+        "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False},
+        "mergeValues": True,
+        "rowHeight": 0.8,
+        "showValue": "never",
+        "tooltip": {"mode": "single", "sort": "none"},
+    }
+    targets = [target(expr, legend) for expr, legend in queries]
+    return panel(
+        "state-timeline",
+        title,
+        targets,
+        "none",
+        w=w,
+        h=h,
+        description=description,
+        options=options,
+        defaults=defaults,
+        custom=custom,
+    )
+
+
+def alerts_table(title: str, expr: str, *, w: int, h: int, description: str) -> Spec:
+    """A table of alert series (one row per alert, its labels as columns)."""
+    spec = panel(
+        "table",
+        title,
+        [target(expr, instant=True, fmt="table")],
+        "none",
+        w=w,
+        h=h,
+        description=description,
+        options={"cellHeight": "sm", "footer": {"show": False}, "showHeader": True, "sortBy": []},
+        defaults={"noValue": "no alert is firing"},
+    )
+    hidden = {"Time": True, "Value": True, "__name__": True, "alertstate": True}
+    spec.body["transformations"] = [{"id": "organize", "options": {"excludeByName": hidden}}]
+    return spec
+
+
+# --------------------------------------------------------------------------- layout
+
+
+@dataclass
+class Row:
+    """A titled row of panels; a collapsed row holds its panels inside it (queried when opened)."""
+
+    title: str
+    panels: list[Spec] = field(default_factory=list)
+    collapsed: bool = False
+
+
+def _place(specs: Sequence[Spec], top: int, next_id: Callable[[], int]) -> tuple[list[Json], int]:
+    """Flows ``specs`` left to right from row ``top``; returns the panels and the first free row."""
+    placed: list[Json] = []
+    x, y, line_h = 0, top, 0
+    for spec in specs:
+        if x + spec.w > GRID_WIDTH:
+            x, y, line_h = 0, y + line_h, 0
+        placed.append({**spec.body, "gridPos": {"h": spec.h, "w": spec.w, "x": x, "y": y}, "id": next_id()})
+        x, line_h = x + spec.w, max(line_h, spec.h)
+    return placed, y + line_h
+
+
+def layout(rows: Sequence[Row]) -> list[Json]:
+    """The dashboard's ``panels``: each row, then (unless collapsed) its panels; ids count from 1."""
+    counter = iter(range(1, 10_000))
+
+    def next_id() -> int:
+        return next(counter)
+
+    out: list[Json] = []
+    y = 0
+    for row in rows:
+        row_panel: Json = {
+            "collapsed": row.collapsed,
+            "gridPos": {"h": 1, "w": GRID_WIDTH, "x": 0, "y": y},
+            "id": next_id(),
+            "panels": [],
+            "title": row.title,
+            "type": "row",
+        }
+        out.append(row_panel)
+        placed, bottom = _place(row.panels, y + 1, next_id)
+        if row.collapsed:
+            row_panel["panels"] = placed
+            y += 1
+        else:
+            out.extend(placed)
+            y = bottom
+    return out
+
+
+# --------------------------------------------------------------------------- dashboard frame
+
+DATASOURCE_VARIABLE: Json = {
+    "hide": 0,
+    "includeAll": False,
+    "label": "Data source",
+    "multi": False,
+    "name": "datasource",
+    "options": [],
+    "query": "prometheus",
+    "refresh": 1,
+    "regex": "",
+    "skipUrlSync": False,
+    "type": "datasource",
+}
+
+BUILTIN_ANNOTATION: Json = {
+    "builtIn": 1,
+    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+    "enable": True,
+    "hide": True,
+    "iconColor": "rgba(0, 211, 255, 1)",
+    "name": "Annotations & Alerts",
+    "target": {"limit": 100, "matchAny": False, "tags": [], "type": "dashboard"},
+    "type": "dashboard",
+}
+
+WARDEN_LINK: Json = {
+    "asDropdown": False,
+    "icon": "external link",
+    "includeVars": True,
+    "keepTime": True,
+    "tags": TAGS,
+    "targetBlank": False,
+    "title": "Warden dashboards",
+    "tooltip": "",
+    "type": "dashboards",
+}
+
+
+def annotation(name: str, expr: str, title: str, color: str) -> Json:
+    """A Prometheus annotation: a marker wherever ``expr`` returns a series."""
+    return {
+        "datasource": DATASOURCE,
+        "enable": True,
+        "expr": expr,
+        "hide": False,
+        "iconColor": color,
+        "name": name,
+        "step": "60s",
+        "titleFormat": title,
+        "useValueForTime": False,
+    }
+
+
+def dashboard(
+    uid: str,
+    title: str,
+    description: str,
+    rows: Sequence[Row],
+    variables: Sequence[Json] = (),
+    annotations: Sequence[Json] = (),
+) -> Json:
+    """The dashboard object around ``rows`` (datasource variable first, built-in annotations first)."""
+    return {
+        "annotations": {"list": [BUILTIN_ANNOTATION, *annotations]},
+        "description": description,
+        "editable": True,
+        "fiscalYearStartMonth": 0,
+        "graphTooltip": 1,
+        "links": [WARDEN_LINK],
+        "liveNow": False,
+        "panels": layout(rows),
+        "refresh": "30s",
+        "schemaVersion": SCHEMA_VERSION,
+        "tags": TAGS,
+        "templating": {"list": [DATASOURCE_VARIABLE, *variables]},
+        "time": {"from": "now-6h", "to": "now"},
+        "timepicker": {},
+        "timezone": "browser",
+        "title": title,
+        "uid": uid,
+        "version": 1,
+    }
+
+
+# --------------------------------------------------------------------------- overview
+
+UP_MAPPINGS = {"0": ("DOWN", RED), "1": ("UP", GREEN)}
+
+
+def up_stat(job: str) -> Spec:
+    return stat(
+        "Up",
+        f'min(up{{job="{job}"}})',
+        "none",
+        description=f"Prometheus scrape of the {job} target (absent: not scraped at all).",
+        steps=((None, RED), (1, GREEN)),
+        mappings=value_map(UP_MAPPINGS),
+        no_value="absent",
+    )
+
+
+def since_stat(title: str, timestamp_selector: str, *, description: str, warn: float, crit: float) -> Spec:
+    """Seconds since the newest non-zero Unix timestamp of ``timestamp_selector``."""
+    return stat(
+        title,
+        f"time() - max({timestamp_selector} > 0)",
+        "s",
+        description=description,
+        steps=((None, GREEN), (warn, YELLOW), (crit, RED)),
+        no_value="never",
+    )
+
+
+def firing_stat(job: str) -> Spec:
+    return stat(
+        "Firing alerts",
+        f'count(ALERTS{{alertstate="firing", job="{job}"}}) or vector(0)',
+        "none",
+        description=f"Alerts firing now whose job label is {job}.",
+        steps=((None, GREEN), (1, RED)),
+    )
+
+
+def count_stat(title: str, expr: str, *, description: str, warn: float = 1, unit: str = "none") -> Spec:
+    """A figure that is fine at 0 and red from ``warn`` up."""
+    return stat(title, expr, unit, description=description, steps=((None, GREEN), (warn, RED)))
+
+
+def sidecar_lag(name: str) -> Spec:
+    return count_stat(
+        "Lag",
+        f'max(warden_sidecar_lag_events{{sidecar="{name}"}})',
+        description="Journal events written but not handled yet.",
+        warn=100,
+    )
+
+
+def sidecar_errors(name: str) -> Spec:
+    return count_stat(
+        "Errors (1h)",
+        f'sum(increase(warden_sidecar_errors_total{{sidecar="{name}"}}[1h]))',
+        description="Handler, check and journal failures in the last hour.",
+    )
+
+
+def sidecar_success(name: str, warn: float, crit: float) -> Spec:
+    return since_stat(
+        "Last success",
+        f'warden_sidecar_last_success_timestamp_seconds{{sidecar="{name}"}}',
+        description="Time since the last event or check the sidecar completed.",
+        warn=warn,
+        crit=crit,
+    )
+
+
+def component_row(job: str, title: str, last_success: Spec, figures: Sequence[Spec]) -> Row:
+    """One overview row: up, last success, the key figures, firing alerts."""
+    return Row(title, [up_stat(job), last_success, *figures, firing_stat(job)])
+
+
+def trainer_row() -> Row:
+    last_step = since_stat(
+        "Last step",
+        "warden_trainer_last_step_timestamp_seconds",
+        description="Time since the trainer completed a PPO step.",
+        warn=300,
+        crit=900,
+    )
+    figures = [
+        stat("Step", "max(warden_trainer_last_step)", "none", description="Number of the last completed step."),
+        stat("Reward (mean)", "avg(warden_trainer_reward_mean)", "none", description="Mean reward of the last step."),
+        stat(
+            "Generated tokens/s",
+            "sum(warden_trainer_generated_tokens_per_second)",
+            "short",
+            description="Response tokens generated per second in the last rollout.",
+        ),
+        stat("KL", "max(warden_trainer_kl)", "none", description="KL to the reference policy (nats/token)."),
+        since_stat(
+            "Last checkpoint",
+            "warden_trainer_last_checkpoint_timestamp_seconds",
+            description="Age of the newest complete checkpoint.",
+            warn=1800,
+            crit=3600,
+        ),
+    ]
+    return component_row("trainer", "Trainer", last_step, figures)
+
+
+def signer_row() -> Row:
+    figures = [
+        sidecar_lag("signer"),
+        sidecar_errors("signer"),
+        stat("Signed", "sum(warden_signer_signed_total)", "none", description="Checkpoints signed since start."),
+        count_stat(
+            "Unsigned",
+            "max(warden_signer_unsigned_checkpoints)",
+            description="Complete checkpoints without a signature yet.",
+            warn=2,
+        ),
+        count_stat(
+            "Invalid",
+            "max(warden_signer_invalid_checkpoints)",
+            description="Signed checkpoints whose last re-verification failed.",
+        ),
+    ]
+    return component_row("signer", "Signer", sidecar_success("signer", 900, 3600), figures)
+
+
+def archiver_row() -> Row:
+    figures = [
+        sidecar_lag("archiver"),
+        sidecar_errors("archiver"),
+        stat(
+            "Archived",
+            "sum(warden_archiver_records_archived_total)",
+            "none",
+            description="Records confirmed in the store since start.",
+        ),
+        count_stat(
+            "Spool depth",
+            "max(warden_archiver_spool_depth)",
+            description="Signed records waiting locally for the store.",
+            warn=10,
+        ),
+        stat(
+            "Store",
+            "min(warden_archiver_store_up)",
+            "none",
+            description="Whether the last store request succeeded.",
+            steps=((None, RED), (1, GREEN)),
+            mappings=value_map(UP_MAPPINGS),
+        ),
+    ]
+    return component_row("archiver", "Archiver", sidecar_success("archiver", 900, 3600), figures)
+
+
+def tokenscan_row() -> Row:
+    figures = [
+        sidecar_lag("tokenscan"),
+        sidecar_errors("tokenscan"),
+        count_stat(
+            "Critical/high findings",
+            'sum(warden_tokenscan_findings{severity=~"critical|high"})',
+            description="Findings of severity critical or high in the last scans.",
+        ),
+        count_stat(
+            "Drifting directories",
+            "sum(warden_tokenscan_drift)",
+            description="Watched directories that differ from their approved manifest.",
+        ),
+        stat(
+            "Watched directories",
+            "max(warden_tokenscan_watched_directories)",
+            "none",
+            description="Tokenizer and model directories being watched.",
+        ),
+    ]
+    return component_row("tokenscan", "Tokenizer scanner", sidecar_success("tokenscan", 3600, 7200), figures)
+
+
+def deps_row() -> Row:
+    figures = [
+        sidecar_errors("deps"),
+        count_stat(
+            "Vulnerabilities",
+            "sum(warden_deps_vulnerabilities)",
+            description="Known vulnerabilities in the audited environment (not ignored).",
+        ),
+        count_stat(
+            "Tampered files",
+            "max(warden_deps_tampered_files)",
+            description="Installed files that differ from RECORD, the baseline or their source.",
+        ),
+        count_stat(
+            "Drifting packages",
+            "sum(warden_deps_drift_packages)",
+            description="Packages that differ from the lock (missing, extra, wrong version, ...).",
+        ),
+        since_stat(
+            "Last complete audit",
+            "warden_deps_last_complete_audit_timestamp_seconds",
+            description="Age of the last audit that checked everything.",
+            warn=86400,
+            crit=172800,
+        ),
+    ]
+    return component_row("deps", "Dependencies", sidecar_success("deps", 86400, 172800), figures)
+
+
+def paths_row() -> Row:
+    figures = [
+        sidecar_errors("paths"),
+        count_stat(
+            "Unhealthy paths",
+            "count(warden_path_up == 0) or vector(0)",
+            description="Watched paths whose last probe failed an expectation.",
+        ),
+        count_stat("Stuck probes", "sum(warden_path_stuck)", description="Probes past their deadline (a hung mount)."),
+        stat(
+            "Lowest free space",
+            "min(warden_path_free_bytes)",
+            "bytes",
+            description="Free bytes on the fullest watched filesystem.",
+        ),
+        stat(
+            "Lowest free fraction",
+            "min(warden_path_free_bytes / warden_path_size_bytes)",
+            "percentunit",
+            description="Free share of the fullest watched filesystem.",
+            steps=((None, RED), (0.05, YELLOW), (0.15, GREEN)),
+        ),
+    ]
+    return component_row("paths", "Paths", sidecar_success("paths", 300, 900), figures)
+
+
+def alerts_row() -> Row:
+    return Row(
+        "Alerts",
+        [
+            alerts_table(
+                "Firing alerts",
+                f'ALERTS{{alertstate="firing", {FIRING_ALERTS_EXCLUDED}}}',
+                w=18,
+                h=6,
+                description="Every alert firing now (the Watchdog heartbeat left out).",
+            ),
+            count_stat(
+                "Firing",
+                f'count(ALERTS{{alertstate="firing", {FIRING_ALERTS_EXCLUDED}}}) or vector(0)',
+                description="Number of alerts firing now.",
+            ),
+            stat(
+                "Alert pipeline",
+                'count(ALERTS{alertname="Watchdog", alertstate="firing"})',
+                "none",
+                description="The always-firing Watchdog alert: absent means rule evaluation is broken.",
+                steps=((None, RED), (1, GREEN)),
+                mappings=value_map({"1": ("OK", GREEN)}),
+                no_value="broken",
+            ),
+        ],
+    )
+
+
+def hosts_row() -> Row:
+    """Node exporter and DCGM panels under their own metric names (queried when the row opens)."""
+    cpu = f'1 - avg by (instance) (rate(node_cpu_seconds_total{{mode="idle"}}[{RATE}]))'
+    return Row(
+        "Hosts and GPUs (node exporter, DCGM)",
+        [
+            timeseries("CPU busy", [(cpu, "{{instance}}")], "percentunit", w=6, minimum=0),
+            timeseries(
+                "Memory available",
+                [("node_memory_MemAvailable_bytes", "{{instance}}")],
+                "bytes",
+                w=6,
+                minimum=0,
+            ),
+            timeseries(
+                "GPU utilisation",
+                [("DCGM_FI_DEV_GPU_UTIL", "{{Hostname}} GPU {{gpu}}")],
+                "percent",
+                w=6,
+                minimum=0,
+            ),
+            timeseries(
+                "GPU memory used",
+                [("DCGM_FI_DEV_FB_USED", "{{Hostname}} GPU {{gpu}}")],
+                "mbytes",
+                w=6,
+                minimum=0,
+            ),
+        ],
+        collapsed=True,
+    )
+
+
+def overview() -> Json:
+    rows = [
+        alerts_row(),
+        trainer_row(),
+        signer_row(),
+        archiver_row(),
+        tokenscan_row(),
+        deps_row(),
+        paths_row(),
+        hosts_row(),
+    ]
+    return dashboard(
+        "warden-overview",
+        "Warden / Overview",
+        "One row per component: whether it is up, its last success, its key figures and its firing alerts.",
+        rows,
+    )
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+def tm(name: str, extra: str = "") -> str:
+    """A trainer metric selector limited to the chosen instances."""
+    return f"{name}{{{INSTANCE}{', ' + extra if extra else ''}}}"
+
+
+INSTANCE_VARIABLE: Json = {
+    "allValue": ".*",
+    "datasource": DATASOURCE,
+    "definition": "label_values(warden_trainer_last_step, instance)",
+    "hide": 0,
+    "includeAll": True,
+    "label": "Trainer",
+    "multi": True,
+    "name": "instance",
+    "options": [],
+    "query": "label_values(warden_trainer_last_step, instance)",
+    "refresh": 2,
+    "regex": "",
+    "skipUrlSync": False,
+    "sort": 1,
+    "type": "query",
+}
+
+
+def run_row() -> Row:
+    return Row(
+        "Run",
+        [
+            stat(
+                "Run",
+                tm("warden_trainer_run_info"),
+                "none",
+                w=6,
+                description="Run id of the trainer.",
+                legend="{{run_id}}",
+                text_mode="name",
+            ),
+            stat("Last step", f"max({tm('warden_trainer_last_step')})", "none", description="Last completed step."),
+            since_stat(
+                "Since last step",
+                tm("warden_trainer_last_step_timestamp_seconds"),
+                description="Time since a step completed (the no-progress alert fires at 15 minutes).",
+                warn=300,
+                crit=900,
+            ),
+            stat(
+                "Newest checkpoint",
+                f"max({tm('warden_trainer_last_checkpoint_step')})",
+                "none",
+                description="Step of the newest complete checkpoint.",
+            ),
+            since_stat(
+                "Since last checkpoint",
+                tm("warden_trainer_last_checkpoint_timestamp_seconds"),
+                description="Age of the newest complete checkpoint (the overdue alert fires at 1 hour).",
+                warn=1800,
+                crit=3600,
+            ),
+            count_stat(
+                "OOM events",
+                f"sum(increase({tm('warden_trainer_oom_events_total')}[$__range])) or vector(0)",
+                description="Out-of-memory errors caught in the time range, all phases.",
+            ),
+            count_stat(
+                "Checkpoint write failures",
+                f"sum(increase({tm('warden_trainer_checkpoint_write_failures_total')}[$__range])) or vector(0)",
+                description="Checkpoint writes that failed in the time range.",
+            ),
+        ],
+    )
+
+
+def learning_row() -> Row:
+    return Row(
+        "Reward and KL",
+        [
+            timeseries(
+                "Reward",
+                [(tm("warden_trainer_reward_mean"), "mean"), (tm("warden_trainer_reward_max"), "max")],
+                "none",
+                description="Mean and max reward of each step.",
+            ),
+            timeseries(
+                "KL to the reference policy",
+                [(tm("warden_trainer_kl"), "KL (nats/token)"), (tm("warden_trainer_kl_coef"), "KL coefficient")],
+                "none",
+                description="Mean per-token KL of the policy to the reference, and the current KL penalty coefficient.",
+                steps=((None, GREEN), (10, RED)),
+                threshold_style="dashed",
+            ),
+        ],
+    )
+
+
+def losses_row() -> Row:
+    return Row(
+        "Losses",
+        [
+            timeseries(
+                "Losses",
+                [(tm("warden_trainer_policy_loss"), "policy"), (tm("warden_trainer_value_loss"), "value")],
+                "none",
+                w=6,
+                description="PPO policy (clipped surrogate) and value losses of each step.",
+            ),
+            timeseries("Entropy", [(tm("warden_trainer_entropy"), "entropy")], "none", w=6, description="nats/token."),
+            timeseries(
+                "Clip fraction",
+                [(tm("warden_trainer_clip_fraction"), "clipped")],
+                "percentunit",
+                w=6,
+                description="Share of tokens whose ratio PPO clipped.",
+                minimum=0,
+            ),
+            timeseries(
+                "Gradient norm",
+                [(tm("warden_trainer_grad_norm"), "grad norm")],
+                "none",
+                w=6,
+                description="Actor gradient norm before clipping.",
+                minimum=0,
+            ),
+        ],
+    )
+
+
+def throughput_row() -> Row:
+    steps = f"60 * sum(rate({tm('warden_trainer_steps_total')}[{RATE}]))"
+    return Row(
+        "Throughput and latency",
+        [
+            timeseries(
+                "Generated tokens/s",
+                [(tm("warden_trainer_generated_tokens_per_second"), "{{instance}}")],
+                "short",
+                w=8,
+                description="Response tokens generated per second in each rollout.",
+                minimum=0,
+            ),
+            heatmap(
+                "Step latency",
+                tm("warden_trainer_step_duration_seconds_bucket"),
+                description="Wall time of PPO steps (histogram buckets).",
+                scheme="Oranges",
+            ),
+            heatmap(
+                "Rollout latency",
+                tm("warden_trainer_rollout_duration_seconds_bucket"),
+                description="Wall time of rollouts (generation), histogram buckets.",
+                scheme="Blues",
+            ),
+            timeseries(
+                "p95 latency (10 min)",
+                [
+                    (tm("warden_trainer_step_duration_p95_seconds"), "step {{instance}}"),
+                    (tm("warden_trainer_rollout_duration_p95_seconds"), "rollout {{instance}}"),
+                ],
+                "s",
+                description="The recording rules the alerts use; the rollout-slow alert fires above 0.5 s.",
+                steps=((None, GREEN), (0.5, RED)),
+                threshold_style="dashed",
+                minimum=0,
+            ),
+            timeseries("Steps per minute", [(steps, "steps/min")], "short", description="PPO step rate.", minimum=0),
+        ],
+    )
+
+
+def signature_stats() -> list[Spec]:
+    return [
+        since_stat(
+            "Since last signature",
+            "warden_signer_last_signed_timestamp_seconds",
+            description="Time since the signer wrote a signature.",
+            warn=1800,
+            crit=3600,
+        ),
+        stat(
+            "Unsigned checkpoint age",
+            "max(warden_signer_unsigned_checkpoint_age_seconds)",
+            "s",
+            description="Age of the newest complete but unsigned checkpoint (0: all signed).",
+            steps=((None, GREEN), (300, YELLOW), (600, RED)),
+        ),
+        count_stat(
+            "Invalid checkpoints",
+            "max(warden_signer_invalid_checkpoints)",
+            description="Signed checkpoints whose last re-verification failed.",
+        ),
+        stat(
+            "Signatures",
+            "sum(increase(warden_signer_signed_total[$__range]))",
+            "none",
+            description="Signatures written in the time range.",
+        ),
+    ]
+
+
+def checkpoint_row() -> Row:
+    written = f"max(changes({tm('warden_trainer_last_checkpoint_timestamp_seconds')}[{RATE}])) > bool 0"
+    signed = f"sum(increase(warden_signer_signed_total[{RATE}])) > bool 0"
+    stats = signature_stats()
+    for spec in stats:
+        spec.w = GRID_WIDTH // len(stats)
+    timeline = state_timeline(
+        "Checkpoint and signature timeline",
+        [
+            (written, "checkpoint written"),
+            (signed, "checkpoint signed"),
+            ("max(warden_signer_unsigned_checkpoints) > bool 0", "unsigned checkpoint waiting"),
+            ("max(warden_signer_invalid_checkpoints) > bool 0", "signed checkpoint invalid"),
+        ],
+        w=GRID_WIDTH,
+        h=6,
+        description="When checkpoints were written and signed, and when one waited unsigned or failed re-verification.",
+    )
+    progress = timeseries(
+        "Steps and checkpoints",
+        [
+            (f"max({tm('warden_trainer_last_step')})", "last step"),
+            (f"max({tm('warden_trainer_last_checkpoint_step')})", "newest checkpoint"),
+        ],
+        "none",
+        w=GRID_WIDTH,
+        description="The gap between the lines is the work a crash would lose.",
+        interpolation="stepAfter",
+    )
+    return Row("Checkpoints and signatures", [*stats, timeline, progress])
+
+
+def vllm_row() -> Row:
+    ttft = "vllm:time_to_first_token_seconds_bucket"
+    itl = f"histogram_quantile(0.95, sum by (le) (rate(vllm:inter_token_latency_seconds_bucket[{RATE}])))"
+    return Row(
+        "Rollout engine (vLLM)",
+        [
+            timeseries(
+                "Requests",
+                [("sum(vllm:num_requests_running)", "running"), ("sum(vllm:num_requests_waiting)", "waiting")],
+                "none",
+                w=8,
+                minimum=0,
+            ),
+            timeseries("KV cache usage", [("max(vllm:kv_cache_usage_perc)", "used")], "percentunit", w=8, minimum=0),
+            timeseries(
+                "Generation tokens/s",
+                [(f"sum(rate(vllm:generation_tokens_total[{RATE}]))", "tokens/s")],
+                "short",
+                w=8,
+                minimum=0,
+            ),
+            heatmap("Time to first token", ttft, w=12, scheme="Purples"),
+            timeseries("Inter-token latency p95", [(itl, "p95")], "s", minimum=0),
+        ],
+        collapsed=True,
+    )
+
+
+def gpu_row() -> Row:
+    legend = "{{Hostname}} GPU {{gpu}}"
+    return Row(
+        "GPUs (DCGM)",
+        [
+            timeseries("GPU utilisation", [("DCGM_FI_DEV_GPU_UTIL", legend)], "percent", w=8, minimum=0),
+            timeseries("GPU memory used", [("DCGM_FI_DEV_FB_USED", legend)], "mbytes", w=8, minimum=0),
+            timeseries("GPU power", [("DCGM_FI_DEV_POWER_USAGE", legend)], "watt", w=8, minimum=0),
+        ],
+        collapsed=True,
+    )
+
+
+def trainer() -> Json:
+    annotations = [
+        annotation(
+            "Checkpoints",
+            f"changes({tm('warden_trainer_last_checkpoint_step')}[1m]) > 0",
+            "checkpoint written",
+            BLUE,
+        ),
+        annotation("Signatures", "increase(warden_signer_signed_total[1m]) > 0", "checkpoint signed", GREEN),
+        annotation("OOM", f"increase({tm('warden_trainer_oom_events_total')}[1m]) > 0", "OOM in {{phase}}", RED),
+    ]
+    rows = [run_row(), learning_row(), losses_row(), throughput_row(), checkpoint_row(), vllm_row(), gpu_row()]
+    return dashboard(
+        "warden-trainer",
+        "Warden / Trainer",
+        "PPO trainer: reward, KL, losses, throughput, latency heatmaps, checkpoints and their signatures.",
+        rows,
+        variables=[INSTANCE_VARIABLE],
+        annotations=annotations,
+    )
+
+
+DASHBOARDS: dict[str, Callable[[], Json]] = {"overview.json": overview, "trainer.json": trainer}
+
+
+# --------------------------------------------------------------------------- queries and metric names
+
+_VARIABLE = re.compile(r"\$(?:\{(\w+)(?::\w+)?\}|(\w+))")
+_DURATION_VARIABLES = {"__interval", "__rate_interval", "__range"}
+_LABEL_VALUES = re.compile(r"^label_values\((?:(.*),\s*)?\w+\)$")
+
+
+def expand_variables(expr: str) -> str:
+    """``expr`` with Grafana variables replaced so that it parses: durations by ``5m``, others by ``x``."""
+
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        return "5m" if name in _DURATION_VARIABLES else "x"
+
+    return _VARIABLE.sub(sub, expr)
+
+
+def walk_panels(panels: Sequence[Json]) -> Iterator[Json]:
+    """Every panel, rows and the panels inside collapsed rows included."""
+    for p in panels:
+        yield p
+        yield from walk_panels(p.get("panels", []))
+
+
+def queries(board: Json) -> Iterator[str]:
+    """Every PromQL expression of ``board``: panel targets, annotations, ``label_values`` selectors."""
+    for p in walk_panels(board.get("panels", [])):
+        for t in p.get("targets", []):
+            yield t["expr"]
+    for a in board["annotations"]["list"]:
+        if "expr" in a:
+            yield a["expr"]
+    for v in board["templating"]["list"]:
+        match = _LABEL_VALUES.match(v["query"]) if v["type"] == "query" else None
+        if match and match.group(1):
+            yield match.group(1)
+
+
+def metric_names(expr: str) -> set[str]:
+    """Metric names ``expr`` selects (after :func:`expand_variables`); raises ValueError if it does not parse."""
+    import promql_parser  # a development dependency, needed only here
+
+    names: set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, promql_parser.VectorSelector):
+            if node.name:
+                names.add(node.name)
+            names.update(m.value for m in node.matchers.matchers if m.name == "__name__")
+
+    promql_parser.walk(promql_parser.parse(expand_variables(expr)), visit)
+    return names
+
+
+def metrics_used(boards: Sequence[Json]) -> list[str]:
+    """Sorted metric names of every query of ``boards``."""
+    return sorted({name for board in boards for expr in queries(board) for name in metric_names(expr)})
+
+
+# --------------------------------------------------------------------------- output
+
+
+def to_json(obj: Any) -> str:
+    """The byte-stable text form: sorted keys, two-space indent, ASCII, trailing newline."""
+    return json.dumps(obj, indent=2, sort_keys=True) + "\n"
+
+
+def render() -> dict[Path, str]:
+    """Every generated file and its exact text."""
+    boards = {DASHBOARD_DIR / name: build() for name, build in DASHBOARDS.items()}
+    out = {path: to_json(board) for path, board in boards.items()}
+    out[METRICS_FILE] = to_json(metrics_used(list(boards.values())))
+    return out
+
+
+def stale(files: dict[Path, str]) -> list[Path]:
+    """The files whose committed text differs from ``files`` (missing ones included)."""
+    return [path for path, text in files.items() if not path.is_file() or path.read_text() != text]
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replaces ``path`` in one rename, so Grafana never reads half a dashboard."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Generate Warden's Grafana dashboards.")
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a generated file is stale")
+    args = parser.parse_args(argv)
+    files = render()
+    if args.check:
+        old = stale(files)
+        for path in old:
+            print(f"stale: {path.relative_to(HERE.parent)} (run: python grafana/generate.py)", file=sys.stderr)
+        return 1 if old else 0
+    DASHBOARD_DIR.mkdir(parents=True, exist_ok=True)
+    for path, text in files.items():
+        write_atomically(path, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
