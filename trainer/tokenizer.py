@@ -20,6 +20,7 @@ from typing import Any
 
 from sidecars.errors import ViolationError, WardenError
 from sidecars.tokenscan import Manifest, TokenscanPolicy, coerce_policy, scan_directory
+from sidecars.tokenscan.chat_template import stop_worker
 from sidecars.tokenscan.manifest import describe_diff
 from sidecars.tokenscan.scanner import directory_manifest
 
@@ -79,7 +80,10 @@ def load_tokenizer(path: str, allowed_classes: Iterable[str], policy: TokenscanP
     effective = guard_policy(allowed, policy)
     _preconditions(path)
     before = _tokenizer_manifest(path, effective)
-    check_tokenizer_dir(path, allowed, effective)
+    try:
+        check_tokenizer_dir(path, allowed, effective)
+    finally:
+        stop_worker()  # no idle template sandbox process left beside the trainer
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import AutoTokenizer
 

@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""Tokenizer/model scanner benchmark (issue 6): cost, and detection against picklescan and modelscan.
+
+1. Detection: the test corpus (``tests/sidecars/tokenscan/conftest.py``: a benign tokenizer and
+   one malicious variant per check) through ``warden scan`` (library), ``picklescan -p DIR`` and
+   ``modelscan -p DIR`` (their CLIs; exit 1 = they flagged something). Prints what each catches.
+2. A ``--size-mb`` model directory (tokenizer files + safetensors shards of random data):
+   our scan with and without the SHA-256 manifest, against the anchor of plain threaded
+   ``hashlib.sha256`` over the same files (page cache warm; best of ``--repeat``).
+3. ``--dirs`` tokenizer directories (copies of the benign one, with a chat template): our scan
+   in-process (templates identical -> one sandbox render, and all distinct -> one render each),
+   the CLI (one process), against the anchor of loading each with ``AutoTokenizer.from_pretrained``
+   (what the trainer does anyway); picklescan/modelscan over the same parent folder.
+
+Not a test: absolute numbers depend on the machine; the ratios are the result.
+
+    .venv/bin/python bench/bench_tokenscan.py [--size-mb 500] [--dirs 50] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from sidecars.tokenscan import chat_template as ct  # noqa: E402
+from sidecars.tokenscan import default_policy, scan_directory  # noqa: E402
+
+MIB = 1 << 20
+BIN = Path(sys.executable).parent
+
+
+def load_corpus_module():
+    path = ROOT / "tests" / "sidecars" / "tokenscan" / "conftest.py"
+    spec = importlib.util.spec_from_file_location("tokenscan_corpus_builder", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def tool(name: str) -> str | None:
+    path = BIN / name
+    return str(path) if path.exists() else shutil.which(name)
+
+
+def run_tool(cmd: list[str]) -> tuple[int, float]:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, timeout=600)
+    return proc.returncode, time.perf_counter() - start
+
+
+def best_of(repeat: int, fn: Callable[[], object]) -> float:
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+# -- 1. detection --------------------------------------------------------------------------
+def detection(work: Path, corpus) -> None:
+    benign, outside = work / "benign", work / "outside"
+    corpus.build_benign_tokenizer(benign)
+    outside.mkdir()
+    (outside / "merges.txt").write_text("#version: 0.2\n")
+    from sidecars.policy import policy_from_mapping
+    from sidecars.tokenscan import TokenscanPolicy
+
+    policy = policy_from_mapping(corpus.TEST_POLICY, TokenscanPolicy)  # the tests' policy: .json cap 1 MiB
+    ps, ms = tool("picklescan"), tool("modelscan")
+    rows = []
+    for name in ["benign", *sorted(corpus.CASES)]:
+        target = work / "cases" / name
+        shutil.copytree(benign, target)
+        if name != "benign":
+            corpus.CASES[name].mutate(target, outside)
+        ours = scan_directory(str(target), policy)
+        found = ",".join(sorted({f.id for f in ours.findings if f.severity >= policy.fail_severity}))
+        ps_rc = run_tool([ps, "-p", str(target)])[0] if ps else None
+        ms_rc = run_tool([ms, "-p", str(target)])[0] if ms else None
+        rows.append((name, ours.outcome(policy.fail_severity) == 1, found, ps_rc, ms_rc))
+    print("\n## Detection: malicious corpus (and the benign tokenizer)\n")
+    print("| case | warden tokenscan | picklescan | modelscan |")
+    print("|---|---|---|---|")
+
+    def verdict(rc: int | None, flagged: int = 1) -> str:
+        return "n/a" if rc is None else ("caught" if rc == flagged else f"missed (rc {rc})")
+
+    for name, ours_hit, found, ps_rc, ms_rc in rows:
+        mine = ("caught: " + found) if ours_hit else "clean"
+        if name == "benign":
+            print(f"| **benign** (false positive?) | {mine} | {verdict(ps_rc)} | {verdict(ms_rc)} |")
+        else:
+            print(f"| {name} | {mine} | {verdict(ps_rc)} | {verdict(ms_rc)} |")
+    bad = rows[1:]
+    totals = (sum(r[1] for r in bad), sum(r[3] == 1 for r in bad), sum(r[4] == 1 for r in bad))
+    print(f"| **caught, of {len(bad)}** | **{totals[0]}** | **{totals[1]}** | **{totals[2]}** |")
+    print(
+        "\n(picklescan exit codes: 0 clean, 1 infected, 2 error; modelscan: 0 clean, 1 issues, 2 error, "
+        "3 no supported files.)"
+    )
+
+
+# -- 2. a large model directory ------------------------------------------------------------
+def safetensors_shard(path: Path, size: int, pool: bytes) -> None:
+    count = size // 4
+    header = json.dumps({"w": {"dtype": "F32", "shape": [count], "data_offsets": [0, count * 4]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(header)) + header)
+        left = count * 4
+        while left:
+            piece = pool[: min(left, len(pool))]
+            fh.write(piece)
+            left -= len(piece)
+
+
+def build_model_dir(work: Path, corpus, size_mb: int) -> Path:
+    model = work / "model"
+    corpus.build_benign_tokenizer(work / "tok-for-model")
+    corpus.build_benign_model(work / "tok-for-model", model)
+    shards = 4
+    pool = os.urandom(16 * MIB)
+    for i in range(shards):
+        safetensors_shard(model / f"model-{i + 1:05d}-of-{shards:05d}.safetensors", size_mb * MIB // shards, pool)
+    (model / "model.safetensors").unlink()
+    return model
+
+
+def threaded_sha256(root: Path) -> None:
+    files = [Path(d) / f for d, _, names in os.walk(root) for f in names]
+
+    def one(path: Path) -> str:
+        with open(path, "rb") as fh:
+            return hashlib.file_digest(fh, "sha256").hexdigest()
+
+    with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
+        list(pool.map(one, files))
+
+
+def model_dir_bench(work: Path, corpus, size_mb: int, repeat: int) -> None:
+    model = build_model_dir(work, corpus, size_mb)
+    total = sum(p.stat().st_size for p in model.rglob("*") if p.is_file())
+    policy = default_policy()
+    threaded_sha256(model)  # warm the page cache
+    assert scan_directory(str(model), policy).findings == []
+    anchor = best_of(repeat, lambda: threaded_sha256(model))
+    full = best_of(repeat, lambda: scan_directory(str(model), policy, with_manifest=True))
+    quick = best_of(repeat, lambda: scan_directory(str(model), policy, with_manifest=False))
+    ps, ms = tool("picklescan"), tool("modelscan")
+    rows = [
+        ("anchor: threaded hashlib sha256 of every file", anchor),
+        ("warden: scan + SHA-256 manifest (sidecar, trainer guard)", full),
+        ("warden: scan without manifest (CLI default)", quick),
+    ]
+    if ps:
+        rows.append(
+            (
+                "picklescan -p DIR (process, incl. start-up)",
+                min(run_tool([ps, "-p", str(model)])[1] for _ in range(repeat)),
+            )
+        )
+    if ms:
+        rows.append(
+            (
+                "modelscan -p DIR (process, incl. start-up)",
+                min(run_tool([ms, "-p", str(model)])[1] for _ in range(repeat)),
+            )
+        )
+    print(f"\n## One model directory: {total / MIB:.0f} MiB ({len(list(model.iterdir()))} files), page cache warm\n")
+    print("| what | seconds | MiB/s | ratio to anchor |")
+    print("|---|---|---|---|")
+    for label, secs in rows:
+        print(f"| {label} | {secs:.3f} | {total / MIB / secs:.0f} | {secs / anchor:.2f} |")
+
+
+# -- 3. many tokenizer directories ---------------------------------------------------------
+def many_dirs_bench(work: Path, corpus, count: int, repeat: int) -> None:
+    base = work / "tok-base"
+    corpus.build_benign_tokenizer(base)
+    same, distinct = work / "same", work / "distinct"
+    for i in range(count):
+        shutil.copytree(base, same / f"tok-{i:03d}")
+        shutil.copytree(base, distinct / f"tok-{i:03d}")
+        template = distinct / f"tok-{i:03d}" / "chat_template.jinja"
+        template.write_text(template.read_text() + f"{{# variant {i} #}}")
+    policy = default_policy()
+    dirs_same = sorted(str(p) for p in same.iterdir())
+    dirs_distinct = sorted(str(p) for p in distinct.iterdir())
+
+    def scan_all(dirs: list[str], cold: bool) -> None:
+        if cold:  # no cached renders, and the sandbox worker starts afresh
+            ct._CACHE.items.clear()
+            ct.stop_worker()
+        for d in dirs:
+            assert scan_directory(d, policy).findings == []
+
+    cold_same = best_of(repeat, lambda: scan_all(dirs_same, True))
+    warm_same = best_of(repeat, lambda: scan_all(dirs_same, False))
+    cold_distinct = best_of(1, lambda: scan_all(dirs_distinct, True))
+    cli = best_of(
+        repeat,
+        lambda: subprocess.run(
+            [sys.executable, "-m", "sidecars.cli", "scan", "tokenizer", *dirs_same],
+            capture_output=True,
+            cwd=ROOT,
+            check=True,
+        ),
+    )
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(dirs_same[0], local_files_only=True)
+    load = best_of(repeat, lambda: [AutoTokenizer.from_pretrained(d, local_files_only=True) for d in dirs_same])
+    rows = [
+        ("anchor: AutoTokenizer.from_pretrained of each (in-process)", load),
+        ("warden: scan, same template (1 render + worker start-up)", cold_same),
+        ("warden: scan, same template (render cache warm: sidecar rescans)", warm_same),
+        (f"warden: scan, {count} distinct templates ({count} renders, one worker)", cold_distinct),
+        ("warden scan tokenizer DIR... (one CLI process, incl. start-up)", cli),
+    ]
+    for name in ("picklescan", "modelscan"):
+        exe = tool(name)
+        if exe:
+            rows.append(
+                (f"{name} -p PARENT (one process)", min(run_tool([exe, "-p", str(same)])[1] for _ in range(repeat)))
+            )
+    print(f"\n## {count} tokenizer directories (byte-level BPE, tokenizer.json + config + chat template)\n")
+    print("| what | seconds | ms per directory | ratio to anchor |")
+    print("|---|---|---|---|")
+    for label, secs in rows:
+        print(f"| {label} | {secs:.3f} | {1000 * secs / count:.1f} | {secs / load:.2f} |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-mb", type=int, default=500)
+    parser.add_argument("--dirs", type=int, default=50)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--skip", nargs="*", default=(), choices=("detection", "model", "dirs"))
+    args = parser.parse_args()
+    corpus = load_corpus_module()
+    print(f"# tokenscan benchmark ({os.cpu_count()} CPUs, Python {sys.version.split()[0]})")
+    for name in ("picklescan", "modelscan"):
+        print(f"- {name}: {tool(name) or 'not installed (pip install ' + name + ')'}")
+    with tempfile.TemporaryDirectory(prefix="bench-tokenscan-") as tmp:
+        work = Path(tmp)
+        if "detection" not in args.skip:
+            detection(work / "detection", corpus)
+        if "model" not in args.skip:
+            model_dir_bench(work / "model", corpus, args.size_mb, args.repeat)
+        if "dirs" not in args.skip:
+            many_dirs_bench(work / "dirs", corpus, args.dirs, args.repeat)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""Tokenizer and model directory scanner: whitelists and supply-chain checks.
+
+Layers: :mod:`.tree` (listing, links), :mod:`.sniff` / :mod:`.pickle_scan` / :mod:`.spm`
+(content), :mod:`.chat_template` (+ ``sandbox_child.py``), :mod:`.manifest` (SHA-256
+manifests, approvals, drift) feed :mod:`.scanner`, which builds a :mod:`.snapshot` and
+runs the pure checks of :mod:`.checks`; :mod:`.report` renders text / JSON / SARIF;
+:mod:`.sidecar` and :mod:`.commands` are the service and the CLI. Never imports torch.
+
+The API other parts of Warden call::
+
+    policy = load_tokenscan_policy("policies/tokenscan.yaml")    # or default_policy()
+    result = scan_directory("/models/tok", policy)
+    result.outcome(policy.fail_severity)   # 0 clean, 1 violation, 3 incomplete
+    result.findings                        # [Finding(id, severity, path, message, fix, ...)]
+"""
+
+from sidecars.tokenscan.findings import RULES, Finding, Severity
+from sidecars.tokenscan.manifest import ApprovalStore, Manifest, build_manifest
+from sidecars.tokenscan.policy import TokenscanPolicy, coerce_policy, default_policy, load_tokenscan_policy
+from sidecars.tokenscan.scanner import DirectoryScan, scan_directory, scan_paths, worst_outcome
+
+__all__ = [
+    "RULES",
+    "ApprovalStore",
+    "DirectoryScan",
+    "Finding",
+    "Manifest",
+    "Severity",
+    "TokenscanPolicy",
+    "build_manifest",
+    "coerce_policy",
+    "default_policy",
+    "load_tokenscan_policy",
+    "scan_directory",
+    "scan_paths",
+    "worst_outcome",
+]

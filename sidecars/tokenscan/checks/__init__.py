@@ -1,0 +1,39 @@
+"""The checks, one small pure function each: ``check(snapshot, policy) -> list[Finding]``.
+
+:data:`CHECKS` is the one table the scanner runs, in order. A check never reads files: the
+scanner has put everything it may need into the :class:`~sidecars.tokenscan.snapshot.Snapshot`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sidecars.tokenscan.checks.automap import check_auto_map
+from sidecars.tokenscan.checks.classes import check_model_type, check_tokenizer_class
+from sidecars.tokenscan.checks.content import check_content
+from sidecars.tokenscan.checks.files import check_files
+from sidecars.tokenscan.checks.keys import check_dangerous_keys
+from sidecars.tokenscan.checks.links import check_links
+from sidecars.tokenscan.checks.pathkeys import check_path_keys
+from sidecars.tokenscan.checks.pinned import check_pinned_directory
+from sidecars.tokenscan.checks.special_tokens import check_special_tokens
+from sidecars.tokenscan.checks.templates import check_chat_templates
+from sidecars.tokenscan.findings import Finding
+from sidecars.tokenscan.policy import TokenscanPolicy
+from sidecars.tokenscan.snapshot import Snapshot
+
+Check = Callable[[Snapshot, TokenscanPolicy], list[Finding]]
+
+CHECKS: tuple[tuple[str, Check], ...] = (
+    ("auto_map", check_auto_map),
+    ("files", check_files),
+    ("tokenizer_class", check_tokenizer_class),
+    ("model_type", check_model_type),
+    ("path_keys", check_path_keys),
+    ("links", check_links),
+    ("dangerous_keys", check_dangerous_keys),
+    ("chat_templates", check_chat_templates),
+    ("content", check_content),
+    ("special_tokens", check_special_tokens),
+    ("pinned_directory", check_pinned_directory),
+)

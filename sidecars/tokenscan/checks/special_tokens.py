@@ -1,0 +1,31 @@
+"""Check 10: the special tokens PPO relies on (bos/eos/pad) are defined, known, and distinct."""
+
+from __future__ import annotations
+
+from sidecars.tokenscan.findings import Finding, finding
+from sidecars.tokenscan.policy import TokenscanPolicy
+from sidecars.tokenscan.snapshot import Snapshot
+
+
+def check_special_tokens(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
+    if not snap.has_tokenizer:
+        return []
+    present = {e.rel for e in snap.entries}
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if name in present and snap.top(name) is None:
+            return []  # unread (link, cap) or unparsable: that finding stands; tokens cannot be judged
+    where = "tokenizer_config.json" if snap.top("tokenizer_config.json") is not None else "."
+    out = []
+    tokens = snap.special_tokens
+    for name in policy.special_tokens.required:
+        value = tokens.get(name)
+        if not value:
+            out.append(finding("TS1001", where, f"{name}_token is not defined", key=f"{name}_token"))
+        elif snap.vocabulary is not None and value not in snap.vocabulary:
+            out.append(
+                finding("TS1002", where, f"{name}_token {value!r} is not in the vocabulary", key=f"{name}_token")
+            )
+    pad, eos = tokens.get("pad"), tokens.get("eos")
+    if policy.special_tokens.pad_distinct_from_eos and pad and pad == eos:
+        out.append(finding("TS1003", where, f"pad_token and eos_token are both {pad!r}", key="pad_token"))
+    return out

@@ -1,0 +1,103 @@
+"""``warden scan tokenizer PATH...``: exit 0 clean, 1 violation, 3 incomplete (2 usage).
+
+Text output groups findings by severity with their fix hints; ``--format json`` and
+``--format sarif`` (SARIF 2.1.0, for code-scanning tools) carry the same findings.
+With ``--state-dir``, each directory is also compared with its approved manifest (drift),
+and ``--approve`` records the manifest of every directory that scanned clean.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import replace
+
+import click
+
+from sidecars.cliutil import format_option, option
+from sidecars.tokenscan.manifest import ApprovalStore, ManifestError, drift_finding
+from sidecars.tokenscan.policy import TokenscanPolicy, load_tokenscan_policy
+from sidecars.tokenscan.report import render_json, render_sarif, render_text
+from sidecars.tokenscan.scanner import DirectoryScan, scan_directory, worst_outcome
+from trainer.events import utc_timestamp
+
+DEFAULT_POLICY = os.path.join("policies", "tokenscan.yaml")
+
+
+@click.group()
+def scan() -> None:
+    """Supply-chain scans of model and tokenizer directories."""
+
+
+def _policy(path: str | None) -> tuple[TokenscanPolicy, str | None]:
+    if path is None and os.path.exists(DEFAULT_POLICY):
+        path = DEFAULT_POLICY
+    if path is None:
+        click.echo(f"note: {DEFAULT_POLICY} not found; using the built-in policy", err=True)
+    return load_tokenscan_policy(path), path
+
+
+def _compare(store: ApprovalStore, scan_result: DirectoryScan, approve: bool, policy: TokenscanPolicy) -> None:
+    try:
+        record = store.load(scan_result.root)
+    except ManifestError as exc:
+        scan_result.errors.append(str(exc))
+        return
+    if scan_result.manifest is None:
+        return
+    if record is not None and not approve:
+        drift = drift_finding(record[0], scan_result.manifest, record[1])
+        if drift is not None:
+            scan_result.findings.insert(0, replace(drift, root=scan_result.root))
+    elif approve and scan_result.outcome(policy.fail_severity) == 0:
+        store.save(scan_result.root, scan_result.manifest, utc_timestamp(time.time()))
+
+
+@scan.command("tokenizer")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(file_okay=False))
+@option(
+    "--policy", type=click.Path(dir_okay=False), help=f"Tokenscan policy. Default: {DEFAULT_POLICY}, else built-in."
+)
+@format_option("text", "json", "sarif")
+@option("--state-dir", type=click.Path(file_okay=False), help="Approved manifests: report drift against them.")
+@option("--approve", is_flag=True, help="Record the manifest of every directory that scans clean (needs --state-dir).")
+@option("--output", type=click.Path(dir_okay=False), help="Write the report to this file instead of stdout.")
+@click.pass_context
+def tokenizer(
+    ctx: click.Context,
+    paths: tuple[str, ...],
+    policy: str | None,
+    output_format: str,
+    state_dir: str | None,
+    approve: bool,
+    output: str | None,
+) -> None:
+    """Scan tokenizer or model directories PATH... against the policy.
+
+    Checks auto_map, code and requirements files, tokenizer_class and model_type whitelists,
+    path-valued keys, links leaving the directory, dangerous config keys, chat templates
+    (static analysis and a sandboxed render), file contents (pickle, zip, NPY, sentencepiece,
+    JSON, size caps) and the special tokens PPO needs. Exit 0 clean, 1 a finding at or above
+    the policy's fail_on severity, 3 something could not be read.
+    """
+    if approve and not state_dir:
+        raise click.UsageError("--approve needs --state-dir DIR (where approved manifests are kept)")
+    loaded, policy_path = _policy(policy)
+    scans = [scan_directory(p, loaded, with_manifest=bool(state_dir)) for p in paths]
+    if state_dir:
+        store = ApprovalStore(state_dir)
+        for s in scans:
+            _compare(store, s, approve, loaded)
+    fail_on = loaded.fail_severity
+    if output_format == "text":
+        text = render_text(scans, fail_on, policy_path)
+    else:
+        doc = render_json(scans, fail_on, policy_path) if output_format == "json" else render_sarif(scans, fail_on)
+        text = json.dumps(doc, indent=2, sort_keys=output_format == "json")
+    if output:
+        with open(output, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+    else:
+        click.echo(text)
+    ctx.exit(worst_outcome(scans, fail_on))

@@ -1,0 +1,214 @@
+"""SHA-256 manifests of scanned directories, approvals, and drift after approval.
+
+A :class:`Manifest` maps every readable file (relative POSIX name) to its SHA-256 and
+size; a symlink also records its target, so re-pointing a link is a change. Its
+``digest`` (SHA-256 of the canonical JSON of the map) is what ``pinned_directories``
+pins. :class:`ApprovalStore` keeps the manifest of each approved directory under
+``<state_dir>/approved/`` (written atomically); :func:`drift_finding` compares the
+current manifest with the approved one (time-of-check/time-of-use).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import stat
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecars.errors import IncompleteError
+from sidecars.tokenscan.findings import Finding, finding
+from trainer.events import atomic_write_bytes
+
+CHUNK = 1 << 20
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+class ManifestError(IncompleteError):
+    """A file could not be hashed, or an approval could not be read or written."""
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    sha256: str
+    size: int
+    link: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"sha256": self.sha256, "size": self.size}
+        if self.link is not None:
+            out["link"] = self.link
+        return out
+
+
+@dataclass(frozen=True)
+class Manifest:
+    root: str
+    files: Mapping[str, FileDigest]
+
+    @property
+    def digest(self) -> str:
+        canonical = json.dumps({k: v.to_dict() for k, v in sorted(self.files.items())}, sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "root": self.root,
+            "digest": self.digest,
+            "files": {k: v.to_dict() for k, v in sorted(self.files.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Manifest:
+        files = {str(k): FileDigest(str(v["sha256"]), int(v["size"]), v.get("link")) for k, v in raw["files"].items()}
+        return cls(str(raw["root"]), files)
+
+
+@dataclass
+class HashCache:
+    """Digests keyed by (path, dev, inode, size, mtime_ns, ctime_ns): rescans skip unchanged files."""
+
+    limit: int = 100_000
+    items: OrderedDict[tuple[Any, ...], str] = field(default_factory=OrderedDict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def get(self, key: tuple[Any, ...]) -> str | None:
+        with self.lock:
+            return self.items.get(key)
+
+    def put(self, key: tuple[Any, ...], value: str) -> None:
+        with self.lock:
+            self.items[key] = value
+            while len(self.items) > self.limit:
+                self.items.popitem(last=False)
+
+
+def hash_file(path: str, cache: HashCache | None = None) -> tuple[str, int]:
+    """(hex SHA-256, size) of the regular file at ``path`` (the last component is not followed)."""
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ManifestError(f"{path}: not a regular file any more; refusing to read it")
+        key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        cached = cache.get(key) if cache else None
+        if cached is not None:
+            return cached, st.st_size
+        h = hashlib.sha256()
+        while chunk := os.read(fd, CHUNK):
+            h.update(chunk)
+        if cache is not None:
+            cache.put(key, h.hexdigest())
+        return h.hexdigest(), st.st_size
+    finally:
+        os.close(fd)
+
+
+def build_manifest(
+    root: str, files: Iterable[tuple[str, str, str | None]], cache: HashCache | None = None, workers: int = 0
+) -> Manifest:
+    """Hashes ``files``: (relative name, path to open, link target or None). Raises ManifestError."""
+    items = list(files)
+    workers = workers or min(8, os.cpu_count() or 1)
+
+    def one(item: tuple[str, str, str | None]) -> tuple[str, FileDigest]:
+        rel, path, link = item
+        try:
+            sha, size = hash_file(path, cache)
+        except OSError as exc:
+            raise ManifestError(f"{path}: cannot hash ({exc.strerror})") from None
+        return rel, FileDigest(sha, size, link)
+
+    if len(items) > 1 and workers > 1:
+        with ThreadPoolExecutor(workers) as pool:
+            pairs = list(pool.map(one, items))
+    else:
+        pairs = [one(i) for i in items]
+    return Manifest(root, dict(pairs))
+
+
+def diff(old: Manifest, new: Manifest) -> tuple[list[str], list[str], list[str]]:
+    """(changed, added, removed) relative names, sorted."""
+    changed = sorted(k for k in old.files.keys() & new.files.keys() if old.files[k] != new.files[k])
+    return changed, sorted(new.files.keys() - old.files.keys()), sorted(old.files.keys() - new.files.keys())
+
+
+def describe_diff(old: Manifest, new: Manifest, limit: int = 5) -> str:
+    parts = []
+    for label, names in zip(("changed", "added", "removed"), diff(old, new), strict=True):
+        if names:
+            more = f" (+{len(names) - limit} more)" if len(names) > limit else ""
+            parts.append(f"{label}: {', '.join(names[:limit])}{more}")
+    return "; ".join(parts) or "no file differs (metadata only)"
+
+
+def drift_finding(approved: Manifest, current: Manifest, approved_at: str = "") -> Finding | None:
+    """TS1101 when ``current`` differs from the approved manifest, else None."""
+    if approved.digest == current.digest:
+        return None
+    when = f" at {approved_at}" if approved_at else ""
+    return finding(
+        "TS1101",
+        ".",
+        f"changed after it was approved{when} (manifest {approved.digest[:12]}): {describe_diff(approved, current)}",
+    )
+
+
+def pin_finding(pinned: str, current: Manifest) -> Finding | None:
+    """TS1102 when ``current`` does not have the pinned digest."""
+    if pinned == current.digest:
+        return None
+    return finding("TS1102", ".", f"manifest digest {current.digest} differs from the pinned {pinned}")
+
+
+class ApprovalStore:
+    """Approved manifests, one JSON file per directory under ``<state_dir>/approved/``."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.dir = os.path.join(state_dir, "approved")
+
+    def _path(self, directory: str) -> str:
+        key = hashlib.sha256(os.path.abspath(directory).encode()).hexdigest()[:24]
+        return os.path.join(self.dir, f"{key}.json")
+
+    def load(self, directory: str) -> tuple[Manifest, str] | None:
+        """(approved manifest, approval time) or None. Raises ManifestError when unreadable."""
+        path = self._path(directory)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                raw = json.load(fh)
+            return Manifest.from_dict(raw["manifest"]), str(raw.get("approved_at", ""))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ManifestError(f"{path}: approval record unreadable ({exc}); delete it to re-approve") from None
+
+    def save(self, directory: str, manifest: Manifest, approved_at: str) -> None:
+        os.makedirs(self.dir, exist_ok=True)
+        record = {"path": os.path.abspath(directory), "approved_at": approved_at, "manifest": manifest.to_dict()}
+        atomic_write_bytes(self._path(directory), json.dumps(record, indent=1, sort_keys=True).encode())
+
+    def remove(self, directory: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._path(directory))
+
+    def approved(self) -> list[str]:
+        """Paths of every approved directory."""
+        out = []
+        try:
+            names = sorted(os.listdir(self.dir))
+        except FileNotFoundError:
+            return []
+        for name in names:
+            try:
+                with open(os.path.join(self.dir, name), encoding="utf-8") as fh:
+                    out.append(str(json.load(fh)["path"]))
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+        return out

@@ -1,0 +1,248 @@
+"""Static analysis of pickle bytes with :mod:`pickletools`: the pickle is never loaded.
+
+:func:`scan_pickles` walks the opcodes of one or more concatenated pickles (the legacy
+``torch.save`` format writes several) and collects every global the pickle would import:
+``GLOBAL``/``INST`` arguments, and ``STACK_GLOBAL`` operands traced through a small stack
+and memo emulation. An operand that cannot be traced is reported as unresolved (a
+legitimate pickler never hides its imports). :func:`classify` sorts an import into
+dangerous / unknown / safe against the policy's safe list.
+"""
+
+from __future__ import annotations
+
+import _compat_pickle
+import fnmatch
+import io
+import pickletools
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+PICKLE_OPCODES = frozenset(op.code.encode("latin-1") for op in pickletools.opcodes)
+MAX_PICKLES_PER_FILE = 16
+MAX_OPS = 5_000_000
+
+DANGEROUS_MODULES = (
+    "os", "posix", "nt", "subprocess", "_posixsubprocess", "sys", "socket", "_socket", "ssl", "select",
+    "runpy", "importlib", "imp", "pkgutil", "zipimport", "shutil", "pty", "commands", "webbrowser",
+    "ctypes", "_ctypes", "code", "codeop", "pdb", "bdb", "marshal", "pickle", "_pickle", "cPickle", "dill",
+    "joblib", "shelve", "multiprocessing", "asyncio", "threading", "_thread", "signal", "http", "urllib",
+    "urllib2", "urllib3", "requests", "httplib", "httpx", "ftplib", "smtplib", "telnetlib", "tempfile",
+    "pip", "setuptools", "distutils", "timeit", "profile", "cProfile", "trace", "doctest", "types", "inspect",
+    "operator", "functools", "io", "_io", "fileinput", "linecache", "glob", "pathlib", "code", "venv",
+    "torch.hub", "torch.jit", "torch.ops", "torch.classes", "torch._dynamo", "torch.utils.cpp_extension",
+    "torch.serialization.load", "numpy.f2py", "numpy.testing", "numpy.distutils", "_osx_support",
+)  # fmt: skip
+DANGEROUS_NAMES = (
+    "builtins.eval", "builtins.exec", "builtins.compile", "builtins.open", "builtins.__import__",
+    "builtins.getattr", "builtins.setattr", "builtins.delattr", "builtins.globals", "builtins.locals",
+    "builtins.vars", "builtins.breakpoint", "builtins.input", "builtins.help", "builtins.exit",
+    "builtins.quit", "builtins.memoryview", "builtins.type", "builtins.object", "builtins.super",
+    "builtins.apply", "builtins.execfile", "builtins.file", "builtins.reload", "torch.load",
+    "numpy.load", "numpy.fromfile", "numpy.save", "copyreg._reconstructor", "copy_reg._reconstructor",
+)  # fmt: skip
+
+_STRING_OPS = frozenset(
+    {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"}
+)
+_GET_OPS = frozenset({"GET", "BINGET", "LONG_BINGET"})
+_PUT_OPS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
+_CALL_OPS = frozenset({"REDUCE", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "BUILD"})
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_MARK = object()
+
+
+@dataclass(frozen=True)
+class PickleReport:
+    """What one pickle stream imports. ``error`` is set when parsing stopped early (truncated,
+    malformed, over the op limit); ``unresolved`` counts STACK_GLOBALs whose operands were hidden."""
+
+    imports: tuple[str, ...]
+    unresolved: int = 0
+    ops: int = 0
+    protocol: int | None = None
+    error: str | None = None
+    extensions: int = 0
+    calls: int = 0
+
+
+@dataclass
+class _Emulator:
+    stack: list[Any] = field(default_factory=list)
+    memo: dict[int, Any] = field(default_factory=dict)
+    imports: list[str] = field(default_factory=list)
+    unresolved: int = 0
+    extensions: int = 0
+    calls: int = 0
+    protocol: int | None = None
+
+    def _import(self, module: str, name: str) -> None:
+        if _IDENT_RE.match(module) and _IDENT_RE.match(name):
+            self.imports.append(normalize(module, name, self.protocol))
+        else:
+            self.unresolved += 1
+
+    def pop_to_mark(self) -> None:
+        while self.stack:
+            if self.stack.pop() is _MARK:
+                return
+
+    def step(self, op: pickletools.OpcodeInfo, arg: Any) -> None:
+        name = op.name
+        self.calls += name in _CALL_OPS
+        if name == "PROTO":
+            self.protocol = int(arg)
+        if name in _STRING_OPS:
+            self.stack.append(arg if isinstance(arg, str) else None)
+        elif name == "MARK":
+            self.stack.append(_MARK)
+        elif name == "MEMOIZE":
+            self.memo[len(self.memo)] = self.stack[-1] if self.stack else None
+        elif name in _PUT_OPS:
+            self.memo[int(arg)] = self.stack[-1] if self.stack else None
+        elif name in _GET_OPS:
+            self.stack.append(self.memo.get(int(arg)))
+        elif name == "DUP":
+            self.stack.append(self.stack[-1] if self.stack else None)
+        elif name in ("GLOBAL", "INST"):
+            module, _, attr = str(arg).partition(" ")
+            self._import(module, attr)
+            self._generic(op)
+        elif name == "STACK_GLOBAL":
+            top = self.stack.pop() if self.stack else None
+            below = self.stack.pop() if self.stack else None
+            if isinstance(below, str) and isinstance(top, str):
+                self._import(below, top)
+            else:
+                self.unresolved += 1
+            self.stack.append(None)
+        elif name.startswith("EXT"):
+            self.extensions += 1
+            self.stack.append(None)
+        else:
+            self._generic(op)
+
+    def _generic(self, op: pickletools.OpcodeInfo) -> None:
+        before = list(op.stack_before)
+        if pickletools.markobject in before:
+            self.pop_to_mark()
+            before = before[: before.index(pickletools.markobject)]
+        for _ in before:
+            if self.stack:
+                self.stack.pop()
+        for item in op.stack_after:
+            self.stack.append(_MARK if item is pickletools.markobject else None)
+
+
+def normalize(module: str, name: str, protocol: int | None) -> str:
+    """``module.name`` with Python 2 names mapped as the unpickler maps them (``__builtin__`` -> builtins)."""
+    if protocol is None or protocol < 3:
+        module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+    return f"{module}.{name}"
+
+
+class _Limited:
+    """Reads at most ``limit`` bytes of ``inner``, with ``tell`` and ``peek`` for genops and the
+    multi-pickle loop (so a huge file cannot make parsing unbounded)."""
+
+    def __init__(self, inner: BinaryIO, limit: int) -> None:
+        self.inner, self.left, self.pos = inner, limit, 0
+        self._ahead = b""
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.left + len(self._ahead) if n is None or n < 0 else n
+        data, self._ahead = self._ahead[:n], self._ahead[n:]
+        want = min(n - len(data), self.left)
+        if want > 0:
+            more = self.inner.read(want)
+            self.left -= len(more)
+            data += more
+        self.pos += len(data)
+        return data
+
+    def readline(self) -> bytes:
+        out = bytearray()
+        while len(out) < 65536:
+            ch = self.read(1)
+            out += ch
+            if not ch or ch == b"\n":
+                break
+        return bytes(out)
+
+    def peek(self, n: int) -> bytes:
+        if len(self._ahead) < n:
+            more = self.inner.read(min(n - len(self._ahead), self.left))
+            self.left -= len(more)
+            self._ahead += more
+        return self._ahead[:n]
+
+    def tell(self) -> int:
+        return self.pos
+
+
+def scan_one(stream: BinaryIO, max_ops: int = MAX_OPS) -> PickleReport:
+    """Walks one pickle from the stream's position to its STOP opcode."""
+    emu = _Emulator()
+    ops = 0
+    error = None
+    try:
+        for op, arg, _pos in pickletools.genops(stream):
+            ops += 1
+            if ops > max_ops:
+                error = f"more than {max_ops} opcodes; analysis stopped"
+                break
+            emu.step(op, arg)
+    except Exception as exc:  # malformed pickles raise ValueError, struct.error, UnicodeDecodeError...
+        error = f"{type(exc).__name__}: {exc}"[:200]
+    return PickleReport(tuple(emu.imports), emu.unresolved, ops, emu.protocol, error, emu.extensions, emu.calls)
+
+
+def scan_pickles(stream: BinaryIO, limit: int, max_pickles: int = MAX_PICKLES_PER_FILE) -> list[PickleReport]:
+    """Every pickle at the start of ``stream`` (several back to back, as legacy torch.save writes)."""
+    limited = _Limited(stream, limit)
+    reports: list[PickleReport] = []
+    while len(reports) < max_pickles:
+        report = scan_one(limited)  # type: ignore[arg-type]
+        reports.append(report)
+        nxt = limited.peek(2)
+        if report.error or len(nxt) < 2 or nxt[0] != 0x80 or nxt[1] > 5:
+            break
+    return reports
+
+
+def scan_pickle_bytes(data: bytes, max_pickles: int = MAX_PICKLES_PER_FILE) -> list[PickleReport]:
+    return scan_pickles(io.BytesIO(data), len(data), max_pickles)
+
+
+def looks_like_pickle(head: bytes) -> bool:
+    """Cheap gate: a protocol 2-5 header, or a first byte that is a protocol 0/1 opcode."""
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return True
+    return bool(head) and head[:1] in PICKLE_OPCODES
+
+
+def is_confirmed_pickle(report: PickleReport, head: bytes) -> bool:
+    """Whether parsing confirmed a pickle: a protocol 2-5 header, a clean parse of a few
+    opcodes, or (protocol 0/1 broken off later, as a payload followed by junk would be) a
+    well-formed import that a call opcode used before the stream broke off."""
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return True
+    if report.error is None:
+        return report.ops >= 3
+    return bool(report.imports) and report.calls > 0
+
+
+def _matches(name: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def classify(name: str, safe: Iterable[str]) -> str:
+    """``dangerous`` (known code execution), ``unknown`` (outside the safe list) or ``safe``."""
+    module = name.rsplit(".", 1)[0]
+    if name in DANGEROUS_NAMES or any(module == m or module.startswith(m + ".") for m in DANGEROUS_MODULES):
+        return "dangerous"
+    if any(name == m or name.startswith(m + ".") for m in DANGEROUS_MODULES):
+        return "dangerous"
+    return "safe" if _matches(name, safe) else "unknown"

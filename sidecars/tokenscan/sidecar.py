@@ -1,0 +1,176 @@
+"""The ``tokenscan`` sidecar: scans the policy's directories and every ``model.loading`` path.
+
+Each watched directory is scanned when it is first seen, when watchdog reports a change
+below it (after the change has settled for :data:`SETTLE_SECONDS`), and every
+``rescan_interval_seconds``. A directory that scans clean is *approved*: its SHA-256
+manifest is stored under ``<state_dir>/approved/``. Every later scan compares the
+current manifest with the approved one; a difference is a TS1101 drift finding
+(time-of-check/time-of-use) until the files are restored or an operator re-approves
+them (``warden scan tokenizer PATH --approve --state-dir DIR``, or by deleting the
+approval record so the next clean scan approves again).
+
+:meth:`check` runs every ``check_interval_seconds`` and scans only what is due, so the
+outcome it returns is that of the directories scanned in that round.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, replace
+
+from sidecars.logs import log_fields
+from sidecars.runtime import Outcome, Sidecar, SidecarContext
+from sidecars.tokenscan.findings import Finding, count_by_severity
+from sidecars.tokenscan.manifest import ApprovalStore, HashCache, ManifestError, drift_finding
+from sidecars.tokenscan.metrics import TokenscanMetrics
+from sidecars.tokenscan.policy import TokenscanPolicy, default_policy
+from sidecars.tokenscan.scanner import DirectoryScan, scan_directory
+from sidecars.tokenscan.watch import DirWatcher
+from trainer.events import MODEL_LOADING, Event, utc_timestamp
+
+SETTLE_SECONDS = 1.0
+MAX_LOGGED_FINDINGS = 20
+
+
+@dataclass
+class _Dir:
+    label: str
+    source: str
+    last_scan: float | None = None
+    drifting: bool = False
+    summary: tuple[int, ...] | None = None
+
+
+class TokenscanSidecar(Sidecar):
+    name = "tokenscan"
+    description = "whitelist and supply-chain scan of tokenizer/model dirs (policy paths, model.loading events)"
+    default_port = 9463
+    policy_schema = TokenscanPolicy
+    handles = frozenset({MODEL_LOADING})
+    needs_run_dir = False
+
+    def __init__(self, ctx: SidecarContext) -> None:
+        super().__init__(ctx)
+        self.policy: TokenscanPolicy = ctx.policy if isinstance(ctx.policy, TokenscanPolicy) else default_policy()
+        self.store = ApprovalStore(ctx.state_dir)
+        self.cache = HashCache()
+        self.metrics = TokenscanMetrics(ctx.registry)
+        self.watcher = DirWatcher() if self.policy.watch else None
+        self.dirs: dict[str, _Dir] = {}
+        for path in self.policy.paths:
+            self._track(os.path.abspath(os.path.expanduser(path)), "policy")
+
+    @property
+    def check_interval_seconds(self) -> float:
+        return self.policy.check_interval_seconds
+
+    def _track(self, path: str, source: str) -> _Dir:
+        known = self.dirs.get(path)
+        if known is not None:
+            return known
+        label = path if len(self.dirs) < self.policy.max_watched_paths else "other"
+        state = _Dir(label, source)
+        if label != "other":
+            self.dirs[path] = state
+            self.metrics.watched.set(len(self.dirs))
+            if self.watcher is not None:
+                self.watcher.watch(path)
+        return state
+
+    def handle(self, event: Event) -> Outcome:
+        path = event.data.get("path")
+        if not isinstance(path, str) or not path:
+            self.ctx.log.warning("model.loading event without a path", extra=log_fields(seq=event.seq))
+            return Outcome.OK
+        full = os.path.abspath(os.path.join(self.ctx.run_dir or "", os.path.expanduser(path)))
+        return self._scan(full, self._track(full, str(event.data.get("kind") or "event")))
+
+    def check(self) -> Outcome:
+        now = time.monotonic()
+        changed = set(self.watcher.take_settled(SETTLE_SECONDS)) if self.watcher else set()
+        worst = Outcome.OK
+        for path, state in list(self.dirs.items()):
+            due = state.last_scan is None or now - state.last_scan >= self.policy.rescan_interval_seconds
+            if due or path in changed:
+                worst = max(worst, self._scan(path, state))
+        return worst
+
+    # -- one scan ----------------------------------------------------------------------
+    def _scan(self, path: str, state: _Dir) -> Outcome:
+        scan = scan_directory(path, self.policy, with_manifest=True, hash_cache=self.cache)
+        approved = self._approval(path, scan)
+        code = scan.outcome(self.policy.fail_severity)
+        state.last_scan = time.monotonic()
+        self.metrics.record(state.label, scan, code, self.ctx.clock())
+        self.metrics.state(state.label, approved, state.drifting)
+        self.metrics.approved_dirs.set(sum(1 for p in self.dirs if self._has_approval(p)))
+        self._log(path, state, scan, code)
+        if self.watcher is not None and state.label != "other":
+            self.watcher.watch(path)  # a directory that did not exist before may exist now
+        return Outcome(code)
+
+    def _has_approval(self, path: str) -> bool:
+        try:
+            return self.store.load(path) is not None
+        except ManifestError:
+            return False
+
+    def _approval(self, path: str, scan: DirectoryScan) -> bool:
+        """Compares with the approved manifest (adding a drift finding), or approves a clean scan."""
+        state = self.dirs.get(path)
+        try:
+            record = self.store.load(path)
+        except ManifestError as exc:
+            scan.errors.append(str(exc))
+            return False
+        if scan.manifest is None:
+            return record is not None
+        if record is None:
+            if scan.outcome(self.policy.fail_severity) == 0:
+                self.store.save(path, scan.manifest, utc_timestamp(self.ctx.clock()))
+                return True
+            return False
+        drift = drift_finding(record[0], scan.manifest, record[1])
+        if drift is not None:
+            scan.findings.insert(0, replace(drift, root=scan.root))
+            if state is not None and not state.drifting:
+                self.metrics.drift_detected.inc()
+        if state is not None:
+            state.drifting = drift is not None
+        return True
+
+    def _log(self, path: str, state: _Dir, scan: DirectoryScan, code: int) -> None:
+        counts = count_by_severity(scan.findings)
+        summary = (code, *counts.values(), len(scan.errors))
+        if summary == state.summary:
+            return
+        state.summary = summary
+        fields = log_fields(
+            sidecar=self.name,
+            path=path,
+            source=state.source,
+            outcome=code,
+            errors=scan.errors[:5],
+            duration_seconds=round(scan.duration_seconds, 4),
+            **counts,
+        )
+        if code == 0:
+            self.ctx.log.info("directory scanned clean", extra=fields)
+            return
+        self.ctx.log.warning(
+            "directory scan found problems" if code == 1 else "directory scan incomplete", extra=fields
+        )
+        for f in scan.findings[:MAX_LOGGED_FINDINGS]:
+            self._log_finding(f)
+
+    def _log_finding(self, f: Finding) -> None:
+        self.ctx.log.warning(
+            f"{f.id} {f.rule.name}: {f.message}",
+            extra=log_fields(sidecar=self.name, id=f.id, severity=f.severity.label, path=f.location, fix=f.fix),
+        )
+
+    def close(self) -> None:
+        if self.watcher is not None:
+            self.watcher.close()
+            self.watcher = None
