@@ -122,3 +122,39 @@ def test_drill_2_modified_signed_checkpoint_pages_and_resume_skips_it(drill):
     with open(target, "wb") as fh:
         fh.write(original)
     drill.page("WardenCheckpointVerificationFailed", timeout=60, status="resolved")
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("echo pwned",))
+
+
+def test_drill_4_malicious_file_in_an_approved_tokenizer_pages(drill):
+    import pickle
+
+    from trainer.assets import build_tokenizer
+
+    tok = os.path.join(drill.base, "tokenizer")
+    build_tokenizer(tok, vocab_size=300)
+    drill.policy("tokenscan", {"paths": [tok], "check_interval_seconds": 0.2, "rescan_interval_seconds": 2})
+    stack = drill.start("tokenscan", extra=("--no-s3",))
+    deadline = time.monotonic() + 30
+    while "warden_tokenscan_approved_directories 1.0" not in http_text(stack.urls["tokenscan"] + "/metrics"):
+        assert time.monotonic() < deadline, "the clean tokenizer was never approved"
+        time.sleep(0.2)
+    start = time.monotonic()
+    evil = os.path.join(tok, "added_tokens.pkl")
+    with open(evil, "wb") as fh:
+        fh.write(pickle.dumps(_Exploit()))  # building the bytes runs nothing
+    arrived, alert = drill.page("WardenTokenizerCriticalFinding", timeout=30)
+    record("4 malicious file in approved tokenizer -> WardenTokenizerCriticalFinding", arrived - start)
+    assert alert["labels"]["severity"] == "critical" and alert["labels"]["job"] == "tokenscan"
+    os.unlink(evil)
+    drill.page("WardenTokenizerCriticalFinding", timeout=40, status="resolved")
+
+
+def http_text(url: str) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return resp.read().decode()
