@@ -1,0 +1,255 @@
+"""One audit of a target: lock hygiene, drift, integrity (+ baseline), vulnerabilities.
+
+Exit code of a report: 3 if something could not be checked (``incomplete``; with
+``strict`` also ``degraded``: a stale or partly corrupt OSV database, a pip-audit
+cross-check that failed or disagrees), else 1 if a blocking finding remains, else 0.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sidecars.deps.baseline import build_baseline, compare_baseline, load_baseline, save_baseline
+from sidecars.deps.cache import IntegrityCache
+from sidecars.deps.drift import check_drift
+from sidecars.deps.environment import Target
+from sidecars.deps.errors import DepsIncomplete
+from sidecars.deps.ignores import apply_ignores
+from sidecars.deps.installed import InstalledDist, scan_distributions
+from sidecars.deps.integrity import IntegrityOptions, check_integrity
+from sidecars.deps.locks import Lock, LockedPackage, load_lock
+from sidecars.deps.locks.hygiene import HygieneRules, applicable_packages, check_lock
+from sidecars.deps.model import CHECKS, Finding
+from sidecars.deps.osv.loader import OsvDatabase, load_database
+from sidecars.deps.osv.server import OsvServer
+from sidecars.deps.pipaudit import PipAuditError, compare, run_pip_audit
+from sidecars.deps.policy import DepsPolicy
+from sidecars.deps.vulns import check_vulnerabilities
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """Resolved inputs of an audit (absolute paths; None disables what needs them)."""
+
+    policy: DepsPolicy
+    lock_path: str | None
+    osv_db: str | None
+    state_dir: str | None
+    baseline_path: str | None
+    checks: frozenset[str] = frozenset(CHECKS)
+    full_pass: bool = False
+    pip_audit: bool = True
+    online: bool = False
+    strict: bool = True
+    approve: bool = False
+    auto_approve: bool = False
+
+
+@dataclass
+class AuditReport:
+    target: Target
+    started: float
+    duration: float = 0.0
+    lock: Lock | None = None
+    findings: list[Finding] = field(default_factory=list)
+    ignored: list[Finding] = field(default_factory=list)
+    incomplete: list[str] = field(default_factory=list)
+    degraded: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    dists: list[InstalledDist] = field(default_factory=list)
+    osv_db: str | None = None
+    osv_age_seconds: float | None = None
+    strict: bool = True
+    checks: tuple[str, ...] = CHECKS
+
+    @property
+    def exit_code(self) -> int:
+        if self.incomplete or (self.strict and self.degraded):
+            return 3
+        return 1 if any(f.blocking for f in self.findings) else 0
+
+    def locked_by_name(self) -> dict[str, LockedPackage]:
+        return {p.canonical: p for p in (self.lock.packages if self.lock else ())}
+
+
+class DatabaseCache:
+    """Keeps the loaded OSV database between audits; reloads when the file changes."""
+
+    def __init__(self) -> None:
+        self._db: OsvDatabase | None = None
+
+    def get(self, path: str) -> OsvDatabase:
+        try:
+            st = os.stat(path)
+            signature = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            signature = (0, 0)
+        if self._db is None or self._db.path != path or self._db.signature != signature:
+            self._db = load_database(path)
+        return self._db
+
+
+def _lock_checks(report: AuditReport, settings: AuditSettings) -> None:
+    if not settings.lock_path or not ({"lock", "drift"} & settings.checks):
+        if {"lock", "drift"} & settings.checks:
+            report.notes.append("no lock configured: lock hygiene and drift not checked")
+        return
+    lock = report.lock = load_lock(settings.lock_path)
+    rules = settings.policy.lock
+    target_env = dict(report.target.markers)
+    if "lock" in settings.checks:
+        hygiene = HygieneRules(
+            rules.allow_url, rules.allow_vcs, rules.allow_editable, rules.allow_local, rules.allow_prereleases
+        )
+        platforms = [{**target_env, **dict(p)} for p in rules.platforms] or [target_env]
+        report.findings.extend(check_lock(lock, hygiene, platforms))
+    if "drift" in settings.checks:
+        expected = applicable_packages(lock, target_env)
+        drift = settings.policy.drift
+        report.findings.extend(check_drift(expected, report.dists, drift.allow_extra, drift.ignore_missing))
+
+
+def _integrity(report: AuditReport, settings: AuditSettings, cancel: threading.Event, now: float) -> None:
+    rules = settings.policy.integrity
+    cache = IntegrityCache.for_target(settings.state_dir, report.target.site_packages).load()
+    full = settings.full_pass or (now - cache.last_full_pass >= rules.full_pass_interval_seconds)
+    options = IntegrityOptions(rules.pth_allow, rules.unowned_allow, rules.check_pyc, rules.workers, full)
+    findings, stats, incomplete = check_integrity(report.target, report.dists, options, cache, cancel)
+    report.findings.extend(findings)
+    report.incomplete.extend(incomplete)
+    report.notes.extend(stats.notes)
+    report.stats["integrity"] = {**stats.to_dict(), "full_pass": full, "cache": bool(cache.path)}
+    report.stats["integrity"].pop("notes", None)
+    if full and not incomplete:
+        cache.last_full_pass = now
+    try:
+        cache.save()
+    except OSError as exc:
+        report.notes.append(f"integrity cache not saved: {exc}")
+    _baseline(report, settings, clean=not any(f.blocking for f in findings) and not incomplete, now=now)
+
+
+def _baseline(report: AuditReport, settings: AuditSettings, clean: bool, now: float) -> None:
+    path = settings.baseline_path
+    if not path:
+        return
+    doc = load_baseline(path)
+    if doc is not None and not settings.approve:
+        report.findings.extend(compare_baseline(report.dists, doc))
+        report.stats["baseline"] = {"path": path, "approved_at": doc.get("approved_at")}
+        return
+    if not (settings.approve or settings.auto_approve):
+        report.notes.append(f"no approved baseline at {path}: a rewritten RECORD cannot be detected; run --approve")
+        return
+    if not clean:
+        report.notes.append(f"baseline not approved: the integrity check found problems ({path} unchanged)")
+        return
+    save_baseline(path, build_baseline(report.dists, now))
+    report.notes.append(f"baseline approved: {path}")
+    report.stats["baseline"] = {"path": path, "approved_at": "now"}
+
+
+def _vulnerabilities(report: AuditReport, settings: AuditSettings, dbs: DatabaseCache, now: float) -> None:
+    rules = settings.policy.vulnerabilities
+    if not settings.osv_db:
+        report.notes.append("no OSV database configured (vulnerabilities.osv_db): vulnerabilities not checked")
+    else:
+        _offline_vulns(report, settings, dbs.get(settings.osv_db), now)
+    if settings.online:
+        _online_vulns(report, rules.pip_audit_timeout_seconds)
+
+
+def _offline_vulns(report: AuditReport, settings: AuditSettings, db: OsvDatabase, now: float) -> None:
+    rules = settings.policy.vulnerabilities
+    report.osv_db = db.path
+    report.osv_age_seconds = db.age_seconds(now)
+    found, notes = check_vulnerabilities(db, report.dists, rules.fail_on)
+    report.notes.extend(notes)
+    report.stats["osv"] = {"records": len(db.records), "corrupt": len(db.errors), "age_seconds": report.osv_age_seconds}
+    if db.errors:
+        report.degraded.append(f"OSV database has {len(db.errors)} unreadable records, e.g. {db.errors[0]}")
+    age, limit = report.osv_age_seconds, rules.max_db_age_seconds
+    if limit is not None and (age is None or age > limit):
+        report.degraded.append(
+            f"OSV database {db.path} is older than vulnerabilities.max_db_age_seconds ({limit:.0f}s)"
+        )
+    if settings.pip_audit:
+        _crosscheck(report, db, found, rules.pip_audit_timeout_seconds)
+    kept, suppressed, warnings = apply_ignores(
+        found, settings.policy.ignore, dt.datetime.fromtimestamp(now, dt.UTC).date()
+    )
+    report.findings.extend(kept + warnings)
+    report.ignored.extend(suppressed)
+
+
+def _crosscheck(report: AuditReport, db: OsvDatabase, found: list[Finding], timeout: float) -> None:
+    server = OsvServer(db).start()
+    try:
+        theirs = run_pip_audit(report.dists, server.query_url, timeout)
+    except PipAuditError as exc:
+        report.degraded.append(f"pip-audit cross-check failed: {exc}")
+        return
+    finally:
+        server.stop()
+    disagreements = compare(found, theirs)
+    report.stats["pip_audit"] = {"audited": theirs.audited, "disagreements": len(disagreements)}
+    if disagreements:
+        report.degraded.append("pip-audit disagrees: " + "; ".join(disagreements[:10]))
+
+
+def _online_vulns(report: AuditReport, timeout: float) -> None:
+    try:
+        online = run_pip_audit(report.dists, None, timeout)
+    except PipAuditError as exc:
+        report.incomplete.append(f"online vulnerability service failed (fail closed): {exc}")
+        return
+    known = {i for f in report.findings + report.ignored if f.check == "vulns" for i in f.details.get("ids") or ()}
+    for name, groups in sorted(online.vulns.items()):
+        for group in groups:
+            if not group & known:
+                ident = min(group)
+                message = f"{name}: {ident} reported by pip-audit's online service, missing from the offline database"
+                details = {"id": ident, "ids": sorted(group), "severity": "unknown", "package": name}
+                report.findings.append(Finding("vulns", "vulnerable", name, message, True, details))
+
+
+def run_audit(
+    settings: AuditSettings,
+    target: Target,
+    cancel: threading.Event | None = None,
+    dbs: DatabaseCache | None = None,
+    clock: Callable[[], float] = time.time,
+) -> AuditReport:
+    """Audits ``target``. Raises LockError (exit 2) for an unusable lock; every other
+    failure is recorded in the report (``incomplete``/``degraded``), never raised."""
+    cancel = cancel or threading.Event()
+    started = time.monotonic()
+    now = clock()
+    report = AuditReport(target=target, started=now, strict=settings.strict, checks=tuple(sorted(settings.checks)))
+    for root in target.site_packages:
+        report.dists.extend(scan_distributions(root))
+    report.stats["distributions"] = len(report.dists)
+    steps: list[tuple[str, Callable[[], None]]] = [
+        ("lock", lambda: _lock_checks(report, settings)),
+        ("integrity", lambda: _integrity(report, settings, cancel, now)),
+        ("vulns", lambda: _vulnerabilities(report, settings, dbs or DatabaseCache(), now)),
+    ]
+    for name, step in steps:
+        if name != "lock" and name not in settings.checks:
+            continue
+        if cancel.is_set():
+            report.incomplete.append("audit cancelled")
+            break
+        try:
+            step()
+        except DepsIncomplete as exc:
+            report.incomplete.append(str(exc))
+    report.duration = time.monotonic() - started
+    return report

@@ -1,0 +1,1 @@
+"""Offline OSV data: loader (directory or ``all.zip``), pure matcher, CVSS scoring, HTTP API."""

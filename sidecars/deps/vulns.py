@@ -1,0 +1,52 @@
+"""Known vulnerabilities of the installed distributions, from an offline OSV database (pure).
+
+Records of one package that share an id or alias are one finding (named by the most
+severe record, every id listed), with the highest severity of the group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sidecars.deps.installed import InstalledDist
+from sidecars.deps.model import SEVERITIES, Finding
+from sidecars.deps.osv.loader import OsvDatabase
+from sidecars.deps.osv.matcher import VulnRecord, group_aliases, rank, representative
+
+
+def _finding(dist: InstalledDist, group: list[VulnRecord], fail_on: Sequence[str]) -> Finding:
+    rep = representative(group)
+    ids = sorted({i for r in group for i in (r.id, *r.aliases)})
+    severity = max((r.severity for r in group), key=rank)
+    fixed = sorted({v for r in group for v in r.fixed_versions(dist.canonical)})
+    fix_text = f"fixed in {', '.join(fixed)}" if fixed else "no fixed version"
+    message = f"{dist.name} {dist.version}: {rep.id} ({severity}) {rep.summary or ''}".rstrip() + f"; {fix_text}"
+    details = {
+        "id": rep.id,
+        "ids": ids,
+        "aliases": [i for i in ids if i != rep.id],
+        "severity": severity,
+        "score": rep.score,
+        "vector": rep.vector,
+        "package": dist.canonical,
+        "version": dist.version,
+        "fixed": fixed,
+        "summary": rep.summary,
+    }
+    return Finding("vulns", "vulnerable", dist.canonical, message, severity in fail_on, details)
+
+
+def check_vulnerabilities(
+    db: OsvDatabase, dists: Sequence[InstalledDist], fail_on: Sequence[str] = SEVERITIES
+) -> tuple[list[Finding], list[str]]:
+    """(one finding per vulnerability per installed distribution, notes on what could not be evaluated)."""
+    findings: list[Finding] = []
+    notes: list[str] = []
+    for dist in dists:
+        hits, errors = db.query(dist.canonical, dist.version)
+        if errors:
+            notes.append(f"{dist.name} {dist.version}: ranges of {', '.join(errors[:5])} could not be evaluated")
+        for group in group_aliases(hits):
+            findings.append(_finding(dist, group, fail_on))
+    findings.sort(key=lambda f: (-rank(str(f.details["severity"])), f.subject, str(f.details["id"])))
+    return findings, notes
