@@ -13,3 +13,9 @@ def drill(tmp_path):
         yield d
     finally:
         d.close()
+
+
+# The deps drill audits a small real venv built from PyPI wheels (fixtures shared with the deps tests).
+from tests.sidecars.deps.deps_helpers import test_env, venv_template, wheel_dir  # noqa: E402
+
+__all__ = ["drill", "test_env", "venv_template", "wheel_dir"]

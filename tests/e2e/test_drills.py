@@ -158,3 +158,33 @@ def http_text(url: str) -> str:
 
     with urllib.request.urlopen(url, timeout=5) as resp:
         return resp.read().decode()
+
+
+def test_drill_5_edited_package_file_pages(drill, test_env):
+    drill.policy(
+        "deps",
+        {
+            "target": {"python": test_env.python},
+            "lock": {"path": str(test_env.lock)},
+            "vulnerabilities": {"osv_db": None, "pip_audit_crosscheck": False},
+            "strict": False,
+            "check_interval_seconds": 0.2,
+            "change_debounce_seconds": 0.3,
+            "watch": True,
+        },
+    )
+    stack = drill.start("deps", extra=("--no-s3",))
+    deadline = time.monotonic() + 60
+    while "warden_deps_last_audit_timestamp_seconds 0.0" in http_text(stack.urls["deps"] + "/metrics"):
+        assert time.monotonic() < deadline, "no audit completed"
+        time.sleep(0.3)
+    assert "warden_deps_tampered_files 0.0" in http_text(stack.urls["deps"] + "/metrics")
+    target = test_env.site / "six.py"
+    original = target.read_bytes()
+    start = time.monotonic()
+    target.write_bytes(original + b"\nimport os  # injected\n")
+    arrived, alert = drill.page("WardenDepsTamperedFiles", timeout=60)
+    record("5 edited file in an installed package -> WardenDepsTamperedFiles", arrived - start)
+    assert alert["labels"]["severity"] == "critical" and alert["labels"]["job"] == "deps"
+    target.write_bytes(original)
+    drill.page("WardenDepsTamperedFiles", timeout=60, status="resolved")
