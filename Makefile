@@ -4,12 +4,14 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The runtime comes from the project's own hashed lock (the deps sidecar audits against it).
+LOCK   := policies/locks/runtime-py311-linux-x86_64.txt
 
 .PHONY: demo test lint bench venv clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q --require-hashes -r $(LOCK)
 	# torch==2.13.0 is the CPU build (pinned in the `train` extra); unpinned it pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q -e '.[train,dev]'
 	touch $(STAMP)
@@ -27,8 +29,16 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check trainer sidecars tests bench grafana
 	$(VENV)/bin/mypy
 
+# Each benchmark prints ratios against an anchor measured in the same run (bench/README.md).
 bench: $(STAMP)
 	$(PY) bench/bench_events.py
+	$(PY) bench/bench_trainer.py --steps 3
+	$(PY) bench/bench_hashing.py --size-mb 512
+	$(PY) bench/bench_sign_latency.py --size-mb 200 --rounds 3
+	$(PY) bench/bench_archive.py
+	$(PY) bench/bench_tokenscan.py --size-mb 500 --dirs 50
+	$(PY) bench/bench_deps.py --target synthetic
+	$(PY) bench/bench_paths.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
