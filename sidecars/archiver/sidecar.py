@@ -1,0 +1,227 @@
+"""The ``archiver`` sidecar: a signed, hash-chained record of every reward snapshot, in S3.
+
+Event handling (at least once; every handler is idempotent):
+
+- ``run.started``: the run's genesis is its ``config_digest``. A run this state directory
+  has never seen is first looked up in the store, so a lost state directory resumes the
+  stored chain instead of forking it (store unreachable, or a stored chain this key cannot
+  verify: RetryLater, the events wait in the journal);
+- ``checkpoint.saved``: remembered as the run's checkpoint reference;
+- ``reward.snapshot``: a step at or before the run's chain head is a replay and is
+  skipped; otherwise the record is built, signed, written to the spool (the commit
+  point) and the chain head advances. The event is done then: the store is not needed.
+
+The uploader (:mod:`sidecars.archiver.uploader`) drains the spool in a thread. The first
+:meth:`ArchiverSidecar.check` drains it synchronously instead, so ``--once`` exits 0
+only when every record is in the store (3 while the store is down, 1 on a conflict).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Any
+
+from sidecars.archiver.chain import ChainState, RunChain, default_state_path, recover_from_store
+from sidecars.archiver.errors import BadSnapshotEvent, ChainRecoveryError, StoreError
+from sidecars.archiver.metrics import ArchiverMetrics
+from sidecars.archiver.policy import ArchiverPolicy
+from sidecars.archiver.record import MAX_STEP, Limits, build_record, genesis_for_run, object_hash, valid_run_id
+from sidecars.archiver.signing import RecordSigner
+from sidecars.archiver.spool import Spool
+from sidecars.archiver.store import Retention, Store, open_store
+from sidecars.archiver.uploader import Uploader
+from sidecars.errors import ConfigError
+from sidecars.logs import log_fields
+from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext
+from sidecars.signer.keys import load_private_key
+from trainer.events import CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_STARTED, Event
+
+NOTE_REASONS = (
+    ("dropped", "dropped_sample"),
+    ("truncated", "truncated_text"),
+    ("UTF-8", "repaired_text"),
+    ("no 'samples'", "no_samples"),
+)
+
+
+def load_signer(policy: ArchiverPolicy) -> RecordSigner:
+    """The record signer from ``signing_key``; ConfigError when unset or unusable."""
+    path = policy.signing_key_path()
+    if path is None:
+        raise ConfigError(
+            f"archiver policy: signing_key is {policy.signing_key!r}, which does not resolve to a file; "
+            "set WARDEN_SIGNING_KEY or signing_key to the private key from `warden keys generate`"
+        )
+    return RecordSigner(load_private_key(path))
+
+
+class ArchiverSidecar(Sidecar):
+    name = "archiver"
+    description = "signs a hash-chained record of each reward snapshot and archives it to S3 (spools while down)"
+    default_port = 9462
+    policy_schema = ArchiverPolicy
+    handles = frozenset({RUN_STARTED, REWARD_SNAPSHOT, CHECKPOINT_SAVED})
+    needs_run_dir = True
+
+    def __init__(self, ctx: SidecarContext, *, store: Store | None = None, signer: RecordSigner | None = None) -> None:
+        super().__init__(ctx)
+        self.policy: ArchiverPolicy = ctx.policy if isinstance(ctx.policy, ArchiverPolicy) else ArchiverPolicy()
+        self.signer = signer or load_signer(self.policy)
+        self.store = store or open_store(
+            self.policy.store_url(),
+            addressing_style=self.policy.addressing_style,
+            timeout=self.policy.request_timeout_seconds,
+            max_connections=self.policy.upload_concurrency + 4,
+            attempts=1,  # the uploader's back-off with jitter is the retry policy
+        )
+        os.makedirs(ctx.state_dir, exist_ok=True)
+        self.spool = Spool(os.path.join(ctx.state_dir, "spool"), clock=ctx.clock)
+        self.chains = ChainState(default_state_path(ctx.state_dir))
+        self.metrics = ArchiverMetrics(ctx.registry, self.spool)
+        self.limits = Limits(self.policy.top_k, self.policy.min_reward, self.policy.max_text_bytes)
+        retention = self.policy.retention
+        self.uploader = Uploader(
+            self.store,
+            self.spool,
+            self.chains,
+            self.signer,
+            self.metrics,
+            ctx.log,
+            retention=Retention(retention.mode, retention.days) if retention.mode != "none" else None,
+            require_object_lock=retention.needs_object_lock,
+            concurrency=self.policy.upload_concurrency,
+            backoff=self.policy.backoff,
+        )
+        self._first_check = True
+        self._conflicts_reported = 0
+        self._refuse_without_object_lock()
+        for run_id, step in self.chains.reconcile(self.spool, self.signer.own_trust):
+            ctx.log.debug("chain head from the spool", extra=log_fields(sidecar=self.name, run_id=run_id, step=step))
+
+    def _refuse_without_object_lock(self) -> None:
+        try:
+            ok = self.uploader.verify_object_lock()
+        except StoreError as exc:
+            self.ctx.log.warning(
+                f"cannot check Object Lock now, checking before the first upload: {exc}",
+                extra=log_fields(sidecar=self.name, kind=exc.kind),
+            )
+            return
+        if not ok:
+            self.store.close()
+            raise self.uploader.lock_missing_error()
+
+    @property
+    def check_interval_seconds(self) -> float:
+        return self.policy.check_interval_seconds
+
+    # -- events -------------------------------------------------------------------------------
+    def handle(self, event: Event) -> Outcome:
+        if not valid_run_id(event.run_id):
+            self.metrics.event_problems.labels("unusable_event").inc()
+            raise BadSnapshotEvent(f"event seq {event.seq}: run id {event.run_id!r} cannot name a key; not archived")
+        if event.type == RUN_STARTED:
+            digest = event.data.get("config_digest")
+            self._ensure_run(event.run_id, digest if isinstance(digest, str) and digest else None)
+        elif event.type == CHECKPOINT_SAVED:
+            self._remember_checkpoint(event)
+        elif event.type == REWARD_SNAPSHOT:
+            self._archive(event)
+        return Outcome.OK
+
+    def _ensure_run(self, run_id: str, genesis: str | None = None) -> RunChain:
+        chain = self.chains.get(run_id)
+        if chain is not None:
+            return chain
+        try:
+            chain = recover_from_store(self.store, run_id, self.signer.own_trust)
+        except StoreError as exc:
+            raise RetryLater(f"run {run_id}: cannot look the run up in the store: {exc}") from None
+        except ChainRecoveryError as exc:
+            # Never fork or drop: the run's events wait in the journal until someone looks.
+            raise RetryLater(
+                f"run {run_id}: {exc}; the run's events wait in the journal until the objects under "
+                f"runs/{run_id}/ are explained (restore this archiver's state directory, or move them aside)"
+            ) from None
+        if chain is not None:
+            self.ctx.log.info(
+                "continuing the chain found in the store",
+                extra=log_fields(sidecar=self.name, run_id=run_id, step=chain.head_step),
+            )
+        else:
+            source = "run.started" if genesis else "run_id"
+            chain = RunChain(run_id, genesis or genesis_for_run(run_id), source)
+        self.chains.set(chain)
+        return chain
+
+    def _remember_checkpoint(self, event: Event) -> None:
+        path = event.data.get("path")
+        if not isinstance(path, str) or event.step is None:
+            return
+        chain = self._ensure_run(event.run_id)
+        reference: dict[str, Any] = {"step": event.step, "path": path}
+        if chain.checkpoint != reference:
+            self.chains.set(replace(chain, checkpoint=reference))
+
+    def _archive(self, event: Event) -> None:
+        step = event.step
+        if step is None or not 0 <= step <= MAX_STEP:
+            self.metrics.event_problems.labels("unusable_event").inc()
+            raise BadSnapshotEvent(f"run {event.run_id} event seq {event.seq}: reward.snapshot without a valid step")
+        chain = self._ensure_run(event.run_id)
+        if chain.head_step is not None and step <= chain.head_step:
+            self.metrics.replayed.inc()
+            self.ctx.log.info(
+                "snapshot for a step already chained; not archived again",
+                extra=log_fields(sidecar=self.name, run_id=event.run_id, step=step, head_step=chain.head_step),
+            )
+            return
+        record = build_record(
+            run_id=event.run_id,
+            step=step,
+            time=event.time,
+            event_seq=event.seq,
+            data=event.data,
+            link=chain.link(),
+            limits=self.limits,
+            checkpoint=chain.checkpoint,
+        )
+        self._count_notes(record["notes"], event)
+        body = self.signer.sign_record(record)
+        self.spool.add(event.run_id, step, body)
+        self.chains.advance(event.run_id, step, object_hash(body))
+        self.metrics.spooled.inc()
+        self.uploader.notify()
+
+    def _count_notes(self, notes: list[str], event: Event) -> None:
+        for note in notes:
+            reason = next((label for marker, label in NOTE_REASONS if marker in note), None)
+            if reason is not None:
+                self.metrics.event_problems.labels(reason).inc()
+        if notes:
+            self.ctx.log.warning(
+                "snapshot archived with notes",
+                extra=log_fields(sidecar=self.name, run_id=event.run_id, step=event.step, notes=notes[:5]),
+            )
+
+    # -- periodic -----------------------------------------------------------------------------
+    def check(self) -> Outcome:
+        if self._first_check:
+            self._first_check = False
+            self.uploader.run_pass()
+            self.uploader.start()
+        if self.uploader.lock_state is False:
+            raise self.uploader.lock_missing_error()
+        conflicts = self.uploader.conflicts_total - self._conflicts_reported
+        self._conflicts_reported = self.uploader.conflicts_total
+        if conflicts:
+            return Outcome.VIOLATION
+        if self.uploader.failing is not None and (self.spool.depth() or self.uploader.heads_pending()):
+            return Outcome.INCOMPLETE
+        return Outcome.OK
+
+    def close(self) -> None:
+        self.uploader.close(timeout=self.policy.request_timeout_seconds + 2)
+        self.spool.close()
+        self.store.close()
