@@ -1,18 +1,19 @@
-"""The demo's and the local stack's components: which sidecars run, with which policies.
+"""The demo's plan: the local stack (docker-compose services as processes) with policies
+that point at the demo run, plus the one-shot checks and verdicts of its summary.
 
-A sidecar whose module is not importable here is left out with a note, so the demo
-still runs on a partial install. Policies are the shipped defaults from ``policies/``
-with the fields that must point at this run replaced, written to ``<run>/policies/``.
+Policies are the shipped defaults from ``policies/`` with the fields that must point at
+this run replaced, written to ``<run>/policies/``; a sidecar whose module is not
+importable here is left out with a note, so the demo runs on a partial install.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
-import shutil
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,11 +21,10 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from sidecars.registry import SIDECARS
-from sidecars.stack.supervisor import Service
-
 Echo = Callable[[str], None]
-REPO_POLICIES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "policies")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO_POLICIES = os.path.join(REPO, "policies")
+DEMO_SIDECARS = ("signer", "archiver", "tokenscan", "deps", "paths")
 
 
 def free_port(preferred: int) -> int:
@@ -40,23 +40,20 @@ def free_port(preferred: int) -> int:
 
 
 @dataclass
-class SidecarPlan:
-    name: str
-    port: int
-    policy_path: str
-    follows_journal: bool
-
-
-@dataclass
 class Plan:
     run_dir: str
     trainer_port: int
-    services: list[Service] = field(default_factory=list)
-    sidecars: list[SidecarPlan] = field(default_factory=list)
-    urls: dict[str, str] = field(default_factory=dict)
+    stack: Any = None  # sidecars.stack.local.LocalStack
+    settings: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     next_steps: list[str] = field(default_factory=list)
-    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def urls(self) -> dict[str, str]:
+        return dict(self.stack.urls) if self.stack else {}
+
+    def port(self, name: str) -> int | None:
+        return self.stack.ports.get(name) if self.stack else None
 
 
 def warden_argv(*args: str) -> list[str]:
@@ -64,6 +61,8 @@ def warden_argv(*args: str) -> list[str]:
 
 
 def available(name: str) -> bool:
+    from sidecars.registry import SIDECARS
+
     module = SIDECARS[name].partition(":")[0]
     try:
         return importlib.util.find_spec(module) is not None
@@ -72,123 +71,130 @@ def available(name: str) -> bool:
 
 
 def default_policy(name: str) -> dict[str, Any]:
-    path = os.path.join(REPO_POLICIES, f"{name}.yaml")
-    if not os.path.exists(path):
-        return {"version": 1}
-    with open(path, encoding="utf-8") as fh:
+    with open(os.path.join(REPO_POLICIES, f"{name}.yaml"), encoding="utf-8") as fh:
         loaded = yaml.safe_load(fh)
     return loaded if isinstance(loaded, dict) else {"version": 1}
 
 
-def write_policy(plan: Plan, name: str, policy: dict[str, Any]) -> str:
-    directory = os.path.join(plan.run_dir, "policies")
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{name}.yaml")
-    with open(path, "w", encoding="utf-8") as fh:
-        yaml.safe_dump(policy, fh, sort_keys=False)
-    return path
-
-
-# Policy adjusters: default policy -> the policy for this run. One per sidecar.
-def _journal_policy(plan: Plan, policy: dict[str, Any]) -> dict[str, Any]:
-    return {**policy, "check_interval_seconds": 2}
-
-
-def _paths_policy(plan: Plan, policy: dict[str, Any]) -> dict[str, Any]:
-    entries = [
-        {
-            "name": "run_dir",
-            "path": plan.run_dir,
-            "readable": True,
-            "writable": True,
-            "interval_seconds": 2,
-            "deadline_seconds": 1,
-            "min_free_bytes": "1%",
-        },
-        {
-            "name": "checkpoint_root",
-            "path": os.path.join(plan.run_dir, "checkpoints"),
-            "exists": False,
-            "interval_seconds": 2,
-            "deadline_seconds": 1,
-        },
-    ]
-    return {**policy, "paths": entries}
-
-
-def demo_key(plan: Plan) -> str:
-    """A signing key for this demo run only: ``<run>/keys/signing.key`` (mode 0600)."""
+def demo_key(run_dir: str) -> tuple[str, str]:
+    """A signing key pair for this demo run only, in ``<run>/keys`` (private key mode 0600)."""
     from sidecars.signer import generate_keypair
 
-    key_dir = os.path.join(plan.run_dir, "keys")
-    path = os.path.join(key_dir, "signing.key")
-    if not os.path.exists(path):
+    key_dir = os.path.join(run_dir, "keys")
+    if not os.path.exists(os.path.join(key_dir, "signing.key")):
         generate_keypair(key_dir)
-    return path
+    return os.path.join(key_dir, "signing.key"), os.path.join(key_dir, "signing.pub")
 
 
-def _signer_policy(plan: Plan, policy: dict[str, Any]) -> dict[str, Any]:
-    key = demo_key(plan)
-    plan.settings["signing_key"] = key
-    plan.settings["trusted_keys"] = os.path.join(os.path.dirname(key), "signing.pub")
+# Policy adjusters: the default policy -> this run's. One per sidecar.
+def _signer(plan: Plan, p: dict[str, Any]) -> dict[str, Any]:
     return {
-        **policy,
-        "signing_key": key,
-        "trusted_keys": plan.settings["trusted_keys"],
+        **p,
+        "signing_key": plan.settings["key"],
+        "trusted_keys": plan.settings["pub"],
         "check_interval_seconds": 1,
         "stable_seconds": 2,
         "reverify_interval_seconds": 10,
     }
 
 
-POLICY_ADJUSTERS: dict[str, Callable[[Plan, dict[str, Any]], dict[str, Any]]] = {
-    "journal": _journal_policy,
-    "signer": _signer_policy,
-    "paths": _paths_policy,
+def _archiver(plan: Plan, p: dict[str, Any]) -> dict[str, Any]:
+    store = plan.settings.get("store")
+    retention = (
+        {"mode": "COMPLIANCE", "days": 1, "require_object_lock": True}
+        if store
+        else {"mode": "none", "days": 0, "require_object_lock": False}
+    )
+    return {
+        **p,
+        "store": store or f"file://{os.path.join(plan.run_dir, 'archive')}",
+        "signing_key": plan.settings["key"],
+        "retention": retention,
+        "check_interval_seconds": 1,
+    }
+
+
+def _tokenscan(plan: Plan, p: dict[str, Any]) -> dict[str, Any]:
+    return {**p, "paths": [], "check_interval_seconds": 1}  # the trainer's model.loading events add paths
+
+
+def _deps(plan: Plan, p: dict[str, Any]) -> dict[str, Any]:
+    lock = os.path.join(REPO_POLICIES, p["lock"]["path"])
+    return {
+        **p,
+        "target": {**p.get("target", {}), "python": sys.executable},
+        "lock": {**p["lock"], "path": lock},
+        "integrity": {**p["integrity"], "check_pyc": False},  # the full .pyc pass takes ~20 s here
+        "vulnerabilities": {**p["vulnerabilities"], "pip_audit_crosscheck": False},
+        "strict": False,
+        "check_interval_seconds": 1,
+    }
+
+
+def _paths(plan: Plan, p: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **p,
+        "check_interval_seconds": 0.2,
+        "paths": [
+            {
+                "name": "run_dir",
+                "path": plan.run_dir,
+                "writable": True,
+                "interval_seconds": 2,
+                "deadline_seconds": 1,
+                "min_free_bytes": "1%",
+            },
+            {
+                "name": "checkpoint_root",
+                "path": os.path.join(plan.run_dir, "checkpoints"),
+                "exists": False,
+                "interval_seconds": 2,
+                "deadline_seconds": 1,
+            },
+        ],
+    }
+
+
+ADJUSTERS: dict[str, Callable[[Plan, dict[str, Any]], dict[str, Any]]] = {
+    "signer": _signer,
+    "archiver": _archiver,
+    "tokenscan": _tokenscan,
+    "deps": _deps,
+    "paths": _paths,
 }
 
 
 def plan_demo(run_dir: str) -> Plan:
-    """Decides ports, writes policies and builds the service list for a demo run."""
+    """Writes the demo's key and policies and plans the local stack; starts nothing."""
+    from sidecars.stack.local import StackOptions, plan_local_stack
+
     plan = Plan(run_dir=run_dir, trainer_port=free_port(9460))
-    plan.urls["trainer"] = f"http://127.0.0.1:{plan.trainer_port}/metrics"
-    for name, adjust in POLICY_ADJUSTERS.items():
-        if name not in SIDECARS or not available(name):
-            plan.notes.append(f"sidecar {name} is not available in this install; skipped")
-            continue
-        policy_path = write_policy(plan, name, adjust(plan, default_policy(name)))
-        add_sidecar(plan, name, policy_path)
+    plan.settings["key"], plan.settings["pub"] = demo_key(run_dir)
+    opts = StackOptions(
+        run_dir=run_dir,
+        policy_dir=os.path.join(run_dir, "policies"),
+        signing_key=plan.settings["key"],
+        trainer_port=plan.trainer_port,
+    )
+    only = tuple(name for name in DEMO_SIDECARS if available(name))
+    plan.notes += [f"sidecar {n} is not available in this install; skipped" for n in DEMO_SIDECARS if n not in only]
+    opts.only = only
+    stack = plan_local_stack(opts)
+    if stack.s3_credentials is not None:
+        plan.settings["store"] = "s3://warden-archive/demo"
+    os.makedirs(opts.policy_dir, exist_ok=True)
+    for name in only:
+        with open(os.path.join(opts.policy_dir, f"{name}.yaml"), "w", encoding="utf-8") as fh:
+            yaml.safe_dump(ADJUSTERS[name](plan, default_policy(name)), fh, sort_keys=False)
+    plan.stack = stack
+    plan.notes += stack.notes
     return plan
 
 
-def add_sidecar(plan: Plan, name: str, policy_path: str) -> None:
-    from sidecars.registry import sidecar_class
-
-    cls = sidecar_class(name)
-    port = free_port(cls.default_port)
-    argv = warden_argv(
-        "sidecar",
-        "run",
-        name,
-        "--run-dir",
-        plan.run_dir,
-        "--policy",
-        policy_path,
-        "--port",
-        str(port),
-        "--poll-interval",
-        "0.5",
-    )
-    log = os.path.join(plan.run_dir, "logs", f"{name}.log")
-    plan.services.append(Service(name, argv, ready_url=f"http://127.0.0.1:{port}/healthz", log_path=log))
-    plan.sidecars.append(SidecarPlan(name, port, policy_path, bool(cls.handles)))
-    plan.urls[name] = f"http://127.0.0.1:{port}/metrics"
-
-
-def scrape(port: int) -> dict[str, float]:
-    """``{sample name + labels: value}`` from a local /metrics; empty when unreachable."""
-    import urllib.request
-
+def scrape(port: int | None) -> dict[str, float]:
+    """``{name{labels}: value}`` from a local /metrics; empty when unreachable."""
+    if port is None:
+        return {}
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as resp:
             text = resp.read().decode()
@@ -202,56 +208,13 @@ def scrape(port: int) -> dict[str, float]:
     return out
 
 
-def lag_of(sidecar: SidecarPlan) -> float | None:
-    samples = scrape(sidecar.port)
-    return samples.get(f"warden_sidecar_lag_events{{sidecar={sidecar.name}}}")
+def total(samples: dict[str, float], prefix: str) -> float:
+    return sum(v for k, v in samples.items() if k.startswith(prefix + "{"))
 
 
-def one_shot_checks(plan: Plan, echo: Echo) -> dict[str, str]:
-    """Runs each available one-shot check and returns a verdict line per check."""
-    verdicts: dict[str, str] = {}
-    for sc in plan.sidecars:
-        samples = scrape(sc.port)
-        processed = samples.get(f"warden_sidecar_events_processed_total{{sidecar={sc.name}}}", 0.0)
-        errors = sum(v for k, v in samples.items() if k.startswith("warden_sidecar_errors_total"))
-        verdicts[f"sidecar {sc.name}"] = f"{processed:.0f} events handled, {errors:.0f} errors"
-    if "trusted_keys" in plan.settings:
-        verdicts["signatures"] = verify_checkpoints(plan)
-    if any(sc.name == "paths" for sc in plan.sidecars):
-        policy = next(sc.policy_path for sc in plan.sidecars if sc.name == "paths")
-        result = subprocess.run(warden_argv("paths", "check", "--policy", policy), capture_output=True, text=True)
-        verdicts["paths"] = {0: "healthy", 1: "UNHEALTHY", 3: "could not check"}.get(result.returncode, "?")
-    return verdicts
+def lag_of(plan: Plan, name: str) -> float | None:
+    return scrape(plan.port(name)).get(f"warden_sidecar_lag_events{{sidecar={name}}}")
 
 
-def verify_checkpoints(plan: Plan) -> str:
-    """`warden checkpoint verify` on every checkpoint of the run, as the auditor would."""
-    root = os.path.join(plan.run_dir, "checkpoints")
-    names = (
-        sorted(n for n in os.listdir(root) if n.startswith("step-") and os.path.isdir(os.path.join(root, n)))
-        if os.path.isdir(root)
-        else []
-    )
-    ok = 0
-    for name in names:
-        result = subprocess.run(
-            warden_argv("checkpoint", "verify", os.path.join(root, name), "--trust", plan.settings["trusted_keys"]),
-            capture_output=True,
-            text=True,
-        )
-        ok += result.returncode == 0
-    plan.next_steps.append(
-        f"verify       warden checkpoint verify {root}/{names[-1] if names else 'step-N'} "
-        f"--trust {plan.settings['trusted_keys']}"
-    )
-    return f"{ok}/{len(names)} checkpoints signed and verified (warden checkpoint verify)"
-
-
-def firing_alerts(plan: Plan) -> str:
-    if "alertmanager" not in plan.urls:
-        return "Alertmanager not running in this demo (install prometheus-alertmanager)"
-    return "none"
-
-
-def which(binary: str) -> str | None:
-    return shutil.which(binary)
+def run_quiet(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(warden_argv(*args), capture_output=True, text=True, env={**os.environ, **(env or {})})

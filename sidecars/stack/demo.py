@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sidecars.errors import ConfigError
-from sidecars.stack import components
+from sidecars.stack import components, verdicts
 from sidecars.stack.summary import ascii_chart, facts_from_events
 from sidecars.stack.supervisor import Supervisor
 from trainer.events import JOURNAL_NAME, Cursor, JournalReader
@@ -77,10 +77,11 @@ def run_trainer(run_dir: str, steps: int, metrics_port: int, echo: Echo) -> int:
 def wait_for_sidecars(plan: components.Plan, timeout: float = 60.0) -> None:
     """Waits until every journal-following sidecar reports zero lag."""
     deadline = time.monotonic() + timeout
-    pending = [c for c in plan.sidecars if c.follows_journal]
+    pending = [n for n in ("signer", "archiver", "tokenscan") if plan.port(n)]
     while pending and time.monotonic() < deadline:
-        pending = [c for c in pending if components.lag_of(c) != 0]
+        pending = [n for n in pending if components.lag_of(plan, n) != 0]
         time.sleep(0.5)
+    time.sleep(2)  # the archiver uploads from its spool right after handling
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -88,49 +89,67 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 
 def run_demo(run_dir: str, steps: int, echo: Echo) -> DemoResult:
+    from sidecars.stack.local import start_in_order
+
     run_dir = os.path.abspath(run_dir)
     os.makedirs(os.path.join(run_dir, "logs"), exist_ok=True)
     echo(f"Warden demo: run directory {run_dir}")
     plan = components.plan_demo(run_dir)
     for note in plan.notes:
         echo(f"  note: {note}")
-    supervisor = Supervisor(plan.services)
-    echo(f"starting {len(plan.services)} services: {', '.join(s.name for s in plan.services)}")
+    supervisor = Supervisor(plan.stack.services)
+    echo(f"starting {len(plan.stack.services)} services: {', '.join(s.name for s in plan.stack.services)}")
     # SIGTERM must unwind through `finally`, or the services (own sessions) would outlive us.
     signal.signal(signal.SIGTERM, _raise_interrupt)
     result = DemoResult(run_dir=run_dir, trainer_exit=-1, urls=plan.urls)
     try:
-        supervisor.start_all(ready_timeout=90)
+        start_in_order(supervisor, plan.stack)
         echo(f"training {steps} PPO steps on the tiny offline model (CPU)...")
         result.trainer_exit = run_trainer(run_dir, steps, plan.trainer_port, echo)
         echo("waiting for the sidecars to catch up with the journal...")
         wait_for_sidecars(plan)
-        result.verdicts = components.one_shot_checks(plan, echo)
-        result.verdicts["alerts"] = components.firing_alerts(plan)
+        result.verdicts = collect_verdicts(plan, run_dir)
     finally:
         supervisor.stop_all()
     print_summary(result, plan, echo)
     return result
 
 
+def collect_verdicts(plan: components.Plan, run_dir: str) -> dict[str, str]:
+    events = [e for e, _ in JournalReader(os.path.join(run_dir, JOURNAL_NAME), Cursor()).read_available()]
+    facts = facts_from_events(events)
+    tokenizer = next(
+        (e.data.get("path") for e in events if e.type == "model.loading" and e.data.get("kind") == "tokenizer"), None
+    )
+    return {
+        "signatures": verdicts.signatures(plan),
+        "archive": verdicts.archive(plan, facts.run_id, facts.snapshot_steps),
+        "tokenizer": verdicts.tokenizer(plan, tokenizer),
+        "deps": verdicts.deps(plan),
+        "paths": verdicts.paths(plan),
+        "alerts": verdicts.alerts(plan),
+    }
+
+
 def print_summary(result: DemoResult, plan: components.Plan, echo: Echo) -> None:
     events = [e for e, _ in JournalReader(os.path.join(result.run_dir, JOURNAL_NAME), Cursor()).read_available()]
     facts = facts_from_events(events)
     echo("")
-    echo("=" * 72)
+    echo("=" * 76)
     echo(f"Run {facts.run_id}: {facts.last_step} steps, status {facts.status} (trainer exit {result.trainer_exit})")
     echo("")
-    echo("Reward (mean per step; the task: answer with digits)")
+    echo("Reward per step (mean over the batch; the task: answer with digits)")
     for line in ascii_chart(facts.rewards, label=f"last {facts.rewards[-1]:.2f}" if facts.rewards else ""):
         echo("  " + line)
     echo("")
-    echo(f"Checkpoints written: {len(facts.checkpoints)}; reward snapshots emitted: {len(facts.snapshot_steps)}")
+    echo(f"Checkpoints written: {len(facts.checkpoints)}; reward snapshots: {len(facts.snapshot_steps)}")
     for name, verdict in result.verdicts.items():
-        echo(f"  {name:<12} {verdict}")
+        echo(f"  {name:<11} {verdict}")
     echo("")
     echo("Where to look next:")
-    echo(f"  journal      warden events tail --run-dir {result.run_dir}")
-    echo(f"  logs         {os.path.join(result.run_dir, 'logs')}/")
+    echo(f"  journal  warden events tail --run-dir {result.run_dir}")
+    echo(f"  logs     {os.path.join(result.run_dir, 'logs')}/   policies {os.path.join(result.run_dir, 'policies')}/")
     for line in plan.next_steps:
         echo(f"  {line}")
-    echo("=" * 72)
+    echo("  the stack as services: warden stack up --run-dir DIR (Prometheus, Alertmanager, S3 when installed)")
+    echo("=" * 76)

@@ -40,6 +40,7 @@ class StackOptions:
     with_s3: bool = True
     with_prometheus: bool = True
     receivers: dict[str, str] = field(default_factory=dict)  # receiver name -> webhook URL
+    trainer_port: int = 0  # where Prometheus finds the trainer; 0: its default 9460
     scrape_interval: str = "1s"
     evaluation_interval: str = "1s"
 
@@ -113,6 +114,8 @@ def plan_local_stack(opts: StackOptions) -> LocalStack:
     """Builds the service list; starts nothing."""
     compose = load_compose(opts.compose_file)
     stack = LocalStack()
+    if opts.trainer_port:
+        stack.ports["trainer"] = opts.trainer_port
     os.makedirs(os.path.join(opts.run_dir, "logs"), exist_ok=True)
     s3_port = _plan_s3(stack, opts) if opts.with_s3 else None
     for name, command in warden_services(compose).items():
