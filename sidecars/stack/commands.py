@@ -54,6 +54,8 @@ def stack() -> None:
 )
 @option("--only", multiple=True, help="Run only these warden services (repeatable).")
 @option("--no-s3", is_flag=True, help="Do not start SeaweedFS.")
+@option("--s3-access-key", default="", help="Access key the local SeaweedFS accepts. Default: a random one.")
+@option("--s3-secret-key", default="", help="Secret key the local SeaweedFS accepts. Default: a random one.")
 @option("--no-prometheus", is_flag=True, help="Do not start Prometheus and Alertmanager.")
 @option("--scrape-interval", default="1s", show_default=True, help="Prometheus scrape interval.")
 @option("--evaluation-interval", default="1s", show_default=True, help="Prometheus rule evaluation interval.")
@@ -67,6 +69,8 @@ def stack_up(
     policy_dir: str | None,
     only: tuple[str, ...],
     no_s3: bool,
+    s3_access_key: str,
+    s3_secret_key: str,
     no_prometheus: bool,
     scrape_interval: str,
     evaluation_interval: str,
@@ -93,6 +97,8 @@ def stack_up(
         scrape_interval=scrape_interval,
         evaluation_interval=evaluation_interval,
     )
+    if s3_access_key and s3_secret_key:
+        opts.s3_credentials = (s3_access_key, s3_secret_key)
     if compose_file:
         opts.compose_file = os.path.abspath(compose_file)
     if policy_dir:

@@ -41,6 +41,7 @@ class StackOptions:
     with_prometheus: bool = True
     receivers: dict[str, str] = field(default_factory=dict)  # receiver name -> webhook URL
     trainer_port: int = 0  # where Prometheus finds the trainer; 0: its default 9460
+    s3_credentials: tuple[str, str] | None = None  # None: throw-away random ones
     scrape_interval: str = "1s"
     evaluation_interval: str = "1s"
 
@@ -136,7 +137,7 @@ def plan_local_stack(opts: StackOptions) -> LocalStack:
 def _plan_s3(stack: LocalStack, opts: StackOptions) -> int | None:
     from sidecars.stack.s3 import new_credentials, weed_service
 
-    access, secret = new_credentials()
+    access, secret = opts.s3_credentials or new_credentials()
     planned = weed_service(
         os.path.join(opts.run_dir, "state", "s3"), os.path.join(opts.run_dir, "logs", "seaweedfs.log"), access, secret
     )

@@ -188,3 +188,205 @@ def test_drill_5_edited_package_file_pages(drill, test_env):
     assert alert["labels"]["severity"] == "critical" and alert["labels"]["job"] == "deps"
     target.write_bytes(original)
     drill.page("WardenDepsTamperedFiles", timeout=60, status="resolved")
+
+
+S3_KEYS = ("wardendrill", "wardendrillsecret0123456789")
+
+
+def archiver_policy(drill, key: str, prefix: str) -> None:
+    drill.policy(
+        "archiver",
+        {
+            "store": f"s3://warden-archive/{prefix}",
+            "addressing_style": "path",
+            "signing_key": key,
+            "top_k": 2,
+            "retention": {"mode": "COMPLIANCE", "days": 1, "require_object_lock": True},
+            "upload_concurrency": 4,
+            "request_timeout_seconds": 2,
+            "backoff": {"initial_seconds": 0.2, "max_seconds": 2},
+            "check_interval_seconds": 0.5,
+        },
+    )
+
+
+def s3_env(stack) -> dict[str, str]:
+    return {
+        "AWS_ENDPOINT_URL_S3": stack.urls["s3"],
+        "AWS_ACCESS_KEY_ID": S3_KEYS[0],
+        "AWS_SECRET_ACCESS_KEY": S3_KEYS[1],
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+
+
+def metric(stack, name: str, sample: str) -> float:
+    for line in http_text(stack.urls[name] + "/metrics").splitlines():
+        if line.startswith(sample + " "):
+            return float(line.split()[-1])
+    return float("nan")
+
+
+def assert_archive_exact(drill, stack, run_id: str, steps: int, pub: str, prefix: str) -> None:
+    """Every step archived exactly once (one object version each) and the chain verifies."""
+    import boto3
+
+    deadline = time.monotonic() + 120
+    while not (
+        metric(stack, "archiver", "warden_archiver_spool_depth") == 0
+        and metric(stack, "archiver", "warden_archiver_last_archived_step") == steps
+    ):
+        assert time.monotonic() < deadline, "the archiver did not drain its spool"
+        time.sleep(0.5)
+    env = s3_env(stack)
+    store = f"s3://warden-archive/{prefix}"
+    verified = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sidecars.cli",
+            "audit",
+            "verify-run",
+            "--run",
+            run_id,
+            "--store",
+            store,
+            "--trust",
+            pub,
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **env},
+        timeout=120,
+    )
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    client = boto3.client(
+        "s3",
+        endpoint_url=env["AWS_ENDPOINT_URL_S3"],
+        aws_access_key_id=S3_KEYS[0],
+        aws_secret_access_key=S3_KEYS[1],
+        region_name="us-east-1",
+    )
+    versions: dict[str, int] = {}
+    for page in client.get_paginator("list_object_versions").paginate(
+        Bucket="warden-archive", Prefix=f"{prefix}/runs/{run_id}/steps/"
+    ):
+        for v in page.get("Versions", []):
+            versions[v["Key"]] = versions.get(v["Key"], 0) + 1
+    assert sorted(versions) == [f"{prefix}/runs/{run_id}/steps/{s:012d}.json" for s in range(1, steps + 1)]
+    assert set(versions.values()) == {1}, "a step has more than one object version"
+
+
+def weed_pid(drill) -> int:
+    found = subprocess.run(["pgrep", "-f", f"weed mini -dir={drill.run_dir}/state/s3"], capture_output=True, text=True)
+    return int(found.stdout.split()[0])
+
+
+def test_drill_3_s3_outage_during_training_loses_nothing(drill):
+    import signal as sig
+
+    from sidecars.signer import generate_keypair
+
+    keys = generate_keypair(os.path.join(drill.base, "keys"))
+    archiver_policy(drill, str(keys.private_key), "drill3")
+    steps = 120
+    config = tiny_config(drill, checkpoint={"every_steps": 0}, max_steps=steps)
+    stack = drill.start(
+        "archiver",
+        extra=("--s3-access-key", S3_KEYS[0], "--s3-secret-key", S3_KEYS[1], "--signing-key", str(keys.private_key)),
+    )
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "sidecars.cli", "train", "--config", config, "--run-dir", drill.run_dir],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not metric(stack, "archiver", "warden_archiver_records_archived_total") >= 3:
+            assert time.monotonic() < deadline and trainer.poll() is None, "nothing archived before the outage"
+            time.sleep(0.2)
+        pid = weed_pid(drill)
+        start = time.monotonic()
+        os.kill(pid, sig.SIGSTOP)  # S3 stops answering (connections hang, like a dead endpoint)
+        try:
+            arrived, alert = drill.page("WardenArchiverBacklog", timeout=40, receiver="/ticket")
+            record("3 S3 stopped during training -> WardenArchiverBacklog (ticket)", arrived - start)
+            assert alert["labels"]["severity"] == "warning"
+            time.sleep(max(0.0, 30 - (time.monotonic() - start)))
+        finally:
+            os.kill(pid, sig.SIGCONT)
+        assert trainer.wait(300) == 0, trainer.stderr.read().decode()[-2000:]
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    run_id = journal(drill.run_dir)[-1]["run_id"]
+    assert_archive_exact(drill, stack, run_id, steps, str(keys.public_key), "drill3")
+    drill.page("WardenArchiverBacklog", timeout=60, status="resolved", receiver="/ticket")
+
+
+def test_drill_6_trainer_killed_mid_checkpoint_resumes_without_loss(drill):
+    import signal as sig
+
+    from sidecars.signer import generate_keypair
+
+    keys = generate_keypair(os.path.join(drill.base, "keys"))
+    archiver_policy(drill, str(keys.private_key), "drill6")
+    drill.policy(
+        "signer",
+        {
+            "signing_key": str(keys.private_key),
+            "trusted_keys": str(keys.public_key),
+            "check_interval_seconds": 0.2,
+            "stable_seconds": 1,
+        },
+    )
+    steps = 10
+    config = tiny_config(
+        drill,
+        max_steps=steps,
+        model={"tiny": {"hidden_size": 256, "num_layers": 4, "intermediate_size": 768}},
+        checkpoint={"every_steps": 2, "keep_last": 3, "trusted_keys": str(keys.public_key), "allow_unsigned": True},
+    )
+    stack = drill.start(
+        "signer",
+        "archiver",
+        extra=("--s3-access-key", S3_KEYS[0], "--s3-secret-key", S3_KEYS[1], "--signing-key", str(keys.private_key)),
+    )
+    root = os.path.join(drill.run_dir, "checkpoints")
+    killed_at = None
+    trainer = subprocess.Popen(
+        [sys.executable, "-m", "sidecars.cli", "train", "--config", config, "--run-dir", drill.run_dir],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    while trainer.poll() is None:
+        names = os.listdir(root) if os.path.isdir(root) else []
+        partial = [n for n in names if n.startswith(".tmp-step-") and int(n[-9:]) >= 4]
+        if partial:
+            trainer.send_signal(sig.SIGKILL)  # mid-checkpoint
+            killed_at = int(partial[0][-9:])
+            break
+        time.sleep(0.001)
+    trainer.wait()
+    assert killed_at is not None, "the trainer finished before a checkpoint could be interrupted"
+    complete = sorted(n for n in os.listdir(root) if n.startswith("step-") and not n.endswith(".sig"))
+    assert f"step-{killed_at:09d}" not in complete  # the interrupted one never looks complete
+    newest = int(complete[-1][5:]) if complete else 0
+    again = train(config, drill.run_dir)
+    assert again.returncode == 0, again.stderr[-2000:]
+    events = journal(drill.run_dir)
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1)), "journal seq has gaps or repeats"
+    resumed = [e for e in events if e["type"] == "run.resumed"]
+    assert len(resumed) == 1 and resumed[0]["data"]["from_step"] == newest
+    after = [e["step"] for e in events[events.index(resumed[0]) :] if e["type"] == "step.completed"]
+    assert after == list(range(newest + 1, steps + 1)), "steps after the resume must be contiguous, once each"
+    before = {e["step"] for e in events[: events.index(resumed[0])] if e["type"] == "step.completed"}
+    assert set(range(1, newest + 1)) <= before, "a step before the resume point was lost"
+    record(
+        "6 trainer SIGKILL mid-checkpoint -> resumed from verified step "
+        f"{newest} (killed while writing step {killed_at})",
+        0.0,
+    )
+    assert_archive_exact(drill, stack, events[-1]["run_id"], steps, str(keys.public_key), "drill6")
