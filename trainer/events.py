@@ -8,7 +8,8 @@ Contracts:
 - one ``os.write`` per line on an ``O_APPEND`` descriptor, so concurrent appenders never
   interleave bytes inside a line; ``fsync`` after the types in :data:`FSYNC_TYPES`;
 - ``seq`` starts at 1 and rises by one per line; a reopened writer continues after the
-  last complete line and cuts a torn tail first, so it never merges with a new line;
+  last complete line and seals a torn tail with a newline first, so it never merges with
+  a new line (and is read as one corrupt line);
 - readers wait for a line without newline, count and skip a corrupt complete line,
   refuse a line over ``max_line_bytes`` without holding it in memory, ignore unknown
   types and unknown fields, and report gaps in ``seq``.
@@ -168,33 +169,32 @@ def atomic_write_bytes(path: str, payload: bytes, mode: int = 0o644) -> None:
 
 
 def _last_complete_line(fd: int, size: int) -> tuple[int, bytes | None]:
-    """Returns (end offset of the last complete line, that line without newline).
+    """Returns (offset just past the last newline, the last non-empty complete line).
 
-    Reads backwards in blocks, so reopening a large journal stays cheap.
+    Reads backwards in blocks, so reopening a large journal stays cheap. The line is None
+    when there is none, or when it is longer than the line limit.
     """
     block = 64 * 1024
-    pos, tail = size, b""
-    end_of_complete: int | None = None
+    pos, buf = size, b""
+    end: int | None = None
     while pos > 0:
         start = max(0, pos - block)
-        chunk = os.pread(fd, pos - start, start)
-        tail = chunk + tail
+        buf = os.pread(fd, pos - start, start) + buf
         pos = start
-        if end_of_complete is None:
-            idx = tail.rfind(b"\n")
+        if end is None:
+            idx = buf.rfind(b"\n")
             if idx < 0:
                 continue
-            end_of_complete = pos + idx + 1
-            tail = tail[: idx + 1]
-        body = tail[:-1]
-        prev = body.rfind(b"\n")
-        if prev >= 0:
-            return end_of_complete, body[prev + 1 :]
+            end, buf = pos + idx + 1, buf[: idx + 1]
+        body = buf.rstrip(b"\n")
+        newline = body.rfind(b"\n")
+        if newline >= 0:
+            return end, body[newline + 1 :]
         if len(body) > MAX_LINE_BYTES:
-            return end_of_complete, None
-    if end_of_complete is None:
+            return end, None
+    if end is None:
         return 0, None
-    return end_of_complete, tail[:-1]
+    return end, buf.rstrip(b"\n") or None
 
 
 class EventWriter:
@@ -219,12 +219,18 @@ class EventWriter:
         self._clock = clock
         self._max = max_line_bytes
         self._lock = threading.Lock()
-        self.torn_bytes_removed = 0
+        self.torn_bytes_sealed = 0
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._seq = self._recover()
 
     def _recover(self) -> int:
-        """Cuts a torn tail and returns the seq of the last complete line (0 if none)."""
+        """Seals a torn tail and returns the seq of the last complete line (0 if none).
+
+        A line without newline (a crash mid-write, or another writer's write seen half
+        done) is terminated with a newline, never cut: cutting could race with another
+        appender and delete its lines. Readers count a sealed torn line as corrupt once;
+        an extra empty line is skipped silently.
+        """
         rfd = os.open(self.path, os.O_RDONLY)
         try:
             size = os.fstat(rfd).st_size
@@ -232,10 +238,9 @@ class EventWriter:
         finally:
             os.close(rfd)
         if end < size:
-            # A crash left a line without newline: drop it so it cannot merge with ours.
-            os.ftruncate(self._fd, end)
+            os.write(self._fd, b"\n")
             os.fsync(self._fd)
-            self.torn_bytes_removed = size - end
+            self.torn_bytes_sealed = size - end
         if last is None:
             return 0
         try:
@@ -429,8 +434,11 @@ class JournalReader:
 
     def _parse(self, line: bytes, end_offset: int) -> Event | None:
         """Decodes one line and advances the cursor; None for lines that are skipped."""
-        self.stats.lines += 1
         line_start = end_offset - len(line) - 1
+        if not line.strip():
+            self.cursor = Cursor(offset=end_offset, seq=self.cursor.seq)
+            return None  # an empty line (a sealed torn tail next to a concurrent write)
+        self.stats.lines += 1
         if len(line) > self._max:
             self._finish_oversized(line_start, end_offset)
             return None

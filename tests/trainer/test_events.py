@@ -103,14 +103,16 @@ def test_kill_9_writer_then_reader_sees_only_complete_lines_and_writer_resumes(r
     assert [e.seq for e in got] == list(range(1, len(got) + 1))
     assert [e.data["i"] for e in got] == list(range(len(got)))
     assert reader.stats.corrupt == 0
-    # The restarted writer continues after the last complete line; the torn tail is gone.
+    # The restarted writer continues after the last complete line; the torn tail is sealed
+    # off as one corrupt line and never merges with the new one.
     writer = EventWriter(path, "crashy")
-    assert writer.torn_bytes_removed > 0
+    assert writer.torn_bytes_sealed > 0
     writer.emit(ev.RUN_RESUMED, {"from_step": len(got)})
     writer.close()
     again, reader = read_all(path)
+    assert [e.seq for e in again[:-1]] == [e.seq for e in got]
     assert again[-1].type == ev.RUN_RESUMED and again[-1].seq == len(got) + 1
-    assert reader.stats.corrupt == 0 and reader.stats.gaps == 0
+    assert reader.stats.corrupt == 1 and reader.stats.gaps == 0
 
 
 def test_torn_last_line_waits_for_newline(run_dir, journal):
@@ -264,3 +266,19 @@ def test_follower_is_not_woken_by_reads(run_dir, journal):
         assert wakes <= 1, f"{wakes} early wake-ups without any write"
     finally:
         follower.close()
+
+
+def test_reopening_while_another_process_appends_never_deletes_its_lines(run_dir):
+    """Recovery seals, never truncates: a writer opened mid-append must not cut other lines."""
+    path = str(run_dir / "events.jsonl")
+    ctx = multiprocessing.get_context("fork")
+    proc = ctx.Process(target=_append_many, args=(path, "a", 3000, 7))
+    proc.start()
+    opened = 0
+    while proc.is_alive() and opened < 200:
+        EventWriter(path, "other").close()  # recovery runs against a moving tail
+        opened += 1
+    proc.join(60)
+    assert proc.exitcode == 0 and opened > 10
+    events = [e for e, _ in JournalReader(path).read_available() if e.data.get("tag") == "a"]
+    assert [e.data["i"] for e in events] == list(range(3000))
