@@ -525,7 +525,16 @@ class JournalFollower:
             return None
         try:
             observer = Observer()
-            observer.schedule(_Handler(), directory, recursive=False)
+            from watchdog import events as wev
+
+            writes = [
+                wev.FileModifiedEvent,
+                wev.FileCreatedEvent,
+                wev.FileMovedEvent,
+                wev.FileDeletedEvent,
+                wev.FileClosedEvent,
+            ]  # opens by readers would only wake us for nothing
+            observer.schedule(_Handler(), directory, recursive=False, event_filter=writes)
             observer.daemon = True
             observer.start()
         except OSError:

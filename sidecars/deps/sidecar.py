@@ -23,6 +23,7 @@ from sidecars.deps.report import summary_counts
 from sidecars.errors import WardenError
 from sidecars.logs import log_fields
 from sidecars.runtime import Outcome, Sidecar, SidecarContext
+from sidecars.watching import write_events
 
 MAX_LOGGED_FINDINGS = 50
 # Events a reader causes (open, close without write) must not trigger audits: the audit reads every file.
@@ -165,7 +166,7 @@ class DepsSidecar(Sidecar):
         try:
             observer = Observer()
             for path in self._watch_paths():
-                observer.schedule(Handler(), path, recursive=True)
+                observer.schedule(Handler(), path, recursive=True, event_filter=write_events())
             observer.daemon = True
             observer.start()
             self._observer = observer

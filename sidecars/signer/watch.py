@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecars.signer.dsse import SIGNATURE_SUFFIX, signature_path_for
+from sidecars.watching import write_events
 
 HF_STATE_FILE = "trainer_state.json"
 VERL_TRACKER = "latest_checkpointed_iteration.txt"
@@ -274,7 +275,7 @@ class RootWatcher:
             if root in self._watched or not os.path.isdir(root):
                 continue
             try:
-                self._observer.schedule(self._handler(root), root, recursive=True)
+                self._observer.schedule(self._handler(root), root, recursive=True, event_filter=write_events())
                 self._watched.add(root)
             except OSError:
                 complete = False

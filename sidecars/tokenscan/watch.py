@@ -10,6 +10,8 @@ import threading
 import time
 from typing import Any
 
+from sidecars.watching import write_events
+
 IGNORED_EVENTS = frozenset({"opened", "closed_no_write"})
 
 
@@ -50,7 +52,7 @@ class DirWatcher:
                     watcher._mark(str(event.src_path), str(getattr(event, "dest_path", "") or ""))
 
         try:
-            self._observer.schedule(_Handler(), real, recursive=True)
+            self._observer.schedule(_Handler(), real, recursive=True, event_filter=write_events())
         except OSError:
             return False
         with self._lock:
