@@ -7,51 +7,17 @@ main ``make test`` environment has no vllm), except in CI's vllm stage
 
 from __future__ import annotations
 
-import copy
 import os
 
 import pytest
 import yaml
+from support import TEST_CONFIG, merge
 
-VLLM_CONFIG = {
-    "version": 1,
-    "run": {"seed": 5, "device": "cpu", "metrics_port": 0, "torch_threads": 1, "console": False},
-    "model": {
-        "dtype": "float32",
-        "tiny": {
-            "vocab_size": 300,
-            "hidden_size": 64,
-            "num_layers": 2,
-            "num_heads": 2,
-            "intermediate_size": 128,
-            "num_prompts": 64,
-        },
-    },
-    "reward": {"kind": "rule", "rule": "digits"},
-    "rollout": {"engine": "vllm", "n": 2, "max_new_tokens": 8, "progress": False, "enforce_eager": True},
-    "algorithm": {"kl_coef": 0.001, "kl_kind": "k3"},
-    "ppo": {
-        "train_batch_size": 8,
-        "mini_batch_size": 8,
-        "micro_batch_size": 4,
-        "epochs": 2,
-        "actor_lr": 3.0e-3,
-        "critic_lr": 3.0e-3,
-    },
-    "snapshot": {"top_k": 3},
-    "checkpoint": {"every_steps": 0},
-    "max_steps": 4,
-}
-
-
-def _merge(base, extra):
-    out = copy.deepcopy(base)
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
+# The trainer tests' tiny config with the vllm engine and no checkpoints.
+VLLM_CONFIG = merge(
+    TEST_CONFIG,
+    {"rollout": {"engine": "vllm", "enforce_eager": True}, "checkpoint": {"every_steps": 0}, "max_steps": 4},
+)
 
 
 @pytest.fixture
@@ -91,8 +57,8 @@ def vllm_config(vllm_assets, tmp_path):
     cache, _ = vllm_assets
 
     def build(extra=None, name="vllm.yaml"):
-        raw = _merge(VLLM_CONFIG, {"model": {"tiny": {"cache_dir": str(cache)}}})
-        raw = _merge(raw, extra or {})
+        raw = merge(VLLM_CONFIG, {"model": {"tiny": {"cache_dir": str(cache)}}})
+        raw = merge(raw, extra or {})
         path = tmp_path / name
         path.write_text(yaml.safe_dump(raw))
         return load_config(str(path))

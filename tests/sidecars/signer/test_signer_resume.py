@@ -10,32 +10,13 @@ import os
 
 import pytest
 import yaml
+from support import TEST_CONFIG, merge
 
 from sidecars import __version__
 from trainer import events as ev
 
-# The trainer tests' tiny config (tests/trainer/conftest.py), repeated so this test does not
-# import another directory's conftest.
-TINY = {"vocab_size": 300, "hidden_size": 64, "num_layers": 2, "num_heads": 2, "intermediate_size": 128}
-CONFIG = {
-    "version": 1,
-    "run": {"seed": 3, "device": "cpu", "metrics_port": 0, "torch_threads": 1, "console": False},
-    "model": {"tiny": {**TINY, "num_prompts": 64}},
-    "reward": {"kind": "rule", "rule": "digits"},
-    "rollout": {"n": 2, "max_new_tokens": 8, "progress": False},
-    "algorithm": {"kl_coef": 0.001, "kl_kind": "k3"},
-    "ppo": {
-        "train_batch_size": 8,
-        "mini_batch_size": 8,
-        "micro_batch_size": 4,
-        "epochs": 2,
-        "actor_lr": 3.0e-3,
-        "critic_lr": 3.0e-3,
-    },
-    "snapshot": {"top_k": 3},
-    "checkpoint": {"every_steps": 2, "keep_last": 3},
-    "max_steps": 4,
-}
+# The trainer tests' tiny config, with checkpoints every 2 steps.
+CONFIG = merge(TEST_CONFIG, {"checkpoint": {"every_steps": 2, "keep_last": 3}, "max_steps": 4})
 
 
 @pytest.fixture(scope="module")
