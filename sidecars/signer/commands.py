@@ -25,6 +25,17 @@ from sidecars.signer.verify import verify_checkpoint
 PROGRESS_THRESHOLD_BYTES = 1 << 30
 DEFAULT_TRUST = "policies/keys"
 _FORMAT = click.Choice(["text", "json"])
+# Options that sign and verify share.
+workers_option = click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    envvar="WARDEN_WORKERS",
+    show_envvar=True,
+    help="Hashing threads (default: cores).",
+)
+format_option = click.option(
+    "--format", "fmt", type=_FORMAT, default="text", envvar="WARDEN_FORMAT", show_envvar=True, help="Output format."
+)
 
 
 class _Progress:
@@ -141,16 +152,8 @@ def checkpoint_group() -> None:
     type=click.Path(dir_okay=False),
     help="Where to write the bundle. Default: PATH with .sig appended, beside the directory.",
 )
-@click.option(
-    "--workers",
-    type=click.IntRange(min=1),
-    envvar="WARDEN_WORKERS",
-    show_envvar=True,
-    help="Hashing threads (default: cores).",
-)
-@click.option(
-    "--format", "fmt", type=_FORMAT, default="text", envvar="WARDEN_FORMAT", show_envvar=True, help="Output format."
-)
+@workers_option
+@format_option
 def sign_command(
     path: str,
     key_path: str,
@@ -220,16 +223,8 @@ def sign_command(
     show_envvar=True,
     help="Accept a signature made for a directory of another name (a renamed copy).",
 )
-@click.option(
-    "--workers",
-    type=click.IntRange(min=1),
-    envvar="WARDEN_WORKERS",
-    show_envvar=True,
-    help="Hashing threads (default: cores).",
-)
-@click.option(
-    "--format", "fmt", type=_FORMAT, default="text", envvar="WARDEN_FORMAT", show_envvar=True, help="Report format."
-)
+@workers_option
+@format_option
 def verify_command(
     path: str, signature_path: str | None, trust: str, ignore_subject: bool, workers: int | None, fmt: str
 ) -> None:
