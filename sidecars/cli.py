@@ -1,7 +1,10 @@
 """The ``warden`` command. Exit codes: 0 clean, 1 violation, 2 usage, 3 incomplete.
 
 Expected failures (WardenError, OSError) print one ``error:`` line naming the file,
-key or step, and never a traceback.
+key or step, and never a traceback. Anything else is a bug or an input nobody foresaw:
+it prints one ``internal error:`` line and exits 3 ("could not be completed"), never 1,
+because 1 is the promise that a violation was found. ``WARDEN_DEBUG=1`` shows the
+traceback.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any
 import click
 
 from sidecars import __version__
-from sidecars.errors import EXIT_INCOMPLETE, ConfigError, WardenError
+from sidecars.errors import EXIT_INCOMPLETE, ConfigError, WardenError, quote_untrusted
 
 # Command groups that live in other modules: name -> "module:attribute". Imported lazily
 # so `warden --help` does not import every sidecar.
@@ -65,6 +68,15 @@ class WardenGroup(click.Group):
         except OSError as exc:
             where = f"{exc.filename}: " if exc.filename else ""
             click.echo(f"error: {where}{exc.strerror or exc}", err=True)
+            ctx.exit(EXIT_INCOMPLETE)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except (SystemExit, KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as exc:  # the one place that turns a bug (even a native panic) into exit 3
+            if os.environ.get("WARDEN_DEBUG"):
+                raise
+            click.echo(f"internal error: {type(exc).__name__}: {quote_untrusted(str(exc))}", err=True)
             ctx.exit(EXIT_INCOMPLETE)
 
 

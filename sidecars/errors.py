@@ -35,3 +35,16 @@ class IncompleteError(WardenError):
     """A check could not be completed (store unreachable, file unreadable)."""
 
     exit_code = EXIT_INCOMPLETE
+
+
+QUOTE_LIMIT = 200
+
+
+def quote_untrusted(text: object, limit: int = QUOTE_LIMIT) -> str:
+    """``text`` flattened to one line and cut to ``limit`` characters, for messages and logs.
+
+    Values read from files an attacker may write (signatures, records, tokenizer files)
+    can be megabytes long or hold newlines that forge log lines; quote them through this.
+    """
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"

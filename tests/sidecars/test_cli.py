@@ -64,3 +64,49 @@ def test_events_tail_reports_corrupt_lines_on_stderr(run_dir, journal):
         fh.write(b"garbage\n")
     result = run_warden("events", "tail", "--run-dir", str(run_dir))
     assert result.returncode == 0 and "corrupt line at byte" in result.stderr
+
+
+def _group_raising(exc: BaseException):
+    """A Warden group with one command that raises ``exc`` (a bug, as the CLI sees it)."""
+
+    from sidecars.cli import WardenGroup
+
+    group = WardenGroup()
+
+    @group.command()
+    def boom() -> None:
+        raise exc
+
+    return group
+
+
+def test_unexpected_exception_is_exit_3_with_one_short_line(monkeypatch):
+    from click.testing import CliRunner
+
+    monkeypatch.delenv("WARDEN_DEBUG", raising=False)
+    for exc in (RecursionError("x\n" * 100_000), ValueError("Exceeds the limit (4300 digits)"), KeyError("k")):
+        result = CliRunner().invoke(_group_raising(exc), ["boom"])
+        assert result.exit_code == 3, (exc, result.output)
+        lines = result.output.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("internal error: ")
+        assert len(lines[0]) < 260 and "Traceback" not in result.output
+
+
+def test_native_panic_like_base_exception_is_exit_3(monkeypatch):
+    """tokenizers' Rust panics surface as BaseException subclasses, not Exception."""
+    from click.testing import CliRunner
+
+    class PanicException(BaseException):
+        pass
+
+    monkeypatch.delenv("WARDEN_DEBUG", raising=False)
+    result = CliRunner().invoke(_group_raising(PanicException("regex panicked")), ["boom"])
+    assert result.exit_code == 3 and "internal error: PanicException" in result.output
+
+
+def test_quote_untrusted_flattens_and_cuts():
+    from sidecars.errors import quote_untrusted
+
+    assert quote_untrusted("a\nb\tc") == "a b c"
+    cut = quote_untrusted("y" * 5000)
+    assert len(cut) == 200 and cut.endswith("…")
