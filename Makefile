@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # The runtime comes from the project's own hashed lock (the deps sidecar audits against it).
 LOCK   := policies/locks/runtime-py311-linux-x86_64.txt
 
-.PHONY: demo test lint bench venv clean
+.PHONY: demo test lint bench venv clean system-packages
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,10 +18,15 @@ $(STAMP): pyproject.toml $(LOCK)
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+# Prometheus, Alertmanager, fuse3, docker-compose, ...: installed when root with apt-get,
+# otherwise the one command to run is printed (scripts/system-packages).
+system-packages:
+	scripts/system-packages
+
+demo: $(STAMP) system-packages
 	$(VENV)/bin/warden demo
 
-test: $(STAMP) lint
+test: $(STAMP) system-packages lint
 	$(PY) -m pytest
 
 lint: $(STAMP)

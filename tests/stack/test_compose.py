@@ -17,10 +17,33 @@ def services():
         return yaml.safe_load(fh)["services"]
 
 
-def test_docker_compose_config_is_valid():
+def _compose_config(env_overrides: dict[str, str | None]) -> subprocess.CompletedProcess[str]:
     compose = need_binary("docker-compose")
-    result = subprocess.run([compose, "-f", COMPOSE, "config", "-q"], capture_output=True, text=True, cwd=ROOT)
+    env = {k: v for k, v in os.environ.items() if k not in env_overrides}
+    env.update({k: v for k, v in env_overrides.items() if v is not None})
+    return subprocess.run([compose, "-f", COMPOSE, "config", "-q"], capture_output=True, text=True, cwd=ROOT, env=env)
+
+
+def test_docker_compose_config_is_valid():
+    result = _compose_config({"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"})
     assert result.returncode == 0, result.stderr
+
+
+def test_compose_refuses_to_start_s3_without_credentials():
+    """No default credentials: an unset key is an error, never an S3 that takes anyone."""
+    result = _compose_config({"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None})
+    assert result.returncode != 0
+    assert "set AWS_" in result.stderr, result.stderr
+
+
+def test_seaweedfs_has_credentials_and_listens_on_loopback_only():
+    seaweed = services()["seaweedfs"]
+    env = seaweed.get("environment") or {}
+    assert "AWS_ACCESS_KEY_ID" in env and "AWS_SECRET_ACCESS_KEY" in env
+    for name, svc in services().items():
+        for value in (svc.get("environment") or {}).values():
+            assert "change-me" not in str(value), name
+    assert [str(p) for p in seaweed["ports"]] == ["127.0.0.1:8333:8333"]
 
 
 def test_stack_has_every_component():
