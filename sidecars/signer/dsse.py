@@ -28,16 +28,26 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from sidecars.signer.errors import BadSignature, MalformedBundle, SignatureWriteError, WrongKey
+from sidecars.signer.errors import (
+    AnnouncementMismatch,
+    BadSignature,
+    MalformedBundle,
+    SignatureWriteError,
+    WrongKey,
+    clipped,
+    quoted,
+)
 from sidecars.signer.hashing import ProgressCallback, hash_files, refuse_unsafe, scan_tree
 from sidecars.signer.keys import TrustedKey, TrustedKeys, key_id
 from sidecars.signer.manifest import (
     DEFAULT_IGNORE_PATHS,
+    Announced,
     Manifest,
     Provenance,
     build_manifest,
     build_statement,
     encode_statement,
+    parse_json,
 )
 from trainer.events import atomic_write_bytes
 
@@ -125,22 +135,19 @@ def _parse_signatures(envelope: dict[str, Any]) -> tuple[DsseSignature, ...]:
         if not isinstance(item, dict):
             raise MalformedBundle(f"{where} must be an object")
         keyid = item.get("keyid") or ""
-        parsed.append(DsseSignature(_b64(item.get("sig"), where + ".sig"), str(keyid)))
+        parsed.append(DsseSignature(_b64(item.get("sig"), where + ".sig"), str(keyid)[:200]))
     return tuple(parsed)
 
 
 def decode_bundle(data: bytes) -> Bundle:
-    """Parses a bundle; raises MalformedBundle saying which field is wrong.
+    """Parses a bundle; raises MalformedBundle saying which field is wrong (quoted values cut short).
 
     Accepts what model_signing reads too: missing ``tlogEntries`` or ``hint``.
     """
-    try:
-        document = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise MalformedBundle(f"not JSON: {exc}") from None
+    document = parse_json(data, MalformedBundle, "the bundle")
     if not isinstance(document, dict) or document.get("mediaType") != BUNDLE_MEDIA_TYPE:
         found = document.get("mediaType") if isinstance(document, dict) else None
-        raise MalformedBundle(f"mediaType is {found!r}, expected {BUNDLE_MEDIA_TYPE!r}")
+        raise MalformedBundle(f"mediaType is {quoted(found)}, expected {BUNDLE_MEDIA_TYPE!r}")
     material = _object(document, "verificationMaterial", "")
     hint = _object(material, "publicKey", "verificationMaterial.").get("hint")
     if hint is not None and not isinstance(hint, str):
@@ -183,7 +190,8 @@ def verify_bundle(bundle: Bundle, trusted: TrustedKeys) -> str:
     if key is None:
         known = ", ".join(k.key_id[:16] for k in trusted) or "none"
         raise WrongKey(
-            f"signed by key {bundle.key_hint}, which is not trusted (trusted keys in {trusted.source}: {known}); "
+            f"signed by key {clipped(bundle.key_hint)}, which is not trusted "
+            f"(trusted keys in {trusted.source}: {known}); "
             "if this key is legitimate, add its .pub file there"
         )
     if not _verifies(key, bundle):
@@ -234,14 +242,18 @@ def sign_checkpoint(
     max_workers: int | None = None,
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
+    expected: Announced | None = None,
 ) -> SignResult:
     """Hashes ``checkpoint_dir``, signs its manifest and writes the bundle atomically.
 
     The bundle goes to ``signature_path`` (default :func:`signature_path_for`); if that
-    lies inside the directory it is added to the ignored paths. Raises the hashing
-    layer's errors (UnsafePathError, CheckpointVanished, CheckpointChanged,
-    CheckpointUnreadable, HashingCancelled) before anything is written, and
-    SignatureWriteError if the bundle cannot be written.
+    lies inside the directory it is added to the ignored paths. With ``expected`` (what
+    the trainer announced) the manifest is signed only if its root digest and file count
+    are the announced ones; the manifest compared is the one signed (one hash, no window
+    between check and signature). Raises the hashing layer's errors (UnsafePathError,
+    CheckpointVanished, CheckpointChanged, CheckpointUnreadable, HashingCancelled) and
+    AnnouncementMismatch before anything is written, and SignatureWriteError if the
+    bundle cannot be written.
     """
     directory = os.fspath(checkpoint_dir)
     target = os.fspath(signature_path) if signature_path is not None else signature_path_for(directory)
@@ -249,9 +261,32 @@ def sign_checkpoint(
     scan = refuse_unsafe(scan_tree(directory, ignored))
     digests = hash_files(directory, scan.files, max_workers=max_workers, progress=progress, cancel=cancel)
     manifest = build_manifest(checkpoint_name(directory), digests, ignored)
+    if expected is not None:
+        check_announced(directory, manifest, expected)
     bundle = sign_payload(encode_statement(build_statement(manifest, provenance)), private_key)
     write_bundle(target, bundle)
     return SignResult(target, manifest, manifest.root_digest.hex(), key_id(private_key.public_key()), scan.total_bytes)
+
+
+def check_announced(directory: str, manifest: Manifest, expected: Announced) -> None:
+    """Raises AnnouncementMismatch unless ``manifest`` has the announced root digest and file count."""
+    actual = manifest.root_digest.hex()
+    if actual != expected.root_digest:
+        raise AnnouncementMismatch(
+            f"{directory}: refused to sign: the files hash to root sha256:{actual}, "
+            f"but the trainer announced sha256:{quoted(expected.root_digest)}",
+            "digest_mismatch",
+            expected.root_digest,
+            actual,
+        )
+    if len(manifest.resources) != expected.file_count:
+        raise AnnouncementMismatch(
+            f"{directory}: refused to sign: {len(manifest.resources)} files on disk, "
+            f"the trainer announced {expected.file_count}",
+            "file_count_mismatch",
+            str(expected.file_count),
+            str(len(manifest.resources)),
+        )
 
 
 def write_bundle(path: str, bundle: Bundle) -> None:

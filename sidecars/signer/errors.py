@@ -16,6 +16,21 @@ if TYPE_CHECKING:
     from sidecars.signer.verify import VerifyResult
 
 
+QUOTE_LIMIT = 200
+"""Characters of an untrusted value (from a signature file, an event) quoted in a message."""
+
+
+def quoted(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """``repr(value)`` cut to ``limit`` characters, so a hostile 2 MiB string never reaches a log."""
+    text = repr(value) if not isinstance(value, str) else repr(value[: limit + 1])
+    return text if len(text) <= limit else text[:limit] + f"...[{len(text) - limit}+ more]"
+
+
+def clipped(text: str, limit: int = QUOTE_LIMIT) -> str:
+    """``text`` itself (no quotes) cut to ``limit`` characters, for untrusted ids in messages."""
+    return text if len(text) <= limit else text[:limit] + f"...[{len(text) - limit} more]"
+
+
 class SignerError(WardenError):
     """Base of every error raised by :mod:`sidecars.signer` (exit code 3 unless a subclass says)."""
 
@@ -58,6 +73,20 @@ class HashingCancelled(SignerError, IncompleteError):
     """Hashing stopped because the caller's cancel event was set (e.g. on SIGTERM)."""
 
 
+class AnnouncementMismatch(SignerError, ViolationError):
+    """The bytes on disk do not hash to the root digest (or file count) the trainer announced.
+
+    Nothing is signed. ``reason`` is ``digest_mismatch`` or ``file_count_mismatch``;
+    ``expected``/``actual`` are the announced and the computed values.
+    """
+
+    def __init__(self, message: str, reason: str, expected: str, actual: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.expected = expected
+        self.actual = actual
+
+
 # --- keys -----------------------------------------------------------------------------------
 
 
@@ -66,7 +95,8 @@ class KeyFileError(SignerError, ConfigError):
 
 
 class InsecureKeyPermissions(KeyFileError):
-    """A private key file is accessible by group or others; it must be mode 0600."""
+    """A private key file is accessible by group or others (it must be mode 0600), is owned
+    by another user than the signer's, or lies in a directory others may write to."""
 
 
 class KeyExistsError(KeyFileError):

@@ -6,8 +6,10 @@ Contracts:
   computed the same way as ``model_signing`` (so a key file's line endings don't matter);
 - :func:`generate_keypair` writes ``signing.key`` (PKCS#8 PEM, unencrypted, mode 0600)
   and ``signing.pub`` atomically, and refuses to overwrite without ``force``;
-- :func:`load_private_key` refuses a file whose mode gives group or others any access,
-  checked on the opened file (so a symlinked secret is judged by its target);
+- :func:`load_private_key` refuses a file whose mode gives group or others any access or
+  that another uid owns, checked on the opened file (so a symlinked secret is judged by
+  its target), and a file in a directory that group/others may write or that another
+  user (not root) owns: whoever writes the directory can swap the key;
 - only P-256 keys are accepted, for signing and for trust.
 No key material is ever put in an error message.
 """
@@ -86,16 +88,57 @@ def generate_keypair(out_dir: str | os.PathLike[str], *, force: bool = False) ->
     return KeyPairFiles(private_path, public_path, key_id(private_key.public_key()))
 
 
+def _check_key_file(path: str, st: os.stat_result, euid: int) -> None:
+    """Refuses a key file others may read or that another user owns (and so may rewrite)."""
+    if st.st_mode & 0o077:
+        raise InsecureKeyPermissions(
+            f"{path}: private key is accessible by group or others (mode {stat.S_IMODE(st.st_mode):04o}); "
+            f"run: chmod 600 {path}"
+        )
+    if st.st_uid != euid:
+        raise InsecureKeyPermissions(
+            f"{path}: private key is owned by uid {st.st_uid}, but the signer runs as uid {euid}; "
+            f"run: chown {euid} {path}"
+        )
+
+
+def key_directories(path: str) -> list[str]:
+    """The directories whose owner can replace the key: the named one and, through links, the target's."""
+    named = os.path.dirname(os.path.abspath(path))
+    target = os.path.dirname(os.path.realpath(path))
+    return [named] if named == target else [named, target]
+
+
+def _check_key_directory(directory: str, euid: int) -> None:
+    """Refuses a key directory writable by group or others, or owned by a user other than us or root.
+
+    Whoever may write the directory may swap the key file for their own (and sign with it).
+    Root may do anything anyway, so a root-owned directory (``/run/secrets``) is accepted.
+    """
+    try:
+        st = os.stat(directory)
+    except OSError as exc:
+        raise KeyFileError(f"{directory}: cannot check the private key's directory: {exc.strerror}") from None
+    if st.st_mode & 0o022:
+        raise InsecureKeyPermissions(
+            f"{directory}: the private key's directory is writable by group or others "
+            f"(mode {stat.S_IMODE(st.st_mode):04o}); run: chmod go-w {directory}"
+        )
+    if st.st_uid not in (euid, 0):
+        raise InsecureKeyPermissions(
+            f"{directory}: the private key's directory is owned by uid {st.st_uid}, not by the signer "
+            f"(uid {euid}) or root; run: chown {euid} {directory}"
+        )
+
+
 def _read_private_key_file(path: str) -> bytes:
-    """Reads ``path`` after checking, on the open file, that only its owner can access it."""
+    """Reads ``path`` after checking, on the open file, that only its owner (us) can access it."""
+    euid = os.geteuid()
     try:
         with open(path, "rb") as fh:
-            mode = os.fstat(fh.fileno()).st_mode
-            if mode & 0o077:
-                raise InsecureKeyPermissions(
-                    f"{path}: private key is accessible by group or others (mode {stat.S_IMODE(mode):04o}); "
-                    f"run: chmod 600 {path}"
-                )
+            _check_key_file(path, os.fstat(fh.fileno()), euid)
+            for directory in key_directories(path):
+                _check_key_directory(directory, euid)
             return fh.read()
     except FileNotFoundError:
         raise KeyFileError(f"{path}: private key not found; create one with `warden keys generate --out DIR`") from None
@@ -104,7 +147,13 @@ def _read_private_key_file(path: str) -> bytes:
 
 
 def load_private_key(path: str | os.PathLike[str]) -> ec.EllipticCurvePrivateKey:
-    """Loads an unencrypted PEM (PKCS#8 or SEC1) P-256 private key; refuses loose permissions."""
+    """Loads an unencrypted PEM (PKCS#8 or SEC1) P-256 private key; refuses loose permissions.
+
+    Refused with InsecureKeyPermissions (a ConfigError, exit 2, naming the file and the
+    chmod/chown fix): a file group/other may access or owned by another uid than the
+    effective one; a containing directory (the named one and a link target's) writable by
+    group/other or owned by another uid than ours or root's.
+    """
     where = os.fspath(path)
     data = _read_private_key_file(where)
     try:

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from sidecars.signer.errors import PayloadMismatch, UnsupportedSignature
-from sidecars.signer.hashing import normalize_ignore_path
+from sidecars.signer.errors import PayloadMismatch, UnsupportedSignature, quoted
+from sidecars.signer.hashing import is_ignored, normalize_ignore_path
 
 HASH_ALGORITHM = "sha256"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -42,6 +42,20 @@ so that its verifier, which ignores them too, computes the same manifest."""
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
+def parse_json(data: bytes, error: type[Exception], what: str) -> Any:
+    """``json.loads`` of untrusted bytes; every parse failure becomes ``error`` with a short message.
+
+    Deep nesting (RecursionError), numbers over the int-digit limit (ValueError), invalid
+    UTF-8 and any other decode failure are all reported the same way, never as a traceback.
+    """
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise error(f"{what} is not JSON (nested too deeply)") from None
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError and the int-digit limit
+        raise error(f"{what} is not JSON: {str(exc)[:200]}") from None
+
+
 def sort_key(name: str) -> tuple[str, ...]:
     """Resource order of model_signing: by POSIX path components, not by raw string."""
     return PurePosixPath(name).parts
@@ -53,6 +67,32 @@ def root_digest(digests: Iterable[bytes]) -> bytes:
     for digest in digests:
         hasher.update(digest)
     return hasher.digest()
+
+
+@dataclass(frozen=True)
+class Announced:
+    """What a trainer announces with ``checkpoint.saved``: the manifest root digest (hex) and file count."""
+
+    root_digest: str
+    file_count: int
+
+
+def announced_root(hex_digests: Mapping[str, str], ignore_paths: Iterable[str] = DEFAULT_IGNORE_PATHS) -> Announced:
+    """The root digest :func:`sidecars.signer.dsse.sign_checkpoint` would sign, from ``{relpath: sha256 hex}``.
+
+    ``hex_digests`` must list every regular file of the checkpoint (POSIX relative names,
+    e.g. from the trainer's own manifest plus the manifest file itself). Paths under
+    ``ignore_paths`` (model_signing's git defaults) are left out as the signer leaves them
+    out; the order is model_signing's (:func:`sort_key`). Raises ValueError on a digest
+    that is not 64 hex digits.
+    """
+    ignored = [normalize_ignore_path(p) for p in ignore_paths]
+    kept = {name: digest for name, digest in hex_digests.items() if not is_ignored(name, ignored)}
+    for name, digest in kept.items():
+        if not _HEX64.fullmatch(digest):
+            raise ValueError(f"{name}: not a sha256 hex digest")
+    names = sorted(kept, key=sort_key)
+    return Announced(root_digest(bytes.fromhex(kept[n]) for n in names).hex(), len(names))
 
 
 @dataclass(frozen=True)
@@ -194,7 +234,7 @@ def _check_name(name: str) -> str:
     """A resource name must be a normalized relative POSIX path inside the checkpoint."""
     pure = PurePosixPath(name)
     if not name or pure.is_absolute() or ".." in pure.parts or str(pure) != name:
-        raise PayloadMismatch(f"resource name {name!r} is not a normalized path inside the checkpoint")
+        raise PayloadMismatch(f"resource name {quoted(name)} is not a normalized path inside the checkpoint")
     return name
 
 
@@ -205,7 +245,7 @@ def _parse_serialization(raw: Any) -> tuple[str, ...]:
     hash_type = _field(raw, "hash_type", str, where)
     if method != SERIALIZATION_METHOD or hash_type != HASH_ALGORITHM:
         raise UnsupportedSignature(
-            f"the signature uses serialization method {method!r} with {hash_type!r}; Warden checks only "
+            f"the signature uses serialization method {quoted(method)} with {quoted(hash_type)}; Warden checks only "
             f"{SERIALIZATION_METHOD!r} with {HASH_ALGORITHM!r} (re-sign with `warden checkpoint sign` or "
             "verify with `model_signing verify`)"
         )
@@ -231,9 +271,10 @@ def _parse_resources(raw: Any) -> list[Resource]:
         algorithm = _field(item, "algorithm", str, where)
         digest = _field(item, "digest", str, where)
         if algorithm != HASH_ALGORITHM or not _HEX64.fullmatch(digest):
-            raise PayloadMismatch(f"{where[:-1]} ({name}): expected a sha256 hex digest, got {algorithm}:{digest}")
+            got = f"{quoted(algorithm)}:{quoted(digest)}"
+            raise PayloadMismatch(f"{where[:-1]} ({quoted(name)}): expected a sha256 hex digest, got {got}")
         if name in seen:
-            raise PayloadMismatch(f"predicate.resources lists {name!r} twice")
+            raise PayloadMismatch(f"predicate.resources lists {quoted(name)} twice")
         seen.add(name)
         resources.append(Resource(name, bytes.fromhex(digest)))
     return resources
@@ -247,7 +288,7 @@ def _parse_subject(statement: dict[str, Any]) -> tuple[str, str]:
     name = _field(subjects[0], "name", str, "subject[0].")
     digest = _field(_field(subjects[0], "digest", dict, "subject[0]."), HASH_ALGORITHM, str, "subject[0].digest.")
     if not _HEX64.fullmatch(digest):
-        raise PayloadMismatch(f"subject[0].digest.sha256 is not a sha256 hex digest: {digest!r}")
+        raise PayloadMismatch(f"subject[0].digest.sha256 is not a sha256 hex digest: {quoted(digest)}")
     return name, digest
 
 
@@ -259,14 +300,11 @@ def parse_statement(payload: bytes) -> SignedStatement:
     signed order, as model_signing computes it); UnsupportedSignature for a serialization
     other than ``files``/``sha256``. Resources come back in canonical order.
     """
-    try:
-        statement = json.loads(payload)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise PayloadMismatch(f"the signed payload is not JSON: {exc}") from None
+    statement = parse_json(payload, PayloadMismatch, "the signed payload")
     if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
         raise PayloadMismatch(f"the signed payload is not an in-toto statement of type {STATEMENT_TYPE}")
     if statement.get("predicateType") != PREDICATE_TYPE:
-        raise PayloadMismatch(f"predicateType is {statement.get('predicateType')!r}, expected {PREDICATE_TYPE!r}")
+        raise PayloadMismatch(f"predicateType is {quoted(statement.get('predicateType'))}, expected {PREDICATE_TYPE!r}")
     name, subject_digest = _parse_subject(statement)
     predicate = _field(statement, "predicate", dict, "")
     ignored = _parse_serialization(predicate.get("serialization"))

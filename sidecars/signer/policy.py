@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from sidecars.errors import ConfigError
+
 LAYOUTS = ("warden", "hf", "verl")
 """``warden``: ``step-N/`` renamed into place (complete by name); ``hf``: ``checkpoint-N/``
 complete once it holds ``trainer_state.json`` and is stable; ``verl``: ``global_step_N/``,
@@ -22,6 +24,24 @@ SIGNING_KEY_ENV = "WARDEN_SIGNING_KEY"
 def expand_path(path: str) -> str:
     """``~`` and ``$VARS`` expanded, made absolute against the working directory."""
     return os.path.abspath(os.path.expandvars(os.path.expanduser(path)))
+
+
+def resolve_key_path(path: str, base: str | None, what: str) -> str:
+    """``path`` (``~``/``$VARS`` expanded) made absolute against ``base``, never against the cwd.
+
+    ``base`` is the policy file's directory; a relative ``path`` without one raises
+    ConfigError naming ``what``, so a key is never picked up from wherever the process
+    happens to start.
+    """
+    expanded = os.path.expandvars(os.path.expanduser(path))
+    if os.path.isabs(expanded):
+        return os.path.normpath(expanded)
+    if base is None:
+        raise ConfigError(
+            f"{what}: {path!r} is a relative path and there is no policy file to resolve it against; "
+            "give an absolute path"
+        )
+    return os.path.normpath(os.path.join(base, expanded))
 
 
 @dataclass(frozen=True)
@@ -81,8 +101,16 @@ class SignerPolicy:
                 raise ValueError(f"watch[{index}].path: {root.path} is listed twice")
             seen.add(root.resolved)
 
-    def key_path(self, environ: dict[str, str] | None = None) -> str | None:
-        """The private key file: ``$WARDEN_SIGNING_KEY`` if set, else ``signing_key``."""
+    def key_path(self, environ: dict[str, str] | None = None, base: str | None = None) -> str | None:
+        """The private key file: ``$WARDEN_SIGNING_KEY`` (absolute) if set, else ``signing_key``.
+
+        ``base``: the policy file's directory, against which a relative ``signing_key`` resolves.
+        """
         env = os.environ if environ is None else environ
-        chosen = env.get(SIGNING_KEY_ENV) or self.signing_key
-        return expand_path(chosen) if chosen else None
+        if env.get(SIGNING_KEY_ENV):
+            return resolve_key_path(env[SIGNING_KEY_ENV], None, SIGNING_KEY_ENV)
+        return resolve_key_path(self.signing_key, base, "signing_key") if self.signing_key else None
+
+    def trusted_keys_path(self, base: str | None = None) -> str | None:
+        """``trusted_keys`` made absolute against ``base`` (the policy file's directory); None if unset."""
+        return resolve_key_path(self.trusted_keys, base, "trusted_keys") if self.trusted_keys else None

@@ -104,12 +104,20 @@ class Unsigned:
 
 
 def signing_key(policy: SignerPolicy, policy_path: str | None) -> ec.EllipticCurvePrivateKey:
-    """Loads the policy's (or ``$WARDEN_SIGNING_KEY``'s) key; refuses group/other-readable files."""
-    path = policy.key_path()
+    """Loads the policy's (or ``$WARDEN_SIGNING_KEY``'s) key; refuses loose permissions or owners.
+
+    A relative ``signing_key`` is relative to the policy file's directory (see policy.py).
+    """
+    path = policy.key_path(base=policy_dir(policy_path))
     if path is None:
         where = policy_path or "the signer policy"
         raise ConfigError(f"{where}: signing_key is not set; set it or {SIGNING_KEY_ENV} to a private key file")
     return load_private_key(path)
+
+
+def policy_dir(policy_path: str | None) -> str | None:
+    """The directory relative key paths of the policy resolve against; None without a policy file."""
+    return os.path.dirname(os.path.abspath(policy_path)) if policy_path else None
 
 
 def trust_set(key: ec.EllipticCurvePrivateKey, extra: str | None) -> TrustedKeys:
@@ -133,7 +141,7 @@ class SignerSidecar(Sidecar):
         super().__init__(ctx)
         self.policy: SignerPolicy = ctx.policy if isinstance(ctx.policy, SignerPolicy) else SignerPolicy()
         self.key = signing_key(self.policy, ctx.policy_path)
-        self.trusted = trust_set(self.key, self.policy.trusted_keys)
+        self.trusted = trust_set(self.key, self.policy.trusted_keys_path(policy_dir(ctx.policy_path)))
         self.metrics = SignerMetrics(ctx.registry)
         self.roots = self._roots()
         self.stability = StabilityTracker(self.policy.stable_seconds)

@@ -15,7 +15,9 @@ inside the model directory.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,13 +33,14 @@ from sidecars.signer.dsse import (
     verify_bundle,
 )
 from sidecars.signer.errors import (
+    MalformedBundle,
     PayloadMismatch,
     SignatureMissing,
     SignatureRejected,
     SignatureUnreadable,
     VerificationFailed,
 )
-from sidecars.signer.hashing import ProgressCallback, hash_files, scan_tree
+from sidecars.signer.hashing import ProgressCallback, hash_files, refusal_reason, scan_tree
 from sidecars.signer.keys import TrustedKeys
 from sidecars.signer.manifest import Provenance, SignedStatement, build_manifest, parse_statement
 
@@ -152,19 +155,50 @@ def compare_digests(
     return modified, missing, extra
 
 
-def load_bundle(signature_path: str | os.PathLike[str]) -> Bundle:
-    """Reads and parses a bundle: SignatureMissing / SignatureUnreadable (exit 3), MalformedBundle (exit 1)."""
-    where = os.fspath(signature_path)
+MAX_BUNDLE_BYTES = 16 << 20
+"""Largest signature file read; ours are a few KiB (the statement lists one digest per file)."""
+_SIG_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def read_bundle_bytes(signature_path: str, limit: int = MAX_BUNDLE_BYTES) -> bytes:
+    """The bytes of a signature file, read as untrusted: no link followed, no blocking, size-capped.
+
+    Raises SignatureMissing (absent), SignatureUnreadable (an I/O error), MalformedBundle
+    (a symlink, FIFO, device or directory, or over ``limit`` bytes): a FIFO never hangs
+    the reader and a huge or sparse file is never read whole.
+    """
     try:
-        with open(where, "rb") as fh:
-            data = fh.read()
+        fd = os.open(signature_path, _SIG_OPEN_FLAGS)
     except FileNotFoundError:
         raise SignatureMissing(
-            f"{where}: no signature; sign the checkpoint with `warden checkpoint sign` or pass --signature FILE"
+            f"{signature_path}: no signature; sign the checkpoint with `warden checkpoint sign` "
+            "or pass --signature FILE"
         ) from None
     except OSError as exc:
-        raise SignatureUnreadable(f"{where}: cannot read the signature: {exc.strerror}") from None
-    return decode_bundle(data)
+        if exc.errno == errno.ELOOP:
+            raise MalformedBundle(f"{signature_path}: is a symlink; a signature must be a regular file") from None
+        raise SignatureUnreadable(f"{signature_path}: cannot read the signature: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = refusal_reason(st.st_mode) or ("a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file")
+            raise MalformedBundle(f"{signature_path}: is {kind}; a signature must be a regular file")
+        if st.st_size > limit:
+            raise MalformedBundle(f"{signature_path}: {st.st_size} bytes, over the {limit}-byte limit for a signature")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise SignatureUnreadable(f"{signature_path}: cannot read the signature: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise MalformedBundle(f"{signature_path}: grew over the {limit}-byte limit for a signature while read")
+    return data
+
+
+def load_bundle(signature_path: str | os.PathLike[str]) -> Bundle:
+    """Reads and parses a bundle: SignatureMissing / SignatureUnreadable (exit 3), MalformedBundle (exit 1)."""
+    return decode_bundle(read_bundle_bytes(os.fspath(signature_path)))
 
 
 def verified_statement(bundle: Bundle, trusted: TrustedKeys) -> tuple[str, SignedStatement]:
