@@ -3,8 +3,10 @@
 ``<root>/.tmp-step-000000050/`` is written and fsynced, then renamed to
 ``step-000000050/``: a name without ``.tmp-`` is always complete. Tensors go to
 safetensors, everything else to JSON. ``manifest.sha256.json`` (written last, before the
-rename) lists the SHA-256 of every other file, so a resume can verify the checkpoint
-even where no signature policy is configured.
+rename) lists the SHA-256 of every other file, so a resume can check the checkpoint's
+integrity even where no trusted keys are configured (against accidents only: whoever
+can write a file can rewrite the manifest). Reading a checkpoint back is
+:mod:`trainer.verified_load`'s job: it verifies and deserializes the same bytes.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from sidecars.errors import IncompleteError
 from trainer.events import fsync_dir
@@ -112,14 +114,6 @@ def save_state(directory: str, name: str, state: Any) -> None:
     write_json(os.path.join(directory, f"{name}.json"), skeleton)
     if tensors:
         save_file(tensors, os.path.join(directory, f"{name}.safetensors"))
-
-
-def load_state(directory: str, name: str) -> Any:
-    with open(os.path.join(directory, f"{name}.json"), encoding="utf-8") as fh:
-        skeleton = json.load(fh)
-    weights = os.path.join(directory, f"{name}.safetensors")
-    tensors = load_file(weights) if os.path.exists(weights) else {}
-    return unflatten_state(skeleton, tensors)
 
 
 # -- manifest ----------------------------------------------------------------------------

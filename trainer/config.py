@@ -142,13 +142,23 @@ class SnapshotConfig:
 
 @dataclass(frozen=True)
 class CheckpointConfig:
+    """Where checkpoints go, and what a resume trusts (trainer/resume.py has the details).
+
+    ``trusted_keys`` (a ``.pub`` file or a directory of them) set: a resume accepts only a
+    checkpoint with a valid signature by one of these keys whose signed run id and step
+    match, unconditionally; an unsigned one (also one the signer has not reached yet) is
+    rejected. Unset: only ``manifest.sha256.json`` is checked, which guards against
+    accidents, not against anyone who can write the checkpoint storage.
+    ``allow_unsigned`` is optional and only restates that rule: ``false`` needs
+    ``trusted_keys``, ``true`` contradicts it; both contradictions are config errors.
+    """
+
     root: str = ""  # empty: <run_dir>/checkpoints
     every_steps: int = 10
     keep_last: int = 3
     write_retries: int = 2
-    require_signature: bool = False
-    trusted_keys: str = ""  # file or directory of *.pub; set to verify signatures on resume
-    allow_unsigned: bool = True
+    trusted_keys: str = ""  # file or directory of *.pub; set: resume only from checkpoints they signed
+    allow_unsigned: bool | None = None  # optional restatement of the rule above; never a loophole
 
 
 @dataclass(frozen=True)
@@ -304,7 +314,25 @@ def validate(cfg: TrainerConfig, where: str = "<config>", world_size: int = 1) -
     )
     _require(cfg.checkpoint.every_steps >= 0, where, "checkpoint.every_steps", "must be >= 0 (0: never)")
     _require(cfg.checkpoint.keep_last >= 1, where, "checkpoint.keep_last", "must be >= 1")
+    validate_trust(cfg.checkpoint, where)
     _require(cfg.max_steps >= 0, where, "max_steps", "must be >= 0")
+
+
+def validate_trust(ckpt: CheckpointConfig, where: str) -> None:
+    """Refuses settings that contradict "trusted keys set: signatures required"."""
+    _require(
+        not (ckpt.trusted_keys and ckpt.allow_unsigned is True),
+        where,
+        "checkpoint.allow_unsigned",
+        "true contradicts checkpoint.trusted_keys: with trusted keys a resume accepts signed checkpoints only; "
+        "remove allow_unsigned (or trusted_keys, which leaves integrity checks only)",
+    )
+    _require(
+        ckpt.trusted_keys != "" or ckpt.allow_unsigned is not False,
+        where,
+        "checkpoint.allow_unsigned",
+        "false needs checkpoint.trusted_keys: without trusted keys no signature can be checked",
+    )
 
 
 def validate_vllm(cfg: TrainerConfig, where: str, world_size: int) -> None:

@@ -167,7 +167,12 @@ class PPOTrainer:
         if self.resumed is not None:
             self.emit(
                 ev.RUN_RESUMED,
-                {"from_step": self.step, "checkpoint": self.resumed.path, "verification": self.resumed.verification},
+                {
+                    "from_step": self.step,
+                    "checkpoint": self.resumed.path,
+                    "verification": self.resumed.verification,
+                    **self.resumed.event_fields(),
+                },
                 step=self.step,
             )
             return

@@ -1,27 +1,59 @@
 """Trusted resume: pick the newest checkpoint that verifies, load it bit-exactly.
 
-Verification is the signer library's signature check when ``checkpoint.trusted_keys`` is
-set (an unsigned checkpoint passes only with ``allow_unsigned``), else the trainer's own
-SHA-256 manifest. Each checkpoint skipped emits ``checkpoint.rejected``.
+The rule (``checkpoint.trusted_keys``, see :class:`trainer.config.CheckpointConfig`):
+
+- With trusted keys, a checkpoint is accepted only with a valid signature ``<dir>.sig``
+  by one of them, unconditionally: no setting lets an unsigned checkpoint through. The
+  signed provenance must match: the signed step equals the directory's step, the signed
+  run id equals this run's id (``run.run_id``, else the run id in the run directory's
+  journal), and the signed parent digest equals the root digest of the newest earlier
+  signed checkpoint of the same run in the same root, where one is present (so a
+  checkpoint of an abandoned branch of the run is refused).
+- Without trusted keys, ``manifest.sha256.json`` is checked: integrity against accidents
+  only, not authenticity (whoever can write a file can rewrite the manifest). Step and
+  run id then come from the checked ``trainer_state.json``.
+- Bytes are verified and deserialized from the same in-memory copy
+  (:mod:`trainer.verified_load`); only the files the anchor names are loaded.
+
+``--resume auto`` tries the checkpoints newest first; each refused one emits
+``checkpoint.rejected`` (path, short why). When checkpoints exist but every one was
+refused, the resume fails with :class:`ResumeRefused` (exit 1) naming them instead of
+starting fresh: a fresh start would silently discard the run's progress, or hide an
+attack, and ``--resume never`` says so explicitly. ``--resume PATH`` accepts a
+checkpoint of another run (a cross-run resume, logged and recorded in ``run.resumed``)
+but otherwise checks the same; a refused PATH is exit 1 too.
 """
 
 from __future__ import annotations
 
-import glob
-import json
 import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
-from safetensors.torch import load_file
-
-from sidecars.errors import ConfigError
+from sidecars.errors import ConfigError, ViolationError, quote_untrusted
 from trainer import checkpoint as ckpt
 from trainer import events as ev
 from trainer.models import CRITIC_WEIGHTS, unwrap
+from trainer.verified_load import (
+    Anchor,
+    CheckpointRejected,
+    VerifiedCheckpoint,
+    integrity_anchor,
+    read_verified,
+    signed_anchor,
+)
 
 log = logging.getLogger("warden.trainer")
+
+BUDGET_BYTES_PER_PARAMETER = 16
+"""Weights (at most 4 bytes) plus AdamW's two float32 moments per parameter, with room."""
+BUDGET_SLACK_BYTES = 64 * 1024 * 1024
+"""JSON state, RNG state, model configs."""
+
+
+class ResumeRefused(ViolationError):
+    """No checkpoint could be accepted although some exist, or ``--resume PATH`` was refused (exit 1)."""
 
 
 @dataclass(frozen=True)
@@ -29,38 +61,20 @@ class ResumeResult:
     step: int
     path: str
     verification: str
+    source_run_id: str | None = None
+    cross_run: bool = False
 
-
-def verify_checkpoint(path: str, trusted_keys: str, allow_unsigned: bool) -> tuple[bool, str]:
-    """(ok, how or why). Uses signatures when ``trusted_keys`` is set."""
-    if trusted_keys:
-        sig = path + ".sig"
-        if os.path.exists(sig):
-            return _verify_signature(path, sig, trusted_keys)
-        if not allow_unsigned:
-            return False, f"no signature {os.path.basename(sig)} and checkpoint.allow_unsigned is false"
-    problems = ckpt.verify_manifest(path)
-    if problems:
-        return False, "manifest mismatch: " + "; ".join(problems[:5])
-    return True, "manifest sha256 verified" + (" (unsigned)" if trusted_keys else "")
-
-
-def _verify_signature(path: str, sig: str, trusted_keys: str) -> tuple[bool, str]:
-    from sidecars.errors import WardenError
-    from sidecars.signer import load_trusted_keys
-    from sidecars.signer import verify_checkpoint as verify_signed
-
-    try:
-        result = verify_signed(path, load_trusted_keys(trusted_keys), signature_path=sig)
-    except WardenError as exc:
-        return False, f"signature check failed: {exc}"
-    if not result.ok:
-        return False, "signature: " + "; ".join(p.message for p in result.problems[:5])
-    return True, f"signature verified (key {(result.key_id or '')[:16]})"
+    def event_fields(self) -> dict[str, Any]:
+        """Extra ``run.resumed`` fields: where the checkpoint came from."""
+        return {"source_run_id": self.source_run_id, "cross_run": self.cross_run}
 
 
 def find_resume_point(trainer: Any, mode: str) -> ResumeResult | None:
-    """Loads the checkpoint to resume from into ``trainer``; None for a fresh start."""
+    """Loads the checkpoint to resume from into ``trainer``; None for a fresh start.
+
+    Raises ResumeRefused (exit 1) as the module doc says, ConfigError for a bad
+    ``--resume`` value or unreadable trusted keys.
+    """
     if mode == "never":
         return None
     root = trainer.paths.checkpoint_root
@@ -68,17 +82,126 @@ def find_resume_point(trainer: Any, mode: str) -> ResumeResult | None:
         ckpt.remove_stale_temporaries(root)
     explicit = mode != "auto"
     candidates = [ckpt.CheckpointRef(_step_of(mode), os.path.abspath(mode))] if explicit else ckpt.list_complete(root)
-    cfg = trainer.cfg.checkpoint
+    trusted = _trusted_keys(trainer.cfg.checkpoint.trusted_keys)
+    budget = checkpoint_budget(trainer)
+    rejected: list[str] = []
     for ref in candidates:
-        ok, how = verify_checkpoint(ref.path, cfg.trusted_keys, cfg.allow_unsigned)
-        if ok:
-            load_into(trainer, ref.path)
-            return ResumeResult(trainer.step, ref.path, how)
-        log.warning("skipping checkpoint %s: %s", ref.path, how)
-        trainer.emit(ev.CHECKPOINT_REJECTED, {"path": ref.path, "why": how}, step=ref.step)
-        if explicit:
-            raise ConfigError(f"--resume {mode}: checkpoint does not verify: {how}")
+        try:
+            verified, source_run = accept(ref, trusted, trainer.run_id, explicit, budget)
+            load_into(trainer, verified)
+        except CheckpointRejected as exc:
+            log.warning("checkpoint %s rejected: %s", ref.path, exc.reason)
+            trainer.emit(ev.CHECKPOINT_REJECTED, {"path": ref.path, "why": exc.reason}, step=ref.step)
+            rejected.append(f"{ref.path} ({exc.reason})")
+            continue
+        cross = source_run != trainer.run_id
+        if cross:
+            log.warning(
+                "cross-run resume: %s belongs to run %s, continuing as run %s",
+                ref.path,
+                quote_untrusted(source_run),
+                trainer.run_id,
+            )
+        return ResumeResult(trainer.step, ref.path, verified.anchor.how, source_run, cross)
+    if rejected:
+        raise ResumeRefused(_refusal(mode, root, rejected))
     return None
+
+
+def _refusal(mode: str, root: str, rejected: list[str]) -> str:
+    if mode != "auto":
+        return f"--resume {mode}: checkpoint refused: {rejected[0]}"
+    return (
+        f"no checkpoint under {root} can be trusted, refusing to start fresh over them: "
+        + "; ".join(rejected[:5])
+        + (f" (+{len(rejected) - 5} more)" if len(rejected) > 5 else "")
+        + ". Restore a good checkpoint, resume one explicitly with --resume PATH, or start over with --resume never"
+    )
+
+
+def _trusted_keys(path: str) -> Any:
+    if not path:
+        return None
+    from sidecars.signer import load_trusted_keys
+
+    return load_trusted_keys(path)
+
+
+def checkpoint_budget(trainer: Any) -> int:
+    """Bytes a checkpoint of this trainer's models may take: the cap on what is read into memory."""
+    params = sum(p.numel() for model in (trainer.actor, trainer.critic) for p in unwrap(model).parameters())
+    return BUDGET_BYTES_PER_PARAMETER * int(params) + BUDGET_SLACK_BYTES
+
+
+def accept(
+    ref: ckpt.CheckpointRef, trusted: Any, run_id: str, explicit: bool, budget: int
+) -> tuple[VerifiedCheckpoint, str | None]:
+    """(verified checkpoint, the run id it belongs to) or CheckpointRejected.
+
+    ``trusted`` None: integrity only. Another run's checkpoint passes only when ``explicit``.
+    """
+    if trusted is None:
+        anchor = integrity_anchor(ref.path)
+    else:
+        anchor = signed_anchor(ref.path, trusted)
+        check_provenance(anchor.run_id, anchor.step, ref.step, run_id, explicit, "signed")
+        check_chain(ref, anchor, trusted)
+    verified = read_verified(ref.path, ref.step, anchor, budget)
+    state = verified.json(ckpt.STATE)
+    if not isinstance(state, dict):
+        raise CheckpointRejected(f"{ckpt.STATE}: not a JSON object")
+    state_run, state_step = state.get("run_id"), state.get("step")
+    if anchor.signed:
+        if (state_run, state_step) != (anchor.run_id, anchor.step):
+            raise CheckpointRejected(
+                f"{ckpt.STATE} says run {quote_untrusted(state_run)} step {quote_untrusted(state_step)}, "
+                f"the signature run {quote_untrusted(anchor.run_id)} step {anchor.step}"
+            )
+    else:
+        check_provenance(state_run, state_step, ref.step, run_id, explicit, ckpt.STATE)
+    return verified, state_run if isinstance(state_run, str) else None
+
+
+def check_provenance(
+    claimed_run: object, claimed_step: object, dir_step: int, run_id: str, explicit: bool, source: str
+) -> None:
+    """Raises CheckpointRejected unless the claimed step is the directory's and the run is ours
+    (or, for an explicitly named checkpoint, any named run). Pure."""
+    if not isinstance(claimed_step, int) or isinstance(claimed_step, bool):
+        raise CheckpointRejected(f"the {source} provenance has no step")
+    if claimed_step != dir_step:
+        raise CheckpointRejected(
+            f"{source} step {claimed_step} but the directory is {ckpt.step_dir_name(dir_step)} (renamed or moved)"
+        )
+    if not isinstance(claimed_run, str) or not claimed_run:
+        raise CheckpointRejected(f"the {source} provenance has no run id")
+    if claimed_run != run_id and not explicit:
+        raise CheckpointRejected(
+            f"a checkpoint of run {quote_untrusted(repr(claimed_run))}, not of this run {run_id!r}; "
+            "resume it only by naming it with --resume PATH"
+        )
+
+
+def check_chain(ref: ckpt.CheckpointRef, anchor: Anchor, trusted: Any) -> None:
+    """The signed parent digest must be the root digest of the newest earlier signed checkpoint
+    of the same run beside it, where one is present. Raises CheckpointRejected."""
+    if anchor.parent_root_digest is None:
+        return  # the first signed checkpoint of its run: nothing to chain to
+    for earlier in ckpt.list_complete(os.path.dirname(ref.path)):
+        if earlier.step >= ref.step:
+            continue
+        try:
+            previous = signed_anchor(earlier.path, trusted)
+        except CheckpointRejected:
+            continue  # unsigned or not ours: not a link of the chain (as the signer skips it)
+        if previous.run_id != anchor.run_id:
+            continue
+        if previous.root_digest != anchor.parent_root_digest:
+            raise CheckpointRejected(
+                f"signed parent {quote_untrusted(anchor.parent_root_digest, 80)} is not the earlier "
+                f"{os.path.basename(earlier.path)} ({previous.root_digest}): a checkpoint of another branch"
+            )
+        return
 
 
 def _step_of(path: str) -> int:
@@ -88,33 +211,48 @@ def _step_of(path: str) -> int:
     return int(match.group(1))
 
 
-def _load_weights(directory: str) -> dict[str, Any]:
-    tensors: dict[str, Any] = {}
-    for file in sorted(glob.glob(os.path.join(directory, "*.safetensors"))):
-        tensors.update(load_file(file))
-    return tensors
+def _check_weights(where: str, model: Any, tensors: dict[str, Any], may_miss: bool) -> None:
+    """Same names and shapes as the model's state (missing ones only for tied weights)."""
+    own = model.state_dict()
+    unexpected = sorted(set(tensors) - set(own))
+    missing = sorted(set(own) - set(tensors))
+    wrong = sorted(k for k in set(own) & set(tensors) if tuple(own[k].shape) != tuple(tensors[k].shape))
+    if unexpected or wrong or (missing and not may_miss):
+        raise CheckpointRejected(
+            f"{where}: weights do not match the model (missing {missing[:3]}, "
+            f"unexpected {quote_untrusted(unexpected[:3])}, wrong shape {wrong[:3]})"
+        )
 
 
-def load_into(trainer: Any, path: str) -> None:
-    """Restores weights, optimizers, schedulers, data position, KL coefficient and RNG."""
+def load_into(trainer: Any, checkpoint: VerifiedCheckpoint) -> None:
+    """Restores weights, optimizers, schedulers, data position, KL coefficient and RNG from
+    the verified bytes; everything is decoded and checked before the trainer is touched."""
     from trainer.core import restore_rng
 
-    with open(os.path.join(path, ckpt.STATE), encoding="utf-8") as fh:
-        state = json.load(fh)
-    actor = unwrap(trainer.actor)
-    missing, unexpected = actor.load_state_dict(_load_weights(os.path.join(path, "actor")), strict=False)
-    tied = bool(getattr(actor.config, "tie_word_embeddings", False))
-    if unexpected or (missing and not tied):
-        raise ckpt.CheckpointError(
-            f"{path}/actor: weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})"
-        )
-    unwrap(trainer.critic).load_state_dict(load_file(os.path.join(path, "critic", CRITIC_WEIGHTS)))
-    trainer.actor_opt.load_state_dict(ckpt.load_state(path, "optim_actor"))
-    trainer.critic_opt.load_state_dict(ckpt.load_state(path, "optim_critic"))
-    trainer.actor_sched.load_state_dict(state["scheduler_actor"])
-    trainer.critic_sched.load_state_dict(state["scheduler_critic"])
-    trainer.sampler.load_state(state["data_position"])
-    trainer.kl_ctl.value = float(state["kl_coef"])
-    trainer.step = int(state["step"])
+    state = checkpoint.json(ckpt.STATE)
+    shards = checkpoint.names("actor", ".safetensors")
+    if not shards:
+        raise CheckpointRejected("actor/: no weights among the signed files")
+    weights: dict[str, Any] = {}
+    for name in shards:
+        weights.update(checkpoint.tensors(name))
+    critic_weights = checkpoint.tensors(f"critic/{CRITIC_WEIGHTS}")
+    optim_actor, optim_critic = checkpoint.state("optim_actor"), checkpoint.state("optim_critic")
+    rng = checkpoint.state("rng")
+    actor, critic = unwrap(trainer.actor), unwrap(trainer.critic)
+    _check_weights("actor", actor, weights, bool(getattr(actor.config, "tie_word_embeddings", False)))
+    _check_weights("critic", critic, critic_weights, False)
+    try:
+        actor.load_state_dict(weights, strict=False)
+        critic.load_state_dict(critic_weights)
+        trainer.actor_opt.load_state_dict(optim_actor)
+        trainer.critic_opt.load_state_dict(optim_critic)
+        trainer.actor_sched.load_state_dict(state["scheduler_actor"])
+        trainer.critic_sched.load_state_dict(state["scheduler_critic"])
+        trainer.sampler.load_state(state["data_position"])
+        trainer.kl_ctl.value = float(state["kl_coef"])
+        restore_rng(rng)
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise CheckpointRejected(f"cannot restore the training state: {quote_untrusted(exc)}") from None
+    trainer.step = checkpoint.step
     trainer.metrics.last_checkpoint_step.set(trainer.step)
-    restore_rng(ckpt.load_state(path, "rng"))

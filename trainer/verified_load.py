@@ -1,0 +1,319 @@
+"""Verify a checkpoint and load it from the same bytes, so a swap on disk cannot win.
+
+Threat: whoever can write the checkpoint storage (shared NFS) but cannot read the signing
+key. Contracts:
+
+- The trust anchor is the signature bundle ``<dir>.sig`` verified under the trusted keys
+  (:func:`signed_anchor`), or, without trusted keys, the trainer's own
+  ``manifest.sha256.json`` (:func:`integrity_anchor`), which protects against accidents
+  only: anyone who can write a file can rewrite the manifest too.
+- :func:`read_verified` walks the directory through file descriptors opened with
+  ``O_NOFOLLOW`` (no symlink is ever followed, at any depth), requires the tree to hold
+  exactly the files the anchor names (an extra file, an extra or empty directory, a
+  symlink, a FIFO or a missing file rejects the checkpoint), reads each file once into
+  memory (``O_NONBLOCK``, regular files only by ``fstat``, bounded by a byte budget),
+  hashes those bytes and compares them with the anchor. Deserialization then uses only
+  those bytes (:meth:`VerifiedCheckpoint.tensors`, :meth:`VerifiedCheckpoint.json`).
+- The signed statement carries digests but no sizes, so the size cap is a byte budget
+  for the whole checkpoint that the caller derives from the model it will load into.
+- The whole checkpoint is held in memory once (plus the tensors built from it), which is
+  fine for the models this project trains; a multi-GB model would want per-file
+  streaming of verify-then-deserialize instead.
+
+Every refusal raises :class:`CheckpointRejected` (exit 1) with a short reason in which
+values read from files are quoted through :func:`quote_untrusted`.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import stat
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+from typing import Any
+
+from sidecars.errors import ViolationError, quote_untrusted
+from trainer import checkpoint as ckpt
+
+MAX_ANCHOR_BYTES = 64 * 1024 * 1024
+"""Cap on a signature bundle or manifest (a resource line is ~150 bytes)."""
+
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+
+
+class CheckpointRejected(ViolationError):
+    """A checkpoint does not verify; ``reason`` is the short why for ``checkpoint.rejected``."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Anchor:
+    """What the trust anchor vouches for: ``{relative name: hex sha256}`` and provenance.
+
+    ``signed`` is False for the integrity-only manifest; then run id, step and parent
+    are None (the caller takes run id and step from the loaded ``trainer_state.json``).
+    """
+
+    digests: Mapping[str, str]
+    how: str
+    signed: bool
+    run_id: str | None = None
+    step: int | None = None
+    parent_root_digest: str | None = None
+    root_digest: str | None = None
+
+
+@dataclass(frozen=True)
+class VerifiedCheckpoint:
+    """A checkpoint whose every file was read once and matched its anchor: ``{name: bytes}``."""
+
+    path: str
+    step: int
+    anchor: Anchor
+    files: Mapping[str, bytes]
+
+    def names(self, directory: str, suffix: str) -> list[str]:
+        """Sorted names directly inside ``directory`` ending in ``suffix`` (only anchored files exist)."""
+        return sorted(
+            n for n in self.files if PurePosixPath(n).parent == PurePosixPath(directory) and n.endswith(suffix)
+        )
+
+    def json(self, name: str) -> Any:
+        """``json.loads`` of a verified file; CheckpointRejected if it is absent or not JSON."""
+        try:
+            return json.loads(self._bytes(name))
+        except ValueError as exc:
+            raise CheckpointRejected(f"{name}: not JSON ({quote_untrusted(exc)})") from None
+
+    def tensors(self, name: str) -> dict[str, Any]:
+        """``safetensors.torch.load`` of a verified file's bytes."""
+        from safetensors.torch import load
+
+        try:
+            return load(self._bytes(name))
+        except Exception as exc:  # safetensors raises its own SafetensorError; any failure is a refusal
+            raise CheckpointRejected(f"{name}: not a safetensors file ({quote_untrusted(exc)})") from None
+
+    def state(self, name: str) -> Any:
+        """A nested state saved by :func:`trainer.checkpoint.save_state` as ``name.json`` (+ ``.safetensors``)."""
+        skeleton = self.json(f"{name}.json")
+        weights = f"{name}.safetensors"
+        tensors = self.tensors(weights) if weights in self.files else {}
+        try:
+            return ckpt.unflatten_state(skeleton, tensors)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CheckpointRejected(f"{name}.json: not a saved state ({quote_untrusted(exc)})") from None
+
+    def _bytes(self, name: str) -> bytes:
+        if name not in self.files:
+            raise CheckpointRejected(f"{name}: required but not part of the verified checkpoint")
+        return self.files[name]
+
+
+# -- anchors ------------------------------------------------------------------------------
+def read_small_file(directory: str, name: str, *, follow_directory: bool) -> bytes:
+    """``directory/name`` (a signature or manifest) read safely, at most MAX_ANCHOR_BYTES.
+
+    ``follow_directory``: the checkpoint root may be a symlink (a mount); a checkpoint may not.
+    Raises CheckpointRejected.
+    """
+    try:
+        if follow_directory:
+            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                return _read_regular(name, fd, MAX_ANCHOR_BYTES)
+            finally:
+                os.close(fd)
+        with _open_dir(directory) as fd:
+            return _read_regular(name, fd, MAX_ANCHOR_BYTES)
+    except FileNotFoundError:
+        raise CheckpointRejected(f"{name}: missing") from None
+    except OSError as exc:
+        raise CheckpointRejected(f"{name}: cannot read ({quote_untrusted(exc.strerror)})") from None
+
+
+def signed_anchor(path: str, trusted: Any) -> Anchor:
+    """The verified statement of ``<path>.sig`` under ``trusted`` (a signer TrustedKeys).
+
+    Rejects a missing, unreadable, malformed, untrusted or invalid signature, and one
+    whose subject is another directory (a moved signature).
+    """
+    from sidecars.signer.dsse import decode_bundle
+    from sidecars.signer.errors import SignerError
+    from sidecars.signer.verify import verified_statement
+
+    parent, name = os.path.split(os.path.abspath(path))
+    try:
+        bundle = decode_bundle(read_small_file(parent, name + ".sig", follow_directory=True))
+        key, statement = verified_statement(bundle, trusted)
+    except CheckpointRejected as exc:
+        raise CheckpointRejected(f"no valid signature: {exc.reason}") from None
+    except SignerError as exc:
+        raise CheckpointRejected(f"signature rejected: {quote_untrusted(exc)}") from None
+    if statement.manifest.name != name:
+        raise CheckpointRejected(
+            f"the signature names checkpoint {quote_untrusted(repr(statement.manifest.name))}, not {name!r}"
+        )
+    prov = statement.provenance
+    return Anchor(
+        digests={r.name: r.hex for r in statement.manifest.resources},
+        how=f"signature verified (key {key[:16]})",
+        signed=True,
+        run_id=prov.run_id,
+        step=prov.step,
+        parent_root_digest=prov.parent_root_digest,
+        root_digest=statement.subject_digest,
+    )
+
+
+def integrity_anchor(path: str) -> Anchor:
+    """``manifest.sha256.json``: integrity against accidents only, not authenticity."""
+    raw = read_small_file(path, ckpt.MANIFEST, follow_directory=False)
+    try:
+        files = json.loads(raw)["files"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointRejected(f"{ckpt.MANIFEST}: unreadable ({quote_untrusted(exc)})") from None
+    if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        raise CheckpointRejected(f"{ckpt.MANIFEST}: 'files' must map names to hex digests")
+    digests = {**files, ckpt.MANIFEST: hashlib.sha256(raw).hexdigest()}
+    return Anchor(digests, "manifest sha256 verified (integrity only, not authenticity)", signed=False)
+
+
+# -- the tree and the bytes ---------------------------------------------------------------
+def tree_problems(anchored: set[str], files: set[str], dirs: set[str], odd: Mapping[str, str]) -> list[str]:
+    """Differences between the anchored names and what a scan found (pure).
+
+    ``dirs`` are the directories found (relative, without the root); every one must hold
+    an anchored file somewhere below it.
+    """
+    needed_dirs = {str(p) for name in anchored for p in PurePosixPath(name).parents if str(p) != "."}
+    problems = [f"{quote_untrusted(n)}: {why}" for n, why in sorted(odd.items())]
+    problems += [f"{quote_untrusted(n)}: an unlisted directory" for n in sorted(dirs - needed_dirs)]
+    problems += [f"{quote_untrusted(n)}: an unlisted file" for n in sorted(files - anchored)]
+    problems += [f"{n}: missing" for n in sorted(anchored - files - set(odd))]
+    return problems
+
+
+def read_verified(path: str, step: int, anchor: Anchor, budget: int) -> VerifiedCheckpoint:
+    """Scans ``path``, reads every anchored file once and checks its digest; see the module doc.
+
+    ``budget`` caps the bytes read in total. Raises CheckpointRejected.
+    """
+    try:
+        with _open_dir(path) as root:
+            files, dirs, odd = _scan(root)
+            problems = tree_problems(set(anchor.digests), files, dirs, odd)
+            if problems:
+                listing = "signed manifest" if anchor.signed else ckpt.MANIFEST
+                raise CheckpointRejected(_summary(f"the directory differs from the {listing}", problems))
+            contents: dict[str, bytes] = {}
+            for name in sorted(anchor.digests):
+                data = _read_beneath(root, name, budget)
+                budget -= len(data)
+                digest = hashlib.sha256(data).hexdigest()
+                if digest != anchor.digests[name]:
+                    raise CheckpointRejected(
+                        f"{name}: sha256 {digest} != signed {quote_untrusted(anchor.digests[name], 80)}"
+                    )
+                contents[name] = data
+    except FileNotFoundError as exc:
+        raise CheckpointRejected(f"{quote_untrusted(exc.filename or path)}: vanished while read") from None
+    except OSError as exc:
+        raise CheckpointRejected(f"cannot read: {quote_untrusted(exc)}") from None
+    return VerifiedCheckpoint(path, step, anchor, contents)
+
+
+def _summary(head: str, problems: list[str], shown: int = 3) -> str:
+    more = f" (+{len(problems) - shown} more)" if len(problems) > shown else ""
+    return f"{head}: " + "; ".join(problems[:shown]) + more
+
+
+@contextmanager
+def _open_dir(path: str, dir_fd: int | None = None) -> Iterator[int]:
+    """A directory fd opened without following a symlink; CheckpointRejected if it is none."""
+    try:
+        fd = os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise CheckpointRejected(f"{quote_untrusted(path)}: not a directory (a symlink?)") from None
+        raise
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symlink; a checkpoint holds only files"
+    return "not a regular file (FIFO, socket or device)"
+
+
+def _scan(root: int, prefix: str = "") -> tuple[set[str], set[str], dict[str, str]]:
+    """(regular files, directories, {odd entry: why}) below the directory fd ``root``, no link followed."""
+    files: set[str] = set()
+    dirs: set[str] = set()
+    odd: dict[str, str] = {}
+    with os.scandir(root) as entries:
+        listed = [(e.name, e.stat(follow_symlinks=False).st_mode) for e in entries]
+    for name, mode in listed:
+        rel = prefix + name
+        if stat.S_ISDIR(mode):
+            dirs.add(rel)
+            with _open_dir(name, dir_fd=root) as sub:
+                more_files, more_dirs, more_odd = _scan(sub, rel + "/")
+            files |= more_files
+            dirs |= more_dirs
+            odd.update(more_odd)
+        elif stat.S_ISREG(mode):
+            files.add(rel)
+        else:
+            odd[rel] = _kind(mode)
+    return files, dirs, odd
+
+
+def _read_beneath(root: int, name: str, cap: int) -> bytes:
+    """Reads ``name`` (relative POSIX path) below ``root``, opening each component with O_NOFOLLOW."""
+    return _read_parts(root, PurePosixPath(name).parts, cap, name)
+
+
+def _read_parts(directory: int, parts: tuple[str, ...], cap: int, shown: str) -> bytes:
+    if len(parts) == 1:
+        return _read_regular(parts[0], directory, cap, shown)
+    with _open_dir(parts[0], dir_fd=directory) as sub:
+        return _read_parts(sub, parts[1:], cap, shown)
+
+
+def _read_regular(name: str, dir_fd: int, cap: int, shown: str | None = None) -> bytes:
+    """All bytes of a regular file, at most ``cap``; never follows a link or blocks on a FIFO."""
+    shown = shown or name
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CheckpointRejected(f"{shown}: a symlink; a checkpoint holds only files") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise CheckpointRejected(f"{shown}: {_kind(st.st_mode)}")
+        if st.st_size > cap:
+            raise CheckpointRejected(f"{shown}: {st.st_size} bytes, over the {cap} bytes left in the budget")
+        chunks, total = [], 0
+        while chunk := os.read(fd, min(1 << 24, cap + 1 - total) or 1):
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > cap:
+                raise CheckpointRejected(f"{shown}: grew past the {cap} bytes left in the budget while read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
