@@ -1,40 +1,94 @@
 """What ``warden audit`` does, as functions over a :class:`~sidecars.archiver.store.Store`.
 
+The attacker in mind holds a bucket credential (or write access to a ``file://`` store)
+but not the signing key: they can delete objects (or put delete markers on them), copy
+old versions over current ones, and put arbitrary bytes, but cannot sign a record or a head.
+
 - :func:`fetch_snapshot`: one step's record, its signature checked against trusted keys
-  and its link to the previous record checked, in at most 3 store requests: the record,
-  then the previous record (or the run's head, for the first record). A missing step
-  costs a listing of the steps around it, and one read of the next record, which tells
-  "never archived" from "deleted" (the next record links to it).
-- :func:`verify_run`: the whole chain in step order; the first break is reported as
-  ``missing`` (a linked record is gone, e.g. hidden by a delete marker; a gap after the
-  step the signed head names is only noted as pending: uploads there may be in flight), ``reordered``
-  (a record under another step's key, or linking backwards), ``altered`` (signature
-  fails, or a record's bytes differ from what the next one was chained to),
-  ``wrong_key`` (signed by a key that is not trusted) or ``unexpected`` (a foreign object).
+  and its link to the previous record checked, in at most 3 store requests (the record,
+  the previous record or the run's head for the first record). A step that is not there is
+  told apart: ``missing`` (a violation) when it is proved archived (a delete marker or a
+  retained version of it, a later record chained to it, or the signed head naming it or a
+  later step whose record is gone too, or the run's head itself gone), else "not archived"
+  (:class:`StepNotFound`, exit 3) naming the steps near it.
+- :func:`verify_run`: the whole run, in ~ records + records/1000 + a few requests: the
+  head is read first (records are stored before the head that covers them, so a listing
+  taken after it holds every record the head names), then one paginated listing of the
+  run (ListObjectVersions where the store keeps versions, so delete markers are seen,
+  else ListObjectsV2 / a directory scan), then every record is fetched and verified
+  concurrently, and the chain is checked locally. Every finding is reported (the first is
+  the ``break``); kinds:
+
+  ``missing``
+      a record proved archived is gone: delete-marked, a gap before the newest record
+      present (only after the newest record present may uploads still be in flight), the
+      step the head names, or the head itself while the run has records or retained head
+      versions;
+  ``rolled_back``
+      the current head names an older step than a retained version of the head (versioned
+      stores), or the anchor (see below) has snapshots the store's newest record is behind;
+  ``altered``, ``wrong_key``, ``malformed``, ``reordered``, ``unexpected``
+      a record or head whose signature or bytes do not verify, signed by an untrusted key,
+      unparseable or not a regular file / over the size cap, under another step's key or
+      linking backwards, or a foreign object under the run's steps.
+
+  A record newer than the head is fine (the head lags the records it covers).
+
+The anchor. Store contents alone cannot prove that the newest records existed: on a
+``file://`` store (or an S3 bucket without versioning) whoever can write the store can
+delete the newest records and write back an older head, leaving a shorter chain that is
+perfectly consistent. An independent witness is needed. :class:`JournalAnchor` is that
+witness: the trainer's journal (``<run dir>/events.jsonl``, ``--run-dir``) lists every
+``reward.snapshot`` step; a journal step newer than the store's newest record, and older
+than a grace period (uploads in flight), is reported ``rolled_back``. It proves "the store
+lost what the trainer emitted" against an attacker who can write the store but not the
+run directory (e.g. a shared bucket or NFS export, with the run directory on the
+training host); it proves nothing against someone who can rewrite both, nor when the
+archiver legitimately fell behind for longer than the grace (its spool still holds the
+records: the message says so). On versioned S3 stores (Object Lock buckets are
+versioned) the retained versions are the anchor: records cannot be removed, only hidden
+by delete markers, which the listing shows, and older head versions are compared by
+their signed step (one GET per distinct retained head version).
 - :func:`list_steps`: the archived steps of a run.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime as dt
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecars.archiver.errors import RecordInvalid, StepNotFound, StoreError
-from sidecars.archiver.record import Head, Record, head_key, object_hash, step_from_key, step_key, steps_prefix
+from sidecars.archiver.errors import ObjectRefused, RecordInvalid, StepNotFound, StoreError
+from sidecars.archiver.record import (
+    Head,
+    Record,
+    clip,
+    head_key,
+    object_hash,
+    step_from_key,
+    step_key,
+    steps_prefix,
+)
 from sidecars.archiver.signing import verify_head, verify_record
-from sidecars.archiver.store import Store
+from sidecars.archiver.store import DEFAULT_MAX_OBJECT_BYTES, Store, VersionEntry
+from sidecars.errors import ConfigError
 from sidecars.signer.keys import TrustedKeys
 
 NEARBY = 5
 FETCH_WINDOW = 1000
+MAX_HEAD_BYTES = 64 * 1024
+MAX_FINDINGS = 50
+DEFAULT_GRACE_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
 class Break:
-    """The first problem found: at which step, what kind, and a sentence for humans."""
+    """One problem found: at which step, what kind, and a sentence for humans."""
 
     step: int | None
     kind: str
@@ -60,37 +114,64 @@ class Snapshot:
 
 
 def _code_kind(exc: RecordInvalid) -> str:
-    return "wrong_key" if exc.code == "wrong_key" else "altered"
+    return exc.code if exc.code in ("wrong_key", "malformed", "missing") else "altered"
 
 
-def _deletion_note(store: Store, run_id: str, step: int) -> str:
-    """' (a delete marker hides N retained version(s))' when the store shows one; else ''."""
-    try:
-        versions = store.versions(step_key(run_id, step))
-    except StoreError:
+def _deleted_note(entries: list[VersionEntry]) -> str:
+    """' (a delete marker hides N retained version(s) of it)' when ``entries`` (one key's) show one."""
+    if not entries or not any(e.is_delete_marker and e.is_latest for e in entries):
         return ""
-    if versions and versions[0].is_delete_marker:
-        kept = sum(1 for v in versions if not v.is_delete_marker)
-        return f" (a delete marker hides {kept} retained version(s) of it)"
-    return ""
+    kept = sum(1 for e in entries if not e.is_delete_marker)
+    return f" (a delete marker hides {kept} retained version(s) of it)"
+
+
+def _key_versions(store: Store, key: str) -> list[VersionEntry]:
+    """The versions of exactly ``key``; empty where the store keeps none."""
+    listed = store.list_versions(key)
+    return [e for e in listed or [] if e.key == key]
+
+
+def _read_head(store: Store, run_id: str, trusted: TrustedKeys) -> tuple[Head | None, str | None, Break | None, bool]:
+    """(head, version read, problem, whether an object is there) of ``run_id``'s head."""
+    try:
+        blob = store.read(head_key(run_id), MAX_HEAD_BYTES)
+    except ObjectRefused as exc:
+        return None, None, Break(None, "malformed", f"run {run_id} head: {exc}"), True
+    if blob is None:
+        return None, None, None, False
+    try:
+        head = verify_head(blob.body, trusted, f"run {run_id} head")[0]
+    except RecordInvalid as exc:
+        return None, blob.version_id, Break(None, _code_kind(exc), str(exc)), True
+    if head.run_id != run_id:
+        message = f"the head of run {run_id} is the head of run {clip(head.run_id)}: copied from another run"
+        return None, blob.version_id, Break(None, "reordered", message), True
+    return head, blob.version_id, None, True
 
 
 # --- one step -------------------------------------------------------------------------------------
 
 
-def fetch_snapshot(store: Store, run_id: str, step: int, trusted: TrustedKeys) -> Snapshot:
+def fetch_snapshot(
+    store: Store, run_id: str, step: int, trusted: TrustedKeys, max_record_bytes: int = DEFAULT_MAX_OBJECT_BYTES
+) -> Snapshot:
     """The verified record of ``step``; see the module docstring.
 
-    Raises StepNotFound (nothing stored for the step), ChainBroken via a Break in the
-    result's ``problem`` (link failures), RecordInvalid (the record itself does not verify).
+    Raises StepNotFound (the step was never archived, as far as the store shows),
+    RecordInvalid (the record does not verify, or it is proved archived and is gone:
+    code ``missing``); link failures are a Break in the result's ``problem``.
     """
     started, before = time.perf_counter(), store.requests
     key = step_key(run_id, step)
-    body = store.get(key)
+    where = f"run {run_id} step {step} ({store.url}/{key})"
+    try:
+        body = store.get(key, max_record_bytes)
+    except ObjectRefused as exc:
+        raise RecordInvalid(f"{where}: {exc}", "malformed") from None
     if body is None:
         _missing(store, run_id, step, trusted)
     assert body is not None
-    record, key_id = verify_record(body, trusted, f"run {run_id} step {step} ({store.url}/{key})")
+    record, key_id = verify_record(body, trusted, where)
     result = Snapshot(run_id, step, key, dict(record.body), key_id, "")
     if record.run_id != run_id or record.step != step:
         result.problem = Break(
@@ -102,32 +183,35 @@ def fetch_snapshot(store: Store, run_id: str, step: int, trusted: TrustedKeys) -
     elif record.prev_step is None:
         result.link, result.problem = _check_genesis(store, record, trusted)
     else:
-        result.link, result.problem = _check_previous(store, record, trusted)
+        result.link, result.problem = _check_previous(store, record, trusted, max_record_bytes)
     result.requests = store.requests - before
     result.seconds = time.perf_counter() - started
     return result
 
 
 def _check_genesis(store: Store, record: Record, trusted: TrustedKeys) -> tuple[str, Break | None]:
-    head_body = store.get(head_key(record.run_id))
-    if head_body is None:
-        return f"first record of the run (genesis {record.prev[:16]}…; no head to compare with)", None
-    try:
-        head, _ = verify_head(head_body, trusted, f"run {record.run_id} head")
-    except RecordInvalid as exc:
-        return "first record of the run", Break(None, _code_kind(exc), str(exc))
+    head, _, problem, present = _read_head(store, record.run_id, trusted)
+    if problem is not None:
+        return "first record of the run", problem
+    if head is None:
+        assert not present
+        message = f"run {record.run_id} has records but its head object is missing: it was deleted"
+        return "first record of the run", Break(None, "missing", message)
     if head.genesis is not None and head.genesis != record.prev:
         message = f"step {record.step} starts the chain from {record.prev}, but the run's genesis is {head.genesis}"
         return "first record of the run", Break(record.step, "altered", message)
     return f"first record of the run (genesis {record.prev[:16]}… matches the run's head)", None
 
 
-def _check_previous(store: Store, record: Record, trusted: TrustedKeys) -> tuple[str, Break | None]:
+def _check_previous(store: Store, record: Record, trusted: TrustedKeys, cap: int) -> tuple[str, Break | None]:
     assert record.prev_step is not None
     prev_step, run_id, step = record.prev_step, record.run_id, record.step
     if prev_step >= step:
         return "", Break(step, "reordered", f"step {step} links forward to step {prev_step}")
-    prev_body = store.get(step_key(run_id, prev_step))
+    try:
+        prev_body = store.get(step_key(run_id, prev_step), cap)
+    except ObjectRefused as exc:
+        return "", Break(prev_step, "malformed", str(exc))
     if prev_body is None:
         message = f"step {prev_step}, which step {step} is chained to, is missing from the store"
         return "", Break(prev_step, "missing", message)
@@ -145,28 +229,114 @@ def _check_previous(store: Store, record: Record, trusted: TrustedKeys) -> tuple
 
 
 def _missing(store: Store, run_id: str, step: int, trusted: TrustedKeys) -> None:
-    """Raises StepNotFound naming the steps around ``step``, or ChainBroken-worthy RecordInvalid."""
+    """Raises RecordInvalid(``missing``) when ``step`` is proved archived, else StepNotFound."""
+    where = f"run {run_id} step {step} is not in {store.url}"
+    try:
+        note = _deleted_note(_key_versions(store, step_key(run_id, step)))
+    except StoreError:
+        note = ""  # e.g. no s3:ListBucketVersions: the other proofs below still apply
+    if note:
+        raise RecordInvalid(f"{where}, but it was archived: it was deleted{note}", "missing")
     low = max(0, step - NEARBY)
     start = step_key(run_id, low - 1) if low > 0 else None
     keys = store.list_keys(steps_prefix(run_id), start_after=start, limit=2 * NEARBY + 1)
     nearby = tuple(s for s in (step_from_key(k) for k in keys) if s is not None)
     later = [s for s in nearby if s > step]
     if later:
-        next_body = store.get(step_key(run_id, later[0]))
         try:
+            next_body = store.get(step_key(run_id, later[0]))
             following = verify_record(next_body, trusted, f"run {run_id} step {later[0]}")[0] if next_body else None
-        except RecordInvalid:
+        except (RecordInvalid, ObjectRefused):
             following = None
         if following is not None and following.prev_step == step:
             raise RecordInvalid(
-                f"run {run_id} step {step} is not in {store.url}, but step {later[0]} is chained to it: "
-                "the record was deleted or hidden by a delete marker",
+                f"{where}, but step {later[0]} is chained to it: the record was deleted or hidden by a delete marker",
                 "missing",
             )
+    head, _, problem, _present = _read_head(store, run_id, trusted)
+    if head is None and problem is None and (nearby or store.list_keys(steps_prefix(run_id), limit=1)):
+        raise RecordInvalid(
+            f"{where}, and the run's head object is missing although the run has records: it was deleted, "
+            f"so which steps were archived cannot be told from the store",
+            "missing",
+        )
+    if problem is not None:
+        raise RecordInvalid(f"{where}; the run's head does not verify either: {problem.message}", problem.kind)
+    if head is not None and head.last_step == step:
+        raise RecordInvalid(f"{where}, but the signed head names it as the newest archived record: deleted", "missing")
+    if head is not None and head.last_step > step and store.get(step_key(run_id, head.last_step)) is None:
+        raise RecordInvalid(
+            f"{where}, and step {head.last_step}, which the signed head names, is missing too: "
+            f"records up to step {head.last_step} were deleted; step {step} may be one of them",
+            "missing",
+        )
+    beyond = (
+        f" (the signed head is at step {head.last_step}: not archived yet?)" if head and step > head.last_step else ""
+    )
     if not nearby:
-        raise StepNotFound(f"run {run_id} has no record for step {step}, and none near it in {store.url}", nearby)
+        raise StepNotFound(f"run {run_id} step {step} was not archived: none near it in {store.url}{beyond}", nearby)
     listed = ", ".join(str(s) for s in nearby)
-    raise StepNotFound(f"run {run_id} has no record for step {step} in {store.url}; steps near it: {listed}", nearby)
+    raise StepNotFound(
+        f"run {run_id} has no record for step {step} in {store.url} (not archived){beyond}; steps near it: {listed}",
+        nearby,
+    )
+
+
+# --- the anchor -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JournalAnchor:
+    """The steps of a run's ``reward.snapshot`` events and when they were emitted (UTC seconds)."""
+
+    source: str
+    steps: dict[int, float]
+
+    @classmethod
+    def from_run_dir(cls, run_dir: str, run_id: str) -> JournalAnchor:
+        """Reads ``<run_dir>/events.jsonl``; raises ConfigError when there is none."""
+        from trainer.events import JournalReader
+
+        path = os.path.join(run_dir, "events.jsonl")
+        if not os.path.isfile(path):
+            raise ConfigError(f"--run-dir {run_dir}: no journal (events.jsonl) there")
+        steps: dict[int, float] = {}
+        for event, _ in JournalReader(path).read_available():
+            if event.type == "reward.snapshot" and event.run_id == run_id and event.step is not None:
+                steps[event.step] = _event_time(event.time)
+        return cls(path, steps)
+
+
+def _event_time(value: str) -> float:
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0  # unreadable time: old enough to be checked
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
+
+
+def anchor_findings(
+    anchor: JournalAnchor, present: Iterable[int], head: Head | None, now: float, grace: float
+) -> tuple[list[Break], list[int]]:
+    """Findings of ``anchor`` against the store: (breaks, journal steps within the grace period).
+
+    A journal step newer than both the newest record present and the head, emitted more
+    than ``grace`` seconds ago, is ``rolled_back``. Journal steps inside the stored chain
+    but absent from it were skipped by the archiver itself (the signed chain links across
+    them, e.g. a refused event): the chain walk judges those, not the anchor.
+    """
+    newest = max([*present, head.last_step if head else -1], default=-1)
+    beyond = sorted(s for s in anchor.steps if s > newest)
+    late = [s for s in beyond if now - anchor.steps[s] > grace]
+    recent = [s for s in beyond if s not in late]
+    if not late:
+        return [], recent
+    message = (
+        f"the journal ({anchor.source}) has reward.snapshot events for steps {ranges(late)} "
+        f"(more than {grace:.0f} s old), but the store's newest record is step {newest if newest >= 0 else 'none'}: "
+        "records were deleted and the head rolled back (or the archiver has been down since: its spool holds them)"
+    )
+    return [Break(late[0], "rolled_back", message)], recent
 
 
 # --- the whole run ----------------------------------------------------------------------------------
@@ -183,11 +353,25 @@ class RunReport:
     last_step: int | None = None
     head: Head | None = None
     after_head: list[int] = field(default_factory=list)
-    pending_gaps: list[int] = field(default_factory=list)
     key_ids: set[str] = field(default_factory=set)
-    problem: Break | None = None
+    findings: list[Break] = field(default_factory=list)
+    versioned: bool = False
+    head_versions_read: int = 0
+    anchor: str | None = None
+    anchor_recent: list[int] = field(default_factory=list)
     requests: int = 0
     seconds: float = 0.0
+
+    @property
+    def problem(self) -> Break | None:
+        """The first finding (None: intact)."""
+        return self.findings[0] if self.findings else None
+
+    def add(self, finding: Break) -> None:
+        if len(self.findings) < MAX_FINDINGS and not any(
+            f.step == finding.step and f.kind == finding.kind for f in self.findings
+        ):
+            self.findings.append(finding)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -199,70 +383,194 @@ class RunReport:
             "last_step": self.last_step,
             "head_step": self.head.last_step if self.head else None,
             "after_head": self.after_head,
-            "pending_gaps": self.pending_gaps,
             "key_ids": sorted(self.key_ids),
             "break": self.problem.to_dict() if self.problem else None,
+            "findings": [f.to_dict() for f in self.findings],
+            "versioned": self.versioned,
+            "head_versions_read": self.head_versions_read,
+            "anchor": self.anchor,
+            "anchor_within_grace": self.anchor_recent,
             "requests": self.requests,
             "seconds": round(self.seconds, 3),
         }
 
 
-def _bodies(store: Store, keys: list[str], workers: int) -> Iterator[bytes | None]:
-    """The bodies of ``keys`` in order, fetched concurrently a window at a time."""
-    with ThreadPoolExecutor(workers) as pool:
-        for start in range(0, len(keys), FETCH_WINDOW):
-            yield from pool.map(store.get, keys[start : start + FETCH_WINDOW])
+@dataclass(frozen=True)
+class Fetched:
+    """A record read and verified by a worker: only what the chain walk needs (bounded memory)."""
+
+    step: int
+    record: Record | None
+    key_id: str = ""
+    digest: str = ""
+    problem: Break | None = None
+
+
+def _fetch(store: Store, run_id: str, step: int, trusted: TrustedKeys, cap: int) -> Fetched:
+    key = step_key(run_id, step)
+    try:
+        body = store.get(key, cap)
+    except ObjectRefused as exc:
+        return Fetched(step, None, problem=Break(step, "malformed", str(exc)))
+    if body is None:
+        return Fetched(step, None, problem=Break(step, "missing", f"step {step} was listed but is gone (deleted)"))
+    try:
+        record, key_id = verify_record(body, trusted, f"run {run_id} step {step}")
+    except RecordInvalid as exc:
+        return Fetched(step, None, problem=Break(step, _code_kind(exc), str(exc)))
+    return Fetched(step, dataclasses.replace(record, body={}), key_id, object_hash(body))
+
+
+@dataclass
+class _Listing:
+    """One listing of a run: present steps, delete-marked steps, foreign keys, the head's versions."""
+
+    steps: list[int] = field(default_factory=list)
+    deleted: dict[int, str] = field(default_factory=dict)
+    foreign: list[str] = field(default_factory=list)
+    head_versions: list[VersionEntry] = field(default_factory=list)
+    head_deleted: str = ""
+    versioned: bool = False
+
+
+def _list_run(store: Store, run_id: str) -> _Listing:
+    listing = _Listing()
+    prefix, head = steps_prefix(run_id), head_key(run_id)
+    try:
+        entries = store.list_versions(f"runs/{run_id}/")
+    except StoreError:
+        entries = None  # e.g. no s3:ListBucketVersions: fall back to the current keys
+    if entries is None:
+        keys = store.list_keys(prefix)
+    else:
+        listing.versioned = True
+        by_key: dict[str, list[VersionEntry]] = {}
+        for entry in entries:
+            by_key.setdefault(entry.key, []).append(entry)
+        keys = []
+        for key, versions in sorted(by_key.items()):
+            if key == head:
+                listing.head_versions = [v for v in versions if not v.is_delete_marker]
+                listing.head_deleted = _deleted_note(versions)
+            elif key.startswith(prefix):
+                note = _deleted_note(versions)
+                if note and step_from_key(key) is not None:
+                    listing.deleted[step_from_key(key) or 0] = note
+                elif any(v.is_latest and not v.is_delete_marker for v in versions):
+                    keys.append(key)
+    for key in keys:
+        step = step_from_key(key)
+        if step is None:
+            listing.foreign.append(key)
+        else:
+            listing.steps.append(step)
+    listing.steps.sort()
+    return listing
+
+
+def _head_findings(
+    store: Store, report: RunReport, listing: _Listing, read_version: str | None, present: bool, trusted: TrustedKeys
+) -> list[Break]:
+    run_id, head = report.run_id, report.head
+    if not present:
+        if listing.head_deleted or listing.head_versions:
+            note = listing.head_deleted or f" ({len(listing.head_versions)} retained version(s) of it)"
+            return [Break(None, "missing", f"the run's head object was deleted{note}")]
+        if listing.steps or listing.deleted:
+            count = len(listing.steps) + len(listing.deleted)
+            return [
+                Break(None, "missing", f"the run's head object is missing, but the run has {count} records: deleted")
+            ]
+        return []
+    if head is None:
+        return []
+    # Rollback: a retained version of the head older than the one read naming a later step.
+    versions = sorted(listing.head_versions, key=lambda v: -v.last_modified)
+    position = next((i for i, v in enumerate(versions) if v.version_id == read_version), None)
+    if position is None:
+        return []
+    current = versions[position]
+    seen, older = {current.etag}, []
+    for version in versions[position + 1 :]:  # versions newer than the one read were put meanwhile
+        if version.etag not in seen:
+            seen.add(version.etag)
+            older.append(version)
+
+    def read(version: VersionEntry) -> tuple[VersionEntry, Head | None, Break | None]:
+        try:
+            blob = store.read(head_key(run_id), MAX_HEAD_BYTES, version.version_id)
+            if blob is None:
+                return version, None, None
+            return (
+                version,
+                verify_head(blob.body, trusted, f"run {run_id} head version {clip(version.version_id)}")[0],
+                None,
+            )
+        except (RecordInvalid, ObjectRefused) as exc:
+            kind = _code_kind(exc) if isinstance(exc, RecordInvalid) else "malformed"
+            return version, None, Break(None, kind, f"a retained version of the head does not verify: {exc}")
+
+    findings: list[Break] = []
+    with ThreadPoolExecutor(8) as pool:
+        for version, old, problem in pool.map(read, older):
+            report.head_versions_read += 1
+            if problem is not None:
+                findings.append(problem)
+            elif old is not None and old.last_step > head.last_step:
+                findings.append(
+                    Break(
+                        head.last_step,
+                        "rolled_back",
+                        f"the current head names step {head.last_step}, but a retained older version of it "
+                        f"(version {clip(version.version_id, 80)}) names step {old.last_step}: "
+                        "the head was moved backwards",
+                    )
+                )
+    findings.sort(key=lambda f: f.kind != "rolled_back")
+    return findings[:1]
 
 
 class _Walk:
-    """The chain walk of :func:`verify_run`: feed records in step order, stop at the first break."""
+    """The chain walk of :func:`verify_run`: feed records in step order; every break is reported."""
 
-    def __init__(self, store: Store, report: RunReport, trusted: TrustedKeys) -> None:
-        self.store, self.report, self.trusted = store, report, trusted
+    def __init__(self, report: RunReport, deleted: dict[int, str]) -> None:
+        self.report, self.deleted = report, deleted
         self.prev_step: int | None = None
         self.prev_hash: str | None = None
         self.hashes: dict[int, str] = {}
 
-    def missing(self, step: int, before: int) -> Break:
-        note = _deletion_note(self.store, self.report.run_id, step)
-        return Break(step, "missing", f"step {step}, which step {before} is chained to, is missing{note}")
-
-    def feed(self, step: int, body: bytes | None) -> Break | None:
-        run_id = self.report.run_id
-        if body is None:
-            return Break(step, "missing", f"step {step} was listed but could not be read (deleted meanwhile?)")
-        try:
-            record, key_id = verify_record(body, self.trusted, f"run {run_id} step {step}")
-        except RecordInvalid as exc:
-            return Break(step, _code_kind(exc), str(exc))
-        if record.run_id != run_id or record.step != step:
-            return Break(
-                step,
-                "reordered",
-                f"the object for step {step} holds the record of run {record.run_id} step {record.step}",
+    def feed(self, fetched: Fetched) -> None:
+        step, record, report = fetched.step, fetched.record, self.report
+        if fetched.problem is not None or record is None:
+            assert fetched.problem is not None
+            report.add(fetched.problem)
+            self.prev_step, self.prev_hash = step, None  # cannot vouch for the next link
+            return
+        if record.run_id != report.run_id or record.step != step:
+            report.add(
+                Break(
+                    step,
+                    "reordered",
+                    f"the object for step {step} holds the record of run {clip(record.run_id)} step {record.step}",
+                )
             )
+            self.prev_step, self.prev_hash = step, None
+            return
         problem = self._link(step, record)
-        if problem is not None and problem.kind == "missing" and self._beyond_head(problem.step):
-            # Not yet covered by the head: an upload window still in flight (or an archiver
-            # that stopped mid-window, whose spool still holds it). Noted, not a violation.
-            assert problem.step is not None
-            self.report.pending_gaps.append(problem.step)
-            problem = None
-        self.prev_step, self.prev_hash = step, object_hash(body)
-        self.hashes[step] = self.prev_hash
-        self.report.checked += 1
-        self.report.key_ids.add(key_id)
-        return problem
-
-    def _beyond_head(self, step: int | None) -> bool:
-        head = self.report.head
-        return step is not None and (head is None or step > head.last_step)
+        if problem is not None:
+            report.add(problem)
+        self.prev_step, self.prev_hash = step, fetched.digest
+        self.hashes[step] = fetched.digest
+        report.checked += 1
+        report.key_ids.add(fetched.key_id)
 
     def _link(self, step: int, record: Record) -> Break | None:
         head = self.report.head
         if record.prev_step != self.prev_step:
             if record.prev_step is not None and (self.prev_step is None or record.prev_step > self.prev_step):
-                return self.missing(record.prev_step, step)
+                gone = record.prev_step
+                note = self.deleted.get(gone, "")
+                return Break(gone, "missing", f"step {gone}, which step {step} is chained to, is missing{note}")
             follows = f"the record before it is step {self.prev_step}" if self.prev_step is not None else "it is first"
             linked = f"step {record.prev_step}" if record.prev_step is not None else "nothing (genesis)"
             return Break(step, "reordered", f"step {step} is chained to {linked}, but {follows}")
@@ -270,7 +578,7 @@ class _Walk:
             if head is not None and head.genesis is not None and record.prev != head.genesis:
                 return Break(step, "altered", f"step {step} starts from {record.prev}, not the genesis {head.genesis}")
             return None
-        if record.prev != self.prev_hash:
+        if self.prev_hash is not None and record.prev != self.prev_hash:
             return Break(
                 self.prev_step,
                 "altered",
@@ -278,50 +586,73 @@ class _Walk:
             )
         return None
 
-    def finish(self, steps: list[int]) -> Break | None:
-        head = self.report.head
+    def finish(self, steps: list[int]) -> None:
+        head, report = self.report.head, self.report
         if head is None:
-            return None
-        self.report.after_head = [s for s in steps if s > head.last_step]
-        if head.last_step not in self.hashes:
-            note = _deletion_note(self.store, self.report.run_id, head.last_step)
-            return Break(head.last_step, "missing", f"the head names step {head.last_step}, which is missing{note}")
-        if self.hashes[head.last_step] != head.last_hash:
-            return Break(head.last_step, "altered", f"step {head.last_step} differs from the one the head names")
-        return None
+            return
+        report.after_head = [s for s in steps if s > head.last_step]
+        if head.last_step not in steps:
+            note = self.deleted.get(head.last_step, "")
+            report.add(
+                Break(head.last_step, "missing", f"the head names step {head.last_step}, which is missing{note}")
+            )
+        elif head.last_step in self.hashes and self.hashes[head.last_step] != head.last_hash:
+            report.add(Break(head.last_step, "altered", f"step {head.last_step} differs from the one the head names"))
 
 
-def verify_run(store: Store, run_id: str, trusted: TrustedKeys, workers: int = 16) -> RunReport:
-    """Walks the chain of ``run_id``; the report's ``problem`` is the first break (None: intact).
+def verify_run(
+    store: Store,
+    run_id: str,
+    trusted: TrustedKeys,
+    workers: int = 16,
+    *,
+    max_record_bytes: int = DEFAULT_MAX_OBJECT_BYTES,
+    anchor: JournalAnchor | None = None,
+    grace: float = DEFAULT_GRACE_SECONDS,
+    clock: Callable[[], float] = time.time,
+) -> RunReport:
+    """Checks the whole run (see the module docstring); the report's ``findings`` are the breaks.
 
-    Raises StepNotFound when the store has nothing for the run, StoreError when it cannot be read.
+    Raises StepNotFound when the store has nothing for the run (and no anchor says it
+    should), StoreError when it cannot be read.
     """
     started, before = time.perf_counter(), store.requests
-    report = RunReport(run_id, store.url)
-    head_body = store.get(head_key(run_id))
-    if head_body is not None:
-        try:
-            report.head = verify_head(head_body, trusted, f"run {run_id} head")[0]
-        except RecordInvalid as exc:
-            report.problem = Break(None, _code_kind(exc), str(exc))
-    keys = store.list_keys(steps_prefix(run_id))
-    if not keys and head_body is None:
+    report = RunReport(run_id, store.url, anchor=anchor.source if anchor else None)
+    head, read_version, head_problem, head_present = _read_head(store, run_id, trusted)
+    report.head = head
+    if head_problem is not None:
+        report.add(head_problem)
+    listing = _list_run(store, run_id)
+    report.versioned = listing.versioned
+    if (
+        not head_present
+        and not listing.steps
+        and not listing.deleted
+        and not listing.head_versions
+        and not (anchor and anchor.steps)
+    ):
         raise StepNotFound(f"run {run_id} has no archived records in {store.url}")
-    foreign = next((k for k in keys if step_from_key(k) is None), None)
-    if foreign is not None and report.problem is None:
-        report.problem = Break(None, "unexpected", f"{foreign} is not a step record: nothing else belongs there")
-    steps = [s for s in (step_from_key(k) for k in keys) if s is not None]
+    for finding in _head_findings(store, report, listing, read_version, head_present, trusted):
+        report.add(finding)
+    for step, note in sorted(listing.deleted.items()):
+        report.add(Break(step, "missing", f"step {step} was deleted{note}"))
+    for key in listing.foreign[:1]:
+        report.add(Break(None, "unexpected", f"{clip(key)} is not a step record: nothing else belongs there"))
+    steps = listing.steps
     if steps:
         report.first_step, report.last_step = steps[0], steps[-1]
-    walk = _Walk(store, report, trusted)
-    if report.problem is None:
-        keys = [step_key(run_id, s) for s in steps]
-        for step, body in zip(steps, _bodies(store, keys, workers), strict=True):
-            report.problem = walk.feed(step, body)
-            if report.problem is not None:
-                break
-        else:
-            report.problem = walk.finish(steps)
+    walk = _Walk(report, listing.deleted)
+    with ThreadPoolExecutor(workers) as pool:
+        for start in range(0, len(steps), FETCH_WINDOW):
+            window = steps[start : start + FETCH_WINDOW]
+            for fetched in pool.map(lambda s: _fetch(store, run_id, s, trusted, max_record_bytes), window):
+                walk.feed(fetched)
+    walk.finish(steps)
+    if anchor is not None:
+        findings, report.anchor_recent = anchor_findings(anchor, steps, head, clock(), grace)
+        for finding in findings:
+            report.add(finding)
+    report.findings.sort(key=lambda f: (f.step is not None, f.step or 0))
     report.requests = store.requests - before
     report.seconds = time.perf_counter() - started
     return report

@@ -15,11 +15,20 @@ from typing import Any
 
 import click
 
-from sidecars.archiver.audit import RunReport, Snapshot, fetch_snapshot, list_steps, ranges, verify_run
+from sidecars.archiver.audit import (
+    DEFAULT_GRACE_SECONDS,
+    JournalAnchor,
+    RunReport,
+    Snapshot,
+    fetch_snapshot,
+    list_steps,
+    ranges,
+    verify_run,
+)
 from sidecars.archiver.errors import ChainBroken, StepNotFound
 from sidecars.archiver.policy import ArchiverPolicy
 from sidecars.archiver.record import valid_run_id
-from sidecars.archiver.store import Store, open_store
+from sidecars.archiver.store import DEFAULT_MAX_OBJECT_BYTES, Store, open_store
 from sidecars.cliutil import echo_json, format_option, option
 from sidecars.errors import ConfigError
 from sidecars.policy import load_policy
@@ -70,6 +79,16 @@ def _open(store_url: str | None, policy_path: str) -> Store:
     return open_store(store_url, addressing_style=style)
 
 
+def _max_bytes_option(func: Callable[..., Any]) -> Callable[..., Any]:
+    return option(
+        "--max-object-bytes",
+        type=click.IntRange(min=1024),
+        default=DEFAULT_MAX_OBJECT_BYTES,
+        show_default=True,
+        help="A record larger than this is not read (reported malformed). Raise it for huge top_k x max_text_bytes.",
+    )(func)
+
+
 def _trusted(path: str) -> TrustedKeys:
     return load_trusted_keys(path)
 
@@ -115,16 +134,21 @@ def _snapshot_text(snap: Snapshot, store: Store) -> str:
 @_store_options
 @option("--step", type=click.IntRange(min=0), required=True, help="Training step.")
 @_trust_option
+@_max_bytes_option
 @format_option()
-def snapshot_command(run_id: str, store: str | None, policy: str, step: int, trust: str, output_format: str) -> None:
+def snapshot_command(
+    run_id: str, store: str | None, policy: str, step: int, trust: str, max_object_bytes: int, output_format: str
+) -> None:
     """Fetch the record of one step, verify its signature and its link to the previous record, print it.
 
-    At most 3 store requests. A missing step names the archived steps near it.
+    At most 3 store requests. A step proved archived and now gone (delete marker, a later
+    record chained to it, the signed head naming it) exits 1 (missing); a step never
+    archived exits 3 and names the archived steps near it.
     """
     trusted = _trusted(trust)
     backend = _open(store, policy)
     try:
-        snap = fetch_snapshot(backend, run_id, step, trusted)
+        snap = fetch_snapshot(backend, run_id, step, trusted, max_object_bytes)
     except StepNotFound as exc:
         if output_format == "json":
             echo_json({"run_id": run_id, "step": step, "found": False, "nearby": list(exc.nearby), "error": str(exc)})
@@ -164,16 +188,19 @@ def _report_text(report: RunReport) -> str:
     if report.head is not None:
         lines.append(f"head: step {report.head.last_step}")
     if report.after_head:
-        lines.append(f"after the head (upload in progress): {ranges(report.after_head)}")
-    if report.pending_gaps:
-        lines.append(f"not yet stored after the head (still spooled?): {ranges(report.pending_gaps)}")
+        lines.append(f"after the head (the head lags; uploads in progress): {ranges(report.after_head)}")
+    if report.versioned:
+        lines.append(f"versions: checked (delete markers, {report.head_versions_read} older head version(s) read)")
+    if report.anchor is not None:
+        recent = f"; within the grace period: {ranges(report.anchor_recent)}" if report.anchor_recent else ""
+        lines.append(f"anchor: {report.anchor}{recent}")
     keys = ", ".join(k[:16] + "…" for k in sorted(report.key_ids)) or "none"
     lines.append(f"signed by: {keys}")
     if report.problem is None:
         lines.append("chain: intact")
-    else:
-        where = f" at step {report.problem.step}" if report.problem.step is not None else ""
-        lines.append(f"chain: BROKEN{where} ({report.problem.kind}): {report.problem.message}")
+    for finding in report.findings:
+        where = f" at step {finding.step}" if finding.step is not None else ""
+        lines.append(f"chain: BROKEN{where} ({finding.kind}): {finding.message}")
     lines.append(f"{report.requests} store requests, {report.seconds:.2f} s")
     return "\n".join(lines)
 
@@ -182,15 +209,43 @@ def _report_text(report: RunReport) -> str:
 @_store_options
 @_trust_option
 @option("--workers", type=click.IntRange(1, 128), default=16, show_default=True, help="Concurrent reads.")
+@_max_bytes_option
+@option(
+    "--run-dir",
+    type=click.Path(file_okay=False),
+    help="The run directory: its journal (events.jsonl) is the anchor that the store's newest record is checked "
+    "against (see docs/threat-model.md); needed to detect a rolled-back file:// store.",
+)
+@option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_GRACE_SECONDS,
+    show_default=True,
+    help="With --run-dir: journal snapshots younger than this many seconds may still be uploading.",
+)
 @format_option()
 def verify_run_command(
-    run_id: str, store: str | None, policy: str, trust: str, workers: int, output_format: str
+    run_id: str,
+    store: str | None,
+    policy: str,
+    trust: str,
+    workers: int,
+    max_object_bytes: int,
+    run_dir: str | None,
+    grace: float,
+    output_format: str,
 ) -> None:
-    """Walk the whole chain of a run and report the first break (missing, reordered, altered, wrong key)."""
+    """Verify a whole run: every record, the chain, the head, deletions; report every break.
+
+    Kinds: missing, rolled_back, altered, wrong_key, malformed, reordered, unexpected.
+    """
     trusted = _trusted(trust)
+    anchor = JournalAnchor.from_run_dir(run_dir, run_id) if run_dir is not None else None
     backend = _open(store, policy)
     try:
-        report = verify_run(backend, run_id, trusted, workers)
+        report = verify_run(
+            backend, run_id, trusted, workers, max_record_bytes=max_object_bytes, anchor=anchor, grace=grace
+        )
     finally:
         backend.close()
     if output_format == "json":

@@ -59,6 +59,18 @@ class StoreConflict(StoreError, ViolationError):
         self.key = key
 
 
+class ObjectRefused(StoreError, ViolationError):
+    """An object that is not read at all: not a regular file (a symlink, a FIFO, a directory...)
+    in a ``file://`` store, or larger than the reader's cap. Only someone writing to the store
+    by hand puts such a thing there, so it is a violation (reported as ``malformed``)."""
+
+    kind = "refused"
+
+    def __init__(self, message: str, key: str) -> None:
+        super().__init__(message)
+        self.key = key
+
+
 class ObjectLockMissing(StoreError, ConfigError):
     """The policy requires Object Lock and the bucket was not created with it."""
 

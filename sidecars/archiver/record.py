@@ -46,6 +46,16 @@ def canonical_json(obj: Any) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
+QUOTE_CHARS = 200
+
+
+def clip(text: str, limit: int = QUOTE_CHARS) -> str:
+    """``text`` cut to about ``limit`` characters for a message: a hostile value never floods a report."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text)} characters in all)"
+
+
 def object_hash(body: bytes) -> str:
     """The chain hash of a stored record: hex SHA-256 of its bytes."""
     return hashlib.sha256(body).hexdigest()

@@ -24,6 +24,7 @@ from sidecars.archiver.record import (
     Head,
     Record,
     canonical_json,
+    clip,
     head_key,
     parse_head,
     parse_record,
@@ -64,27 +65,39 @@ class Verified:
     key_id: str
 
 
+# What parsing hostile bytes may raise besides the parsers' own errors: RecursionError (deep
+# nesting), ValueError (an integer of more digits than int() accepts, invalid UTF-8), TypeError
+# and AttributeError (a field of the wrong type), MemoryError. All become ``malformed``.
+_PARSE_ERRORS = (RecursionError, ValueError, TypeError, AttributeError, KeyError, MemoryError)
+
+
 def _open(body: bytes, trusted: TrustedKeys, predicate_type: str, what: str) -> Verified:
-    """Verifies the signature, then the statement's shape. Raises RecordInvalid with a code."""
+    """Verifies the signature, then the statement's shape. Raises RecordInvalid with a code.
+
+    Never raises anything else for any ``body``; messages quote at most ~200 characters of it.
+    """
     try:
         bundle = decode_bundle(body)
         signer = verify_bundle(bundle, trusted)
     except WrongKey as exc:
-        raise RecordInvalid(f"{what}: {exc}", "wrong_key") from None
+        raise RecordInvalid(f"{what}: {clip(str(exc), 500)}", "wrong_key") from None
     except SignatureRejected as exc:
         code = "malformed" if exc.code == "malformed_bundle" else "altered"
-        raise RecordInvalid(f"{what}: {exc}", code) from None
+        raise RecordInvalid(f"{what}: {clip(str(exc), 500)}", code) from None
+    except _PARSE_ERRORS as exc:
+        raise RecordInvalid(f"{what}: not a bundle ({type(exc).__name__}: {clip(str(exc))})", "malformed") from None
     if bundle.payload_type != PAYLOAD_TYPE:
-        raise RecordInvalid(f"{what}: payloadType is {bundle.payload_type!r}, expected {PAYLOAD_TYPE!r}", "malformed")
+        found = clip(repr(bundle.payload_type))
+        raise RecordInvalid(f"{what}: payloadType is {found}, expected {PAYLOAD_TYPE!r}", "malformed")
     try:
         document = json.loads(bundle.payload)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except _PARSE_ERRORS:
         raise RecordInvalid(f"{what}: the signed payload is not JSON", "malformed") from None
     if not isinstance(document, dict) or document.get("_type") != STATEMENT_TYPE:
         raise RecordInvalid(f"{what}: the payload is not an in-toto Statement v1", "malformed")
     if document.get("predicateType") != predicate_type:
-        found = document.get("predicateType")
-        raise RecordInvalid(f"{what}: predicateType is {found!r}, expected {predicate_type!r}", "malformed")
+        found = clip(repr(document.get("predicateType")))
+        raise RecordInvalid(f"{what}: predicateType is {found}, expected {predicate_type!r}", "malformed")
     predicate = document.get("predicate")
     if not isinstance(predicate, dict):
         raise RecordInvalid(f"{what}: the statement has no predicate object", "malformed")
@@ -101,8 +114,8 @@ def verify_record(body: bytes, trusted: TrustedKeys, what: str) -> tuple[Record,
     verified = _open(body, trusted, PREDICATE_TYPE, what)
     try:
         return parse_record(verified.predicate), verified.key_id
-    except ValueError as exc:
-        raise RecordInvalid(f"{what}: {exc}", "malformed") from None
+    except _PARSE_ERRORS as exc:
+        raise RecordInvalid(f"{what}: {clip(str(exc))}", "malformed") from None
 
 
 def verify_head(body: bytes, trusted: TrustedKeys, what: str) -> tuple[Head, str]:
@@ -110,5 +123,5 @@ def verify_head(body: bytes, trusted: TrustedKeys, what: str) -> tuple[Head, str
     verified = _open(body, trusted, HEAD_PREDICATE_TYPE, what)
     try:
         return parse_head(verified.predicate), verified.key_id
-    except ValueError as exc:
-        raise RecordInvalid(f"{what}: {exc}", "malformed") from None
+    except _PARSE_ERRORS as exc:
+        raise RecordInvalid(f"{what}: {clip(str(exc))}", "malformed") from None

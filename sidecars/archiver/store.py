@@ -15,6 +15,11 @@ Contracts:
   or changes the retention of an object: the classes have no such method.
 - every failure is a :class:`~sidecars.archiver.errors.StoreError` whose ``kind`` is a
   bounded label value; ``requests`` counts the requests sent (retries included).
+- reads are hostile-object safe (an attacker may hold a bucket credential or write to the
+  directory): every read has a size cap (``max_bytes``; S3: a ranged GET whose
+  ``Content-Range`` total is checked before the body is read), and ``file://`` objects are
+  opened without following a final symlink and without blocking (a FIFO), regular files
+  only; anything else raises :class:`~sidecars.archiver.errors.ObjectRefused` (a violation).
 """
 
 from __future__ import annotations
@@ -23,8 +28,10 @@ import base64
 import contextlib
 import datetime as dt
 import enum
+import errno
 import hashlib
 import os
+import stat
 import threading
 import urllib.parse
 from abc import ABC, abstractmethod
@@ -33,13 +40,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecars.archiver.errors import (
+    ObjectRefused,
     StoreAccessDenied,
     StoreConfigError,
     StoreConflict,
     StoreError,
     StoreUnavailable,
 )
+from sidecars.tokenscan.sniff import open_regular
 from trainer.events import atomic_write_bytes, fsync_dir
+
+DEFAULT_MAX_OBJECT_BYTES = 64 * 1024 * 1024
 
 
 class Created(enum.Enum):
@@ -67,6 +78,31 @@ class Version:
     version_id: str
     is_latest: bool
     is_delete_marker: bool
+
+
+@dataclass(frozen=True)
+class Blob:
+    """The bytes of one read, and the version read (None where the store keeps no versions)."""
+
+    body: bytes
+    version_id: str | None = None
+
+
+@dataclass(frozen=True)
+class VersionEntry:
+    """One row of a version listing: a stored version or a delete marker of ``key``."""
+
+    key: str
+    version_id: str
+    is_latest: bool
+    is_delete_marker: bool
+    etag: str
+    last_modified: float
+    size: int
+
+
+def _too_large(url: str, key: str, size: int | str, cap: int) -> ObjectRefused:
+    return ObjectRefused(f"{url}: {key} is {size} bytes, over the {cap}-byte cap for this object; not read", key)
 
 
 class Store(ABC):
@@ -112,9 +148,21 @@ class Store(ABC):
     def put(self, key: str, body: bytes) -> None:
         """Writes or replaces ``key`` (only for heads)."""
 
+    def get(self, key: str, max_bytes: int = DEFAULT_MAX_OBJECT_BYTES) -> bytes | None:
+        """The bytes under ``key``, None when there is no current object.
+
+        Raises ObjectRefused (over ``max_bytes``, or not a regular file), StoreError.
+        """
+        blob = self.read(key, max_bytes)
+        return None if blob is None else blob.body
+
     @abstractmethod
-    def get(self, key: str) -> bytes | None:
-        """The bytes under ``key``, None when there is no current object."""
+    def read(self, key: str, max_bytes: int = DEFAULT_MAX_OBJECT_BYTES, version_id: str | None = None) -> Blob | None:
+        """Like :meth:`get`, with the version read; ``version_id`` reads that version."""
+
+    def list_versions(self, prefix: str) -> list[VersionEntry] | None:
+        """Every version and delete marker under ``prefix`` (all pages); None where the store keeps no versions."""
+        return None
 
     @abstractmethod
     def list_keys(self, prefix: str, start_after: str | None = None, limit: int | None = None) -> list[str]:
@@ -180,32 +228,74 @@ class FileStore(Store):
         except OSError as exc:
             raise self._io_error(exc, key) from None
 
-    def get(self, key: str) -> bytes | None:
+    def read(self, key: str, max_bytes: int = DEFAULT_MAX_OBJECT_BYTES, version_id: str | None = None) -> Blob | None:
         self._count("GetObject")
+        if version_id is not None:
+            return None
+        path = self._path(key)
         try:
-            with open(self._path(key), "rb") as fh:
-                return fh.read()
+            with open_regular(path) as fh:  # O_NOFOLLOW | O_NONBLOCK, then fstat: regular files only
+                size = os.fstat(fh.fileno()).st_size
+                if size > max_bytes:
+                    raise _too_large(self.url, key, size, max_bytes)
+                body = fh.read(max_bytes + 1)
         except FileNotFoundError:
             return None
         except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EINVAL, errno.ENXIO, errno.EISDIR, errno.EMLINK):
+                raise ObjectRefused(
+                    f"{self.url}: {key} is {_file_kind(path)}, not a regular file; not read", key
+                ) from None
             raise self._io_error(exc, key) from None
+        if len(body) > max_bytes:  # grew after the fstat
+            raise _too_large(self.url, key, f"more than {max_bytes}", max_bytes)
+        return Blob(body)
 
     def list_keys(self, prefix: str, start_after: str | None = None, limit: int | None = None) -> list[str]:
         self._count("ListObjectsV2")
         directory, _, name_prefix = prefix.rpartition("/")
         base = self._path(directory) if directory else self.root
         try:
-            names = sorted(n for n in os.listdir(base) if n.startswith(name_prefix) and not n.startswith(".tmp-"))
-        except FileNotFoundError:
+            # Every entry but directories (d_type, no stat per name): a symlink or FIFO put where
+            # a record belongs is listed, so that reading it reports it instead of skipping it.
+            with os.scandir(base) as entries:
+                names = sorted(
+                    e.name
+                    for e in entries
+                    if e.name.startswith(name_prefix)
+                    and not e.name.startswith(".tmp-")
+                    and not e.is_dir(follow_symlinks=False)
+                )
+        except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as exc:
             raise self._io_error(exc, prefix) from None
         keys = [f"{directory}/{n}" if directory else n for n in names]
-        keys = [k for k in keys if (start_after is None or k > start_after) and os.path.isfile(self._path(k))]
+        if start_after is not None:
+            keys = [k for k in keys if k > start_after]
         return keys[:limit] if limit is not None else keys
 
     def object_lock_enabled(self) -> bool:
         return False
+
+
+def _file_kind(path: str) -> str:
+    """'a symbolic link', 'a FIFO'... for a refusal message."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        return "not readable as a file"
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 # --- s3:// -----------------------------------------------------------------------------------------
@@ -329,14 +419,68 @@ class S3Store(Store):
         except Exception as exc:
             raise _classify(exc, self.url, f"put {key}") from None
 
-    def get(self, key: str) -> bytes | None:
+    def read(self, key: str, max_bytes: int = DEFAULT_MAX_OBJECT_BYTES, version_id: str | None = None) -> Blob | None:
+        args: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(key), "Range": f"bytes=0-{max_bytes}"}
+        if version_id is not None:
+            args["VersionId"] = version_id
         try:
-            response = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
-            return bytes(response["Body"].read())
+            response = self.client.get_object(**args)
         except Exception as exc:
-            if _status(exc) == 404 or _error_code(exc) in ("NoSuchKey", "404"):
+            code = _error_code(exc)
+            if _status(exc) == 404 or code in ("NoSuchKey", "NoSuchVersion", "404"):
                 return None
+            if _status(exc) == 416 or code == "InvalidRange":  # a range of an empty object
+                return Blob(b"", version_id)
             raise _classify(exc, self.url, f"get {key}") from None
+        body = response["Body"]
+        try:
+            total = str(response.get("ContentRange", "")).rpartition("/")[2]
+            length = int(response.get("ContentLength", 0) or 0)
+            if (total.isdigit() and int(total) > max_bytes) or length > max_bytes:
+                raise _too_large(self.url, key, total if total.isdigit() else length, max_bytes)
+            data = bytes(body.read(max_bytes + 1))
+        except ObjectRefused:
+            raise
+        except Exception as exc:
+            raise _classify(exc, self.url, f"get {key}") from None
+        finally:
+            body.close()
+        if len(data) > max_bytes:
+            raise _too_large(self.url, key, f"more than {max_bytes}", max_bytes)
+        found = response.get("VersionId")
+        return Blob(data, str(found) if found else None)
+
+    def list_versions(self, prefix: str) -> list[VersionEntry] | None:
+        entries: list[VersionEntry] = []
+        args: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._key(prefix), "MaxKeys": self.page_size}
+        try:
+            while True:
+                page = self.client.list_object_versions(**args)
+                for marker, items in ((False, page.get("Versions", [])), (True, page.get("DeleteMarkers", []))):
+                    for item in items:
+                        modified = item.get("LastModified")
+                        entries.append(
+                            VersionEntry(
+                                key=str(item["Key"])[len(self.prefix) :],
+                                version_id=str(item.get("VersionId")),
+                                is_latest=bool(item.get("IsLatest")),
+                                is_delete_marker=marker,
+                                etag=str(item.get("ETag", "")),
+                                last_modified=modified.timestamp() if modified else 0.0,
+                                size=int(item.get("Size", 0) or 0),
+                            )
+                        )
+                if not page.get("IsTruncated"):
+                    break
+                args["KeyMarker"] = page.get("NextKeyMarker")
+                args["VersionIdMarker"] = page.get("NextVersionIdMarker")
+                if not args["KeyMarker"]:
+                    break
+                if not args["VersionIdMarker"]:
+                    del args["VersionIdMarker"]
+        except Exception as exc:
+            raise _classify(exc, self.url, f"list versions under {prefix}") from None
+        return entries
 
     def list_keys(self, prefix: str, start_after: str | None = None, limit: int | None = None) -> list[str]:
         keys: list[str] = []

@@ -168,7 +168,9 @@ def test_a_conflicting_object_is_a_violation_and_never_overwritten(harness, keys
     assert store.get(step_key("run-1", 2)) == b"someone else's bytes"
     assert harness.spooled_files() == [".conflicts/run-1/000000000002.json"]
     report = verified(harness, keys[1])[1]
-    assert report.problem is not None and report.problem.step == 2 and report.problem.kind == "altered"
+    assert (
+        report.problem is not None and report.problem.step == 2 and report.problem.kind == "malformed"
+    )  # not a bundle at all
 
 
 def test_object_lock_required_on_a_store_without_it_refuses_to_start(harness):
@@ -269,7 +271,7 @@ def test_the_same_drill_on_moto_a_second_s3_implementation(tmp_path, keys, moto,
     assert verified(h, keys[1])[1].problem is None
 
 
-def test_a_gap_after_the_head_is_pending_and_a_gap_before_it_is_a_violation(harness, keys, monkeypatch):
+def test_records_after_the_newest_present_may_be_in_flight_but_a_gap_before_it_is_missing(harness, keys, monkeypatch):
     harness.start()
     harness.snapshots(range(1, 4))
     assert harness.once()[0] is Outcome.OK  # head at step 3
@@ -277,11 +279,12 @@ def test_a_gap_after_the_head_is_pending_and_a_gap_before_it_is_a_violation(harn
     crash_once(monkeypatch, FileStore, "put")  # records 4-6 stored, the head is not moved
     with pytest.raises(Crash):
         harness.once()
+    report = verified(harness, keys[1])[1]
+    assert report.problem is None and report.head.last_step == 3 and report.after_head == [4, 5, 6]
     archive = harness.root / "archive"
-    os.unlink(archive / step_key("run-1", 5))  # as if its put were still in flight
+    os.unlink(archive / step_key("run-1", 6))  # the newest: as if its put were still in flight
     report = verified(harness, keys[1])[1]
-    assert report.problem is None and report.head.last_step == 3
-    assert report.after_head == [4, 6] and report.pending_gaps == [5]
-    os.unlink(archive / step_key("run-1", 2))
+    assert report.problem is None and report.after_head == [4, 5]
+    os.unlink(archive / step_key("run-1", 4))  # before the newest present (5 is chained to it): deleted
     report = verified(harness, keys[1])[1]
-    assert report.problem is not None and report.problem.kind == "missing" and report.problem.step == 2
+    assert [(f.kind, f.step) for f in report.findings] == [("missing", 4)]
