@@ -13,6 +13,8 @@ Only rank 0 writes events, checkpoints and serves /metrics.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import platform
@@ -26,6 +28,7 @@ import numpy as np
 import torch
 
 from sidecars.errors import ConfigError, IncompleteError
+from sidecars.signer.manifest import announced_root
 from trainer import checkpoint as ckpt
 from trainer import events as ev
 from trainer.algorithm import make_experience, ppo_update
@@ -41,6 +44,26 @@ from trainer.setup import ResolvedPaths, check_environment, resolve_paths
 from trainer.tokenizer import load_tokenizer
 
 log = logging.getLogger("warden.trainer")
+
+
+def checkpoint_announcement(path: str) -> dict[str, Any]:
+    """``root_digest`` and ``file_count`` for ``checkpoint.saved``: what the signer must find on disk.
+
+    Computed from the per-file SHA-256 the trainer already wrote to its manifest (no second
+    hash of the tensors) plus the manifest file's own SHA-256, since it is signed too (see
+    :func:`sidecars.signer.manifest.announced_root`). Empty when the manifest cannot be
+    read; the signer then refuses the checkpoint (``no_digest``).
+    """
+    manifest = os.path.join(path, ckpt.MANIFEST)
+    try:
+        with open(manifest, "rb") as fh:
+            raw = fh.read()
+        files = json.loads(raw)["files"]
+        announced = announced_root({**files, ckpt.MANIFEST: hashlib.sha256(raw).hexdigest()})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.error("%s: cannot announce the checkpoint's digest (%s); the signer will refuse it", manifest, exc)
+        return {}
+    return {"root_digest": announced.root_digest, "file_count": announced.file_count}
 
 
 class TrainingFailed(IncompleteError):
@@ -408,7 +431,8 @@ class PPOTrainer:
                 continue
             self.metrics.last_checkpoint_step.set(self.step)
             self.metrics.last_checkpoint_time.set(time.time())
-            self.emit(ev.CHECKPOINT_SAVED, {"path": path, "root": self.paths.checkpoint_root}, step=self.step)
+            data = {"path": path, "root": self.paths.checkpoint_root, **checkpoint_announcement(path)}
+            self.emit(ev.CHECKPOINT_SAVED, data, step=self.step)
             ckpt.prune(self.paths.checkpoint_root, self.cfg.checkpoint.keep_last)
             return path
         return None

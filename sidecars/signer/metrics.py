@@ -11,6 +11,7 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from sidecars.signer.announcements import REFUSAL_REASONS, SIGNATURE_MISSING, VIOLATION_REASONS
 from sidecars.signer.policy import LAYOUTS
 from sidecars.signer.verify import FILES_MISMATCH, SUBJECT_MISMATCH, UNSAFE_PATH
 
@@ -32,6 +33,7 @@ VERIFY_REASONS = (
     SUBJECT_MISMATCH,
     UNSAFE_PATH,
     FILES_MISMATCH,
+    SIGNATURE_MISSING,
 )
 HASH_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
@@ -102,6 +104,32 @@ class SignerMetrics:
             "1 when inotify (watchdog) watches every existing root; polling covers the rest.",
             registry=registry,
         )
+        self.refused = Counter(
+            "warden_signer_refused",
+            "checkpoint.saved events whose checkpoint was not signed: the bytes on disk do not hash to the "
+            "announced root digest or file count, or no digest was announced for the run's own root.",
+            ["reason"],
+            registry=registry,
+        )
+        self.violations = Counter(
+            "warden_signer_violations",
+            "Checkpoints found in a state the signer must not sign (counted once per checkpoint and reason): "
+            "unannounced, signature_missing, signature_replaced, or a refusal.",
+            ["reason"],
+            registry=registry,
+        )
+        self.violating = Gauge(
+            "warden_signer_violating_checkpoints",
+            "Checkpoints of the run's own root in violation now, by reason (see warden_signer_violations_total).",
+            ["reason"],
+            registry=registry,
+        )
+        self.violating_reasons = VIOLATION_REASONS
+        for reason in REFUSAL_REASONS:
+            self.refused.labels(reason)
+        for reason in VIOLATION_REASONS:
+            self.violations.labels(reason)
+            self.violating.labels(reason)
         for layout in LAYOUTS:
             self.signed.labels(layout)
         for operation in OPERATIONS:

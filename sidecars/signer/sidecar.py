@@ -1,18 +1,30 @@
-"""The ``signer`` sidecar: signs checkpoints as they appear and re-verifies signed ones.
+"""The ``signer`` sidecar: signs announced checkpoints and re-verifies signed ones.
 
 Inputs:
-- ``checkpoint.saved`` events (the Warden trainer): the directory is complete when the
-  event is written, so it is signed at once; if a valid ``.sig`` already exists (a replay
-  after a crash) nothing is written, and a ``.sig`` that no longer matches (the same step
-  saved again after a resume) is replaced;
-- :meth:`SignerSidecar.check`, every ``check_interval_seconds``: rescans the watched roots
-  (``<run_dir>/checkpoints`` plus the policy's ``watch`` list of HF / verl / warden roots)
-  when inotify saw a change, when ``rescan_seconds`` passed (NFS) or when a pending
-  checkpoint may have become stable; signs complete, stable, unsigned ones (in the run's
-  own root only after ``stable_seconds``, leaving the event the first go); exports the age
-  of the newest unsigned checkpoint; re-verifies every signed checkpoint once per
-  ``reverify_interval_seconds`` (the first check does a whole round, later checks one
-  checkpoint each, so signing never waits long behind verification).
+- ``checkpoint.saved`` events. When the event carries ``root_digest`` and ``file_count``
+  (the Warden trainer always does; the HF callback does), the directory is hashed once
+  and signed only if that hash is the announced one; otherwise nothing is signed:
+  ``warden_signer_refused_total{reason}``, an error log naming path, expected and actual
+  digest, and a violation. A ``step-N/`` of the run's own root announced without a digest
+  is refused too (``no_digest``). If a valid ``.sig`` of the announced digest already
+  exists (a replay after a crash) nothing is written; one that no longer matches (the
+  same step saved again after a resume) is replaced. Announcements and what was signed
+  are kept in ``<state_dir>/announced.json`` (:mod:`sidecars.signer.announcements`).
+- :meth:`SignerSidecar.check`, every ``check_interval_seconds``:
+  - the run's own root (``<run_dir>/checkpoints``) is audited and never signed: a
+    ``step-N/`` no event announced (after ``stable_seconds``), a signed one whose ``.sig``
+    was deleted, or a ``.sig`` that does not verify or names another run, step or digest
+    is a violation (``warden_signer_violating_checkpoints{reason}``, counted once in
+    ``warden_signer_violations_total``); a directory gone with its ``.sig`` was pruned;
+  - the policy's ``watch`` roots (HF / verl / other Warden runs) are rescanned when
+    inotify saw a change, when ``rescan_seconds`` passed (NFS) or when a pending
+    checkpoint may have become stable; complete, stable, unsigned ones are signed (against
+    the announced digest when an event carried one); exports the age of the newest
+    unsigned checkpoint;
+  - every signed checkpoint is re-verified once per ``reverify_interval_seconds`` (the
+    first check does a whole round, later checks one checkpoint each); one signed by this
+    signer whose ``.sig`` disappeared while its directory is still there fails with
+    ``signature_missing``.
 
 Signatures lie beside each directory (``step-N.sig``) and carry run id, step, trainer
 version and the previous signed checkpoint's root digest. A checkpoint deleted while it
@@ -38,8 +50,20 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from sidecars.errors import ConfigError, IncompleteError
 from sidecars.logs import log_fields
 from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext, error_kind
-from sidecars.signer.dsse import SignResult, sign_checkpoint
+from sidecars.signer.announcements import (
+    ANNOUNCED_FILE,
+    NO_DIGEST,
+    SIGNATURE_MISSING,
+    SIGNATURE_REPLACED,
+    AnnouncementStore,
+    Record,
+    announcement_of,
+    audit,
+    statement_problem,
+)
+from sidecars.signer.dsse import SignResult, sign_checkpoint, signature_path_for
 from sidecars.signer.errors import (
+    AnnouncementMismatch,
     CheckpointChanged,
     CheckpointVanished,
     HashingCancelled,
@@ -48,7 +72,7 @@ from sidecars.signer.errors import (
     UnsupportedSignature,
 )
 from sidecars.signer.keys import TrustedKeys, load_private_key, load_trusted_keys, trusted_keys_from
-from sidecars.signer.manifest import Provenance
+from sidecars.signer.manifest import Announced, Provenance
 from sidecars.signer.metrics import SignerMetrics
 from sidecars.signer.policy import SIGNING_KEY_ENV, SignerPolicy
 from sidecars.signer.verify import VerifyResult, read_signed_statement, verify_checkpoint
@@ -86,6 +110,8 @@ class Root:
     layout: str
     run_id: str | None
     default_run_id: str | None = None
+    announced_only: bool = False
+    """The run's own root: signed only on an event announcing the digest; the scan audits, never signs."""
 
     def extras(self) -> list[str]:
         """Files outside the checkpoint whose stability counts too (verl's tracker)."""
@@ -148,6 +174,12 @@ class SignerSidecar(Sidecar):
         self.watcher = RootWatcher([r.path for r in self.roots], use_watchdog)
         self.metrics.watchdog.set(1 if self.watcher.refresh() else 0)
         self.runs = RunRegistry(os.path.join(ctx.state_dir, RUNS_FILE))
+        self.announced = AnnouncementStore(os.path.join(ctx.state_dir, ANNOUNCED_FILE))
+        if self.announced.load_error:
+            ctx.log.error(self.announced.load_error, extra=log_fields(sidecar=self.name))
+        self._unannounced_since: dict[str, float] = {}
+        self._violations: dict[str, str] = {}
+        self._sig_checked: dict[str, tuple[tuple[object, ...], str | None]] = {}
         self._unsigned: dict[str, Unsigned] = {}
         self._failed: dict[str, tuple[tuple[tuple[str, int, int], ...], float]] = {}
         self._next_rescan = 0.0
@@ -159,7 +191,7 @@ class SignerSidecar(Sidecar):
     def _roots(self) -> list[Root]:
         roots = []
         if self.policy.sign_run_checkpoints and self.ctx.run_dir:
-            roots.append(Root(os.path.join(self.ctx.run_dir, RUN_CHECKPOINTS), "warden", None))
+            roots.append(Root(os.path.join(self.ctx.run_dir, RUN_CHECKPOINTS), "warden", None, announced_only=True))
         for spec in self.policy.watch:
             if spec.resolved not in {r.path for r in roots}:
                 roots.append(Root(spec.resolved, spec.layout, spec.run_id, spec.effective_run_id))
@@ -181,9 +213,27 @@ class SignerSidecar(Sidecar):
         version = event.data.get("trainer_version")
         trainer_version = version if isinstance(version, str) else self.runs.version(event.run_id)
         try:
-            if self._already_signed(candidate):
+            announced = announcement_of(event.data)
+        except ValueError as exc:
+            raise BadEvent(f"checkpoint.saved seq {event.seq} ({candidate.path}): {exc}; skipped") from None
+        own = self._is_own(candidate)
+        record = None
+        if own or announced is not None:
+            record = self.announced.announce(candidate.path, candidate.step, event.run_id, announced)
+        if own and announced is None:
+            assert record is not None
+            return self._refuse(candidate, record, NO_DIGEST, "a root_digest and file_count", "none announced")
+        try:
+            if self._already_signed(candidate, announced):
+                if record is not None and announced is not None:
+                    self.announced.mark_signed(candidate.path, record, announced.root_digest)
                 return Outcome.OK
-            self._sign(candidate, event.run_id, trainer_version)
+            result = self._sign(candidate, event.run_id, trainer_version, expected=announced)
+            if record is not None:
+                self.announced.mark_signed(candidate.path, record, result.root_digest)
+        except AnnouncementMismatch as exc:
+            assert record is not None
+            return self._refuse(candidate, record, exc.reason, exc.expected, exc.actual)
         except HashingCancelled:
             raise RetryLater(f"{candidate.path}: hashing abandoned on stop; the event will be retried") from None
         except CheckpointVanished as exc:
@@ -192,6 +242,20 @@ class SignerSidecar(Sidecar):
             self._count(exc, candidate.path)
             raise
         return Outcome.OK
+
+    def _is_own(self, candidate: Candidate) -> bool:
+        """True for a ``step-N/`` of the run's own root (``<run_dir>/checkpoints``)."""
+        return any(r.announced_only and r.path == candidate.root for r in self.roots) and candidate.layout == "warden"
+
+    def _refuse(self, candidate: Candidate, record: Record, reason: str, expected: str, actual: str) -> Outcome:
+        """Signs nothing; counts, logs (path, expected, actual) and remembers the refusal."""
+        self.metrics.refused.labels(reason).inc()
+        self.announced.mark_refused(candidate.path, record, reason)
+        self.ctx.log.error(
+            f"refused to sign {candidate.path}: {reason}: expected {expected}, found {actual}",
+            extra=self._fields(candidate, reason=reason, expected=expected, actual=actual),
+        )
+        return Outcome.VIOLATION
 
     def _event_candidate(self, event: Event) -> Candidate:
         """The checkpoint an event names; relative paths are under the run dir."""
@@ -208,8 +272,11 @@ class SignerSidecar(Sidecar):
         layout, step = known if known else ("warden", event.step if event.step is not None else 0)
         return Candidate(path, step, layout)
 
-    def _already_signed(self, candidate: Candidate) -> bool:
-        """True when a ``.sig`` exists and verifies; a mismatching one is about to be replaced."""
+    def _already_signed(self, candidate: Candidate, announced: Announced | None = None) -> bool:
+        """True when a ``.sig`` exists, verifies and (if announced) signs the announced digest.
+
+        A mismatching one is about to be replaced (the same step saved again after a resume).
+        """
         if not os.path.lexists(candidate.signature_path):
             if not os.path.isdir(candidate.path):
                 raise CheckpointVanished(f"{candidate.path}: deleted before it could be signed", candidate.path)
@@ -218,13 +285,12 @@ class SignerSidecar(Sidecar):
             result = self._verify(candidate)
         except (SignatureMissing, UnsupportedSignature):
             return False
-        if result.ok:
+        if result.ok and (announced is None or result.signed_root_digest == announced.root_digest):
             self.ctx.log.info("already signed", extra=self._fields(candidate))
             self._unsigned.pop(candidate.path, None)
             return True
-        self.ctx.log.warning(
-            f"replacing a signature that does not match: {result.summary()}", extra=self._fields(candidate)
-        )
+        why = result.summary() if not result.ok else f"it signs root {result.signed_root_digest}, not the announced one"
+        self.ctx.log.warning(f"replacing a signature that does not match: {why}", extra=self._fields(candidate))
         return False
 
     # -- signing ---------------------------------------------------------------------------
@@ -248,9 +314,15 @@ class SignerSidecar(Sidecar):
         )
 
     def _sign(
-        self, candidate: Candidate, run_id: str | None, trainer_version: str | None, before: Unsigned | None = None
+        self,
+        candidate: Candidate,
+        run_id: str | None,
+        trainer_version: str | None,
+        before: Unsigned | None = None,
+        expected: Announced | None = None,
     ) -> SignResult:
-        """Signs ``candidate``; removes the new ``.sig`` again if the directory vanished or changed meanwhile."""
+        """Signs ``candidate`` (only if it hashes to ``expected``, when given: AnnouncementMismatch
+        otherwise); removes the new ``.sig`` again if the directory vanished or changed meanwhile."""
         provenance = Provenance(
             run_id=run_id,
             step=candidate.step,
@@ -267,6 +339,7 @@ class SignerSidecar(Sidecar):
                 max_workers=self.policy.hash_workers,
                 progress=progress,
                 cancel=self.ctx.stop,
+                expected=expected,
             ),
         )
         self._check_unchanged(candidate, result, before)
@@ -336,10 +409,12 @@ class SignerSidecar(Sidecar):
         if due:
             self.metrics.watchdog.set(1 if self.watcher.refresh() else 0)
         for root in due:
-            self._scan(root, now)
+            if not root.announced_only:
+                self._scan(root, now)
         self.stability.forget(self._unsigned)
         outcome = self._sign_ready(now)
         self._publish_unsigned(self.ctx.clock())
+        outcome = max(outcome, self._audit_own(now))
         if not self.ctx.stop.is_set():
             outcome = max(outcome, self._reverify(now))
         self._first_check = False
@@ -390,9 +465,19 @@ class SignerSidecar(Sidecar):
         return outcome
 
     def _sign_pending(self, item: Unsigned, now: float) -> Outcome:
-        run_id = self._run_id_for(item)
+        """Signs a stable checkpoint of an hf/verl/other root; an announced digest must match."""
+        record = self.announced.get(item.candidate.path)
+        expected = record.announced if record is not None else None
+        run_id = record.run_id if record is not None and record.run_id else self._run_id_for(item)
         try:
-            self._sign(item.candidate, run_id, self.runs.version(run_id), before=item)
+            result = self._sign(item.candidate, run_id, self.runs.version(run_id), before=item, expected=expected)
+            if record is not None and expected is not None:
+                self.announced.mark_signed(item.candidate.path, record, result.root_digest)
+        except AnnouncementMismatch as exc:
+            assert record is not None
+            self._failed[item.candidate.path] = (item.state.fingerprint, math.inf)
+            item.ready_at = math.inf
+            return self._refuse(item.candidate, record, exc.reason, exc.expected, exc.actual)
         except HashingCancelled:
             return Outcome.INCOMPLETE
         except CheckpointVanished as exc:
@@ -430,6 +515,97 @@ class SignerSidecar(Sidecar):
         newest = max((u.state.last_change for u in self._unsigned.values()), default=None)
         self.metrics.unsigned_age.set(0.0 if newest is None else max(0.0, now - newest))
 
+    # -- the run's own root: audit, never sign ----------------------------------------------
+    def _audit_own(self, now: float) -> Outcome:
+        """Finds the own root's checkpoints that no valid announced signature covers; signs nothing.
+
+        Violations (gauge by reason, counter on first sight, error log): ``unannounced``
+        (a ``step-N/`` no event named, after ``stable_seconds``), ``signature_missing`` (its
+        ``.sig`` was deleted after signing), ``signature_replaced`` (a ``.sig`` that does
+        not verify or names another run, step or digest), and refusals. A directory gone
+        together with its ``.sig`` was pruned: its record is dropped.
+        """
+        found: dict[str, str] = {}
+        for root in (r for r in self.roots if r.announced_only):
+            listed = list_checkpoints(root.path, root.layout)
+            for candidate in listed:
+                reason = self._audit_one(candidate, now)
+                if reason is not None:
+                    found[candidate.path] = reason
+            present = {c.path for c in listed}
+            for path, _record in self.announced.under(root.path):
+                if path not in present and not os.path.lexists(signature_path_for(path)):
+                    self.announced.forget(path)  # pruned by retention: directory and .sig both gone
+            for path in [p for p in self._unannounced_since if os.path.dirname(p) == root.path and p not in present]:
+                del self._unannounced_since[path]
+        return self._publish_violations(found)
+
+    def _audit_one(self, candidate: Candidate, now: float) -> str | None:
+        record = self.announced.get(candidate.path)
+        signature = candidate.signature_path
+        if os.path.lexists(signature):
+            self._unannounced_since.pop(candidate.path, None)
+            return self._signature_problem(candidate, record)
+        since = self._unannounced_since.setdefault(candidate.path, now) if record is None else now
+        try:
+            st = os.lstat(candidate.path)
+            quiet = max(now - since, now - max(st.st_mtime, st.st_ctime))
+        except OSError:
+            return None
+        return audit(record, False, quiet, self.policy.stable_seconds)
+
+    def _signature_problem(self, candidate: Candidate, record: Record | None) -> str | None:
+        """``signature_replaced`` when the ``.sig`` does not verify or belongs elsewhere (cached by stat)."""
+        signature = candidate.signature_path
+        try:
+            st = os.lstat(signature)
+        except OSError:
+            return None
+        key = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, record)
+        cached = self._sig_checked.get(signature)
+        if cached is not None and cached[0] == key:
+            problem = cached[1]
+        else:
+            problem = self._read_signature_problem(candidate, record)
+            self._sig_checked[signature] = (key, problem)
+        if problem is None:
+            return None
+        if candidate.path not in self._violations:
+            self.ctx.log.error(
+                f"{signature}: not the signature the signer wrote: {problem}", extra=self._fields(candidate)
+            )
+        return SIGNATURE_REPLACED
+
+    def _read_signature_problem(self, candidate: Candidate, record: Record | None) -> str | None:
+        try:
+            _key, statement = read_signed_statement(candidate.signature_path, self.trusted)
+        except SignatureMissing:
+            return None
+        except SignerError as exc:
+            return str(exc)[:300]
+        name = os.path.basename(candidate.path)
+        problem = statement_problem(name, candidate.step, record, statement, set(self.runs.versions))
+        if problem is None and (record is None or record.signed_digest is None):
+            # this run's valid signature (before an upgrade, or a crash before it was recorded): adopt it
+            base = record or Record(candidate.step, statement.provenance.run_id)
+            self.announced.mark_signed(candidate.path, base, statement.subject_digest)
+        return problem
+
+    def _publish_violations(self, found: dict[str, str]) -> Outcome:
+        """Counts new (path, reason) pairs, logs them, sets the gauge; VIOLATION while any remain."""
+        for path, reason in found.items():
+            if self._violations.get(path) != reason:
+                self.metrics.violations.labels(reason).inc()
+                if reason != SIGNATURE_REPLACED:  # that one was logged with its detail
+                    self.ctx.log.error(
+                        f"{path}: checkpoint violation: {reason}; it will not be signed",
+                        extra=log_fields(sidecar=self.name, path=path, reason=reason),
+                    )
+        self._violations = found
+        for reason in self.metrics.violating_reasons:
+            self.metrics.violating.labels(reason).set(sum(1 for r in found.values() if r == reason))
+        return Outcome.VIOLATION if found else Outcome.OK
+
     # -- re-verification -------------------------------------------------------------------
     def _reverify(self, now: float) -> Outcome:
         """Verifies queued signed checkpoints (all of them in the first check, else one); refills on time."""
@@ -440,7 +616,7 @@ class SignerSidecar(Sidecar):
                 c
                 for root in self.roots
                 for c in list_checkpoints(root.path, root.layout)
-                if os.path.lexists(c.signature_path)
+                if os.path.lexists(c.signature_path) or self._was_signed(c)
             ]
             self._invalid &= {c.path for c in self._reverify_queue}
             self._next_reverify = now + self.policy.reverify_interval_seconds
@@ -456,13 +632,31 @@ class SignerSidecar(Sidecar):
         self.metrics.invalid.set(len(self._invalid))
         return outcome
 
+    def _was_signed(self, candidate: Candidate) -> bool:
+        """True when the signer signed (or adopted) this checkpoint: it stays in re-verification."""
+        record = self.announced.get(candidate.path)
+        return record is not None and record.signed_digest is not None
+
     def _reverify_one(self, candidate: Candidate) -> Outcome:
         try:
             result = self._verify(candidate)
         except HashingCancelled:
             self._reverify_queue.insert(0, candidate)
             return Outcome.OK
-        except (CheckpointVanished, SignatureMissing) as exc:
+        except SignatureMissing as exc:
+            if not os.path.isdir(candidate.path):
+                self._invalid.discard(candidate.path)  # pruned: the directory went with its .sig
+                return Outcome.OK
+            self._count(exc, candidate.path)
+            self.metrics.verifications.labels("failed").inc()
+            self.metrics.verify_failures.labels(SIGNATURE_MISSING).inc()
+            self._invalid.add(candidate.path)
+            self.ctx.log.error(
+                f"re-verification failed: {candidate.signature_path} was deleted after signing",
+                extra=self._fields(candidate, codes=[SIGNATURE_MISSING]),
+            )
+            return Outcome.VIOLATION
+        except CheckpointVanished as exc:
             self._count(exc, candidate.path)
             self._invalid.discard(candidate.path)
             return Outcome.OK

@@ -6,6 +6,7 @@ Helpers are reached through the ``signer_kit`` fixture (tests here do not import
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -22,6 +23,7 @@ from support import free_port, http_get, run_warden, spawn, stop_process, wait_h
 
 from sidecars.signer import load_trusted_keys, read_signed_statement, verify_checkpoint
 from sidecars.signer.keys import generate_keypair
+from sidecars.signer.manifest import announced_root
 from trainer.events import CHECKPOINT_SAVED, EventWriter
 
 MIB = 1 << 20
@@ -78,6 +80,17 @@ def write_verl_checkpoint(root: Path, step: int, update_tracker: bool = True) ->
         with open(root / "latest_checkpointed_iteration.txt", "w", encoding="utf-8") as fh:  # not atomic, like verl
             fh.write(str(step))
     return directory
+
+
+def announcement(directory: Path) -> dict[str, object]:
+    """``root_digest``/``file_count`` as the trainer announces them, from an independent sha256 walk."""
+    digests = {
+        p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in directory.rglob("*")
+        if p.is_file() and not p.is_symlink()
+    }
+    announced = announced_root(digests)
+    return {"root_digest": announced.root_digest, "file_count": announced.file_count}
 
 
 def signatures(root: Path) -> list[Path]:
@@ -168,10 +181,13 @@ class SignerKit:
             self._journal = EventWriter(str(self.run_dir / "events.jsonl"), "run-sig")
         return self._journal
 
-    def save_checkpoint(self, step: int, files: dict[str, int] | None = None, emit: bool = True) -> Path:
+    def save_checkpoint(
+        self, step: int, files: dict[str, int] | None = None, emit: bool = True, announce: bool = True
+    ) -> Path:
         """Writes ``.tmp-step-N/``, renames it to ``step-N/`` and emits checkpoint.saved, like the trainer.
 
         ``files`` maps names to sizes: sizes over 8 MiB are sparse beyond their first MiB.
+        ``announce``: the event carries ``root_digest`` and ``file_count`` as the trainer's does.
         """
         files = files or {"actor/model.safetensors": 300_000, "trainer_state.json": 0}
         final = self.checkpoints / f"step-{step:09d}"
@@ -183,8 +199,13 @@ class SignerKit:
             (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "run_id": "run-sig"}))
         os.rename(tmp, final)
         if emit:
-            self.journal().emit(CHECKPOINT_SAVED, {"path": str(final), "root": str(self.checkpoints)}, step=step)
+            self.emit_saved(final, step, announcement(final) if announce else {})
         return final
+
+    def emit_saved(self, path: Path, step: int, extra: dict[str, object]) -> None:
+        """Appends checkpoint.saved for ``path`` with ``extra`` data (e.g. an announced digest)."""
+        data = {"path": str(path), "root": str(path.parent), **extra}
+        self.journal().emit(CHECKPOINT_SAVED, data, step=step)
 
     def prune(self, path: Path) -> None:
         """The trainer's retention: rename to ``.del-step-N``, remove the .sig, delete the tree."""
@@ -274,6 +295,7 @@ class SignerKit:
     write_hf = staticmethod(write_hf_checkpoint)
     write_verl = staticmethod(write_verl_checkpoint)
     signatures = staticmethod(signatures)
+    announcement = staticmethod(announcement)
 
     def close(self) -> None:
         for proc in self._procs:

@@ -96,16 +96,16 @@ def test_a_step_saved_again_gets_a_new_signature(signer_kit):
     assert kit.verify(path)
 
 
-def test_a_missed_event_is_signed_by_the_periodic_check_after_the_grace(signer_kit):
+def test_a_checkpoint_without_an_event_is_never_signed_but_reported(signer_kit):
     kit = signer_kit
-    old = kit.save_checkpoint(2, emit=False)
-    time.sleep(0.6)
-    fresh = kit.save_checkpoint(4, emit=False)
-    done = kit.once(kit.policy(stable_seconds=0.5))
-    assert done.returncode == 0, done.stderr
-    assert kit.verify(old)
-    assert kit.statement(old).provenance.run_id == "run-sig"  # from trainer_state.json
-    assert not Path(str(fresh) + ".sig").exists() or kit.verify(fresh)
+    orphan = kit.save_checkpoint(2, emit=False)
+    announced = kit.save_checkpoint(4)
+    done = kit.once(kit.policy(stable_seconds=0))
+    assert done.returncode == 1, done.stderr
+    assert not Path(str(orphan) + ".sig").exists()
+    assert kit.verify(announced)
+    violations = [json.loads(line) for line in done.stderr.splitlines() if '"reason": "unannounced"' in line]
+    assert [v["path"] for v in violations] == [str(orphan)]
 
 
 def step_dirs(kit) -> list[Path]:

@@ -1,0 +1,206 @@
+"""What the trainer announced and what the signer signed, kept across restarts.
+
+The signer signs a checkpoint of the run's own root only when a ``checkpoint.saved``
+event announced its manifest root digest and the bytes on disk hash to it. This module
+remembers, per checkpoint path, the announcement (step, run id, root digest, file count),
+the root digest actually signed and a refusal reason, in ``<state_dir>/announced.json``
+(atomic JSON, at most :data:`MAX_RECORDS` entries, oldest dropped first). After a
+restart the signer still knows that a checkpoint was signed, so a ``.sig`` deleted while
+it was down is a ``signature_missing`` violation, not a checkpoint to sign again.
+
+:func:`audit` is the pure rule that turns (record, what is on disk) into a violation
+reason or None; the sidecar does the I/O.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from sidecars.signer.manifest import Announced, SignedStatement
+from trainer.events import atomic_write_bytes
+
+ANNOUNCED_FILE = "announced.json"
+MAX_RECORDS = 4096
+_HEX = frozenset("0123456789abcdef")
+
+# Violation reasons (label values of warden_signer_violations / warden_signer_violating_checkpoints).
+UNANNOUNCED = "unannounced"
+SIGNATURE_MISSING = "signature_missing"
+SIGNATURE_REPLACED = "signature_replaced"
+DIGEST_MISMATCH = "digest_mismatch"
+FILE_COUNT_MISMATCH = "file_count_mismatch"
+NO_DIGEST = "no_digest"
+REFUSAL_REASONS = (DIGEST_MISMATCH, FILE_COUNT_MISMATCH, NO_DIGEST)
+VIOLATION_REASONS = (UNANNOUNCED, SIGNATURE_MISSING, SIGNATURE_REPLACED, *REFUSAL_REASONS)
+
+
+def is_hex_digest(value: object) -> bool:
+    """True for a lowercase 64-digit hex string."""
+    return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
+
+
+def announcement_of(data: Mapping[str, Any]) -> Announced | None:
+    """The ``root_digest``/``file_count`` of a ``checkpoint.saved`` event's data; None when absent.
+
+    Raises ValueError when they are present but malformed (a digest that is not 64 hex
+    digits, a count that is not a non-negative integer, one without the other).
+    """
+    digest, count = data.get("root_digest"), data.get("file_count")
+    if digest is None and count is None:
+        return None
+    if not is_hex_digest(digest):
+        raise ValueError("data.root_digest is not a lowercase sha256 hex digest")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError("data.file_count is not a non-negative integer")
+    return Announced(str(digest), count)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One checkpoint path: what was announced, what was signed, why it was refused."""
+
+    step: int
+    run_id: str | None = None
+    root_digest: str | None = None
+    file_count: int | None = None
+    signed_digest: str | None = None
+    refused: str | None = None
+
+    @property
+    def announced(self) -> Announced | None:
+        """The announcement to sign against, if the event carried one."""
+        if self.root_digest is None or self.file_count is None:
+            return None
+        return Announced(self.root_digest, self.file_count)
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> Record | None:
+        """Parses one stored record; None when it is not well-formed (the file is ours, but be strict)."""
+        if not isinstance(raw, dict) or isinstance(raw.get("step"), bool) or not isinstance(raw.get("step"), int):
+            return None
+        strings = {k: raw.get(k) for k in ("run_id", "refused")}
+        digests = {k: raw.get(k) for k in ("root_digest", "signed_digest")}
+        count = raw.get("file_count")
+        if any(v is not None and not isinstance(v, str) for v in strings.values()):
+            return None
+        if any(v is not None and not is_hex_digest(v) for v in digests.values()):
+            return None
+        if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
+            return None
+        return cls(raw["step"], strings["run_id"], digests["root_digest"], count, digests["signed_digest"],
+                   strings["refused"])  # fmt: skip
+
+
+class AnnouncementStore:
+    """``{checkpoint path: Record}`` in ``<state_dir>/announced.json``, written atomically on each change."""
+
+    def __init__(self, path: str, limit: int = MAX_RECORDS) -> None:
+        self.path = path
+        self.limit = limit
+        self._records: dict[str, Record] = {}
+        self.load_error: str | None = None
+        try:
+            with open(path, encoding="utf-8") as fh:
+                raw = json.load(fh)
+            for key, value in raw.get("checkpoints", {}).items():
+                record = Record.from_dict(value)
+                if isinstance(key, str) and record is not None:
+                    self._records[key] = record
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, AttributeError, RecursionError) as exc:
+            self.load_error = f"{path}: unreadable, starting empty: {str(exc)[:200]}"
+
+    def get(self, path: str) -> Record | None:
+        return self._records.get(path)
+
+    def under(self, root: str) -> Iterator[tuple[str, Record]]:
+        """Records of checkpoints directly under ``root``."""
+        for path, record in list(self._records.items()):
+            if os.path.dirname(path) == root:
+                yield path, record
+
+    def put(self, path: str, record: Record) -> Record:
+        """Stores ``record`` as the newest entry (dropping the oldest beyond the limit) and saves."""
+        if self._records.get(path) == record:
+            return record
+        self._records.pop(path, None)
+        self._records[path] = record
+        while len(self._records) > self.limit:
+            del self._records[next(iter(self._records))]
+        self._save()
+        return record
+
+    def announce(self, path: str, step: int, run_id: str | None, announced: Announced | None) -> Record:
+        """Records a ``checkpoint.saved``; a new digest for the same path forgets the old signature."""
+        old = self._records.get(path)
+        digest = announced.root_digest if announced else None
+        count = announced.file_count if announced else None
+        if old is not None and (old.root_digest, old.file_count, old.run_id, old.step) == (digest, count, run_id, step):
+            return old
+        return self.put(path, Record(step, run_id, digest, count))
+
+    def mark_signed(self, path: str, record: Record, digest: str) -> Record:
+        return self.put(path, replace(record, signed_digest=digest, refused=None))
+
+    def mark_refused(self, path: str, record: Record, reason: str) -> Record:
+        return self.put(path, replace(record, refused=reason))
+
+    def forget(self, path: str) -> None:
+        if self._records.pop(path, None) is not None:
+            self._save()
+
+    def _save(self) -> None:
+        document = {"version": 1, "checkpoints": {p: asdict(r) for p, r in self._records.items()}}
+        with contextlib.suppress(OSError):
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            atomic_write_bytes(self.path, json.dumps(document, indent=1).encode("utf-8"))
+
+
+def statement_problem(
+    name: str, step: int, record: Record | None, statement: SignedStatement, run_ids: set[str]
+) -> str | None:
+    """Why a validly signed statement does not belong at ``name`` (step ``step``); None when it does.
+
+    With a record: the signed digest (or else the announced one) and its run id must match.
+    Without one: the statement must be this run's (a run id seen in the journal) for this step.
+    """
+    provenance = statement.provenance
+    if statement.manifest.name != name:
+        return f"it signs checkpoint {statement.manifest.name[:200]!r}, not {name!r}"
+    if provenance.step is not None and provenance.step != step:
+        return f"it signs step {provenance.step}, not {step}"
+    expected_run = record.run_id if record is not None and record.run_id else None
+    if expected_run is not None and provenance.run_id != expected_run:
+        return f"it names run {str(provenance.run_id)[:200]!r}, the trainer announced {expected_run!r}"
+    if record is None:
+        if provenance.run_id not in run_ids:
+            return f"it names run {str(provenance.run_id)[:200]!r}, not one of this run directory's"
+        return None
+    wanted = record.signed_digest or record.root_digest
+    if wanted is not None and statement.subject_digest != wanted:
+        return f"it signs root sha256:{statement.subject_digest}, the signer signed/announced sha256:{wanted}"
+    return None
+
+
+def audit(record: Record | None, signature_present: bool, unannounced_for: float, grace: float) -> str | None:
+    """The violation of a checkpoint directory of the run's own root whose ``.sig`` is absent or
+    already judged; None when nothing is wrong (yet).
+
+    - no ``.sig``, signed before: ``signature_missing`` (deleted: never signed again);
+    - no ``.sig``, refused: the refusal reason;
+    - no ``.sig``, never announced, older than ``grace``: ``unannounced``;
+    - announced and not signed yet: None (the event handler is on it).
+    """
+    if signature_present:
+        return None
+    if record is None:
+        return UNANNOUNCED if unannounced_for >= grace else None
+    if record.signed_digest is not None:
+        return SIGNATURE_MISSING
+    return record.refused
