@@ -1,0 +1,330 @@
+"""Attacks on the signer by someone who can write the checkpoint storage but not read the key.
+
+Each attack must end in a violation or a clean refusal: never a signature over the
+attacker's bytes, a traceback or a hang. The sidecar runs in process with an injected
+clock, so "wait beyond stable_seconds" is a clock step, not a sleep.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from sidecars.errors import ConfigError
+from sidecars.policy import policy_from_mapping
+from sidecars.runner import Runner
+from sidecars.runtime import Outcome, SidecarContext
+from sidecars.signer.dsse import sign_checkpoint
+from sidecars.signer.errors import InsecureKeyPermissions
+from sidecars.signer.keys import generate_keypair, load_private_key, load_trusted_keys
+from sidecars.signer.manifest import Provenance, announced_root
+from sidecars.signer.policy import SignerPolicy
+from sidecars.signer.sidecar import SignerSidecar
+from sidecars.signer.verify import verify_checkpoint
+from trainer.events import CHECKPOINT_SAVED, RUN_STARTED, EventWriter
+
+ROOT = Path(__file__).resolve().parents[2]
+STABLE = 30.0
+RUN_ID = "run-victim"
+
+
+class Clock:
+    """A clock the test moves; starts at the real time so directory ctimes read as fresh."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+    def messages(self) -> list[str]:
+        return [r.getMessage() for r in self.records]
+
+
+def write_checkpoint(root: Path, step: int, seed: str = "") -> Path:
+    """A ``step-N/`` as the trainer leaves it (temporary name, then rename)."""
+    final, tmp = root / f"step-{step:09d}", root / f".tmp-step-{step:09d}"
+    (tmp / "actor").mkdir(parents=True)
+    (tmp / "actor" / "model.safetensors").write_bytes(hashlib.sha256(f"{seed}{step}".encode()).digest() * 4000)
+    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, "run_id": RUN_ID}))
+    os.rename(tmp, final)
+    return final
+
+
+def announcement(directory: Path) -> dict[str, object]:
+    digests = {
+        p.relative_to(directory).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in directory.rglob("*")
+        if p.is_file()
+    }
+    announced = announced_root(digests)
+    return {"root_digest": announced.root_digest, "file_count": announced.file_count}
+
+
+@dataclass
+class Victim:
+    """A run dir with its journal and key, and the signer sidecar in process."""
+
+    tmp: Path
+    clock: Clock = field(default_factory=Clock)
+    log: Capture = field(default_factory=Capture)
+
+    def __post_init__(self) -> None:
+        self.run_dir = self.tmp / "run"
+        self.checkpoints = self.run_dir / "checkpoints"
+        self.checkpoints.mkdir(parents=True)
+        self.key = Path(generate_keypair(self.tmp / "keys").private_key)
+        self.journal = EventWriter(str(self.run_dir / "events.jsonl"), RUN_ID)
+        self.journal.emit(RUN_STARTED, {"versions": {"warden": "test"}})
+        self.sidecar, self.ctx, self.runner = self.start()
+
+    def start(self, **fields: object) -> tuple[SignerSidecar, SidecarContext, Runner]:
+        """A (new) sidecar on the same state dir, as after a restart."""
+        doc = {"version": 1, "signing_key": str(self.key), "stable_seconds": STABLE, "rescan_seconds": 5, **fields}
+        logger = logging.getLogger(f"warden.test.{id(self)}.{time.monotonic_ns()}")
+        logger.addHandler(self.log)
+        logger.setLevel(logging.INFO)
+        ctx = SidecarContext(
+            name="signer",
+            state_dir=str(self.tmp / "state"),
+            run_dir=str(self.run_dir),
+            policy=policy_from_mapping(doc, SignerPolicy),
+            log=logger,
+            clock=self.clock,
+        )
+        sidecar = SignerSidecar(ctx, use_watchdog=False)
+        return sidecar, ctx, Runner(sidecar)
+
+    def save(self, step: int, data: dict[str, object] | None = None) -> Path:
+        path = write_checkpoint(self.checkpoints, step)
+        self.journal.emit(CHECKPOINT_SAVED, {"path": str(path), **(data or announcement(path))}, step=step)
+        return path
+
+    def step(self, seconds: float = 0.0) -> Outcome:
+        """Moves the clock, handles new events and runs one check; the worse outcome."""
+        self.clock.advance(seconds)
+        self.runner._worst = Outcome.OK
+        self.runner.drain()
+        return max(self.runner._worst, self.sidecar.check())
+
+    def value(self, name: str, **labels: str) -> float:
+        return self.ctx.registry.get_sample_value(name, labels) or 0.0
+
+    def close(self) -> None:
+        self.sidecar.close()
+        self.journal.close()
+
+
+@pytest.fixture
+def victim(tmp_path):
+    v = Victim(tmp_path)
+    yield v
+    v.close()
+
+
+def sig(path: Path) -> Path:
+    return Path(str(path) + ".sig")
+
+
+def test_edit_and_delete_sig_is_never_resigned_even_after_a_restart(victim):
+    path = victim.save(2)
+    assert victim.step() is Outcome.OK
+    assert verify_checkpoint(path, load_trusted_keys(victim.key.parent / "signing.pub")).ok
+    (path / "actor" / "model.safetensors").write_bytes(b"backdoor")
+    sig(path).unlink()
+    for _ in range(3):
+        assert victim.step(STABLE + 10) is Outcome.VIOLATION
+    assert not sig(path).exists()
+    assert victim.value("warden_signer_violating_checkpoints", reason="signature_missing") == 1
+    assert victim.value("warden_signer_violations_total", reason="signature_missing") == 1
+    assert victim.value("warden_signer_signed_total", layout="warden") == 1
+
+    victim.sidecar.close()
+    victim.sidecar, victim.ctx, victim.runner = victim.start(reverify_interval_seconds=60)
+    assert victim.step(STABLE + 10) is Outcome.VIOLATION
+    assert not sig(path).exists()
+    assert victim.value("warden_signer_violating_checkpoints", reason="signature_missing") == 1
+    assert victim.value("warden_signer_verify_failures_total", reason="signature_missing") == 1
+    assert victim.value("warden_signer_invalid_checkpoints") == 1
+
+
+def test_an_unannounced_step_is_never_signed(victim):
+    victim.save(2)
+    dropped = write_checkpoint(victim.checkpoints, 4, seed="attacker")
+    assert victim.step() is Outcome.OK  # within the grace an event may still be on its way
+    assert victim.step(STABLE + 1) is Outcome.VIOLATION
+    assert victim.step(STABLE + 1) is Outcome.VIOLATION
+    assert not sig(dropped).exists()
+    assert victim.value("warden_signer_violating_checkpoints", reason="unannounced") == 1
+    assert victim.value("warden_signer_violations_total", reason="unannounced") == 1
+    assert any(str(dropped) in m and "unannounced" in m for m in victim.log.messages())
+
+
+def test_a_signature_swapped_in_from_another_run_is_a_violation(victim, tmp_path):
+    path = victim.save(2)
+    assert victim.step() is Outcome.OK
+    other = write_checkpoint(tmp_path / "other-run", 2, seed="other")
+    sign_checkpoint(other, load_private_key(victim.key), Provenance(run_id="run-other", step=2))
+    shutil.copyfile(sig(other), sig(path))  # the .sig alone
+    assert victim.step(1) is Outcome.VIOLATION
+    assert victim.value("warden_signer_violating_checkpoints", reason="signature_replaced") == 1
+    shutil.rmtree(path)
+    shutil.copytree(other, path)  # the directory and its valid .sig together
+    assert victim.step(1) is Outcome.VIOLATION
+    assert victim.value("warden_signer_violating_checkpoints", reason="signature_replaced") == 1
+    assert any("run-other" in m for m in victim.log.messages())
+
+
+def test_an_announced_digest_that_does_not_match_the_disk_is_refused(victim):
+    path = write_checkpoint(victim.checkpoints, 2)
+    data = announcement(path)
+    (path / "trainer_state.json").write_text('{"step": 2, "run_id": "evil"}')  # between save and hash
+    victim.journal.emit(CHECKPOINT_SAVED, {"path": str(path), **data}, step=2)
+    assert victim.step() is Outcome.VIOLATION
+    assert not sig(path).exists()
+    assert victim.value("warden_signer_refused_total", reason="digest_mismatch") == 1
+    actual = announcement(path)["root_digest"]
+    refusal = [m for m in victim.log.messages() if m.startswith("refused to sign")]
+    assert len(refusal) == 1 and str(path) in refusal[0]
+    assert str(data["root_digest"]) in refusal[0] and str(actual) in refusal[0]
+    assert victim.step(STABLE + 10) is Outcome.VIOLATION
+    assert not sig(path).exists()
+    assert victim.value("warden_signer_violating_checkpoints", reason="digest_mismatch") == 1
+
+
+def test_an_event_without_a_digest_for_the_own_root_is_refused(victim):
+    path = write_checkpoint(victim.checkpoints, 2)
+    victim.journal.emit(CHECKPOINT_SAVED, {"path": str(path)}, step=2)
+    assert victim.step() is Outcome.VIOLATION
+    assert not sig(path).exists()
+    assert victim.value("warden_signer_refused_total", reason="no_digest") == 1
+
+
+def test_pruning_a_checkpoint_with_its_signature_is_not_a_violation(victim):
+    path = victim.save(2)
+    assert victim.step() is Outcome.OK
+    doomed = path.parent / (".del-" + path.name)
+    os.rename(path, doomed)
+    sig(path).unlink()
+    shutil.rmtree(doomed)
+    assert victim.step(STABLE + 10) is Outcome.OK
+    assert victim.value("warden_signer_violations_total", reason="signature_missing") == 0
+
+
+# -- hostile .sig files through `warden checkpoint verify` ------------------------------------
+
+
+def _deep(path: Path) -> None:
+    path.write_bytes(b"[" * 100_000 + b"]" * 100_000)
+
+
+def _long_number(path: Path) -> None:
+    path.write_bytes(b'{"mediaType": ' + b"7" * 5000 + b"}")
+
+
+def _long_string(path: Path) -> None:
+    path.write_bytes(b'{"mediaType": "' + b"A" * (2 << 20) + b'"}')
+
+
+def _bad_utf8(path: Path) -> None:
+    path.write_bytes(b'{"mediaType": "\xff\xfe\xc3"}')
+
+
+def _fifo(path: Path) -> None:
+    os.mkfifo(path)
+
+
+def _symlink(path: Path) -> None:
+    target = path.parent / "elsewhere.json"
+    target.write_text("{}")
+    path.symlink_to(target)
+
+
+def _sparse(path: Path) -> None:
+    with open(path, "wb") as fh:
+        fh.truncate(200 * 1000 * 1000)
+
+
+@pytest.mark.parametrize(
+    "make", [_deep, _long_number, _long_string, _bad_utf8, _fifo, _symlink, _sparse], ids=lambda f: f.__name__[1:]
+)
+def test_hostile_signature_files_are_a_clean_malformed_bundle(tmp_path, make):
+    keys = generate_keypair(tmp_path / "keys")
+    path = write_checkpoint(tmp_path / "checkpoints", 2)
+    make(sig(path))
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-m", "sidecars.cli", "checkpoint", "verify", str(path), "--trust", keys.public_key],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
+    assert time.monotonic() - started < 30
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    problems = [line for line in done.stdout.splitlines() if line.strip().startswith("malformed_bundle:")]
+    assert len(problems) == 1, done.stdout
+    assert max(len(line) for line in (done.stdout + done.stderr).splitlines()) < 1000
+
+
+# -- keys --------------------------------------------------------------------------------------
+
+
+def _sign_cli(path: Path, key: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sidecars.cli", "checkpoint", "sign", str(path), "--key", key],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
+def test_a_key_owned_by_another_uid_is_refused(tmp_path):
+    key = generate_keypair(tmp_path / "keys").private_key
+    os.chown(key, 65534, -1)
+    with pytest.raises(InsecureKeyPermissions, match="owned by uid 65534") as info:
+        load_private_key(key)
+    assert isinstance(info.value, ConfigError) and info.value.exit_code == 2
+    assert f"chown {os.geteuid()} {key}" in str(info.value)
+    done = _sign_cli(write_checkpoint(tmp_path / "ckpt", 2), key)
+    assert done.returncode == 2 and "owned by uid 65534" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_key_in_a_group_writable_directory_is_refused(tmp_path):
+    keys = tmp_path / "keys"
+    key = generate_keypair(keys).private_key
+    os.chmod(keys, 0o770)
+    with pytest.raises(InsecureKeyPermissions, match="writable by group or others") as info:
+        load_private_key(key)
+    assert info.value.exit_code == 2 and f"chmod go-w {keys}" in str(info.value)
+    done = _sign_cli(write_checkpoint(tmp_path / "ckpt", 2), key)
+    assert done.returncode == 2 and "writable by group or others" in done.stderr
+    assert not sig(tmp_path / "ckpt" / "step-000000002").exists()
