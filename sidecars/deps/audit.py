@@ -120,8 +120,18 @@ def _integrity(report: AuditReport, settings: AuditSettings, cancel: threading.E
     rules = settings.policy.integrity
     cache = IntegrityCache.for_target(settings.state_dir, report.target.site_packages).load()
     full = settings.full_pass or (now - cache.last_full_pass >= rules.full_pass_interval_seconds)
-    options = IntegrityOptions(rules.pth_allow, rules.unowned_allow, rules.check_pyc, rules.workers, full)
-    findings, stats, incomplete = check_integrity(report.target, report.dists, options, cache, cancel)
+    options = IntegrityOptions(
+        rules.pth_allow,
+        rules.unowned_allow,
+        rules.check_pyc,
+        rules.workers,
+        full,
+        rules.unhashed_allow,
+        rules.egg_info_allow,
+        rules.startup_allow,
+    )
+    result = check_integrity(report.target, report.dists, options, cache, cancel)
+    findings, stats, incomplete = result.findings, result.stats, result.incomplete
     report.findings.extend(findings)
     report.incomplete.extend(incomplete)
     report.notes.extend(stats.notes)
@@ -133,16 +143,19 @@ def _integrity(report: AuditReport, settings: AuditSettings, cancel: threading.E
         cache.save()
     except OSError as exc:
         report.notes.append(f"integrity cache not saved: {exc}")
-    _baseline(report, settings, clean=not any(f.blocking for f in findings) and not incomplete, now=now)
+    clean = not any(f.blocking for f in findings) and not incomplete
+    _baseline(report, settings, clean, now, result.environment)
 
 
-def _baseline(report: AuditReport, settings: AuditSettings, clean: bool, now: float) -> None:
+def _baseline(
+    report: AuditReport, settings: AuditSettings, clean: bool, now: float, environment: dict[str, str]
+) -> None:
     path = settings.baseline_path
     if not path:
         return
     doc = load_baseline(path)
     if doc is not None and not settings.approve:
-        report.findings.extend(compare_baseline(report.dists, doc))
+        report.findings.extend(compare_baseline(report.dists, doc, environment))
         report.stats["baseline"] = {"path": path, "approved_at": doc.get("approved_at")}
         return
     if not (settings.approve or settings.auto_approve):
@@ -151,7 +164,7 @@ def _baseline(report: AuditReport, settings: AuditSettings, clean: bool, now: fl
     if not clean:
         report.notes.append(f"baseline not approved: the integrity check found problems ({path} unchanged)")
         return
-    save_baseline(path, build_baseline(report.dists, now))
+    save_baseline(path, build_baseline(report.dists, now, environment))
     report.notes.append(f"baseline approved: {path}")
     report.stats["baseline"] = {"path": path, "approved_at": "now"}
 

@@ -14,31 +14,47 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from packaging.version import InvalidVersion, Version
 
 from sidecars.deps.errors import DepsIncomplete
 from sidecars.deps.installed import InstalledDist
 from sidecars.deps.model import Finding
 from trainer.events import atomic_write_bytes, utc_timestamp
 
-BASELINE_VERSION = 1
+BASELINE_VERSION = 2
 
 
-def build_baseline(dists: Sequence[InstalledDist], now: float) -> dict[str, Any]:
-    """The baseline document of ``dists`` (pure)."""
+def dist_key(dist: InstalledDist) -> str:
+    """``name==version``, both normalised: renaming the metadata folder (``Idna-3.7.dist-info``)
+    or replacing it with an egg-info does not change which approved entry a dist is compared with."""
+    try:
+        version = str(Version(dist.version))
+    except InvalidVersion:
+        version = dist.version.strip()
+    return f"{dist.canonical}=={version}"
+
+
+def build_baseline(dists: Sequence[InstalledDist], now: float, environment: Mapping[str, str]) -> dict[str, Any]:
+    """The baseline document of ``dists`` and the environment's own files (pure)."""
     entries = {}
     for dist in dists:
-        if dist.record is None:
-            continue
-        files = {e.path: e.digest for e in dist.record if e.digest}
-        entries[dist.key] = {
+        files = {e.path: e.digest for e in dist.record or () if e.digest}
+        entries[dist_key(dist)] = {
             "name": dist.name,
             "version": dist.version,
+            "meta_dir": os.path.basename(dist.meta_dir),
             "record_sha256": dist.record_sha256,
             "files": files,
         }
-    return {"version": BASELINE_VERSION, "approved_at": utc_timestamp(now), "distributions": entries}
+    return {
+        "version": BASELINE_VERSION,
+        "approved_at": utc_timestamp(now),
+        "distributions": entries,
+        "environment": dict(environment),
+    }
 
 
 def save_baseline(path: str, doc: dict[str, Any]) -> None:
@@ -70,6 +86,9 @@ def _dist_changes(dist: InstalledDist, approved: dict[str, Any]) -> list[Finding
     now = {e.path: e.digest for e in dist.record or () if e.digest}
     before = approved.get("files") or {}
     out = []
+    if approved.get("meta_dir") not in (None, os.path.basename(dist.meta_dir)):
+        message = f"{dist.meta_dir}: approved as {approved.get('meta_dir')}; the metadata folder was replaced"
+        out.append(Finding("integrity", "record_changed", dist.meta_dir, message, True, {"dist": dist.canonical}))
     for path in sorted(set(now) | set(before)):
         if now.get(path) == before.get(path):
             continue
@@ -87,19 +106,47 @@ def _dist_changes(dist: InstalledDist, approved: dict[str, Any]) -> list[Finding
     return out
 
 
-def compare_baseline(dists: Sequence[InstalledDist], doc: dict[str, Any]) -> list[Finding]:
-    """Findings ``record_changed`` (blocking) and ``not_in_baseline`` (warning) against ``doc`` (pure)."""
+def compare_baseline(
+    dists: Sequence[InstalledDist], doc: dict[str, Any], environment: Mapping[str, str] | None = None
+) -> list[Finding]:
+    """Blocking findings against ``doc`` (pure): ``record_changed`` (a RECORD or its folder differs),
+    ``not_in_baseline`` (a distribution added since approval), ``removed_from_baseline`` (an
+    approved one gone), ``environment_changed`` (a venv file or the base interpreter differs)."""
     approved: dict[str, Any] = doc.get("distributions") or {}
     out: list[Finding] = []
+    seen: set[str] = set()
     for dist in dists:
-        if dist.record is None:
-            continue
-        entry = approved.get(dist.key)
+        key = dist_key(dist)
+        entry = approved.get(key)
         if entry is None:
             message = (
-                f"{dist.name} {dist.version} was installed after the baseline was approved ({doc.get('approved_at')})"
+                f"{dist.name} {dist.version} ({dist.meta_dir}) was installed after the baseline was approved "
+                f"({doc.get('approved_at')}); re-approve with --approve if intended"
             )
-            out.append(Finding("integrity", "not_in_baseline", dist.canonical, message, False))
-        elif entry.get("record_sha256") != dist.record_sha256:
+            out.append(Finding("integrity", "not_in_baseline", dist.canonical, message, True, {"key": key}))
+            continue
+        if key in seen:
+            message = f"{dist.meta_dir}: a second installation of {key}, approved once"
+            out.append(Finding("integrity", "not_in_baseline", dist.canonical, message, True, {"key": key}))
+            continue
+        seen.add(key)
+        if entry.get("record_sha256") != dist.record_sha256 or entry.get("meta_dir") != os.path.basename(dist.meta_dir):
             out.extend(_dist_changes(dist, entry))
+    for key in sorted(set(approved) - seen):
+        message = f"{key} was approved ({doc.get('approved_at')}) but is no longer installed"
+        out.append(Finding("integrity", "removed_from_baseline", key.partition("==")[0], message, True, {"key": key}))
+    if environment is not None:
+        out.extend(_environment_changes(doc.get("environment") or {}, environment))
+    return out
+
+
+def _environment_changes(before: Mapping[str, str], now: Mapping[str, str]) -> list[Finding]:
+    out = []
+    for path in sorted(set(before) | set(now)):
+        if before.get(path) == now.get(path):
+            continue
+        why = "appeared" if path not in before else ("disappeared" if path not in now else "changed")
+        message = f"{path}: {why} since the baseline was approved (a venv file or the base interpreter)"
+        details = {"approved": before.get(path), "now": now.get(path)}
+        out.append(Finding("integrity", "environment_changed", path, message, True, details))
     return out

@@ -33,6 +33,7 @@ exe_dir = os.path.dirname(os.path.abspath(sys.executable))
 venv = os.path.dirname(exe_dir)
 confs = [c for c in (os.path.join(exe_dir, "pyvenv.cfg"), os.path.join(venv, "pyvenv.cfg")) if os.path.isfile(c)]
 prefixes = [sys.prefix, sys.exec_prefix]
+base_prefix = sys.prefix
 config = {}
 if confs:
     system_site = "true"
@@ -70,6 +71,7 @@ markers = {
     "sys_platform": sys.platform,
 }
 print(json.dumps({
+    "venv": venv if confs else None, "base_prefix": base_prefix, "stdlib": sysconfig.get_paths().get("stdlib"),
     "markers": markers, "site_packages": found, "sys_path": sys.path, "prefix": sys.prefix,
     "executable": sys.executable, "cache_tag": impl.cache_tag,
     "magic": importlib.util.MAGIC_NUMBER.hex(), "version": sys.version,
@@ -93,6 +95,9 @@ class Target:
     magic: str | None
     executable: str | None = None
     sys_path: tuple[str, ...] = field(default_factory=tuple)
+    venv: str | None = None
+    requested: str | None = None
+    stdlib: str | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -103,6 +108,7 @@ class Target:
             "platform": f"{self.markers.get('sys_platform')}/{self.markers.get('platform_machine')}",
             "cache_tag": self.cache_tag,
             "executable": self.executable,
+            "venv": self.venv,
         }
 
 
@@ -137,6 +143,7 @@ def discover_python(python: str, timeout: float = 30.0, kind: str = "python") ->
         raise TargetError(f"--python {python}: is not a working Python 3 interpreter ({detail})") from None
     if not site_packages:
         raise TargetError(f"--python {python}: reports no site-packages directory")
+    requested = os.path.abspath(python)
     return Target(
         kind=kind,
         description=f"{info.get('executable') or python} (Python {markers['python_full_version']})",
@@ -146,7 +153,25 @@ def discover_python(python: str, timeout: float = 30.0, kind: str = "python") ->
         magic=str(info.get("magic") or "") or None,
         executable=str(info.get("executable") or python),
         sys_path=tuple(map(str, info.get("sys_path") or ())),
+        # The venv is the one the path given lies in, not the one the interpreter reports:
+        # a wrapper script at bin/python runs (and reports) another interpreter.
+        venv=venv_of(requested) or _realpath_or_none(info.get("venv")),
+        requested=requested,
+        stdlib=_realpath_or_none(info.get("stdlib")),
     )
+
+
+def _realpath_or_none(path: object) -> str | None:
+    return os.path.realpath(str(path)) if path else None
+
+
+def venv_of(executable: str) -> str | None:
+    """The venv directory ``executable`` (an absolute path, not resolved) lies in, if any."""
+    bin_dir = os.path.dirname(executable)
+    for candidate in (os.path.dirname(bin_dir), bin_dir):
+        if os.path.lexists(os.path.join(candidate, "pyvenv.cfg")):
+            return os.path.realpath(candidate)
+    return None
 
 
 def discover_self() -> Target:
@@ -193,6 +218,9 @@ def discover_site_packages(directory: str, policy_markers: Mapping[str, str] | N
             markers["python_full_version"] = f"{short}.0"
         markers["python_version"] = short
     own_tag = sys.implementation.cache_tag
+    real = os.path.realpath(directory)
+    parts = real.split(os.sep)
+    venv = os.sep.join(parts[:-3]) if len(parts) > 3 and parts[-3] == "lib" else None
     return Target(
         kind="site-packages",
         description=f"{directory} (read-only, Python {markers['python_version']})",
@@ -200,4 +228,5 @@ def discover_site_packages(directory: str, policy_markers: Mapping[str, str] | N
         markers=markers,
         cache_tag=tag,
         magic=auditor_magic() if tag == own_tag else None,
+        venv=venv if venv and os.path.lexists(os.path.join(venv, "pyvenv.cfg")) else None,
     )

@@ -8,13 +8,13 @@ full pass when the caller asks (the policy's ``full_pass_interval_seconds``).
 
 from __future__ import annotations
 
-import base64
 import concurrent.futures as cf
 import fnmatch
 import hashlib
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 import threading
@@ -23,12 +23,27 @@ from dataclasses import dataclass, field
 
 from sidecars.deps import pyccheck
 from sidecars.deps.cache import IntegrityCache, stat_key
+from sidecars.deps.drift import matches_any
 from sidecars.deps.environment import Target, auditor_magic
-from sidecars.deps.installed import InstalledDist
+from sidecars.deps.installed import InstalledDist, RecordEntry
+from sidecars.deps.interpreter import check_venv, check_venv_scripts, hook_dirs, startup_hooks, venv_made
 from sidecars.deps.model import Finding
 from sidecars.deps.pyccheck import MISMATCH, OK
+from sidecars.deps.walk import kind_of, link_escapes, read_small, safe_digest, sha256_hex, walk_tree
+from sidecars.errors import quote_untrusted
 
-INTEGRITY_KINDS = ("tampered", "missing_file", "unowned", "pth_not_allowed", "pyc_mismatch", "no_record")
+INTEGRITY_KINDS = (
+    "tampered",
+    "missing_file",
+    "unowned",
+    "unhashed",
+    "pth_not_allowed",
+    "pyc_mismatch",
+    "no_record",
+    "egg_info",
+    "special_file",
+    "link_outside",
+)
 CHUNK = 64  # at least this many .pyc files per worker process
 PYC_TIMEOUT = 1800.0
 _PYC_NAME = re.compile(r"^(?P<stem>[^.]+)\.(?P<tag>[a-z]+-\d+)(?:\.opt-\d)?\.pyc$")
@@ -36,19 +51,30 @@ _PYC_NAME = re.compile(r"^(?P<stem>[^.]+)\.(?P<tag>[a-z]+-\d+)(?:\.opt-\d)?\.pyc
 
 @dataclass(frozen=True)
 class PthRule:
-    """A ``.pth`` file allowed at start-up: a name glob, optionally pinned to a sha256 of its content."""
+    """A ``.pth`` file allowed at start-up, by the sha256 of its content (``name`` documents it;
+    a rule without ``sha256`` allows nothing: a name says nothing about what the file runs)."""
 
-    name: str
+    name: str = ""
     sha256: str | None = None
+
+
+# distutils-precedence.pth as setuptools ships it (65.5.0, ensurepip's bundle, and later).
+SETUPTOOLS_PTH = (
+    PthRule("distutils-precedence.pth", "2638ce9e2500e572a5e0de7faed6661eb569d1b696fcba07b0dd223da5f5d224"),
+)
+DEFAULT_UNHASHED = ("*.dist-info/RECORD", "*.dist-info/RECORD.jws", "*.dist-info/RECORD.p7s", "*__pycache__/*.pyc")
 
 
 @dataclass(frozen=True)
 class IntegrityOptions:
-    pth_allow: tuple[PthRule, ...] = (PthRule("distutils-precedence.pth"),)
+    pth_allow: tuple[PthRule, ...] = SETUPTOOLS_PTH
     unowned_allow: tuple[str, ...] = ()
     check_pyc: bool = True
     workers: int = 0
     full_pass: bool = False
+    unhashed_allow: tuple[str, ...] = DEFAULT_UNHASHED
+    egg_info_allow: tuple[str, ...] = ()
+    startup_allow: tuple[str, ...] = ()
 
 
 @dataclass
@@ -70,31 +96,13 @@ class IntegrityStats:
 
 
 def walk_files(root: str) -> dict[str, os.stat_result]:
-    """Every non-directory under ``root`` (symlinked directories are not followed), with its lstat."""
-    out: dict[str, os.stat_result] = {}
-    stack = [root]
-    while stack:
-        current = stack.pop()
-        try:
-            entries = list(os.scandir(current))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                else:
-                    out[entry.path] = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-    return out
+    """Every non-directory under ``root`` with its lstat (nothing followed; see walk.walk_tree)."""
+    return walk_tree(root).files
 
 
 def record_digest(path: str, algo: str) -> str:
-    """``algo=urlsafe-b64-nopad`` of the file, as RECORD writes it. Raises OSError."""
-    with open(path, "rb") as fh:
-        digest = hashlib.file_digest(fh, algo).digest()
-    return f"{algo}=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+    """``algo=urlsafe-b64-nopad`` as RECORD writes it, never following a link. Raises OSError."""
+    return safe_digest(path, algo)
 
 
 def _workers(requested: int) -> int:
@@ -110,44 +118,99 @@ class _HashJob:
     st: os.stat_result
 
 
+def _inside(path: str, roots: Sequence[str]) -> bool:
+    return any(path.startswith(root + os.sep) for root in roots)
+
+
+def _legacy_findings(dist: InstalledDist, walked: dict[str, os.stat_result], allow: Sequence[str]) -> list[Finding]:
+    """A distribution without RECORD hashes (no RECORD, or an egg-info) owns nothing it could prove."""
+    legacy = dist.meta_dir.endswith(".egg-info")
+    if legacy and matches_any(dist.canonical, allow):
+        return []
+    kind = "egg_info" if legacy else "no_record"
+    message = dist.problem or f"{dist.meta_dir}: no RECORD"
+    if legacy:
+        message += "; not on integrity.egg_info_allow"
+    return [Finding("integrity", kind, dist.canonical, message, True, {"meta_dir": dist.meta_dir})]
+
+
+def _unhashed_ok(dist: InstalledDist, path: str, allow: Sequence[str]) -> bool:
+    rel = os.path.relpath(path, dist.site_packages)
+    if rel.endswith(".pyc") and os.path.basename(os.path.dirname(path)) != "__pycache__":
+        return False  # a sourceless .pyc beside the package is imported: it needs a hash
+    return any(fnmatch.fnmatchcase(rel, pattern) for pattern in allow)
+
+
 def _record_jobs(
-    dists: Sequence[InstalledDist], walked: dict[str, os.stat_result], stats: IntegrityStats
+    dists: Sequence[InstalledDist],
+    walked: dict[str, os.stat_result],
+    roots: Sequence[str],
+    options: IntegrityOptions,
+    stats: IntegrityStats,
 ) -> tuple[list[_HashJob], list[Finding], set[str]]:
-    """Hash jobs for RECORD rows with a digest, findings needing no hashing, and the owned paths."""
+    """Hash jobs for RECORD rows with a digest, findings needing no hashing, and the owned paths.
+
+    A row owns its path only if it carries a strong hash (or the policy's ``unhashed_allow``
+    names it): a row without one would otherwise switch the check off for that file."""
     jobs: list[_HashJob] = []
     findings: list[Finding] = []
     owned: set[str] = set()
     for dist in dists:
-        if dist.record is None:
-            owned.update(p for p in walked if p.startswith(dist.meta_dir + os.sep))
-            legacy = dist.meta_dir.endswith(".egg-info")
-            message = dist.problem or f"{dist.meta_dir}: no RECORD"
-            findings.append(Finding("integrity", "no_record", dist.canonical, message, not legacy))
+        if dist.record is None or dist.meta_dir.endswith(".egg-info"):
+            found = _legacy_findings(dist, walked, options.egg_info_allow)
+            findings.extend(found)
+            owned.update(p for p in walked if p.startswith(dist.meta_dir + os.sep) or p == dist.meta_dir)
+            if not found:  # an allowed egg-info owns what it lists, by name
+                owned.update(os.path.normpath(os.path.join(dist.site_packages, e.path)) for e in dist.record or ())
             continue
         for entry in dist.record:
             path = os.path.normpath(os.path.join(dist.site_packages, entry.path))
-            owned.add(path)
-            if not entry.digest:
-                continue
-            stats.files_listed += 1
-            inside = path.startswith(dist.site_packages + os.sep)
-            st = walked.get(path) if inside else _lstat(path)
-            if st is None:
-                if inside:
-                    message = f"{path}: listed in {dist.name} {dist.version} RECORD but missing"
-                    findings.append(Finding("integrity", "missing_file", path, message, True, {"dist": dist.canonical}))
-                else:
-                    stats.outside_missing += 1
-                continue
-            algo = entry.digest.partition("=")[0]
-            if algo not in hashlib.algorithms_guaranteed or algo in ("md5", "sha1"):
-                stats.notes.append(f"{path}: RECORD uses hash {algo!r}, not verified")
-                continue
-            if entry.size is not None and entry.size != st.st_size:
-                findings.append(_tampered(path, dist, f"size {st.st_size} differs from RECORD's {entry.size}"))
-                continue
-            jobs.append(_HashJob(path, entry.digest, algo, dist, st))
+            job, finding = _row(dist, entry, path, walked, roots, options, stats)
+            if finding is not None:
+                findings.append(finding)
+            if job is not None:
+                jobs.append(job)
+            if finding is None or finding.kind != "unhashed":
+                owned.add(path)
     return jobs, findings, owned
+
+
+def _row(
+    dist: InstalledDist,
+    entry: RecordEntry,
+    path: str,
+    walked: dict[str, os.stat_result],
+    roots: Sequence[str],
+    options: IntegrityOptions,
+    stats: IntegrityStats,
+) -> tuple[_HashJob | None, Finding | None]:
+    inside = _inside(path, roots)
+    st = walked.get(path) if inside else _lstat(path)
+    if st is None:
+        if inside:
+            message = f"{path}: listed in {dist.name} {dist.version} RECORD but missing"
+            return None, Finding("integrity", "missing_file", path, message, True, {"dist": dist.canonical})
+        stats.outside_missing += 1
+        return None, None
+    algo = (entry.digest or "").partition("=")[0]
+    if not entry.digest or algo not in hashlib.algorithms_guaranteed or algo in ("md5", "sha1"):
+        if not entry.digest and _unhashed_ok(dist, path, options.unhashed_allow):
+            return None, None
+        why = "has no hash" if not entry.digest else f"has a weak or unknown hash {quote_untrusted(algo, 20)!r}"
+        message = f"{path}: its row in {dist.name} {dist.version} RECORD {why}, so nothing vouches for its content"
+        return None, Finding("integrity", "unhashed", path, message, True, {"dist": dist.canonical})
+    stats.files_listed += 1
+    kind = kind_of(st.st_mode)
+    if kind not in ("file", "symlink"):
+        return None, _special(path, kind)
+    if entry.size is not None and entry.size != st.st_size and kind == "file":
+        return None, _tampered(path, dist, f"size {st.st_size} differs from RECORD's {entry.size}")
+    return _HashJob(path, entry.digest, algo, dist, st), None
+
+
+def _special(path: str, kind: str) -> Finding:
+    message = f"{path}: a {kind} in the environment (never opened: reading it could block or run nothing we can hash)"
+    return Finding("integrity", "special_file", path, message, True, {"type": kind})
 
 
 def _lstat(path: str) -> os.stat_result | None:
@@ -160,6 +223,12 @@ def _lstat(path: str) -> os.stat_result | None:
 def _tampered(path: str, dist: InstalledDist, why: str) -> Finding:
     message = f"{path}: {why} (owned by {dist.name} {dist.version}); the installed file was modified"
     return Finding("integrity", "tampered", path, message, True, {"dist": dist.canonical})
+
+
+def _mismatch(job: _HashJob) -> Finding:
+    if stat.S_ISLNK(job.st.st_mode):
+        return _tampered(job.path, job.owner, "is a symbolic link where RECORD lists a file")
+    return _tampered(job.path, job.owner, "content hash differs from RECORD")
 
 
 def _hash_all(
@@ -179,13 +248,13 @@ def _hash_all(
             continue
         stats.files_cached += 1
         if cached != job.expected:
-            findings.append(_tampered(job.path, job.owner, "content hash differs from RECORD"))
+            findings.append(_mismatch(job))
 
     def one(job: _HashJob) -> tuple[_HashJob, str | None, str | None]:
         if cancel.is_set():
             return job, None, "cancelled"
         try:
-            return job, record_digest(job.path, job.algo), None
+            return job, safe_digest(job.path, job.algo), None
         except OSError as exc:
             return job, None, exc.strerror or str(exc)
 
@@ -198,7 +267,7 @@ def _hash_all(
             stats.bytes_hashed += job.st.st_size
             cache.put_digest(job.path, stat_key(job.st), digest)
             if digest != job.expected:
-                findings.append(_tampered(job.path, job.owner, "content hash differs from RECORD"))
+                findings.append(_mismatch(job))
     return findings, unreadable
 
 
@@ -307,41 +376,95 @@ def _check_pycs(
 
 
 def _pth_findings(root: str, walked: dict[str, os.stat_result], rules: Sequence[PthRule]) -> list[Finding]:
+    """Every ``.pth`` at ``root`` (site.py runs them all) must be allowed by its content digest."""
     out = []
+    allowed = {r.sha256 for r in rules if r.sha256}
     for path in sorted(p for p in walked if os.path.dirname(p) == root and p.endswith(".pth")):
-        name = os.path.basename(path)
+        kind = kind_of(walked[path].st_mode)
+        if kind not in ("file", "symlink"):
+            continue  # reported as special_file; never opened
         try:
-            with open(path, "rb") as fh:
-                content = fh.read(1024 * 1024)
+            content = read_small(path, 1024 * 1024) if kind == "file" else b""
         except OSError:
             content = b""
-        digest = hashlib.sha256(content).hexdigest()
-        if any(fnmatch.fnmatchcase(name, r.name) and r.sha256 in (None, digest) for r in rules):
+        digest = hashlib.sha256(content).hexdigest() if kind == "file" else sha256_hex(path)
+        if digest in allowed:
             continue
         executes = any(line.startswith((b"import ", b"import\t")) for line in content.splitlines())
         why = "runs code at every interpreter start-up" if executes else "adds paths at start-up"
-        message = f"{path}: .pth file not on integrity.pth_allow ({why}); sha256 {digest}"
+        if kind == "symlink":
+            why = "a symbolic link site.py would follow"
+        message = f"{path}: .pth file whose content is not on integrity.pth_allow ({why}); sha256 {digest}"
         out.append(Finding("integrity", "pth_not_allowed", path, message, True, {"sha256": digest}))
     return out
 
 
 def _unowned_findings(
-    root: str, walked: dict[str, os.stat_result], owned: set[str], derived: dict[str, str], allow: Sequence[str]
+    root: str,
+    walked: dict[str, os.stat_result],
+    owned: set[str],
+    derived: dict[str, str],
+    allow: Sequence[str],
+    exempt: Callable[[str], bool],
 ) -> list[Finding]:
     out = []
     for path in sorted(walked):
-        if path in owned or path in derived or (path.endswith(".pth") and os.path.dirname(path) == root):
-            continue
+        if path in owned or path in derived or exempt(path) or kind_of(walked[path].st_mode) not in ("file", "symlink"):
+            continue  # special files are reported as such, never as unowned
         rel = os.path.relpath(path, root)
         if any(fnmatch.fnmatchcase(rel, pattern) for pattern in allow):
             continue
-        if os.path.basename(os.path.dirname(path)) == "__pycache__":
+        if os.path.basename(os.path.dirname(path)) == "__pycache__" and path.endswith(".pyc"):
             message = f"{path}: bytecode without a source file, owned by no distribution (never imported)"
             out.append(Finding("integrity", "unowned", path, message, False))
             continue
-        message = f"{path}: no installed distribution's RECORD lists this file"
+        what = "symbolic link" if stat.S_ISLNK(walked[path].st_mode) else "file"
+        message = f"{path}: no installed distribution's RECORD lists this {what}"
         out.append(Finding("integrity", "unowned", path, message))
     return out
+
+
+def _link_and_special_findings(
+    walked: dict[str, os.stat_result], roots: Sequence[str], exempt: Callable[[str], bool]
+) -> list[Finding]:
+    """Special files (never opened) and symbolic links whose target leaves the environment
+    (except venv's own ``bin/python*`` links, which interpreter.py checks against the base)."""
+    out = []
+    for path, st in sorted(walked.items()):
+        kind = kind_of(st.st_mode)
+        if kind == "symlink":
+            if exempt(path):
+                continue
+            escaped = link_escapes(path, roots)
+            if escaped is not None:
+                message = f"{path}: symbolic link to {quote_untrusted(escaped)}, outside the audited environment"
+                out.append(Finding("integrity", "link_outside", path, message, True, {"target": escaped}))
+        elif kind != "file":
+            out.append(_special(path, kind))
+    return out
+
+
+@dataclass
+class IntegrityResult:
+    """What :func:`check_integrity` found; ``environment`` digests feed the approved baseline."""
+
+    findings: list[Finding]
+    stats: IntegrityStats
+    incomplete: list[str]
+    environment: dict[str, str] = field(default_factory=dict)
+
+
+def _walk(target: Target) -> tuple[dict[str, dict[str, os.stat_result]], list[str]]:
+    """Entries under each of the environment's roots (the venv minus its site-packages, each
+    site-packages), and the unreadable paths."""
+    per_root: dict[str, dict[str, os.stat_result]] = {}
+    unreadable: list[str] = []
+    roots = [target.venv] if target.venv else []
+    for root in [*roots, *target.site_packages]:
+        result = walk_tree(root, prune=target.site_packages if root == target.venv else ())
+        per_root[root] = result.files
+        unreadable.extend(result.unreadable)
+    return per_root, unreadable
 
 
 def check_integrity(
@@ -351,25 +474,69 @@ def check_integrity(
     cache: IntegrityCache,
     cancel: threading.Event | None = None,
     progress: Callable[[str], None] | None = None,
-) -> tuple[list[Finding], IntegrityStats, list[str]]:
-    """(findings, stats, reasons the check is incomplete) for ``dists`` of ``target``. Updates ``cache``."""
+) -> IntegrityResult:
+    """Findings, stats and reasons the check is incomplete (every unreadable path) for ``dists``
+    of ``target``: every file under the venv and site-packages is owned by a hashed RECORD row,
+    made by venv (checked by interpreter.py), or a finding. Updates ``cache``."""
     cancel = cancel or threading.Event()
     stats = IntegrityStats()
-    walked: dict[str, os.stat_result] = {}
-    for root in target.site_packages:
-        walked.update(walk_files(root))
+    per_root, unreadable = _walk(target)
+    roots = tuple(per_root)
+    walked = {p: st for files in per_root.values() for p, st in files.items()}
     stats.files_walked = len(walked)
-    jobs, findings, owned = _record_jobs(dists, walked, stats)
-    hashed, unreadable = _hash_all(jobs, cache, options, stats, cancel)
+    jobs, findings, owned = _record_jobs(dists, walked, roots, options, stats)
+    hashed, unhashable = _hash_all(jobs, cache, options, stats, cancel)
     findings.extend(hashed)
+    unreadable.extend(unhashable)
+    venv = target.venv
+
+    def exempt(path: str) -> bool:
+        return venv is not None and venv_made(venv, path)
+
+    findings.extend(_link_and_special_findings(walked, roots, exempt))
     pyc_sources = derived_pyc_sources(walked)
     for root in target.site_packages:
         findings.extend(_pth_findings(root, walked, options.pth_allow))
-        in_root = {p: s for p, s in walked.items() if p.startswith(root + os.sep)}
-        findings.extend(_unowned_findings(root, in_root, owned, pyc_sources, options.unowned_allow))
+    for root, files in per_root.items():
+        findings.extend(_unowned_findings(root, files, owned, pyc_sources, options.unowned_allow, exempt))
+    findings.extend(_interpreter(target, walked, options, unreadable))
     findings.extend(_check_pycs(walked, pyc_sources, target, cache, options, stats, cancel))
-    cache.prune(set(walked) | {j.path for j in jobs})
-    incomplete = [f"{len(unreadable)} files could not be read, e.g. {unreadable[0]}"] if unreadable else []
+    environment = _environment_digests(target, walked, cache, unreadable)
+    cache.prune(set(walked) | {j.path for j in jobs} | set(environment))
+    incomplete = [f"unreadable: {u}" for u in unreadable]
     if cancel.is_set():
         incomplete.append("integrity check cancelled")
-    return findings, stats, incomplete
+    return IntegrityResult(findings, stats, incomplete, environment)
+
+
+def _interpreter(
+    target: Target, walked: dict[str, os.stat_result], options: IntegrityOptions, unreadable: list[str]
+) -> list[Finding]:
+    out, bad = startup_hooks(hook_dirs(target), options.startup_allow)
+    unreadable.extend(bad)
+    for check in (check_venv(target), check_venv_scripts(target, walked)):
+        out.extend(check[0])
+        unreadable.extend(check[1])
+    return out
+
+
+def _environment_digests(
+    target: Target, walked: dict[str, os.stat_result], cache: IntegrityCache, unreadable: list[str]
+) -> dict[str, str]:
+    """sha256 (RECORD form; a link: of its target string) of what venv made and the base interpreter."""
+    paths = [p for p in walked if target.venv and venv_made(target.venv, p)]
+    if target.venv:
+        paths.extend(os.path.realpath(p) for p in list(paths) if os.path.basename(p).startswith("python"))
+    out: dict[str, str] = {}
+    for path in sorted(set(paths)):
+        st = walked.get(path) or _lstat(path)
+        if st is None:
+            continue
+        cached = cache.digest(path, stat_key(st), "sha256")
+        try:
+            out[path] = cached or safe_digest(path, "sha256")
+        except OSError as exc:
+            unreadable.append(f"{path}: {exc.strerror or exc}")
+            continue
+        cache.put_digest(path, stat_key(st), out[path])
+    return out

@@ -19,6 +19,16 @@ INTEGRITY_KINDS = (
     "pth_not_allowed",
     "no_record",
     "not_in_baseline",
+    "removed_from_baseline",
+    "environment_changed",
+    "unhashed",
+    "egg_info",
+    "special_file",
+    "link_outside",
+    "startup_hook",
+    "venv_config",
+    "interpreter_replaced",
+    "venv_script_changed",
 )
 TAMPER_KINDS = ("tampered", "record_changed", "pyc_mismatch")
 RESULTS = ("clean", "violation", "incomplete")

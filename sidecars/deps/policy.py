@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecars.deps.ignores import IgnoreRule
-from sidecars.deps.integrity import PthRule
+from sidecars.deps.integrity import DEFAULT_UNHASHED, SETUPTOOLS_PTH, PthRule
 from sidecars.deps.model import SEVERITIES
 
 
@@ -40,10 +40,18 @@ class DriftRules:
 
 @dataclass(frozen=True)
 class IntegrityRules:
+    """``pth_allow`` / ``startup_allow``: content sha256 digests of the ``.pth`` files and
+    ``sitecustomize``/``usercustomize`` modules that may run at start-up. ``unhashed_allow``:
+    RECORD rows (globs relative to site-packages) that may lack a hash. ``egg_info_allow``:
+    legacy egg-info installs (names or globs) whose files are trusted by name."""
+
     enabled: bool = True
     check_pyc: bool = True
-    pth_allow: tuple[PthRule, ...] = (PthRule("distutils-precedence.pth"),)
+    pth_allow: tuple[PthRule, ...] = SETUPTOOLS_PTH
     unowned_allow: tuple[str, ...] = ()
+    unhashed_allow: tuple[str, ...] = DEFAULT_UNHASHED
+    egg_info_allow: tuple[str, ...] = ()
+    startup_allow: tuple[str, ...] = ()
     full_pass_interval_seconds: float = 86400.0
     workers: int = 0
     baseline: str | None = None
@@ -52,6 +60,9 @@ class IntegrityRules:
     def __post_init__(self) -> None:
         if self.full_pass_interval_seconds < 0:
             raise ValueError("full_pass_interval_seconds: must be >= 0")
+        for rule in self.pth_allow:
+            if not rule.sha256 or len(rule.sha256) != 64:
+                raise ValueError(f"pth_allow: {rule.name or 'an entry'} needs the sha256 of its content")
 
 
 @dataclass(frozen=True)

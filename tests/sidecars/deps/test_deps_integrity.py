@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import marshal
 import os
@@ -81,21 +82,23 @@ def test_swapped_pyc_is_caught(test_env):
 
 
 def test_unowned_module_and_pth_files_are_caught(test_env):
-    (test_env.site / "sitecustomize.py").write_text("import os\n")
+    hook = test_env.site / "sitecustomize.py"
+    hook.write_text("import os\n")
     (test_env.site / "zz_evil.pth").write_text("import os; os.environ['X'] = '1'\n")
-    allowed = test_env.site / "distutils-precedence.pth"  # on the default allow-list by name
+    allowed = test_env.site / "distutils-precedence.pth"  # allowed by its content digest only
     allowed.write_text("import os\n")
     report = test_env.audit()
     found = kinds(report, "integrity")
-    assert ("unowned", str(test_env.site / "sitecustomize.py")) in found
+    assert ("unowned", str(hook)) in found and ("startup_hook", str(hook)) in found
     assert ("pth_not_allowed", str(test_env.site / "zz_evil.pth")) in found
-    assert ("pth_not_allowed", str(allowed)) not in found
-    assert ("tampered", str(allowed)) in found  # allowed by name, but setuptools' RECORD still vouches for content
-    pth = next(f for f in report.findings if f.kind == "pth_not_allowed")
+    assert ("pth_not_allowed", str(allowed)) in found  # same name, other content
+    assert ("tampered", str(allowed)) in found  # and setuptools' RECORD still vouches for content
+    pth = next(f for f in report.findings if f.subject.endswith("zz_evil.pth"))
     assert "runs code at every interpreter start-up" in pth.message
-    allow = IntegrityRules(unowned_allow=("sitecustomize.py",), workers=2)
+    digest = hashlib.sha256(hook.read_bytes()).hexdigest()
+    allow = IntegrityRules(unowned_allow=("sitecustomize.py",), startup_allow=(digest,), workers=2)
     report = test_env.audit(replace(test_env.policy(), integrity=allow))
-    assert ("unowned", str(test_env.site / "sitecustomize.py")) not in kinds(report)
+    assert not {(k, s) for k, s in kinds(report) if s == str(hook)}
 
 
 def test_upgraded_and_extra_packages_drift(test_env):
