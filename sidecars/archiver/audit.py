@@ -485,7 +485,8 @@ def _head_findings(
     if head is None:
         return []
     # Rollback: a retained version of the head older than the one read naming a later step.
-    versions = sorted(listing.head_versions, key=lambda v: -v.last_modified)
+    # S3 lists the versions of a key newest first (LastModified has only a second's precision).
+    versions = listing.head_versions
     position = next((i for i, v in enumerate(versions) if v.version_id == read_version), None)
     if position is None:
         return []
