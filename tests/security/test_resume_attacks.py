@@ -1,0 +1,313 @@
+"""Attacks on resume by someone who can write the checkpoint storage but not read the key.
+
+One real run (tiny offline model, CPU) writes step-2 and step-4; they are signed with a
+real key and a provenance chain, like the signer sidecar does. Each test attacks a copy
+and resumes: every attack ends in ``checkpoint.rejected`` and a refusal (exit 1), never
+in a silent resume from the attacked bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+
+import pytest
+import yaml
+from support import TEST_CONFIG, merge, run_warden
+
+torch = pytest.importorskip("torch")
+
+from sidecars.errors import EXIT_VIOLATION  # noqa: E402
+from sidecars.signer import Provenance, generate_keypair, load_private_key, sign_checkpoint  # noqa: E402
+from trainer import events as ev  # noqa: E402
+from trainer.config import load_config  # noqa: E402
+from trainer.core import PPOTrainer  # noqa: E402
+from trainer.models import unwrap  # noqa: E402
+from trainer.resume import ResumeRefused, find_resume_point  # noqa: E402
+
+STEP2, STEP4 = "step-000000002", "step-000000004"
+ACTOR = os.path.join("actor", "model.safetensors")
+
+
+class Kit:
+    """The signed run, the key and configs; ``copy()`` gives a fresh run directory to attack."""
+
+    def __init__(self, base, cache: str) -> None:
+        self.base = base
+        self.keys = generate_keypair(str(base / "keys"))
+        self.key = load_private_key(self.keys.private_key)
+        self.cache = cache
+        self.config = self.write_config("trusted.yaml", {"trusted_keys": str(self.keys.public_key)})
+        self.integrity_config = self.write_config("integrity.yaml", {})
+
+    def write_config(self, name: str, checkpoint: dict, run: dict | None = None) -> str:
+        raw = merge(TEST_CONFIG, {"model": {"tiny": {"cache_dir": self.cache}}, "max_steps": 4})
+        raw = merge(raw, {"checkpoint": {"every_steps": 2, "keep_last": 3, **checkpoint}, "run": run or {}})
+        path = self.base / name
+        path.write_text(yaml.safe_dump(raw))
+        return str(path)
+
+    def train_and_sign(self, run_dir: str, config: str) -> str:
+        trainer = PPOTrainer(load_config(config), run_dir)
+        trainer.train(4)
+        run_id = trainer.run_id
+        trainer.close()
+        parent = None
+        for name in (STEP2, STEP4):
+            parent = self.sign(os.path.join(run_dir, "checkpoints", name), run_id, int(name[5:]), parent)
+        return run_id
+
+    def sign(self, path: str, run_id: str, step: int, parent: str | None) -> str:
+        provenance = Provenance(run_id=run_id, step=step, trainer_version="test", parent_root_digest=parent)
+        return sign_checkpoint(path, self.key, provenance).root_digest
+
+    def copy(self, tmp_path, source: str = "run-a") -> str:
+        target = str(tmp_path / "run")
+        shutil.copytree(str(self.base / source), target, symlinks=True)
+        return target
+
+
+@pytest.fixture(scope="module")
+def kit(tmp_path_factory):
+    from trainer.assets import ensure_tiny_assets
+    from trainer.config import TinyAssets
+
+    cache = tmp_path_factory.mktemp("tiny-assets")
+    ensure_tiny_assets(TinyAssets(cache_dir=str(cache), **TEST_CONFIG["model"]["tiny"]))
+    made = Kit(tmp_path_factory.mktemp("signed-runs"), str(cache))
+    made.run_a = made.train_and_sign(str(made.base / "run-a"), made.config)
+    other = made.write_config("run-b.yaml", {}, run={"run_id": "run-b", "seed": 11})
+    made.train_and_sign(str(made.base / "run-b"), other)
+    return made
+
+
+def checkpoints(run_dir: str) -> str:
+    return os.path.join(run_dir, "checkpoints")
+
+
+def remove_checkpoint(run_dir: str, name: str) -> None:
+    path = os.path.join(checkpoints(run_dir), name)
+    shutil.rmtree(path)
+    os.unlink(path + ".sig")
+
+
+def rejections(run_dir: str) -> list:
+    reader = ev.JournalReader(os.path.join(run_dir, ev.JOURNAL_NAME))
+    return [e for e, _ in reader.read_available() if e.type == ev.CHECKPOINT_REJECTED]
+
+
+def refused(kit: Kit, run_dir: str, resume: str = "auto") -> ResumeRefused:
+    with pytest.raises(ResumeRefused) as caught:
+        PPOTrainer(load_config(kit.config), run_dir, resume=resume)
+    assert caught.value.exit_code == EXIT_VIOLATION
+    return caught.value
+
+
+def weights(path: str) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(path)
+
+
+def assert_actor_equals(trainer: PPOTrainer, expected: dict) -> None:
+    state = unwrap(trainer.actor).state_dict()
+    different = [k for k, v in expected.items() if not torch.equal(state[k], v)]
+    assert different == []
+
+
+def test_deleted_signature_with_a_rewritten_manifest_is_refused(kit, tmp_path):
+    from safetensors.torch import save_file
+
+    from trainer import checkpoint as ckpt
+
+    run_dir = kit.copy(tmp_path)
+    for name in (STEP2, STEP4):
+        target = os.path.join(checkpoints(run_dir), name)
+        poisoned = {k: torch.zeros_like(v) for k, v in weights(os.path.join(target, ACTOR)).items()}
+        save_file(poisoned, os.path.join(target, ACTOR))
+        os.unlink(target + ".sig")
+        os.unlink(os.path.join(target, ckpt.MANIFEST))
+        ckpt.write_manifest(target)  # the integrity manifest now vouches for the poison
+        assert ckpt.verify_manifest(target) == []
+    result = run_warden("train", "--config", kit.config, "--run-dir", run_dir, "--resume", "auto", timeout=240)
+    assert result.returncode == EXIT_VIOLATION, result.stderr[-2000:]
+    assert "refusing to start fresh" in result.stderr
+    assert STEP4 in result.stderr and STEP2 in result.stderr
+    events = rejections(run_dir)
+    assert [os.path.basename(e.data["path"]) for e in events] == [STEP4, STEP2]
+    assert all(e.data["why"].startswith("no valid signature: ") and ".sig: missing" in e.data["why"] for e in events)
+
+
+def test_one_unsigned_checkpoint_falls_back_to_the_signed_one(kit, tmp_path):
+    run_dir = kit.copy(tmp_path)
+    os.unlink(os.path.join(checkpoints(run_dir), STEP4 + ".sig"))
+    trainer = PPOTrainer(load_config(kit.config), run_dir, resume="auto")
+    trainer.close()
+    assert trainer.step == 2 and trainer.resumed is not None
+    assert trainer.resumed.verification.startswith("signature verified")
+    assert [os.path.basename(e.data["path"]) for e in rejections(run_dir)] == [STEP4]
+
+
+def test_cross_run_checkpoint_is_refused_in_auto_mode_and_accepted_when_named(kit, tmp_path):
+    run_dir = kit.copy(tmp_path)
+    for name in (STEP2, STEP4):  # run B's signed checkpoints under run A's step names
+        remove_checkpoint(run_dir, name)
+        source = str(kit.base / "run-b" / "checkpoints" / name)
+        shutil.copytree(source, os.path.join(checkpoints(run_dir), name))
+        shutil.copy(source + ".sig", os.path.join(checkpoints(run_dir), name + ".sig"))
+    error = refused(kit, run_dir)
+    assert STEP4 in str(error) and STEP2 in str(error)
+    events = rejections(run_dir)
+    assert len(events) == 2 and all("a checkpoint of run 'run-b'" in e.data["why"] for e in events)
+
+    named = os.path.join(checkpoints(run_dir), STEP4)
+    trainer = PPOTrainer(load_config(kit.config), run_dir, resume=named)
+    try:
+        assert trainer.step == 4 and trainer.run_id == kit.run_a
+        assert trainer.resumed is not None and trainer.resumed.cross_run
+        assert_actor_equals(trainer, weights(os.path.join(named, ACTOR)))
+    finally:
+        trainer.close()
+    reader = ev.JournalReader(os.path.join(run_dir, ev.JOURNAL_NAME))
+    resumed = [e for e, _ in reader.read_available() if e.type == ev.RUN_RESUMED]
+    assert len(resumed) == 1
+    assert (resumed[0].data["cross_run"], resumed[0].data["source_run_id"]) == (True, "run-b")
+    assert resumed[0].run_id == kit.run_a
+
+
+def test_renamed_step_is_refused(kit, tmp_path):
+    run_dir = kit.copy(tmp_path)
+    remove_checkpoint(run_dir, STEP2)
+    root = checkpoints(run_dir)
+    os.rename(os.path.join(root, STEP4), os.path.join(root, "step-000000006"))
+    os.rename(os.path.join(root, STEP4 + ".sig"), os.path.join(root, "step-000000006.sig"))
+    refused(kit, run_dir)
+    (event,) = rejections(run_dir)
+    assert event.data["path"].endswith("step-000000006")
+    assert event.data["why"] == "the signature names checkpoint 'step-000000004', not 'step-000000006'"
+
+
+def test_signed_step_must_match_the_directory(kit, tmp_path):
+    run_dir = kit.copy(tmp_path)
+    remove_checkpoint(run_dir, STEP2)
+    kit.sign(os.path.join(checkpoints(run_dir), STEP4), kit.run_a, 7, None)  # a valid signature claiming step 7
+    refused(kit, run_dir)
+    (event,) = rejections(run_dir)
+    assert event.data["why"] == f"signed step 7 but the directory is {STEP4} (renamed or moved)"
+
+
+def test_checkpoint_of_another_branch_breaks_the_chain(kit, tmp_path):
+    run_dir = kit.copy(tmp_path)
+    kit.sign(os.path.join(checkpoints(run_dir), STEP4), kit.run_a, 4, "ab" * 32)  # parent is not step-2
+    trainer = PPOTrainer(load_config(kit.config), run_dir, resume="auto")
+    trainer.close()
+    assert trainer.step == 2
+    (event,) = rejections(run_dir)
+    assert event.data["path"].endswith(STEP4)
+    assert event.data["why"].startswith(f"signed parent {'ab' * 32} is not the earlier {STEP2} (")
+
+
+@pytest.mark.parametrize(
+    ("attack", "why"),
+    [
+        ("extra_file", "notes.txt: an unlisted file"),
+        ("empty_shard_dir", "actor/model-00002.safetensors: an unlisted directory"),
+        ("symlink", "actor/model.safetensors: a symlink; a checkpoint holds only files"),
+        ("fifo", "actor/model.safetensors: not a regular file (FIFO, socket or device)"),
+        ("missing", "actor/model.safetensors: missing"),
+    ],
+)
+def test_tree_changes_are_refused(kit, tmp_path, attack, why):
+    run_dir = kit.copy(tmp_path)
+    remove_checkpoint(run_dir, STEP2)
+    target = os.path.join(checkpoints(run_dir), STEP4)
+    actor = os.path.join(target, ACTOR)
+    if attack == "extra_file":
+        with open(os.path.join(target, "notes.txt"), "w") as fh:
+            fh.write("hello")
+    elif attack == "empty_shard_dir":
+        os.mkdir(os.path.join(target, "actor", "model-00002.safetensors"))
+    elif attack == "symlink":  # even to identical bytes: a checkpoint holds only files
+        outside = str(tmp_path / "same-bytes.safetensors")
+        shutil.copy(actor, outside)
+        os.unlink(actor)
+        os.symlink(outside, actor)
+    elif attack == "fifo":
+        os.unlink(actor)
+        os.mkfifo(actor)
+    else:
+        os.unlink(actor)
+    refused(kit, run_dir)
+    (event,) = rejections(run_dir)
+    assert event.data["why"] == f"the directory differs from the signed manifest: {why}"
+
+
+def test_a_file_swapped_during_resume_never_loads_the_bad_weights(kit, tmp_path):
+    """A thread keeps renaming a good and a bad actor file into place while resume runs."""
+    from safetensors.torch import save_file
+
+    run_dir = kit.copy(tmp_path)
+    remove_checkpoint(run_dir, STEP2)
+    root = checkpoints(run_dir)
+    target = os.path.join(root, STEP4, ACTOR)
+    good = weights(target)
+    bad_tensors = {k: v + 1.0 for k, v in good.items()}
+    good_file, bad_file, staging = str(tmp_path / "good"), str(tmp_path / "bad"), os.path.join(root, ".swap")
+    shutil.copy(target, good_file)
+    save_file(bad_tensors, bad_file)
+    trainer = PPOTrainer(load_config(kit.config), run_dir, resume="never")
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            for source in (bad_file, good_file):
+                os.link(source, staging)
+                os.rename(staging, target)
+
+    swapper = threading.Thread(target=swap, daemon=True)
+    swapper.start()
+    loaded = rejected = 0
+    deadline = time.monotonic() + 120
+    try:
+        for _ in range(200):
+            if time.monotonic() > deadline or (loaded >= 5 and rejected >= 5):
+                break
+            with torch.no_grad():
+                for p in unwrap(trainer.actor).parameters():
+                    p.zero_()
+            try:
+                result = find_resume_point(trainer, "auto")
+            except ResumeRefused as exc:
+                assert "actor/model.safetensors: sha256 " in str(exc)
+                rejected += 1
+                continue
+            assert result is not None and result.step == 4
+            assert_actor_equals(trainer, good)
+            loaded += 1
+    finally:
+        stop.set()
+        swapper.join()
+        trainer.close()
+    assert rejected >= 1, "the swap never hit a read: the test proves nothing"
+    assert loaded >= 1, "the good file was never read: the test proves nothing"
+    assert len(rejections(run_dir)) == rejected
+
+
+def test_integrity_only_resume_says_so(kit, tmp_path):
+    run_dir = kit.copy(tmp_path)
+    trainer = PPOTrainer(load_config(kit.integrity_config), run_dir, resume="auto")
+    trainer.close()
+    assert trainer.step == 4 and trainer.resumed is not None
+    assert trainer.resumed.verification == "manifest sha256 verified (integrity only, not authenticity)"
+
+
+def test_resume_never_starts_fresh_beside_refused_checkpoints(kit, tmp_path):
+    """``--resume never`` is the explicit way to start over beside refused checkpoints."""
+    run_dir = kit.copy(tmp_path)
+    for name in (STEP2, STEP4):
+        os.unlink(os.path.join(checkpoints(run_dir), name + ".sig"))
+    trainer = PPOTrainer(load_config(kit.config), run_dir, resume="never")
+    trainer.close()
+    assert trainer.step == 0 and trainer.resumed is None and rejections(run_dir) == []
