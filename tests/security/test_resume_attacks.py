@@ -39,6 +39,7 @@ class Kit:
         self.keys = generate_keypair(str(base / "keys"))
         self.key = load_private_key(self.keys.private_key)
         self.cache = cache
+        self.run_a = ""  # set by the fixture once run A has trained
         self.config = self.write_config("trusted.yaml", {"trusted_keys": str(self.keys.public_key)})
         self.integrity_config = self.write_config("integrity.yaml", {})
 

@@ -10,6 +10,7 @@ import signal
 import time
 
 import numpy as np
+import pytest
 import torch
 
 from trainer import checkpoint as ckpt
@@ -95,3 +96,107 @@ def test_manifest_reports_missing_extra_and_changed(tmp_path):
     problems = ckpt.verify_manifest(path)
     assert problems[0] == "a: missing" and problems[1] == "z: not in the manifest"
     assert problems[2].startswith("b: sha256 ")
+
+
+# -- what a resume trusts (trainer/resume.py, trainer/verified_load.py) ------------------
+def _checkpoint_config(tmp_path, checkpoint):
+    import yaml
+    from support import TEST_CONFIG, merge
+
+    from trainer.config import load_config
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(merge(TEST_CONFIG, {"checkpoint": checkpoint})))
+    return lambda: load_config(str(path))
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "message"),
+    [
+        ({"trusted_keys": "/keys", "allow_unsigned": True}, "checkpoint.allow_unsigned: true contradicts"),
+        ({"allow_unsigned": False}, "checkpoint.allow_unsigned: false needs checkpoint.trusted_keys"),
+        ({"trusted_keys": "/keys", "require_signature": False}, "checkpoint.require_signature"),
+    ],
+)
+def test_contradictory_trust_settings_are_config_errors(tmp_path, checkpoint, message):
+    from sidecars.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=message) as caught:
+        _checkpoint_config(tmp_path, checkpoint)()
+    assert caught.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "checkpoint", [{"trusted_keys": "/keys"}, {"trusted_keys": "/keys", "allow_unsigned": False}, {}]
+)
+def test_consistent_trust_settings_load(tmp_path, checkpoint):
+    cfg = _checkpoint_config(tmp_path, checkpoint)()
+    assert cfg.checkpoint.trusted_keys == checkpoint.get("trusted_keys", "")
+
+
+def test_tree_problems_name_every_unlisted_entry():
+    from trainer.verified_load import tree_problems
+
+    anchored = {"actor/model.safetensors", "trainer_state.json"}
+    found_files = {"actor/model.safetensors", "x.json"}
+    found_dirs = {"actor", "actor/model-00002.safetensors", "critic"}
+    problems = tree_problems(anchored, found_files, found_dirs, {"link": "a symlink"})
+    assert problems == [
+        "link: a symlink",
+        "actor/model-00002.safetensors: an unlisted directory",
+        "critic: an unlisted directory",
+        "x.json: an unlisted file",
+        "trainer_state.json: missing",
+    ]
+    assert tree_problems(anchored, set(anchored), {"actor"}, {}) == []
+
+
+@pytest.mark.parametrize(
+    ("run", "step", "explicit", "why"),
+    [
+        ("r", 5, False, None),
+        ("other", 5, True, None),
+        ("other", 5, False, "a checkpoint of run 'other', not of this run 'r'"),
+        ("r", 7, True, "signed step 7 but the directory is step-000000005"),
+        ("r", None, False, "the signed provenance has no step"),
+        (None, 5, True, "the signed provenance has no run id"),
+        ("r", True, False, "the signed provenance has no step"),
+    ],
+)
+def test_provenance_must_match_the_directory_and_the_run(run, step, explicit, why):
+    from trainer.resume import check_provenance
+    from trainer.verified_load import CheckpointRejected
+
+    if why is None:
+        check_provenance(run, step, 5, "r", explicit, "signed")
+        return
+    with pytest.raises(CheckpointRejected) as caught:
+        check_provenance(run, step, 5, "r", explicit, "signed")
+    assert caught.value.reason.startswith(why)
+
+
+def test_verified_bytes_are_what_loads(tmp_path):
+    """The loader deserializes the bytes it hashed; changing the file afterwards changes nothing."""
+    from safetensors.torch import save_file
+
+    from trainer.verified_load import integrity_anchor, read_verified
+
+    def fill(d: str) -> None:
+        os.makedirs(os.path.join(d, "actor"))
+        save_file({"w": torch.ones(3)}, os.path.join(d, "actor", "model.safetensors"))
+        ckpt.save_state(d, "rng", {"t": torch.arange(4)})
+
+    path = ckpt.write_checkpoint(str(tmp_path), 3, fill)
+    verified = read_verified(path, 3, integrity_anchor(path), budget=1 << 20)
+    save_file({"w": torch.zeros(3)}, os.path.join(path, "actor", "model.safetensors"))
+    assert verified.names("actor", ".safetensors") == ["actor/model.safetensors"]
+    assert torch.equal(verified.tensors("actor/model.safetensors")["w"], torch.ones(3))
+    assert torch.equal(verified.state("rng")["t"], torch.arange(4))
+
+
+def test_reading_stops_at_the_budget(tmp_path):
+    from trainer.verified_load import CheckpointRejected, integrity_anchor, read_verified
+
+    path = ckpt.write_checkpoint(str(tmp_path), 3, lambda d: (pathlib.Path(d) / "big").write_bytes(b"x" * 5000))
+    with pytest.raises(CheckpointRejected, match="big: 5000 bytes, over the 4000 bytes left in the budget"):
+        read_verified(path, 3, integrity_anchor(path), budget=4000)
