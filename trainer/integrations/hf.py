@@ -15,9 +15,17 @@ Trainer hook                      event                   data
 ``on_train_begin`` (resumed)      ``run.resumed``         ``from_step``, ``checkpoint``
 ``on_log``                        ``step.completed``      mapped metric names, Warden aliases,
                                                           ``hf_logs`` (the original dict)
-``on_save``                       ``checkpoint.saved``    ``path`` of ``checkpoint-{global_step}``
+``on_save``                       ``checkpoint.saved``    ``path`` of ``checkpoint-{global_step}``,
+                                                          ``root_digest``, ``file_count``
 ``on_train_end``                  ``run.finished``        status, last step, the train summary
 ================================  ======================  =====================================
+
+``root_digest``/``file_count`` are the model_signing manifest root of the directory as the
+callback hashes it right after the save (one extra read of the checkpoint, in the training
+process; ``announce_digest=False`` leaves them out): the signer signs only those bytes.
+They say what the directory held when the callback read it, not that the Trainer wrote it:
+bytes changed between ``save_model`` and the hash are announced as if they were the
+Trainer's (see docs/threat-model.md).
 
 HF rotates checkpoints (``save_total_limit``) *before* ``on_save``, and a sidecar can be
 behind: the signer treats a checkpoint that vanished before it was hashed as counted,
@@ -40,6 +48,9 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from sidecars.bridge.names import HF_ALIASES, map_metrics, warden_aliases
 from sidecars.bridge.runid import journal_run_id, sanitize_run_id
+from sidecars.errors import WardenError
+from sidecars.signer.hashing import hash_tree
+from sidecars.signer.manifest import DEFAULT_IGNORE_PATHS, announced_root
 from trainer import events as ev
 
 log = logging.getLogger("warden.hf")
@@ -83,6 +94,21 @@ def output_dir(args: TrainingArguments) -> str:
     return os.path.abspath(args.output_dir or "trainer_output")
 
 
+def checkpoint_digest(path: str) -> dict[str, Any]:
+    """``{"root_digest", "file_count"}`` of ``path`` as the signer would sign it; {} if it cannot be hashed.
+
+    A symlink or special file inside (which the signer refuses anyway) or a file deleted
+    meanwhile yields {}: the signer then signs nothing without a matching stable state.
+    """
+    try:
+        digests = hash_tree(path, DEFAULT_IGNORE_PATHS)
+    except (WardenError, OSError) as exc:
+        log.warning("warden: %s: no root digest announced: %s", path, str(exc)[:300])
+        return {}
+    announced = announced_root({name: digest.hex() for name, digest in digests.items()})
+    return {"root_digest": announced.root_digest, "file_count": announced.file_count}
+
+
 def _versions() -> dict[str, str]:
     import torch
     import transformers
@@ -100,10 +126,18 @@ def _versions() -> dict[str, str]:
 class WardenCallback(TrainerCallback):  # type: ignore[misc]
     """Writes the Warden journal from Trainer hooks; see the module docstring."""
 
-    def __init__(self, run_dir: str | None = None, run_id: str | None = None, *, strict: bool = False) -> None:
+    def __init__(
+        self,
+        run_dir: str | None = None,
+        run_id: str | None = None,
+        *,
+        strict: bool = False,
+        announce_digest: bool = True,
+    ) -> None:
         self.run_dir = run_dir
         self.run_id = run_id
         self.strict = strict
+        self.announce_digest = announce_digest
         self._writer: ev.EventWriter | None = None
         self._summary: dict[str, Any] | None = None
 
@@ -188,7 +222,9 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
         if state.is_world_process_zero and not os.path.isdir(path):
             log.warning("warden: %s is not there after on_save; no checkpoint.saved written", path)
             return
-        data = {"source": SOURCE, "path": path, "root": root, "layout": "hf"}
+        data: dict[str, Any] = {"source": SOURCE, "path": path, "root": root, "layout": "hf"}
+        if state.is_world_process_zero and self.announce_digest:
+            data.update(checkpoint_digest(path))
         self.emit(args, state, ev.CHECKPOINT_SAVED, data, state.global_step)
 
     def on_train_end(
