@@ -1,0 +1,288 @@
+"""Attack generator: one case per tampering class of issue 19, on a real venv built from PyPI
+wheels, each asserting the exact finding; and benign changes that must stay clean.
+
+Each case approves the baseline of the clean venv first (as the sidecar does on its first
+clean audit), then attacks, then audits: the finding named by the case must be there, and
+the audit must exit 1 (3 where the class is "could not be checked").
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+
+from sidecars.deps.audit import run_audit
+from sidecars.deps.environment import discover_python
+from tests.sidecars.deps.deps_helpers import kinds, record_hash
+
+
+def _info(env, name: str):
+    return next(env.site.glob(f"{name}-*.dist-info"))
+
+
+def _append_row(env, dist: str, row: str) -> None:
+    record = _info(env, dist) / "RECORD"
+    record.write_text(record.read_text() + row + "\n")
+
+
+def _rewrite_row(env, dist: str, rel: str, data: bytes) -> None:
+    record = _info(env, dist) / "RECORD"
+    rows = [
+        f"{rel},{record_hash(data)},{len(data)}" if r.startswith(rel + ",") else r
+        for r in record.read_text().splitlines()
+    ]
+    record.write_text("\n".join(rows) + "\n")
+
+
+# ---- attacks: each returns the (kind, subject) the audit must report -------------------------
+
+
+def unhashed_row(env):
+    evil = env.site / "idna" / "evil.py"
+    evil.write_text("import os\n")
+    _append_row(env, "idna", "idna/evil.py,,")
+    return "unhashed", str(evil)
+
+
+def weak_hash_row(env):
+    evil = env.site / "idna" / "evil.py"
+    evil.write_text("import os\n")
+    digest = base64.urlsafe_b64encode(hashlib.md5(b"import os\n").digest()).rstrip(b"=").decode()
+    _append_row(env, "idna", f"idna/evil.py,md5={digest},10")
+    return "unhashed", str(evil)
+
+
+def renamed_dist_info(env):
+    core = env.site / "idna" / "core.py"
+    data = core.read_bytes() + b"\nimport os  # injected\n"
+    core.write_bytes(data)
+    _rewrite_row(env, "idna", "idna/core.py", data)
+    info = _info(env, "idna")
+    info.rename(env.site / ("Idna" + info.name[4:]))
+    return "record_changed", str(core)
+
+
+def egg_info_replaces_dist_info(env):
+    info = _info(env, "idna")
+    shutil.rmtree(info)
+    egg = env.site / "idna-3.7.egg-info"
+    egg.mkdir()
+    (egg / "PKG-INFO").write_text("Metadata-Version: 1.1\nName: idna\nVersion: 3.7\n\n")
+    return "egg_info", "idna"
+
+
+def approved_dist_removed(env):
+    shutil.rmtree(_info(env, "six"))
+    return "removed_from_baseline", "six"
+
+
+def dist_added_with_matching_record(env):
+    mod = env.site / "evilpkg.py"
+    mod.write_text("import os\n")
+    info = env.site / "evilpkg-1.0.dist-info"
+    info.mkdir()
+    meta = b"Metadata-Version: 2.1\nName: evilpkg\nVersion: 1.0\n\n"
+    (info / "METADATA").write_bytes(meta)
+    rows = [f"evilpkg.py,{record_hash(mod.read_bytes())},10", f"{info.name}/METADATA,{record_hash(meta)},{len(meta)}"]
+    (info / "RECORD").write_text("\n".join([*rows, f"{info.name}/RECORD,,"]) + "\n")
+    return "not_in_baseline", "evilpkg"
+
+
+def owned_file_becomes_link_outside(env, tmp_path):
+    core = env.site / "idna" / "core.py"
+    outside = tmp_path / "outside.py"
+    outside.write_bytes(core.read_bytes())  # same bytes: following the link would pass
+    core.unlink()
+    core.symlink_to(outside)
+    return "tampered", str(core)
+
+
+def unowned_link_leaving_tree(env, tmp_path):
+    link = env.site / "evil_data"
+    link.symlink_to(tmp_path)
+    return "link_outside", str(link)
+
+
+def fifo_pth(env):
+    fifo = env.site / "zz_fifo.pth"
+    os.mkfifo(fifo)
+    return "special_file", str(fifo)
+
+
+def editable_pth_with_import(env):
+    pth = env.site / "__editable__.evil-1.0.pth"
+    pth.write_text("import os; os.environ['PWNED'] = '1'\n")
+    return "pth_not_allowed", str(pth)
+
+
+def distutils_pth_planted_unowned(env):
+    # setuptools removed (RECORD and all), its well-known .pth name kept with new content
+    pth = env.site / "distutils-precedence.pth"
+    for info in env.site.glob("setuptools-*.dist-info"):
+        shutil.rmtree(info)
+    pth.write_text("import os; os.system('true')\n")
+    return "pth_not_allowed", str(pth)
+
+
+def pyvenv_home_elsewhere(env, tmp_path):
+    other = tmp_path / "other-python" / "bin"
+    other.mkdir(parents=True)
+    for name in ("python3", "python"):
+        (other / name).symlink_to(os.path.realpath(sys.executable))
+    cfg = env.venv / "pyvenv.cfg"
+    text = "".join(
+        f"home = {other}\n" if line.startswith("home") else line for line in cfg.read_text().splitlines(True)
+    )
+    cfg.write_text(text)
+    return "venv_config", str(cfg)
+
+
+def python_wrapper(env):
+    python = env.venv / "bin" / "python"
+    real = os.path.realpath(python)
+    python.unlink()
+    python.write_text(f'#!/bin/sh\nPYTHONPATH=/tmp/evil exec {real} "$@"\n')
+    python.chmod(0o755)
+    return "interpreter_replaced", str(python)
+
+
+def activate_exports_pythonpath(env):
+    activate = env.venv / "bin" / "activate"
+    activate.write_text(activate.read_text() + "export PYTHONPATH=/tmp/evil\n")
+    return "venv_script_changed", str(activate)
+
+
+def unowned_bin_script(env):
+    script = env.venv / "bin" / "helper"
+    script.write_text("#!/bin/sh\necho hi\n")
+    return "unowned", str(script)
+
+
+def base_interpreter_link_changed(env, tmp_path):
+    # bin/python3 relinked to a copy of the interpreter: only the approved baseline knows the old link
+    python3 = env.venv / "bin" / "python"
+    copy = tmp_path / "python-copy"
+    shutil.copy2(os.path.realpath(python3), copy)
+    python3.unlink()
+    python3.symlink_to(copy)
+    return "environment_changed", str(python3)
+
+
+ATTACKS: dict[str, Callable] = {
+    "unhashed_row": unhashed_row,
+    "weak_hash_row": weak_hash_row,
+    "renamed_dist_info": renamed_dist_info,
+    "egg_info_replaces_dist_info": egg_info_replaces_dist_info,
+    "approved_dist_removed": approved_dist_removed,
+    "dist_added_with_matching_record": dist_added_with_matching_record,
+    "owned_file_becomes_link_outside": owned_file_becomes_link_outside,
+    "unowned_link_leaving_tree": unowned_link_leaving_tree,
+    "fifo_pth": fifo_pth,
+    "editable_pth_with_import": editable_pth_with_import,
+    "distutils_pth_planted_unowned": distutils_pth_planted_unowned,
+    "pyvenv_home_elsewhere": pyvenv_home_elsewhere,
+    "python_wrapper": python_wrapper,
+    "activate_exports_pythonpath": activate_exports_pythonpath,
+    "unowned_bin_script": unowned_bin_script,
+    "base_interpreter_link_changed": base_interpreter_link_changed,
+}
+
+
+def _run(attack: Callable, env, tmp_path):
+    params = attack.__code__.co_varnames[: attack.__code__.co_argcount]
+    return attack(env, tmp_path) if "tmp_path" in params else attack(env)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_attack_is_caught(name, test_env, tmp_path):
+    approved = test_env.audit(approve=True)
+    assert approved.exit_code == 0, approved.findings
+    expected = _run(ATTACKS[name], test_env, tmp_path)
+    report = run_audit(test_env.settings(), discover_python(test_env.python))
+    assert expected in kinds(report, "integrity"), sorted(kinds(report))
+    assert report.exit_code == 1
+
+
+def test_unreadable_directory_makes_the_audit_incomplete(test_env, monkeypatch):
+    """Root reads every directory, so the refusal is injected where the walk lists one."""
+    hidden = str(test_env.site / "idna")
+    real_scandir = os.scandir
+
+    def scandir(path):
+        if os.fspath(path) == hidden:
+            raise PermissionError(13, "Permission denied", hidden)
+        return real_scandir(path)
+
+    monkeypatch.setattr("sidecars.deps.walk.os.scandir", scandir)
+    report = test_env.audit()
+    assert f"unreadable: {hidden}: cannot list directory (Permission denied)" in report.incomplete
+    assert report.exit_code == 3
+
+
+def test_startup_hook_in_the_base_stdlib(test_env, tmp_path):
+    """A directory on the interpreter's own path (stands in for the shared base stdlib,
+    which a test must not write to) holding sitecustomize.py."""
+    stdlib = tmp_path / "stdlib"
+    stdlib.mkdir()
+    (stdlib / "sitecustomize.py").write_text("import os\n")
+    target = discover_python(test_env.python)
+    target = replace(target, sys_path=(*target.sys_path, str(stdlib)))
+    report = run_audit(test_env.settings(checks=frozenset({"integrity"})), target)
+    assert ("startup_hook", str(stdlib / "sitecustomize.py")) in kinds(report, "integrity")
+    assert report.exit_code == 1
+
+
+# ---- benign: must stay clean after approval ----------------------------------------------------
+
+
+def _compileall(env, *extra: str) -> None:
+    cmd = [env.python, "-m", "compileall", "-q", *extra, str(env.site / "six.py"), str(env.site / "idna")]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+
+
+def force_reinstall(env, tmp_path):
+    env.install("--force-reinstall", "--no-deps", "six==1.16.0", "idna==3.7")
+
+
+def regenerated_pycache(env, tmp_path):
+    for cache in [env.site / "__pycache__", env.site / "idna" / "__pycache__"]:
+        shutil.rmtree(cache)
+    _compileall(env)
+
+
+def checked_hash_pyc(env, tmp_path):
+    _compileall(env, "-f", "--invalidation-mode", "checked-hash")
+
+
+BENIGN = {
+    "force_reinstall": force_reinstall,
+    "regenerated_pycache": regenerated_pycache,
+    "checked_hash": checked_hash_pyc,
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", sorted(BENIGN))
+def test_benign_change_stays_clean(name, test_env, tmp_path):
+    assert test_env.audit(approve=True).exit_code == 0
+    BENIGN[name](test_env, tmp_path)
+    report = test_env.audit(full_pass=True)
+    assert report.findings == [] and report.exit_code == 0, report.findings
+    assert report.stats["integrity"]["pyc_checked"] > 0
+
+
+def test_unnormalised_lock_names_stay_clean(test_env, tmp_path):
+    text = test_env.lock.read_text().replace("six==", "Six==").replace("idna==", "IDNA==")
+    lock = tmp_path / "requirements.txt"
+    lock.write_text(text)
+    report = test_env.audit(lock_path=str(lock), approve=True)
+    assert report.findings == [] and report.exit_code == 0, report.findings
