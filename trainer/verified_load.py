@@ -222,7 +222,8 @@ def read_verified(path: str, step: int, anchor: Anchor, budget: int) -> Verified
                 digest = hashlib.sha256(data).hexdigest()
                 if digest != anchor.digests[name]:
                     raise CheckpointRejected(
-                        f"{name}: sha256 {digest} != signed {quote_untrusted(anchor.digests[name], 80)}"
+                        f"files differ from the {'signature' if anchor.signed else ckpt.MANIFEST}: "
+                        f"{name}: sha256 {digest} != {quote_untrusted(anchor.digests[name], 80)}"
                     )
                 contents[name] = data
     except FileNotFoundError as exc:
