@@ -312,3 +312,13 @@ def test_resume_never_starts_fresh_beside_refused_checkpoints(kit, tmp_path):
     trainer = PPOTrainer(load_config(kit.config), run_dir, resume="never")
     trainer.close()
     assert trainer.step == 0 and trainer.resumed is None and rejections(run_dir) == []
+
+
+def test_a_named_checkpoint_without_signature_is_refused(kit, tmp_path):
+    run_dir = kit.copy(tmp_path)
+    named = os.path.join(checkpoints(run_dir), STEP4)
+    os.unlink(named + ".sig")
+    error = refused(kit, run_dir, resume=named)
+    assert str(error).startswith(f"--resume {named}: checkpoint refused: {named} (no valid signature: ")
+    (event,) = rejections(run_dir)
+    assert event.data["path"] == named
