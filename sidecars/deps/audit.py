@@ -17,7 +17,7 @@ from typing import Any
 
 from sidecars.deps.baseline import build_baseline, compare_baseline, load_baseline, save_baseline
 from sidecars.deps.cache import IntegrityCache
-from sidecars.deps.drift import check_drift
+from sidecars.deps.drift import check_artifacts, check_drift
 from sidecars.deps.environment import Target
 from sidecars.deps.errors import DepsIncomplete
 from sidecars.deps.ignores import apply_ignores
@@ -106,7 +106,13 @@ def _lock_checks(report: AuditReport, settings: AuditSettings) -> None:
     target_env = dict(report.target.markers)
     if "lock" in settings.checks:
         hygiene = HygieneRules(
-            rules.allow_url, rules.allow_vcs, rules.allow_editable, rules.allow_local, rules.allow_prereleases
+            rules.allow_url,
+            rules.allow_vcs,
+            rules.allow_editable,
+            rules.allow_local,
+            rules.allow_prereleases,
+            rules.allowed_indexes,
+            rules.allow_http,
         )
         platforms = [{**target_env, **dict(p)} for p in rules.platforms] or [target_env]
         report.findings.extend(check_lock(lock, hygiene, platforms))
@@ -114,6 +120,7 @@ def _lock_checks(report: AuditReport, settings: AuditSettings) -> None:
         expected = applicable_packages(lock, target_env)
         drift = settings.policy.drift
         report.findings.extend(check_drift(expected, report.dists, drift.allow_extra, drift.ignore_missing))
+        report.findings.extend(check_artifacts(expected, report.dists))
 
 
 def _integrity(report: AuditReport, settings: AuditSettings, cancel: threading.Event, now: float) -> None:

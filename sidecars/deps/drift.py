@@ -18,7 +18,7 @@ from sidecars.deps.installed import InstalledDist
 from sidecars.deps.locks import LockedPackage
 from sidecars.deps.model import Finding
 
-DRIFT_KINDS = ("missing", "extra", "wrong_version", "duplicate_install", "broken")
+DRIFT_KINDS = ("missing", "extra", "wrong_version", "duplicate_install", "broken", "not_locked_artifact")
 
 
 def same_version(a: str, b: str) -> bool:
@@ -68,4 +68,32 @@ def check_drift(
         if name not in by_name and not matches_any(name, ignore_missing):
             message = f"{pkg.name} {pkg.version or pkg.spec} is in the lock ({pkg.where}) but not installed"
             out.append(Finding("drift", "missing", name, message, True, {"locked": pkg.version}))
+    return out
+
+
+def _normal_hash(value: str) -> str:
+    algo, _, digest = value.replace("=", ":", 1).partition(":")
+    return f"{algo.lower()}:{digest.lower()}"
+
+
+def check_artifacts(expected: Sequence[LockedPackage], installed: Sequence[InstalledDist]) -> list[Finding]:
+    """``not_locked_artifact``: a distribution installed from an archive whose hash
+    (``direct_url.json``, PEP 610) is none of the lock's hashes for it: a rebuilt wheel of
+    the right name and version. Index installs record no archive hash; the approved baseline
+    covers them. Pure."""
+    locked = {p.canonical: p for p in expected}
+    out: list[Finding] = []
+    for dist in installed:
+        pin = locked.get(dist.canonical)
+        if pin is None or not dist.archive_hashes or not pin.hashes:
+            continue
+        ours = {_normal_hash(h) for h in dist.archive_hashes}
+        if ours & {_normal_hash(h) for h in pin.hashes}:
+            continue
+        message = (
+            f"{dist.name} {dist.version} was installed from {dist.direct_url} whose hash "
+            f"({', '.join(sorted(ours))}) is not in the lock ({pin.where})"
+        )
+        details = {"installed": sorted(ours), "locked": list(pin.hashes), "url": dist.direct_url}
+        out.append(Finding("drift", "not_locked_artifact", dist.canonical, message, True, details))
     return out

@@ -11,11 +11,15 @@ import contextlib
 import csv
 import hashlib
 import io
+import json
 import os
 from dataclasses import dataclass
 from email.parser import HeaderParser
+from typing import Any
 
 from packaging.utils import canonicalize_name
+
+from sidecars.deps.walk import read_small
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,8 @@ class InstalledDist:
     record_sha256: str | None
     installer: str | None = None
     problem: str | None = None
+    direct_url: str | None = None
+    archive_hashes: tuple[str, ...] = ()
 
     @property
     def key(self) -> str:
@@ -47,8 +53,8 @@ class InstalledDist:
 
 
 def _read_text(path: str, limit: int = 16 * 1024 * 1024) -> str:
-    with open(path, "rb") as fh:
-        return fh.read(limit).decode("utf-8", errors="replace")
+    """Never follows a link or blocks on a FIFO planted as METADATA/RECORD (walk.read_small)."""
+    return read_small(path, limit).decode("utf-8", errors="replace")
 
 
 def _metadata(meta_dir: str, filename: str) -> tuple[str, str]:
@@ -76,6 +82,32 @@ def parse_record(data: bytes) -> tuple[RecordEntry, ...]:
     return tuple(rows)
 
 
+def parse_direct_url(data: bytes) -> tuple[str | None, tuple[str, ...]]:
+    """(url, ``algo:hex`` archive hashes) of a PEP 610 ``direct_url.json`` (pure; bad JSON gives (None, ()))."""
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None, ()
+    if not isinstance(doc, dict):
+        return None, ()
+    raw_info = doc.get("archive_info")
+    info: dict[str, Any] = raw_info if isinstance(raw_info, dict) else {}
+    hashes = {f"{k}:{v}" for k, v in (info.get("hashes") or {}).items() if isinstance(v, str)}
+    legacy = info.get("hash")
+    if isinstance(legacy, str) and "=" in legacy:
+        algo, _, value = legacy.partition("=")
+        hashes.add(f"{algo}:{value}")
+    url = doc.get("url")
+    return (url if isinstance(url, str) else None), tuple(sorted(hashes))
+
+
+def _direct_url(meta_dir: str) -> tuple[str | None, tuple[str, ...]]:
+    try:
+        return parse_direct_url(read_small(os.path.join(meta_dir, "direct_url.json"), 1024 * 1024))
+    except OSError:
+        return None, ()
+
+
 def _dist_info(site_packages: str, name: str) -> InstalledDist:
     meta_dir = os.path.join(site_packages, name)
     stem = name[: -len(".dist-info")]
@@ -88,8 +120,7 @@ def _dist_info(site_packages: str, name: str) -> InstalledDist:
         dist_name, version = fallback_name, fallback_version or "?"
         problem = f"{meta_dir}: unreadable METADATA ({exc})"
     try:
-        with open(os.path.join(meta_dir, "RECORD"), "rb") as fh:
-            data = fh.read()
+        data = read_small(os.path.join(meta_dir, "RECORD"))
         record_sha = hashlib.sha256(data).hexdigest()
         record = parse_record(data)
     except FileNotFoundError:
@@ -98,6 +129,7 @@ def _dist_info(site_packages: str, name: str) -> InstalledDist:
         problem = problem or f"{meta_dir}/RECORD: {exc}"
     with contextlib.suppress(OSError):
         installer = _read_text(os.path.join(meta_dir, "INSTALLER"), 256).strip() or None
+    url, hashes = _direct_url(meta_dir)
     return InstalledDist(
         dist_name,
         canonicalize_name(dist_name),
@@ -108,6 +140,8 @@ def _dist_info(site_packages: str, name: str) -> InstalledDist:
         record_sha,
         installer,
         problem,
+        url,
+        hashes,
     )
 
 

@@ -28,6 +28,9 @@ class LockRules:
     allow_local: bool = False
     allow_prereleases: bool = False
     platforms: tuple[dict[str, str], ...] = ()
+    # --index-url / --extra-index-url / --find-links / --trusted-host values a lock may name.
+    allowed_indexes: tuple[str, ...] = ("https://pypi.org/simple",)
+    allow_http: bool = False  # plain-http index or artifact URLs
 
 
 @dataclass(frozen=True)

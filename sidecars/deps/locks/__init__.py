@@ -42,6 +42,7 @@ class LockedPackage:
     source: str = "registry"
     url: str | None = None
     sha256_complete: bool = False
+    urls: tuple[str, ...] = ()  # every artifact or index URL the entry names (pylock)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,15 @@ class LockProblem:
 
 
 @dataclass(frozen=True)
+class LockOption:
+    """A global option of a requirements lock that changes where pip looks (``--index-url``...)."""
+
+    where: str
+    option: str
+    value: str | None
+
+
+@dataclass(frozen=True)
 class Lock:
     path: str
     format: str
@@ -61,6 +71,7 @@ class Lock:
     problems: tuple[LockProblem, ...] = ()
     environments: tuple[str, ...] = ()
     requires_python: str | None = None
+    options: tuple[LockOption, ...] = ()
 
 
 class LockSource(ABC):

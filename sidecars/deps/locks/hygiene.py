@@ -17,6 +17,7 @@ from packaging.version import InvalidVersion, Version
 
 from sidecars.deps.locks import Lock, LockedPackage
 from sidecars.deps.model import Finding
+from sidecars.errors import quote_untrusted
 
 LOCK_KINDS = (
     "malformed",
@@ -34,6 +35,8 @@ LOCK_KINDS = (
     "requires_python",
     "unsupported_platform",
     "unsupported_include",
+    "index_option",
+    "insecure_url",
 )
 _SOURCE_RULE = {"url": "allow_url", "vcs": "allow_vcs", "editable": "allow_editable", "directory": "allow_local"}
 
@@ -45,6 +48,8 @@ class HygieneRules:
     allow_editable: bool = False
     allow_local: bool = False
     allow_prereleases: bool = False
+    allowed_indexes: tuple[str, ...] = ("https://pypi.org/simple",)
+    allow_http: bool = False
 
 
 def evaluate_marker(marker: str | None, env: Mapping[str, str]) -> bool:
@@ -86,6 +91,37 @@ def _entry_findings(pkg: LockedPackage, rules: HygieneRules) -> list[Finding]:
         if pre and not rules.allow_prereleases:
             message = f"{pkg.name}=={pkg.version} is a pre-release (lock.allow_prereleases is false)"
             out.append(_lock("prerelease", pkg, message))
+    return out
+
+
+def _insecure(url: str | None) -> bool:
+    return bool(url) and str(url).strip().lower().startswith(("http://", "ftp://"))
+
+
+def _url_findings(pkg: LockedPackage, rules: HygieneRules) -> list[Finding]:
+    """Plain-http artifact, index or direct URLs of one entry: a network attacker swaps the file."""
+    if rules.allow_http:
+        return []
+    bad = sorted({u for u in (pkg.url, *pkg.urls) if u and _insecure(u)})
+    return [_lock("insecure_url", pkg, f"{pkg.name}: {quote_untrusted(u)} is not https (lock.allow_http)") for u in bad]
+
+
+def option_findings(lock: Lock, rules: HygieneRules) -> list[Finding]:
+    """Index options of a requirements lock (``--index-url``, ``--extra-index-url``,
+    ``--find-links``, ``--trusted-host``): where pip looks is part of what is locked, so
+    each must be on ``lock.allowed_indexes``; a plain-http one is also ``insecure_url``."""
+    out = []
+    allowed = {a.rstrip("/") for a in rules.allowed_indexes}
+    for opt in lock.options:
+        value = (opt.value or "").strip()
+        shown = f"{opt.option} {quote_untrusted(value)}"
+        details = {"option": opt.option, "value": value}
+        if value.rstrip("/") not in allowed:
+            message = f"{opt.where}: {shown} changes where pip looks for packages; not on lock.allowed_indexes"
+            out.append(Finding("lock", "index_option", opt.where, message, True, details))
+        if _insecure(value) and not rules.allow_http:
+            message = f"{opt.where}: {shown} is not https (lock.allow_http)"
+            out.append(Finding("lock", "insecure_url", opt.where, message, True, details))
     return out
 
 
@@ -143,8 +179,10 @@ def platform_label(env: Mapping[str, str]) -> str:
 def check_lock(lock: Lock, rules: HygieneRules, platforms: Sequence[Mapping[str, str]]) -> list[Finding]:
     """Every hygiene finding of ``lock`` for each platform in ``platforms`` (complete marker envs)."""
     out = [Finding("lock", p.kind, p.where, p.message) for p in lock.problems]
+    out.extend(option_findings(lock, rules))
     for pkg in lock.packages:
         out.extend(_entry_findings(pkg, rules))
+        out.extend(_url_findings(pkg, rules))
     seen: set[tuple[str, str, str]] = set()
     for env in platforms:
         for f in _platform_findings(lock, env, platform_label(env)):

@@ -156,6 +156,12 @@ def _entry(raw: Mapping[str, Any], where: str) -> LockedPackage:
     elif "archive" in raw:
         source, url = "url", raw["archive"].get("url") or raw["archive"].get("path")
     version = str(raw["version"]) if "version" in raw else None
+    artifacts = [*(raw.get("wheels") or []), *(x for x in (raw.get("sdist"), raw.get("archive")) if x)]
+    urls = [str(a["url"]) for a in artifacts if isinstance(a, dict) and a.get("url")]
+    if isinstance(raw.get("index"), str):
+        urls.append(raw["index"])
+    if "vcs" in raw and raw["vcs"].get("url"):
+        urls.append(str(raw["vcs"]["url"]))
     return LockedPackage(
         name=name,
         canonical=canonicalize_name(name),
@@ -167,4 +173,5 @@ def _entry(raw: Mapping[str, Any], where: str) -> LockedPackage:
         source=source,
         url=url,
         sha256_complete=every_sha256,
+        urls=tuple(urls),
     )

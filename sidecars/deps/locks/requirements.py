@@ -16,20 +16,19 @@ import string
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from sidecars.deps.locks import Lock, LockedPackage, LockProblem, LockSource
+from sidecars.deps.locks import Lock, LockedPackage, LockOption, LockProblem, LockSource
 
 _COMMENT = re.compile(r"(^|\s+)#.*$")
 _HASH = re.compile(r"(?:^|\s)--hash(?:=|\s+)(\S+)")
-_GLOBAL_WITH_VALUE = {
-    "-i",
-    "--index-url",
-    "--extra-index-url",
-    "-f",
-    "--find-links",
-    "--trusted-host",
-    "--no-binary",
-    "--only-binary",
+_INDEX_OPTIONS = {
+    "-i": "--index-url",
+    "--index-url": "--index-url",
+    "--extra-index-url": "--extra-index-url",
+    "-f": "--find-links",
+    "--find-links": "--find-links",
+    "--trusted-host": "--trusted-host",
 }
+_GLOBAL_WITH_VALUE = {*_INDEX_OPTIONS, "--no-binary", "--only-binary"}
 _GLOBAL_FLAGS = {"--no-index", "--require-hashes", "--pre", "--prefer-binary"}
 _INCLUDES = {"-r", "--requirement", "-c", "--constraint"}
 _VCS = ("git+", "hg+", "svn+", "bzr+")
@@ -81,18 +80,26 @@ class RequirementsSource(LockSource):
     def parse(self, text: str, path: str) -> Lock:
         packages: list[LockedPackage] = []
         problems: list[LockProblem] = []
+        options: list[LockOption] = []
         for number, line in logical_lines(text):
             where = f"{path}:{number}"
             result = self._parse_line(line, where)
             if isinstance(result, LockProblem):
                 problems.append(result)
+            elif isinstance(result, LockOption):
+                options.append(result)
             elif result is not None:
                 packages.append(result)
-        return Lock(path=path, format=self.format, packages=tuple(packages), problems=tuple(problems))
+        return Lock(
+            path=path, format=self.format, packages=tuple(packages), problems=tuple(problems), options=tuple(options)
+        )
 
-    def _parse_line(self, line: str, where: str) -> LockedPackage | LockProblem | None:
+    def _parse_line(self, line: str, where: str) -> LockedPackage | LockProblem | LockOption | None:
         first = line.split(None, 1)[0]
         option = first.split("=", 1)[0]
+        if option in _INDEX_OPTIONS:
+            value = first.partition("=")[2] or (line.split(None, 1)[1].strip() if " " in line else None)
+            return LockOption(where, _INDEX_OPTIONS[option], value)
         if option in _INCLUDES:
             return LockProblem(where, "unsupported_include", f"{where}: {option} is not followed; a lock is one file")
         if option in _GLOBAL_FLAGS or option in _GLOBAL_WITH_VALUE:

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -21,7 +22,8 @@ import pytest
 
 from sidecars.deps.audit import run_audit
 from sidecars.deps.environment import discover_python
-from tests.sidecars.deps.deps_helpers import kinds, record_hash
+from sidecars.deps.policy import LockRules
+from tests.sidecars.deps.deps_helpers import kinds, pip_install, record_hash, sha256_file
 
 
 def _info(env, name: str):
@@ -286,3 +288,71 @@ def test_unnormalised_lock_names_stay_clean(test_env, tmp_path):
     lock.write_text(text)
     report = test_env.audit(lock_path=str(lock), approve=True)
     assert report.findings == [] and report.exit_code == 0, report.findings
+
+
+# ---- installed vs locked, lock index options ---------------------------------------------------
+
+
+def _rebuilt_six(env, tmp_path) -> str:
+    """six 1.16.0 rebuilt with one changed line (RECORD consistent): right name and version, other bytes."""
+    original = next(env.wheel_dir.glob("six-1.16.0-*.whl"))
+    out = tmp_path / "rebuilt" / original.name
+    out.parent.mkdir()
+    with zipfile.ZipFile(original) as src, zipfile.ZipFile(out, "w") as dst:
+        members = {n: src.read(n) for n in src.namelist()}
+        members["six.py"] += b"\nimport os  # rebuilt\n"
+        record = next(n for n in members if n.endswith(".dist-info/RECORD"))
+        rows = [f"{n},{record_hash(d)},{len(d)}" if not n.endswith("RECORD") else f"{n},," for n, d in members.items()]
+        members[record] = ("\n".join(rows) + "\n").encode()
+        for name, data in members.items():
+            dst.writestr(name, data)
+    return str(out)
+
+
+def test_rebuilt_wheel_of_the_locked_version_is_not_the_locked_artifact(test_env, tmp_path):
+    wheel = _rebuilt_six(test_env, tmp_path)
+    pip_install(test_env.venv, test_env.wheel_dir, "--force-reinstall", "--no-deps", wheel)
+    report = test_env.audit(checks=frozenset({"lock", "drift"}))
+    assert kinds(report) == {("not_locked_artifact", "six")}
+    finding = next(f for f in report.findings if f.kind == "not_locked_artifact")
+    assert finding.details["installed"] == ["sha256:" + sha256_file(wheel)]
+
+
+def test_reinstalling_the_locked_wheel_by_path_matches_the_lock(test_env):
+    wheel = next(test_env.wheel_dir.glob("six-1.16.0-*.whl"))
+    pip_install(test_env.venv, test_env.wheel_dir, "--force-reinstall", "--no-deps", str(wheel))
+    report = test_env.audit(checks=frozenset({"lock", "drift"}))
+    assert report.findings == [] and report.exit_code == 0, report.findings
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        ("--extra-index-url http://evil.invalid/simple", {"index_option", "insecure_url"}),
+        ("--index-url https://mirror.invalid/simple", {"index_option"}),
+        ("--trusted-host evil.invalid", {"index_option"}),
+        ("-f https://evil.invalid/wheels/", {"index_option"}),
+        ("--index-url https://pypi.org/simple/", set()),
+    ],
+)
+def test_lock_index_options_are_findings_unless_allowed(test_env, tmp_path, line, expected):
+    lock = tmp_path / "requirements.txt"
+    lock.write_text(line + "\n" + test_env.lock.read_text())
+    report = test_env.audit(lock_path=str(lock), checks=frozenset({"lock"}))
+    assert kinds(report, "lock") == {(kind, f"{lock}:1") for kind in expected}
+    allowed = replace(
+        test_env.policy(), lock=LockRules(path=str(lock), allowed_indexes=(line.split()[1],), allow_http=True)
+    )
+    assert kinds(test_env.audit(allowed, lock_path=str(lock), checks=frozenset({"lock"}))) == set()
+
+
+def test_plain_http_artifact_url_in_pylock(test_env, tmp_path):
+    lock = tmp_path / "pylock.toml"
+    wheel = next(test_env.wheel_dir.glob("six-1.16.0-*.whl"))
+    url = f"http://files.invalid/{wheel.name}"
+    lock.write_text(
+        'lock-version = "1.0"\ncreated-by = "test"\n\n[[packages]]\nname = "six"\nversion = "1.16.0"\n'
+        f'wheels = [{{ url = "{url}", hashes = {{ sha256 = "{sha256_file(wheel)}" }} }}]\n'
+    )
+    report = test_env.audit(lock_path=str(lock), checks=frozenset({"lock"}))
+    assert kinds(report, "lock") == {("insecure_url", "six")}
