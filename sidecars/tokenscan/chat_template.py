@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ INJECTION_RE = re.compile(
     r"secret|password|api[ _-]?key|credential",
     re.IGNORECASE,
 )
-TAG_RE = re.compile(r"<\|[^|>\n]{0,48}\|>|</?[A-Za-z_][\w:.\-/]{0,40}>|\[/?INST\]|<</?SYS>>|\[/?[A-Z_]{2,24}\]")
+TAG_RE = re.compile(r"<\|[^|>\s]{0,48}\|>|</?[A-Za-z_][\w:.\-/]{0,40}>|\[/?INST\]|<</?SYS>>|\[/?[A-Z_]{2,24}\]")
 RENDER_CACHE_SIZE = 512
 WORKER_MAX_RENDERS = 200
 WORKER_GRACE_SECONDS = 10.0
@@ -99,16 +100,52 @@ def parse(text: str) -> nodes.Template:
         return _PARSER.parse(text)
 
 
+MAX_NESTING = 40
+MAX_EXPRESSION_TOKENS = 200
+_OPENERS = frozenset({"if", "for", "macro", "call", "filter", "with", "block", "autoescape", "generation", "raw"})
+_BRACKETS = {"lparen": 1, "lbracket": 1, "lbrace": 1, "rparen": -1, "rbracket": -1, "rbrace": -1}
+
+
+def complexity_problem(text: str) -> str | None:
+    """Why ``text`` is too deeply nested or too long in one expression to parse safely (the
+    parser and every AST walk recurse), or None. The lexer used here is iterative."""
+    depth = tokens = 0
+    after_begin = False
+    try:
+        for lineno, kind, value in _PARSER.lex(text):
+            if kind in ("block_begin", "variable_begin"):
+                tokens, after_begin = 0, kind == "block_begin"
+                continue
+            tokens += 1
+            depth += _BRACKETS.get(kind, 0)
+            if after_begin and kind == "name":
+                depth += 1 if value in _OPENERS else -1 if value.startswith("end") and value[3:] in _OPENERS else 0
+            after_begin = False
+            if depth > MAX_NESTING:
+                return f"nested more than {MAX_NESTING} levels deep (line {lineno})"
+            if tokens > MAX_EXPRESSION_TOKENS:
+                return f"an expression of more than {MAX_EXPRESSION_TOKENS} tokens (line {lineno})"
+    except jinja2.TemplateSyntaxError:
+        return None  # the parser reports it
+    return None
+
+
 def analyze(
     text: str, max_loop_depth: int = 3, max_range: int = 10000, max_literal_chars: int = 24
 ) -> list[TemplateIssue]:
-    """Static issues of one template (see the module docstring)."""
+    """Static issues of one template (see the module docstring). Never recurses without bound:
+    an over-complex template is one ``complexity`` issue and is neither parsed nor rendered."""
+    problem = complexity_problem(text)
+    if problem:
+        return [TemplateIssue("complexity", f"template {problem}; not analysed")]
     try:
         tree = parse(text)
+        issues = _introspection(tree) + _content_branches(tree) + _literals(tree, max_literal_chars)
+        issues += _loops(tree, max_loop_depth, max_range)
     except jinja2.TemplateSyntaxError as exc:
         return [TemplateIssue("syntax", f"line {exc.lineno}: {exc.message}")]
-    issues = _introspection(tree) + _content_branches(tree) + _literals(tree, max_literal_chars)
-    issues += _loops(tree, max_loop_depth, max_range)
+    except RecursionError:
+        return [TemplateIssue("complexity", "template nests too deeply to analyse")]
     seen: set[TemplateIssue] = set()
     return [i for i in issues if not (i in seen or seen.add(i))]  # type: ignore[func-returns-value]
 
@@ -118,13 +155,34 @@ def _short(text: str, limit: int = 80) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+def folded(node: nodes.Node) -> Any:
+    """The constant value of an expression built from literals (``'__cla' ~ 'ss__'``), else None."""
+    try:
+        return node.as_const(nodes.EvalContext(_PARSER))  # type: ignore[attr-defined]
+    except Exception:  # nodes.Impossible, or an operation on constants that raises
+        return None
+
+
+def _folded_strings(tree: nodes.Template) -> Iterator[tuple[int, str]]:
+    """Strings computed from literals by concatenation, ``~``, ``*``, ``format`` or ``join``."""
+    for node in tree.find_all((nodes.Concat, nodes.Add, nodes.Mul, nodes.Filter)):
+        value = folded(node)
+        if isinstance(value, str):
+            yield node.lineno, value
+
+
 def _introspection(tree: nodes.Template) -> list[TemplateIssue]:
     out = []
+    for lineno, value in _folded_strings(tree):
+        if DUNDER_RE.search(value) or value.startswith("_"):
+            out.append(
+                TemplateIssue("introspection", f"private name built from pieces {_short(value, 40)!r} (line {lineno})")
+            )
     for node in tree.find_all((nodes.Getattr, nodes.Getitem, nodes.Filter, nodes.Const)):
         if isinstance(node, nodes.Getattr) and node.attr.startswith("_"):
             out.append(TemplateIssue("introspection", f"attribute access .{node.attr} (line {node.lineno})"))
-        elif isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const):
-            key = node.arg.value
+        elif isinstance(node, nodes.Getitem) and not isinstance(node.arg, nodes.Slice):
+            key = folded(node.arg)
             if isinstance(key, str) and key.startswith("_"):
                 out.append(TemplateIssue("introspection", f"item access [{key!r}] (line {node.lineno})"))
         elif isinstance(node, nodes.Filter) and node.name == "attr":
@@ -142,13 +200,45 @@ def _is_content_ref(node: nodes.Node, aliases: set[str]) -> bool:
     return isinstance(node, nodes.Name) and node.name in aliases
 
 
+def _is_content_ref_any(node: nodes.Node, aliases: set[str]) -> bool:
+    if _is_content_ref(node, aliases):
+        return True
+    # message.get('content'), message.get('content', '')
+    return (
+        isinstance(node, nodes.Call)
+        and isinstance(node.node, nodes.Getattr)
+        and node.node.attr == "get"
+        and bool(node.args)
+        and folded(node.args[0]) == "content"
+    )
+
+
 def _uses_content(expr: nodes.Node, aliases: set[str]) -> bool:
     """Whether ``expr`` reads message content other than as the operand of a type test."""
-    if _is_content_ref(expr, aliases):
+    if _is_content_ref_any(expr, aliases):
         return True
-    if isinstance(expr, nodes.Test) and expr.name in TYPE_TESTS and _is_content_ref(expr.node, aliases):
+    if isinstance(expr, nodes.Test) and expr.name in TYPE_TESTS and _is_content_ref_any(expr.node, aliases):
         return False
     return any(_uses_content(child, aliases) for child in expr.iter_child_nodes())
+
+
+def _is_trigger_test(test: nodes.Node, aliases: set[str]) -> bool:
+    """A branch on content that is more than a truthiness/type test or a markup-tag test
+    (``{% if message.content %}``, ``'</think>' in content`` are what vendors write)."""
+    while isinstance(test, nodes.Not):
+        test = test.node
+    if _is_content_ref_any(test, aliases):
+        return False
+    if not _uses_content(test, aliases):
+        return False
+    consts = [c.value for c in test.find_all(nodes.Const) if isinstance(c.value, str)]
+    markup = bool(consts) and all(not v.strip() or TAG_RE.fullmatch(v.strip()) for v in consts)
+    if markup and isinstance(test, (nodes.Compare, nodes.Call)):
+        return False
+    return not (
+        isinstance(test, (nodes.And, nodes.Or))
+        and not any(_is_trigger_test(side, aliases) for side in (test.left, test.right))
+    )
 
 
 def _content_aliases(tree: nodes.Template) -> set[str]:
@@ -165,27 +255,45 @@ def _content_branches(tree: nodes.Template) -> list[TemplateIssue]:
     out = []
     for node in tree.find_all((nodes.If, nodes.CondExpr, nodes.For)):
         test = getattr(node, "test", None)
-        if test is not None and _uses_content(test, aliases):
+        if test is not None and _is_trigger_test(test, aliases):
             kind = {nodes.If: "if", nodes.CondExpr: "inline if", nodes.For: "loop filter"}[type(node)]
             out.append(TemplateIssue("content_branch", f"{kind} on message content (line {node.lineno})"))
     return out
 
 
+def _error_messages(tree: nodes.Template) -> set[int]:
+    """ids of the Const nodes that are arguments of ``raise_exception`` (never output)."""
+    out: set[int] = set()
+    for call in tree.find_all(nodes.Call):
+        if isinstance(call.node, nodes.Name) and call.node.name == "raise_exception":
+            out.update(id(c) for arg in call.args for c in arg.find_all(nodes.Const))
+            out.update(id(a) for a in call.args if isinstance(a, nodes.Const))
+    return out
+
+
 def _output_literals(tree: nodes.Template) -> Iterator[str]:
+    errors = _error_messages(tree)
     for out in tree.find_all(nodes.Output):
         for child in out.nodes:
             if isinstance(child, nodes.TemplateData):
                 yield child.data
+            elif isinstance(child, nodes.Const) and isinstance(child.value, str):
+                yield child.value
             else:
-                yield from (c.value for c in child.find_all(nodes.Const) if isinstance(c.value, str))
-                if isinstance(child, nodes.Const) and isinstance(child.value, str):
-                    yield child.value
+                value = folded(child)
+                if isinstance(value, str):
+                    yield value
+                    continue
+                yield from (
+                    c.value for c in child.find_all(nodes.Const) if isinstance(c.value, str) and id(c) not in errors
+                )
 
 
 def _literals(tree: nodes.Template, max_literal_chars: int) -> list[TemplateIssue]:
     out = []
     all_strings = [c.value for c in tree.find_all(nodes.Const) if isinstance(c.value, str)]
     all_strings += [d.data for d in tree.find_all(nodes.TemplateData)]
+    all_strings += [value for _line, value in _folded_strings(tree)]
     for text in all_strings:
         if INVISIBLE_RE.search(text):
             out.append(TemplateIssue("invisible", f"invisible or bidi characters in {_short(text, 40)!r}"))
@@ -193,16 +301,22 @@ def _literals(tree: nodes.Template, max_literal_chars: int) -> list[TemplateIssu
             out.append(TemplateIssue("url", f"URL in {_short(text)!r}"))
     for text in _output_literals(tree):
         rest = residual_text(text, ())
-        if INJECTION_RE.search(rest):
+        if INJECTION_RE.search(unicodedata.normalize("NFKC", INVISIBLE_RE.sub("", text))):
             out.append(TemplateIssue("injection", f"instruction-like text {_short(text, 100)!r}"))
         elif _letters(rest) >= max_literal_chars:
             out.append(TemplateIssue("hidden_text", f"literal text {_short(text, 100)!r}"))
     return out
 
 
-def _loop_depth(node: nodes.Node, depth: int = 0) -> int:
-    here = depth + 1 if isinstance(node, nodes.For) else depth
-    return max([here, *(_loop_depth(child, here) for child in node.iter_child_nodes())])
+def _loop_depth(tree: nodes.Node) -> int:
+    """Deepest nesting of ``{% for %}`` loops (iterative walk)."""
+    best, stack = 0, [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        here = depth + 1 if isinstance(node, nodes.For) else depth
+        best = max(best, here)
+        stack.extend((child, here) for child in node.iter_child_nodes())
+    return best
 
 
 def _loops(tree: nodes.Template, max_depth: int, max_range: int) -> list[TemplateIssue]:
@@ -298,11 +412,12 @@ def _cache_key(text: str, context: dict[str, Any], limits: RenderLimits) -> str:
 
 
 class _Worker:
-    """The long-lived sandbox process; one request at a time. Restarted after a template that
-    timed out, ran out of memory or crashed it, when the memory limit changes, and every
-    :data:`WORKER_MAX_RENDERS` renders."""
+    """A long-lived sandbox process running ``script``; one request at a time. Restarted after
+    a request that timed out, ran out of memory or crashed it, when the memory limit changes,
+    and every :data:`WORKER_MAX_RENDERS` requests."""
 
-    def __init__(self) -> None:
+    def __init__(self, script: str = CHILD, env: dict[str, str] | None = None) -> None:
+        self.script, self.extra_env = script, dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.memory = 0
         self.served = 0
@@ -311,9 +426,9 @@ class _Worker:
 
     def _start(self, memory: int) -> subprocess.Popen[bytes]:
         self.stop()
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"}
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8", **self.extra_env}
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", CHILD, str(memory)],
+            [sys.executable, "-I", self.script, str(memory)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -347,45 +462,55 @@ class _Worker:
         line, _, self.buffer = self.buffer.partition(b"\n")
         return line
 
-    def render(self, text: str, context: dict[str, Any], limits: RenderLimits) -> RenderResult:
+    def call(self, request: dict[str, Any], memory: int, timeout: float) -> dict[str, Any]:
+        """Sends one request and returns the child's answer, or ``{"status": "timeout" | "crashed"}``
+        when it gave none in time (the child is then killed and restarted next time)."""
         with self.lock:
             proc = self.proc
-            if proc is None or proc.poll() is not None or self.memory != limits.memory_bytes:
-                proc = self._start(limits.memory_bytes)
-            request = {
-                "id": "t",
-                "text": text,
-                "conversations": probe_conversations(),
-                "context": context,
-                "timeout": limits.timeout_seconds,
-                "max_output": limits.max_output_bytes,
-            }
+            if proc is None or proc.poll() is not None or self.memory != memory:
+                proc = self._start(memory)
             try:
                 assert proc.stdin is not None
                 proc.stdin.write(json.dumps(request).encode() + b"\n")
                 proc.stdin.flush()
             except OSError as exc:
                 self.stop()
-                return RenderResult("crashed", message=f"sandbox worker unreachable: {exc}")
-            line = self._readline(time.monotonic() + limits.timeout_seconds + WORKER_GRACE_SECONDS)
-            result = self._decode(line, limits)
+                return {"status": "crashed", "message": f"sandbox worker unreachable: {exc}"}
+            line = self._readline(time.monotonic() + timeout + WORKER_GRACE_SECONDS)
+            answer = self._decode(line, timeout)
             self.served += 1
-            if result.status not in ("ok", "error", "syntax", "security") or self.served >= WORKER_MAX_RENDERS:
+            if answer["status"] not in ("ok", "error", "syntax", "security") or self.served >= WORKER_MAX_RENDERS:
                 self.stop()
-            return result
+            return answer
 
-    def _decode(self, line: bytes | None, limits: RenderLimits) -> RenderResult:
+    def render(self, text: str, context: dict[str, Any], limits: RenderLimits) -> RenderResult:
+        request = {
+            "id": "t",
+            "text": text,
+            "conversations": probe_conversations(),
+            "context": context,
+            "timeout": limits.timeout_seconds,
+            "max_output": limits.max_output_bytes,
+        }
+        raw = self.call(request, limits.memory_bytes, limits.timeout_seconds)
+        return RenderResult(
+            raw["status"], str(raw.get("output", "")), str(raw.get("message", "")), raw.get("seconds", 0.0)
+        )
+
+    def _decode(self, line: bytes | None, timeout: float) -> dict[str, Any]:
         if line is None:
             assert self.proc is not None
             code = self.proc.poll()
             if code is None or code in (-signal.SIGKILL, -signal.SIGXCPU):  # hung, or out of CPU time
-                return RenderResult("timeout", message=f"render took longer than {limits.timeout_seconds:g}s")
-            return RenderResult("crashed", message=f"sandbox worker died (exit {code})")
+                return {"status": "timeout", "message": f"took longer than {timeout:g}s"}
+            return {"status": "crashed", "message": f"sandbox worker died (exit {code})"}
         try:
             raw = json.loads(line)
-            return RenderResult(raw["status"], raw.get("output", ""), raw.get("message", ""), raw["seconds"])
-        except (ValueError, KeyError, TypeError):
-            return RenderResult("crashed", message="sandbox worker answered garbage")
+        except ValueError:
+            raw = None
+        if not isinstance(raw, dict) or not isinstance(raw.get("status"), str):
+            return {"status": "crashed", "message": "sandbox worker answered garbage"}
+        return raw
 
 
 _WORKER = _Worker()
@@ -396,6 +521,26 @@ def stop_worker() -> None:
     """Stops the sandbox worker (the next render starts a fresh one)."""
     with _WORKER.lock:
         _WORKER.stop()
+
+
+def run_battery(text: str, renders: list[dict[str, Any]], limits: RenderLimits) -> dict[str, Any]:
+    """The sandbox child's answer to a battery of renders of ``text`` (cached by content)."""
+    key = "battery:" + _cache_key(text, {"renders": renders}, limits)
+    cached = _CACHE.get(key)
+    if cached is not None:
+        return json.loads(cached.output)  # type: ignore[no-any-return]
+    request = {
+        "id": "b",
+        "op": "battery",
+        "text": text,
+        "renders": renders,
+        "timeout": limits.timeout_seconds * 4,
+        "max_output": limits.max_output_bytes,
+    }
+    answer = _WORKER.call(request, limits.memory_bytes, limits.timeout_seconds * 4)
+    if answer["status"] != "crashed":
+        _CACHE.put(key, RenderResult("battery", json.dumps(answer)))
+    return answer
 
 
 def render_templates(texts: Sequence[str], context: dict[str, Any], limits: RenderLimits) -> list[RenderResult]:

@@ -15,13 +15,15 @@ import fnmatch
 import io
 import pickletools
 import re
+import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO
 
 PICKLE_OPCODES = frozenset(op.code.encode("latin-1") for op in pickletools.opcodes)
 MAX_PICKLES_PER_FILE = 16
-MAX_OPS = 5_000_000
+MAX_OPS = 2_000_000
+DEADLINE_CHECK_OPS = 4096
 
 DANGEROUS_MODULES = (
     "os", "posix", "nt", "subprocess", "_posixsubprocess", "sys", "socket", "_socket", "ssl", "select",
@@ -65,6 +67,7 @@ class PickleReport:
     error: str | None = None
     extensions: int = 0
     calls: int = 0
+    incomplete: str | None = None
 
 
 @dataclass
@@ -150,10 +153,16 @@ class _Limited:
     def __init__(self, inner: BinaryIO, limit: int) -> None:
         self.inner, self.left, self.pos = inner, limit, 0
         self._ahead = b""
+        self._at = 0  # read position inside _ahead (no copying per small read)
+
+    def _buffered(self) -> int:
+        return len(self._ahead) - self._at
 
     def read(self, n: int = -1) -> bytes:
-        n = self.left + len(self._ahead) if n is None or n < 0 else n
-        data, self._ahead = self._ahead[:n], self._ahead[n:]
+        n = self.left + self._buffered() if n is None or n < 0 else n
+        take = min(n, self._buffered())
+        data = self._ahead[self._at : self._at + take]
+        self._at += take
         want = min(n - len(data), self.left)
         if want > 0:
             more = self.inner.read(want)
@@ -163,51 +172,67 @@ class _Limited:
         return data
 
     def readline(self) -> bytes:
+        """One line, however long (a protocol 0 string can be megabytes; the byte limit bounds it)."""
         out = bytearray()
-        while len(out) < 65536:
-            ch = self.read(1)
-            out += ch
-            if not ch or ch == b"\n":
-                break
-        return bytes(out)
+        while True:
+            chunk = self.peek(4096)
+            if not chunk:
+                return bytes(out)
+            cut = chunk.find(b"\n")
+            out += self.read(cut + 1 if cut >= 0 else len(chunk))
+            if cut >= 0:
+                return bytes(out)
 
     def peek(self, n: int) -> bytes:
-        if len(self._ahead) < n:
-            more = self.inner.read(min(n - len(self._ahead), self.left))
+        if self._buffered() < n:
+            more = self.inner.read(min(n - self._buffered(), self.left))
             self.left -= len(more)
-            self._ahead += more
-        return self._ahead[:n]
+            self._ahead = self._ahead[self._at :] + more
+            self._at = 0
+        return self._ahead[self._at : self._at + n]
 
     def tell(self) -> int:
         return self.pos
 
 
-def scan_one(stream: BinaryIO, max_ops: int = MAX_OPS) -> PickleReport:
-    """Walks one pickle from the stream's position to its STOP opcode."""
+def scan_one(stream: BinaryIO, max_ops: int = MAX_OPS, deadline: float = float("inf")) -> PickleReport:
+    """Walks one pickle from the stream's position to its STOP opcode. Stopping early (the op
+    limit, the deadline) sets ``incomplete``: what was not analysed is never called safe."""
     emu = _Emulator()
     ops = 0
-    error = None
+    error = incomplete = None
     try:
         for op, arg, _pos in pickletools.genops(stream):
             ops += 1
             if ops > max_ops:
-                error = f"more than {max_ops} opcodes; analysis stopped"
+                error = incomplete = f"more than {max_ops} opcodes; analysis stopped"
+                break
+            if ops % DEADLINE_CHECK_OPS == 0 and time.monotonic() > deadline:
+                error = incomplete = f"time budget spent after {ops} opcodes; analysis stopped"
                 break
             emu.step(op, arg)
     except Exception as exc:  # malformed pickles raise ValueError, struct.error, UnicodeDecodeError...
         error = f"{type(exc).__name__}: {exc}"[:200]
-    return PickleReport(tuple(emu.imports), emu.unresolved, ops, emu.protocol, error, emu.extensions, emu.calls)
+    return PickleReport(
+        tuple(emu.imports), emu.unresolved, ops, emu.protocol, error, emu.extensions, emu.calls, incomplete
+    )
 
 
-def scan_pickles(stream: BinaryIO, limit: int, max_pickles: int = MAX_PICKLES_PER_FILE) -> list[PickleReport]:
-    """Every pickle at the start of ``stream`` (several back to back, as legacy torch.save writes)."""
+def scan_pickles(
+    stream: BinaryIO, limit: int, max_pickles: int = MAX_PICKLES_PER_FILE, deadline: float = float("inf")
+) -> list[PickleReport]:
+    """Every pickle at the start of ``stream`` (several back to back, as legacy torch.save writes).
+    More streams than ``max_pickles`` marks the last report incomplete."""
     limited = _Limited(stream, limit)
     reports: list[PickleReport] = []
-    while len(reports) < max_pickles:
-        report = scan_one(limited)  # type: ignore[arg-type]
+    while True:
+        report = scan_one(limited, deadline=deadline)  # type: ignore[arg-type]
         reports.append(report)
         nxt = limited.peek(2)
         if report.error or len(nxt) < 2 or nxt[0] != 0x80 or nxt[1] > 5:
+            break
+        if len(reports) >= max_pickles:
+            reports[-1] = replace(report, incomplete=f"more than {max_pickles} pickle streams; the rest not analysed")
             break
     return reports
 

@@ -120,10 +120,31 @@ class ChatTemplatePolicy:
 
 
 @dataclass(frozen=True)
-class SpecialTokensPolicy:
-    """Tokens PPO needs: ``required`` among bos/eos/pad; ``pad_distinct_from_eos`` asks pad != eos."""
+class BehaviourPolicy:
+    """The behavioural checks: the tokenizer is loaded with ``tokenizers``/``sentencepiece`` in a
+    child process (never repository code) and run on a built-in multilingual corpus."""
 
-    required: tuple[str, ...] = ("bos", "eos", "pad")
+    enabled: bool = True
+    timeout_seconds: float = 20.0
+    memory_limit_bytes: Any = "4GiB"
+    bpe_ids_follow_merges: bool = True
+
+    def __post_init__(self) -> None:
+        if self.timeout_seconds <= 0:
+            raise ValueError("timeout_seconds: must be > 0")
+        parse_size(self.memory_limit_bytes, "memory_limit_bytes")
+
+    @property
+    def memory_cap(self) -> int:
+        return parse_size(self.memory_limit_bytes, "memory_limit_bytes")
+
+
+@dataclass(frozen=True)
+class SpecialTokensPolicy:
+    """Tokens PPO needs: ``required`` among bos/eos/pad/unk (default eos only: Qwen2 has no bos,
+    Llama 3.1 no pad, and the trainer pads with eos); ``pad_distinct_from_eos`` asks pad != eos."""
+
+    required: tuple[str, ...] = ("eos",)
     pad_distinct_from_eos: bool = False
 
     def __post_init__(self) -> None:
@@ -149,6 +170,9 @@ class TokenscanPolicy:
     allow_hf_cache_blobs: bool = True
     chat_template: ChatTemplatePolicy = field(default_factory=ChatTemplatePolicy)
     special_tokens: SpecialTokensPolicy = field(default_factory=SpecialTokensPolicy)
+    behaviour: BehaviourPolicy = field(default_factory=BehaviourPolicy)
+    file_budget_seconds: float = 30.0
+    scan_budget_seconds: float = 300.0
     pinned_directories: dict[str, str] = field(default_factory=dict)
     fail_on: str = "medium"
     check_interval_seconds: float = 1.0
@@ -170,7 +194,7 @@ class TokenscanPolicy:
         for path, digest in self.pinned_directories.items():
             if not re.fullmatch(r"[0-9a-f]{64}", digest):
                 raise ValueError(f"pinned_directories.{path}: expected 64 lowercase hex digits")
-        for key in ("check_interval_seconds", "rescan_interval_seconds"):
+        for key in ("check_interval_seconds", "rescan_interval_seconds", "file_budget_seconds", "scan_budget_seconds"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key}: must be > 0")
         if self.max_watched_paths < 1:

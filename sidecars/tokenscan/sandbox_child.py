@@ -9,6 +9,17 @@ line on stdin, each answer one JSON line on stdout; the worker exits at end of i
     answer:  {"id": ..., "status": "ok" | "timeout" | "too_large" | "memory" | "security"
               | "syntax" | "error", "output": str, "message": str, "seconds": float}
 
+    battery: {"id": ..., "op": "battery", "text": ..., "renders": [{"messages": [...],
+              "context": {...}, "now": epoch}], "timeout": seconds, "max_output": bytes}
+    answer:  {"id": ..., "status": ..., "renders": [{"status": "ok" | "error", "output", "message"}],
+              "taint": [[source, operation, constant]], "private": [attribute names]}
+
+A battery renders one template with many conversations and records, at run time, every
+comparison of message content or of the date with a constant (``'trigger' in x``,
+``x == '...'``, ``x.startswith(...)``) however the value was reached (macro argument,
+namespace attribute, ``.get('content')``, filters), and every private attribute the
+template looked up, even when it never used the result.
+
 Bounds: ``RLIMIT_AS`` = MEMORY bytes, ``RLIMIT_CPU`` re-armed per request (a backstop),
 ``RLIMIT_FSIZE`` 0 (no writes), an ``ITIMER_REAL`` deadline per request, and an output cap
 checked while streaming. Templates run in jinja2's ImmutableSandboxedEnvironment,
@@ -47,6 +58,79 @@ def _arm_cpu(seconds: float) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
+TAINT: list[list[str]] = []
+PRIVATE: list[str] = []
+
+
+def _record(source: str, operation: str, other: Any) -> None:
+    if isinstance(other, str) and not isinstance(other, Probe) and len(TAINT) < 256:
+        TAINT.append([source, operation, str.__str__(other)[:200]])
+
+
+class Probe(str):
+    """A string (message content, the date) that records what the template compares it with."""
+
+    source = "content"
+
+    def __new__(cls, value: str, source: str = "content") -> Probe:
+        obj = super().__new__(cls, value)
+        obj.source = source
+        return obj
+
+    def _wrap(self, value: Any) -> Any:
+        return Probe(value, self.source) if isinstance(value, str) else value
+
+    def __contains__(self, other: Any) -> bool:
+        _record(self.source, "in", other)
+        return str.__contains__(self, other)
+
+    def __eq__(self, other: object) -> bool:
+        _record(self.source, "==", other)
+        return str.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        _record(self.source, "!=", other)
+        return str.__ne__(self, other)
+
+    __hash__ = str.__hash__
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._wrap(str.__getitem__(self, key))
+
+    def split(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return [self._wrap(p) for p in str.split(self, *args, **kwargs)]
+
+    def rsplit(self, *args: Any, **kwargs: Any) -> list[Any]:
+        return [self._wrap(p) for p in str.rsplit(self, *args, **kwargs)]
+
+    def splitlines(self, *args: Any) -> list[Any]:
+        return [self._wrap(p) for p in str.splitlines(self, *args)]
+
+
+def _comparing(name: str) -> Any:
+    def method(self: Probe, *args: Any) -> Any:
+        if args:
+            for arg in args[0] if isinstance(args[0], tuple) else args[:1]:
+                _record(self.source, name, arg)
+        return getattr(str, name)(self, *args)
+
+    return method
+
+
+def _deriving(name: str) -> Any:
+    def method(self: Probe, *args: Any) -> Any:
+        return self._wrap(getattr(str, name)(self, *args))
+
+    return method
+
+
+for _name in ("startswith", "endswith", "find", "rfind", "index", "rindex", "count", "__lt__", "__gt__",
+              "__le__", "__ge__"):  # fmt: skip
+    setattr(Probe, _name, _comparing(_name))
+for _name in ("lower", "upper", "strip", "lstrip", "rstrip", "title", "capitalize", "casefold", "replace"):
+    setattr(Probe, _name, _deriving(_name))
+
+
 def _environment() -> Any:
     import jinja2
     import jinja2.ext
@@ -72,13 +156,20 @@ def _environment() -> Any:
     ) -> str:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
-    )
+    class Recording(ImmutableSandboxedEnvironment):
+        def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+            if attr.startswith("_") and len(PRIVATE) < 64:
+                PRIVATE.append(attr[:80])
+            return bool(super().is_safe_attribute(obj, attr, value))
+
+    env = Recording(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: time.strftime(fmt, time.gmtime(1767225600))
+    env.globals["strftime_now"] = lambda fmt: Probe(time.strftime(str(fmt), time.gmtime(NOW[0])), "date")
     return env
+
+
+NOW = [1767225600.0]
 
 
 def _stream(template: Any, context: dict[str, Any], cap: int) -> tuple[str, bool]:
@@ -101,6 +192,8 @@ def render_one(env: Any, text: str, request: dict[str, Any]) -> dict[str, Any]:
         template = env.from_string(text)
     except jinja2.TemplateSyntaxError as exc:
         return {"status": "syntax", "message": f"line {exc.lineno}: {exc.message}"}
+    except RecursionError:
+        return {"status": "too_large", "message": "the template nests too deeply to compile"}
     last = "no conversation rendered"
     for messages in request["conversations"]:
         context = {**request["context"], "messages": messages}
@@ -121,6 +214,58 @@ def render_one(env: Any, text: str, request: dict[str, Any]) -> dict[str, Any]:
     return {"status": "error", "message": last}
 
 
+def _tainted(messages: list[Any]) -> list[Any]:
+    out = []
+    for m in messages:
+        if isinstance(m, dict) and isinstance(m.get("content"), str):
+            m = {**m, "content": Probe(m["content"])}
+        out.append(m)
+    return out
+
+
+def _battery_one(template: Any, render: dict[str, Any], cap: int) -> dict[str, Any]:
+    from jinja2.sandbox import SecurityError
+
+    NOW[0] = float(render.get("now", NOW[0]))
+    context = {**render["context"], "messages": _tainted(render["messages"])}
+    try:
+        output, complete = _stream(template, context, cap)
+    except SecurityError as exc:
+        return {"status": "security", "output": "", "message": str(exc)[:300]}
+    except MemoryError:
+        return {"status": "memory", "output": "", "message": "the render ran out of memory"}
+    except RecursionError:
+        return {"status": "too_large", "output": "", "message": "the render recursed too deeply"}
+    except Exception as exc:
+        return {"status": "error", "output": "", "message": f"{type(exc).__name__}: {exc}"[:300]}
+    if not complete:
+        return {"status": "too_large", "output": output, "message": f"output over {cap} bytes"}
+    return {"status": "ok", "output": output, "message": ""}
+
+
+def battery(env: Any, request: dict[str, Any]) -> dict[str, Any]:
+    """Renders one template with every conversation of the request, recording taint."""
+    import jinja2
+
+    del TAINT[:], PRIVATE[:]
+    try:
+        template = env.from_string(request["text"])
+    except jinja2.TemplateSyntaxError as exc:
+        return {"status": "syntax", "message": f"line {exc.lineno}: {exc.message}"}
+    except RecursionError:
+        return {"status": "too_large", "message": "the template nests too deeply to compile"}
+    cap = int(request["max_output"])
+    renders = [_battery_one(template, r, cap) for r in request["renders"]]
+    worst = next((r for r in renders if r["status"] in ("security", "memory", "too_large")), None)
+    status = worst["status"] if worst else "ok"
+    message = worst["message"] if worst else ""
+    return {"status": status, "message": message, "renders": renders, "taint": TAINT[:], "private": PRIVATE[:]}
+
+
+def _render_request(env: Any, request: dict[str, Any]) -> dict[str, Any]:
+    return render_one(env, request["text"], request)
+
+
 def _on_alarm(signum: int, frame: Any) -> None:
     raise RenderTimeout
 
@@ -131,7 +276,8 @@ def serve_one(env: Any, request: dict[str, Any]) -> dict[str, Any]:
     _arm_cpu(timeout + 2)
     try:
         signal.setitimer(signal.ITIMER_REAL, timeout)
-        result = render_one(env, request["text"], request)
+        serve = battery if request.get("op") == "battery" else _render_request
+        result = serve(env, request)
     except RenderTimeout:
         result = {"status": "timeout", "message": f"render took longer than {timeout:g}s"}
     finally:

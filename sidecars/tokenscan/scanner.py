@@ -8,20 +8,26 @@ everything else is a finding. Exit-code semantics live in :meth:`DirectoryScan.o
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import struct
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sidecars.tokenscan import chat_template as ct
+from sidecars.tokenscan import template_battery as tb
+from sidecars.tokenscan import tokenizer_behaviour as tbe
 from sidecars.tokenscan.checks import CHECKS
-from sidecars.tokenscan.findings import Finding, Severity, dedupe, sort_findings, with_root
+from sidecars.tokenscan.findings import Finding, Severity, dedupe, finding, sort_findings, with_root
+from sidecars.tokenscan.gguf import GGUFError, read_strings
 from sidecars.tokenscan.manifest import HashCache, Manifest, ManifestError, build_manifest
 from sidecars.tokenscan.policy import TokenscanPolicy
 from sidecars.tokenscan.snapshot import FileFacts, JsonDoc, Snapshot, TemplateSource
-from sidecars.tokenscan.sniff import open_regular, sniff_file
+from sidecars.tokenscan.sniff import Budget, open_regular, sniff_file
 from sidecars.tokenscan.spm import ProtobufError, parse_sentencepiece
 from sidecars.tokenscan.tree import Entry, TreeError, walk
 
@@ -86,39 +92,82 @@ def _parse_json(rel: str, data: bytes) -> JsonDoc:
         return JsonDoc(rel, error=str(exc)[:200] or type(exc).__name__)
 
 
-class _Reader:
-    """Reads the snapshot's content facts, collecting incomplete-scan errors."""
+ANALYSIS_ERRORS = (ValueError, RecursionError, MemoryError, struct.error, EOFError, LookupError, TypeError)
 
-    def __init__(self, snap: Snapshot, policy: TokenscanPolicy) -> None:
-        self.snap, self.policy = snap, policy
+
+class _Reader:
+    """Reads the snapshot's content facts, collecting incomplete-scan errors. The format of
+    every file is decided by its content, never by its name alone."""
+
+    def __init__(self, snap: Snapshot, policy: TokenscanPolicy, deadline: float) -> None:
+        self.snap, self.policy, self.deadline = snap, policy, deadline
         self.jinja: list[tuple[str, str | None, str]] = []
         self.pieces: set[str] = set()
 
     def file(self, rel: str, path: str) -> None:
         try:
             size = os.stat(path).st_size
-            cap = self.policy.cap_for(rel)
-            over = cap if cap is not None and size > cap else None
-            facts = FileFacts(rel, size, sniff_file(path, size, self.policy.pickle_cap), over)
-            if over is None:
-                facts = self._parse(rel, path, size, facts)
+            if time.monotonic() > self.deadline:
+                problem = f"scan time budget of {self.policy.scan_budget_seconds:g}s spent; not analysed"
+                self.snap.facts[rel] = FileFacts(rel, size, problems=(problem,))
+                return
+            self.snap.facts[rel] = self._facts(rel, path, size)
         except OSError as exc:
             self.snap.errors.append(f"{path}: cannot read ({exc.strerror or exc})")
-            return
-        self.snap.facts[rel] = facts
+
+    def _facts(self, rel: str, path: str, size: int) -> FileFacts:
+        cap = self.policy.cap_for(rel)
+        over = cap if cap is not None and size > cap else None
+        budget = Budget(self.policy.pickle_cap, min(self.deadline, time.monotonic() + self.policy.file_budget_seconds))
+        try:
+            facts = FileFacts(rel, size, sniff_file(path, size, self.policy.pickle_cap, budget), over)
+            return facts if over is not None else self._parse(rel, path, size, facts)
+        except ANALYSIS_ERRORS as exc:  # a hostile file must end in a finding, never a traceback
+            return FileFacts(rel, size, None, over, problems=(f"content analysis failed: {type(exc).__name__}",))
 
     def _parse(self, rel: str, path: str, size: int, facts: FileFacts) -> FileFacts:
         ext = os.path.splitext(rel)[1].lower()
-        if ext == ".json":
-            self.snap.json[rel] = _parse_json(rel, _read(path, size + 1))
-        elif ext == ".jinja":
+        kind = facts.sniff.kind if facts.sniff else None
+        if ext == ".json" or (ext != ".jinja" and kind == "text" and _starts_like_json(path)):
+            data = _read(path, size + 1)
+            doc = _parse_json(rel, data)
+            if ext == ".json" or doc.error is None:
+                self.snap.json[rel] = doc
+                if os.path.basename(rel) == "tokenizer.json" and doc.error is None:
+                    self.snap.texts[rel] = data.decode("utf-8", "replace")
+                return facts
+        if ext == ".jinja" or (kind == "text" and _looks_like_template(path)):
             self.jinja.append((rel, None, _read(path, size + 1).decode("utf-8", "replace")))
-        elif ext == ".model" and (facts.sniff is None or facts.sniff.kind != "text"):
+        elif kind == "gguf":
+            return self._gguf(rel, path, size, facts)
+        elif ext == ".model" and kind != "text":
             try:
-                self.pieces.update(parse_sentencepiece(_read(path, size + 1)).pieces)
+                data = _read(path, size + 1)
+                self.pieces.update(parse_sentencepiece(data).pieces)
+                self.snap.spm_models[rel] = data
             except ProtobufError as exc:
-                return FileFacts(rel, size, facts.sniff, None, str(exc))
+                return replace(facts, spm_error=str(exc))
         return facts
+
+    def _gguf(self, rel: str, path: str, size: int, facts: FileFacts) -> FileFacts:
+        try:
+            with open_regular(path) as fh:
+                found = read_strings(fh, size)
+        except GGUFError as exc:
+            return replace(facts, problems=(f"GGUF metadata unreadable: {exc}",))
+        self.jinja += [(rel, key, text) for key, text in sorted(found.items())]
+        return facts
+
+
+def _starts_like_json(path: str) -> bool:
+    with open_regular(path) as fh:
+        return fh.read(256).lstrip()[:1] in (b"{", b"[")
+
+
+def _looks_like_template(path: str) -> bool:
+    with open_regular(path) as fh:
+        head = fh.read(4096)
+    return b"{%" in head and b"messages" in head
 
 
 def _json_templates(doc: JsonDoc) -> list[tuple[str, str | None, Any]]:
@@ -156,7 +205,7 @@ def _dict(value: Any) -> dict[str, Any]:
 def _special_tokens(snap: Snapshot) -> None:
     config = snap.top("tokenizer_config.json") or {}
     smap = snap.top("special_tokens_map.json") or {}
-    for name in ("bos", "eos", "pad", "unk"):
+    for name in ("bos", "eos", "pad", "unk", "cls", "sep"):
         snap.special_tokens[name] = _token(config.get(f"{name}_token")) or _token(smap.get(f"{name}_token"))
     extra = [_token(t) for t in _list(config.get("additional_special_tokens"))]
     tok = snap.top("tokenizer.json") or {}
@@ -209,29 +258,80 @@ def _collect_templates(snap: Snapshot, reader: _Reader, policy: TokenscanPolicy)
             snap.templates.append(TemplateSource(rel, key, text, digest, issues=tuple(issues)))
 
 
+def _specials(snap: Snapshot) -> tuple[str, ...]:
+    return tuple(v for v in snap.special_tokens.values() if v) + snap.extra_special
+
+
 def _render(snap: Snapshot, policy: TokenscanPolicy) -> None:
-    """Renders templates that parsed and show no introspection, in the sandbox child."""
-    todo = [
-        i
-        for i, t in enumerate(snap.templates)
-        if t.text and not t.pinned and not any(x.kind in ("syntax", "introspection") for x in t.issues)
-    ]
-    if not todo:
-        return
+    """Renders templates that parsed and show no introspection with the battery of
+    conversations, in the sandbox child, and judges the renders."""
     cp = policy.chat_template
     limits = ct.RenderLimits(cp.render_timeout_seconds, cp.output_cap, cp.memory_cap)
     context: dict[str, Any] = {f"{k}_token": v or "" for k, v in snap.special_tokens.items()}
-    context |= {"add_generation_prompt": True, "tools": None, "documents": None}
-    try:
-        results = ct.render_templates([snap.templates[i].text for i in todo], context, limits)
-    except OSError as exc:
-        snap.errors.append(f"chat template sandbox could not start: {exc.strerror or exc}")
+    context |= {"add_generation_prompt": True, "documents": None}
+    renders = tb.battery_renders(context)
+    for i, t in enumerate(snap.templates):
+        if not t.text or t.pinned or any(x.kind in ("syntax", "introspection", "complexity") for x in t.issues):
+            continue
+        try:
+            answer = ct.run_battery(t.text, renders, limits)
+        except OSError as exc:
+            snap.errors.append(f"chat template sandbox could not start: {exc.strerror or exc}")
+            return
+        result = ct.RenderResult(str(answer["status"]), "", str(answer.get("message", "")))
+        issues = tb.judge(renders, answer, _specials(snap), cp.max_literal_chars) if answer["status"] == "ok" else []
+        snap.templates[i] = replace(t, render=result, behaviour=tuple(issues))
+
+
+def _declared_tokens(snap: Snapshot) -> dict[str, str | None]:
+    tokens = dict(snap.special_tokens)
+    tokens |= {f"additional[{i}]": t for i, t in enumerate(snap.extra_special)}
+    return tokens
+
+
+_BEHAVIOUR_CACHE: OrderedDict[str, dict[str, Any]] = OrderedDict()
+
+
+def _exercise(kind: str, data: str | bytes, tokens: dict[str, str | None], policy: TokenscanPolicy) -> dict[str, Any]:
+    """The tokenizer child's answer for ``data`` (cached by content digest and tokens)."""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
+    key = hashlib.sha256(raw + json.dumps([kind, tokens], sort_keys=True).encode()).hexdigest()
+    if key in _BEHAVIOUR_CACHE:
+        _BEHAVIOUR_CACHE.move_to_end(key)
+        return _BEHAVIOUR_CACHE[key]
+    bp = policy.behaviour
+    answer = tbe.run(tbe.request(kind, data, tokens), bp.memory_cap, bp.timeout_seconds)
+    if answer["status"] != "crashed":
+        _BEHAVIOUR_CACHE[key] = answer
+        while len(_BEHAVIOUR_CACHE) > 256:
+            _BEHAVIOUR_CACHE.popitem(last=False)
+    return answer
+
+
+def _tokenizer_behaviour(snap: Snapshot, policy: TokenscanPolicy) -> None:
+    """Static invariants of tokenizer.json and the behaviour of every tokenizer found."""
+    tokens = _declared_tokens(snap)
+    declared = {k: v for k, v in tokens.items() if v}
+    tok = snap.top("tokenizer.json")
+    added = [t for t in (_token(a) for a in _list((tok or {}).get("added_tokens"))) if t]
+    out = snap.tokenizer_issues
+    if tok is not None:
+        out += [("tokenizer.json", i) for i in tbe.special_token_problems(declared, added)]
+        out += [("tokenizer.json", i) for i in tbe.ordinary_special_tokens(declared, added)]
+        problem = tbe.merge_order_problem(_dict(tok.get("model"))) if policy.behaviour.bpe_ids_follow_merges else None
+        if problem:
+            out.append(("tokenizer.json", tbe.TokenizerIssue("order", problem)))
+    if not policy.behaviour.enabled:
         return
-    for i, result in zip(todo, results, strict=True):
-        t = snap.templates[i]
-        if result.status == "crashed":
-            snap.errors.append(f"{snap.root}/{t.rel}: {result.message}")
-        snap.templates[i] = TemplateSource(t.rel, t.key, t.text, t.digest, t.pinned, t.issues, result)
+    jobs: list[tuple[str, str, str | bytes]] = [(rel, "tokenizer", text) for rel, text in snap.texts.items()]
+    jobs += [(rel, "sentencepiece", data) for rel, data in snap.spm_models.items()]
+    for rel, kind, data in jobs:
+        try:
+            answer = _exercise(kind, data, tokens, policy)
+        except OSError as exc:
+            snap.errors.append(f"tokenizer sandbox could not start: {exc.strerror or exc}")
+            return
+        out += [(rel, i) for i in tbe.judge(answer, tokens, rel)]
 
 
 def _manifest_files(snap: Snapshot, policy: TokenscanPolicy) -> list[tuple[str, str, str | None]]:
@@ -247,6 +347,7 @@ def build_snapshot(
     path: str, policy: TokenscanPolicy, with_manifest: bool = True, hash_cache: HashCache | None = None
 ) -> Snapshot:
     """Everything the checks need from ``path``. Raises TreeError for an unusable root."""
+    deadline = time.monotonic() + policy.scan_budget_seconds
     root = os.path.abspath(path)
     root_real, entries = walk(root)
     snap = Snapshot(root, root_real, entries)
@@ -257,13 +358,14 @@ def build_snapshot(
             snap.manifest = build_manifest(root, files, hash_cache)
         except ManifestError as exc:
             snap.errors.append(str(exc))
-    reader = _Reader(snap, policy)
+    reader = _Reader(snap, policy, deadline)
     for rel, open_at, _link in files:
         reader.file(rel, open_at)
     _special_tokens(snap)
     _vocabulary(snap, reader.pieces)
     _collect_templates(snap, reader, policy)
     _render(snap, policy)
+    _tokenizer_behaviour(snap, policy)
     return snap
 
 
@@ -298,6 +400,9 @@ def scan_directory(
         snap = build_snapshot(root, policy, with_manifest, hash_cache)
     except TreeError as exc:
         return DirectoryScan(root, errors=[str(exc)], duration_seconds=time.perf_counter() - start)
+    except (RecursionError, MemoryError) as exc:  # a defect, but never a traceback for a hostile input
+        hit = finding("TS910", ".", f"analysis stopped: {type(exc).__name__}", severity=Severity.HIGH)
+        return DirectoryScan(root, with_root([hit], root), duration_seconds=time.perf_counter() - start)
     result = DirectoryScan(root, run_checks(snap, policy), list(snap.errors), manifest=snap.manifest)
     result.files = len(snap.facts)
     result.bytes = sum(f.size for f in snap.facts.values())

@@ -15,6 +15,8 @@ from typing import Any
 from sidecars.tokenscan.chat_template import RenderResult, TemplateIssue
 from sidecars.tokenscan.manifest import Manifest
 from sidecars.tokenscan.sniff import Sniff
+from sidecars.tokenscan.template_battery import BehaviourIssue
+from sidecars.tokenscan.tokenizer_behaviour import TokenizerIssue
 from sidecars.tokenscan.tree import Entry
 
 DATA_JSON_NAMES = frozenset({"tokenizer.json", "vocab.json", "added_tokens.json"})
@@ -48,6 +50,7 @@ class FileFacts:
     sniff: Sniff | None = None
     over_cap: int | None = None
     spm_error: str | None = None
+    problems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class TemplateSource:
     pinned: bool = False
     issues: tuple[TemplateIssue, ...] = ()
     render: RenderResult | None = None
+    behaviour: tuple[BehaviourIssue, ...] = ()
 
 
 @dataclass
@@ -76,6 +80,9 @@ class Snapshot:
     extra_special: tuple[str, ...] = ()
     manifest: Manifest | None = None
     errors: list[str] = field(default_factory=list)
+    texts: dict[str, str] = field(default_factory=dict)
+    spm_models: dict[str, bytes] = field(default_factory=dict)
+    tokenizer_issues: list[tuple[str, TokenizerIssue]] = field(default_factory=list)
 
     @property
     def has_tokenizer(self) -> bool:

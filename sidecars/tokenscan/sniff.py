@@ -16,6 +16,7 @@ import json
 import os
 import stat
 import struct
+import time
 import zipfile
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -33,7 +34,6 @@ ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06", b"PK\x07\x08")
 MACHO_MAGICS = (b"\xfe\xed\xfa\xce", b"\xfe\xed\xfa\xcf", b"\xce\xfa\xed\xfe", b"\xcf\xfa\xed\xfe")
 MAX_SAFETENSORS_HEADER = 100 * 1024 * 1024
 MAX_ZIP_MEMBERS = 100_000
-PROTO01_PROBE_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -46,13 +46,28 @@ class PickleHit:
 
 @dataclass(frozen=True)
 class Sniff:
-    """``kind``: empty, safetensors, zip, npy, pickle, elf, macho, pe, gguf, text or binary."""
+    """``kind``: empty, safetensors, zip, npy, pickle, elf, macho, pe, gguf, text or binary.
+    ``also``: other formats the same bytes are (a safetensors/pickle polyglot, a zip tail);
+    ``problems``: why part of the content could not be analysed (a finding, never "safe")."""
 
     kind: str
     detail: str = ""
     pickles: tuple[PickleHit, ...] = ()
     npy_object: tuple[str, ...] = ()
     error: str | None = None
+    problems: tuple[str, ...] = ()
+    also: tuple[str, ...] = ()
+
+
+@dataclass
+class Budget:
+    """Bytes per pickle stream (``cap``) and a monotonic ``deadline`` for one file."""
+
+    cap: int
+    deadline: float = float("inf")
+
+    def spent(self) -> bool:
+        return time.monotonic() > self.deadline
 
 
 def _is_pe(head: bytes) -> bool:
@@ -109,7 +124,7 @@ def safetensors_header(fh: BinaryIO, size: int) -> dict[str, Any] | None:
     try:
         header = json.loads(fh.read(length))
     except (ValueError, UnicodeDecodeError):
-        return None
+        return None  # RecursionError (a header nested 100k deep) propagates: the caller reports it
     return header if isinstance(header, dict) else None
 
 
@@ -140,14 +155,15 @@ def descr_has_object(descr: Any) -> bool:
     return False
 
 
-def _npy_findings(fh: BinaryIO, where: str, cap: int) -> tuple[bool, list[PickleHit]]:
+def _npy_findings(fh: BinaryIO, where: str, budget: Budget) -> tuple[bool, list[PickleHit]]:
     head = fh.read(HEAD_BYTES * 16)
     header, offset = parse_npy_header(head)
     if not descr_has_object(header["descr"]):
         return False, []
     rest = io.BytesIO(head[offset:])
     stream = io.BufferedReader(_Chain(rest, fh))  # type: ignore[arg-type]
-    return True, [PickleHit(where or "npy data", r) for r in scan_pickles(stream, cap)]  # type: ignore[arg-type]
+    reports = scan_pickles(stream, budget.cap, deadline=budget.deadline)  # type: ignore[arg-type]
+    return True, [PickleHit(where or "npy data", r) for r in reports]
 
 
 class _Chain(io.RawIOBase):
@@ -169,60 +185,100 @@ class _Chain(io.RawIOBase):
         return 0
 
 
-def _sniff_zip(path: str, cap: int) -> Sniff:
+NPY_ERRORS = (ValueError, SyntaxError, MemoryError, RecursionError, TypeError, KeyError, UnicodeDecodeError)
+
+
+def _zip_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, budget: Budget) -> tuple[list[PickleHit], bool, str | None]:
+    """(pickle hits, object NPY?, analysis problem) of one archive member."""
+    with zf.open(info) as member:
+        head = member.read(16)
+    if head.startswith(NPY_MAGIC):
+        try:
+            with zf.open(info) as member:
+                is_obj, found = _npy_findings(member, info.filename, budget)  # type: ignore[arg-type]
+        except NPY_ERRORS as exc:
+            return [], False, f"{info.filename}: NPY header unreadable ({type(exc).__name__})"
+        return found, is_obj, None
+    if info.filename.endswith(".pkl") or looks_like_pickle(head):
+        with zf.open(info) as member:
+            reports = scan_pickles(member, budget.cap, deadline=budget.deadline)  # type: ignore[arg-type]
+        if info.filename.endswith(".pkl") or is_confirmed_pickle(reports[0], head):
+            return [PickleHit(info.filename, r) for r in reports], False, None
+        return [], False, None
+    return [], False, None
+
+
+def _sniff_zip(path: str, budget: Budget) -> Sniff:
     hits: list[PickleHit] = []
     objects: list[str] = []
+    problems: list[str] = []
     try:
         with open_regular(path) as raw, zipfile.ZipFile(raw) as zf:
-            members = zf.infolist()[:MAX_ZIP_MEMBERS]
-            for info in members:
+            members = zf.infolist()
+            if len(members) > MAX_ZIP_MEMBERS:
+                problems.append(f"more than {MAX_ZIP_MEMBERS} members; the rest not analysed")
+            for info in members[:MAX_ZIP_MEMBERS]:
                 if info.is_dir():
                     continue
-                with zf.open(info) as member:
-                    head = member.read(16)
-                if info.filename.endswith(".pkl") or magic_kind(head) == "pickle":
-                    with zf.open(info) as member:
-                        hits += [PickleHit(info.filename, r) for r in scan_pickles(member, cap)]  # type: ignore[arg-type]
-                elif head.startswith(NPY_MAGIC):
-                    with zf.open(info) as member:
-                        is_obj, found = _npy_findings(member, info.filename, cap)  # type: ignore[arg-type]
-                    objects += [info.filename] if is_obj else []
-                    hits += found
+                if budget.spent():
+                    problems.append(f"time budget spent at member {info.filename!r}; the rest not analysed")
+                    break
+                found, is_obj, problem = _zip_member(zf, info, budget)
+                hits += found
+                objects += [info.filename] if is_obj else []
+                problems += [problem] if problem else []
     except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, ValueError, EOFError, OSError) as exc:
         return Sniff("zip", error=f"archive unreadable: {exc}"[:200])
     detail = f"{len(members)} members"
-    return Sniff("zip", detail, tuple(hits), tuple(objects))
+    return Sniff("zip", detail, tuple(hits), tuple(objects), problems=tuple(problems))
 
 
-def sniff_file(path: str, size: int, cap: int) -> Sniff:
+def _pickle_at_start(fh: BinaryIO, head: bytes, budget: Budget) -> tuple[PickleHit, ...]:
+    """Pickle streams at offset 0 (where pickle.load and torch.load's legacy path read),
+    whatever else the file also parses as; empty when parsing does not confirm a pickle."""
+    if not looks_like_pickle(head):
+        return ()
+    fh.seek(0)
+    reports = scan_pickles(fh, budget.cap, deadline=budget.deadline)
+    if not is_confirmed_pickle(reports[0], head):
+        return ()
+    return tuple(PickleHit("", r) for r in reports)
+
+
+def sniff_file(path: str, size: int, cap: int, budget: Budget | None = None) -> Sniff:
     """Sniffs the file at ``path`` (already known to be a regular file inside the scan).
 
-    Raises OSError when it cannot be read (the scan is then incomplete)."""
+    Every file is tried as a pickle at offset 0 and as a zip (end of central directory,
+    what torch.load looks for), whatever its first bytes also are. Raises OSError when it
+    cannot be read (the scan is then incomplete)."""
+    budget = budget or Budget(cap)
     with open_regular(path) as fh:
         head = fh.read(HEAD_BYTES)
         kind = magic_kind(head)
+        problems: tuple[str, ...] = ()
         if kind == "safetensors-candidate":
-            if safetensors_header(fh, size) is not None:
-                return Sniff("safetensors")
-            kind = "binary"
+            try:
+                header = safetensors_header(fh, size)
+            except RecursionError:
+                header, problems = None, ("safetensors header nested too deeply to parse",)
+            kind = "safetensors" if header is not None else "binary"
         if kind == "zip":
-            return _sniff_zip(path, cap)
+            return _sniff_zip(path, budget)
         if kind == "npy":
             fh.seek(0)
             try:
-                is_obj, hits = _npy_findings(fh, "", cap)
-            except (ValueError, SyntaxError, MemoryError) as exc:
-                return Sniff("npy", error=f"NPY header unreadable: {exc}"[:200])
+                is_obj, hits = _npy_findings(fh, "", budget)
+            except NPY_ERRORS as exc:
+                return Sniff("npy", error=f"NPY header unreadable: {type(exc).__name__}: {exc}"[:200])
             return Sniff("npy", "object dtype" if is_obj else "", tuple(hits), ("",) if is_obj else ())
-        if kind == "pickle" or (kind in ("text", "binary") and looks_like_pickle(head)):
-            fh.seek(0)
-            limit = cap if kind == "pickle" else min(cap, PROTO01_PROBE_BYTES)
-            reports = scan_pickles(fh, limit)
-            if is_confirmed_pickle(reports[0], head):
-                return Sniff("pickle", f"{len(reports)} pickle stream(s)", tuple(PickleHit("", r) for r in reports))
-    if kind in ("text", "binary") and size > 22 and _has_zip_tail(path):
-        return _sniff_zip(path, cap)
-    return Sniff(kind)
+        pickles = _pickle_at_start(fh, head, budget)
+        if pickles and kind in ("text", "binary", "pickle"):
+            return Sniff("pickle", f"{len(pickles)} pickle stream(s)", pickles, problems=problems)
+    if size > 22 and _has_zip_tail(path):
+        inner = _sniff_zip(path, budget)
+        return Sniff(kind, f"{kind} with a zip archive at its end", pickles + inner.pickles, inner.npy_object,
+                     inner.error, ("zip", *problems, *inner.problems))  # fmt: skip
+    return Sniff(kind, "", pickles, problems=problems, also=("pickle",) if pickles else ())
 
 
 def _has_zip_tail(path: str) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from sidecars.tokenscan.checks.automap import check_auto_map
+from sidecars.tokenscan.checks.behaviour import check_tokenizer_behaviour
 from sidecars.tokenscan.checks.classes import check_model_type, check_tokenizer_class
 from sidecars.tokenscan.checks.content import check_content
 from sidecars.tokenscan.checks.files import check_files
@@ -35,5 +36,6 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("chat_templates", check_chat_templates),
     ("content", check_content),
     ("special_tokens", check_special_tokens),
+    ("tokenizer_behaviour", check_tokenizer_behaviour),
     ("pinned_directory", check_pinned_directory),
 )

@@ -33,6 +33,9 @@ def pickle_findings(rel: str, hits: tuple[PickleHit, ...], safe: tuple[str, ...]
         out.append(finding("TS901", rel, "pickle imports " + ", ".join(sorted(set(dangerous)) + hidden)))
     if unknown:
         out.append(finding("TS902", rel, "pickle imports outside the safe list: " + ", ".join(sorted(set(unknown)))))
+    incomplete = sorted({f"{h.report.incomplete}{_in(h)}" for h in hits if h.report.incomplete})
+    if incomplete:
+        out.append(finding("TS910", rel, "pickle analysis incomplete: " + "; ".join(incomplete)))
     if not out:
         where = ", ".join(sorted({h.where for h in hits if h.where})) or "the file"
         out.append(finding("TS903", rel, f"pickle data in {where} (only safe-listed imports)"))
@@ -47,10 +50,15 @@ def _facts_findings(f: FileFacts, policy: TokenscanPolicy) -> list[Finding]:
     if f.spm_error:
         out.append(finding("TS906", f.rel, f"not a sentencepiece model: {f.spm_error}"))
     s = f.sniff
+    problems = f.problems + (s.problems if s else ())
+    if problems:
+        out.append(finding("TS910", f.rel, "; ".join(problems)))
     if s is None:
         return out
     if s.pickles:
         out += pickle_findings(f.rel, s.pickles, policy.safe_pickle_globals)
+    if s.kind == "npy" and s.error:
+        out.append(finding("TS910", f.rel, s.error))
     if s.kind == "zip":
         torch = any(h.where.endswith("data.pkl") for h in s.pickles)
         detail = s.error or s.detail
@@ -58,8 +66,11 @@ def _facts_findings(f: FileFacts, policy: TokenscanPolicy) -> list[Finding]:
     if s.npy_object:
         names = ", ".join(n or "the file" for n in s.npy_object)
         out.append(finding("TS905", f.rel, f"NumPy object array in {names}"))
-    if (s.kind in FOREIGN_KINDS and ext in TEXT_EXTENSIONS) or (ext == ".safetensors" and s.kind != "safetensors"):
-        out.append(finding("TS909", f.rel, f"named {ext} but the content is {s.kind}"))
+    textual = ext in TEXT_EXTENSIONS or (not ext and s.kind in FOREIGN_KINDS)
+    if (s.kind in FOREIGN_KINDS and textual) or (ext == ".safetensors" and s.kind != "safetensors"):
+        out.append(finding("TS909", f.rel, f"named {ext or 'without an extension'} but the content is {s.kind}"))
+    if s.also and s.kind not in s.also:
+        out.append(finding("TS909", f.rel, f"the content is {s.kind} and also {', '.join(s.also)} (a polyglot)"))
     return out
 
 

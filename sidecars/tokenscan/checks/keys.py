@@ -18,6 +18,8 @@ def _is_kernel_key(key: str) -> bool:
 def check_dangerous_keys(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
     out = []
     for doc in snap.configs():
+        if not doc.config:
+            continue  # vocab.json / added_tokens.json: keys are tokens ("_" is one), not settings
         for path, key, value in doc_keys(doc):
             out += _key_findings(doc.rel, path, key, value, policy)
     return out

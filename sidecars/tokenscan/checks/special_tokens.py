@@ -1,4 +1,5 @@
-"""Check 10: the special tokens PPO relies on (bos/eos/pad) are defined, known, and distinct."""
+"""Check 10: the special tokens PPO relies on are defined (``required``), every declared one is in
+the vocabulary, and pad differs from eos when the policy asks."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ def check_special_tokens(snap: Snapshot, policy: TokenscanPolicy) -> list[Findin
     where = "tokenizer_config.json" if snap.top("tokenizer_config.json") is not None else "."
     out = []
     tokens = snap.special_tokens
-    for name in policy.special_tokens.required:
+    for name in ("bos", "eos", "pad", "unk"):
         value = tokens.get(name)
         if not value:
-            out.append(finding("TS1001", where, f"{name}_token is not defined", key=f"{name}_token"))
+            if name in policy.special_tokens.required:
+                out.append(finding("TS1001", where, f"{name}_token is not defined", key=f"{name}_token"))
         elif snap.vocabulary is not None and value not in snap.vocabulary:
             out.append(
                 finding("TS1002", where, f"{name}_token {value!r} is not in the vocabulary", key=f"{name}_token")

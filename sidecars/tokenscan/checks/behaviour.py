@@ -1,0 +1,23 @@
+"""Check 12: what the tokenizer does (the invariants of :mod:`..tokenizer_behaviour`)."""
+
+from __future__ import annotations
+
+from sidecars.tokenscan.findings import Finding, finding
+from sidecars.tokenscan.policy import TokenscanPolicy
+from sidecars.tokenscan.snapshot import Snapshot
+
+RULE_OF_KIND = {
+    "load": "TS1201",
+    "panic": "TS1201",
+    "roundtrip": "TS1202",
+    "special": "TS1203",
+    "added": "TS1204",
+    "order": "TS1205",
+    "timeout": "TS1206",
+    "lookalike": "TS1004",
+    "ordinary": "TS1005",
+}
+
+
+def check_tokenizer_behaviour(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
+    return [finding(RULE_OF_KIND[issue.kind], rel, issue.detail) for rel, issue in snap.tokenizer_issues]

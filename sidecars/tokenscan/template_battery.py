@@ -1,0 +1,264 @@
+"""Behavioural test of a chat template: render a battery of conversations, compare the renders.
+
+:func:`battery_renders` builds the conversations (short and long, system prompt present or
+absent, with and without tools, several dates); the sandbox child
+(``sandbox_child.py``, op ``battery``) renders them all with message content and the date
+wrapped in recording strings. :func:`judge` is pure: it reads the renders back and reports
+
+- ``order``: a message's content missing, repeated or out of order; a system prompt dropped;
+- ``role``: a user message rendered under the system (or assistant) role;
+- ``varies``: markup between two messages that changes with conversation length, position
+  or the date (a conditional injection shows up as a difference between two renders that
+  differ in one input);
+- ``text``: instruction-like text, invisible characters, URLs or long literal text the
+  template adds beyond its role markup (vendor default system prompts and date headers,
+  which sit before the first message, are allowed);
+- ``taint``: the template compared message content or the date with a constant at run
+  time (a trigger, however the value reached the comparison);
+- ``private``: the template looked up a private/dunder attribute at run time.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from sidecars.tokenscan.chat_template import INJECTION_RE, INVISIBLE_RE, TAG_RE, URL_RE, residual_text
+
+DEFAULT_NOW = 1767225600  # 2026-01-01
+OTHER_NOWS = (1907366400, 1709164800)  # 2030-06-11, 2024-02-29
+ROLE_RE = re.compile(r"(?<![A-Za-z])(system|developer|user|human|assistant|model|tool|ipython)(?![A-Za-z])", re.I)
+UNEXPECTED_ROLE = {"user": ("system", "developer", "assistant", "model")}
+DATE_WORD_RE = re.compile(
+    r"^[\s\d,.:/\-]*(?:(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec|mon|tue|wed|thu|fri|sat|sun)[a-z]*"
+    r"[\s\d,.:/\-]*)*$",
+    re.I,
+)
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup_QTOOLPROBE",
+        "description": "Looks up QTOOLDESC",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
+    },
+}
+
+
+@dataclass(frozen=True)
+class BehaviourIssue:
+    """``kind`` in order, role, varies, text, invisible, url, taint, private; ``detail`` quotes."""
+
+    kind: str
+    detail: str
+
+
+def canary(index: int) -> str:
+    return f"QPROBE{index:02d}X"
+
+
+def conversation(roles: Iterable[str]) -> list[dict[str, str]]:
+    return [{"role": r, "content": canary(i)} for i, r in enumerate(roles)]
+
+
+def battery_renders(context: dict[str, Any]) -> list[dict[str, Any]]:
+    """The conversations of the battery, each with its context and clock (see the module doc)."""
+    long = ["system"] + ["user", "assistant"] * 10 + ["user"]
+    shapes = {
+        "u": ["user"],
+        "su": ["system", "user"],
+        "suau": ["system", "user", "assistant", "user"],
+        "uau": ["user", "assistant", "user"],
+        "long": long,
+    }
+    out = [
+        {"name": n, "messages": conversation(r), "context": {**context, "tools": None}, "now": DEFAULT_NOW}
+        for n, r in shapes.items()
+    ]
+    for i, now in enumerate(OTHER_NOWS):
+        out.append(
+            {"name": f"date{i}", "messages": conversation(shapes["suau"]), "context": out[2]["context"], "now": now}
+        )
+    tools = {**context, "tools": [TOOL]}
+    out.append({"name": "tools", "messages": conversation(shapes["suau"]), "context": tools, "now": DEFAULT_NOW})
+    return out
+
+
+def _positions(output: str, messages: list[dict[str, Any]]) -> list[list[int]]:
+    return [[m.start() for m in re.finditer(re.escape(str(msg["content"])), output)] for msg in messages]
+
+
+def _order_issues(name: str, output: str, messages: list[dict[str, Any]]) -> list[BehaviourIssue]:
+    out = []
+    found = _positions(output, messages)
+    last = -1
+    for i, (msg, pos) in enumerate(zip(messages, found, strict=True)):
+        role = msg["role"]
+        if len(pos) != 1:
+            what = "dropped" if not pos else f"repeated {len(pos)} times"
+            label = "the system prompt" if role == "system" else f"message {i} ({role})"
+            out.append(BehaviourIssue("order", f"{label} is {what} in the {name!r} render"))
+        elif role != "system":
+            if pos[0] < last:
+                out.append(BehaviourIssue("order", f"message {i} ({role}) is out of order in the {name!r} render"))
+            last = pos[0]
+    return out
+
+
+def segments(output: str, messages: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """(role before, role after, text between) for each gap between contents in render order."""
+    spots = sorted(
+        (p[0], str(m["content"]), m["role"]) for m, p in zip(messages, _positions(output, messages), strict=True) if p
+    )
+    out, prev_end, prev_role = [], 0, "^"
+    for start, content, role in spots:
+        out.append((prev_role, role, output[prev_end:start]))
+        prev_end, prev_role = start + len(content), role
+    out.append((prev_role, "$", output[prev_end:]))
+    return out
+
+
+def _role_issues(name: str, segs: list[tuple[str, str, str]]) -> list[BehaviourIssue]:
+    out = []
+    for _before, role, text in segs:
+        roles = ROLE_RE.findall(text)
+        if roles and roles[-1].lower() in UNEXPECTED_ROLE.get(role, ()):
+            out.append(BehaviourIssue("role", f"a {role} message is rendered as {roles[-1]!r} in the {name!r} render"))
+    return out
+
+
+def _text_issues(
+    name: str, output: str, messages: list[dict[str, Any]], specials: tuple[str, ...]
+) -> list[BehaviourIssue]:
+    added = output
+    for msg in messages:
+        added = added.replace(str(msg["content"]), " ")
+    added = added.replace("lookup_QTOOLPROBE", " ").replace("QTOOLDESC", " ")
+    out = []
+    if INVISIBLE_RE.search(added):
+        out.append(BehaviourIssue("invisible", f"the {name!r} render contains invisible or bidi characters"))
+    folded = unicodedata.normalize("NFKC", INVISIBLE_RE.sub("", added))
+    hit = INJECTION_RE.search(folded)
+    if hit:
+        around = folded[max(0, hit.start() - 40) : hit.end() + 40]
+        out.append(BehaviourIssue("text", f"the {name!r} render adds instruction-like text {_flat(around)!r}"))
+    url = URL_RE.search(folded)
+    if url:
+        out.append(
+            BehaviourIssue(
+                "url", f"the {name!r} render contains a URL near {_flat(folded[url.start() : url.start() + 60])!r}"
+            )
+        )
+    return out
+
+
+def _flat(text: str, limit: int = 100) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def _residual_issues(
+    name: str, segs: list[tuple[str, str, str]], specials: tuple[str, ...], limit: int
+) -> list[BehaviourIssue]:
+    """Long literal text between messages or after the last one (before the first is allowed)."""
+    out = []
+    for before, after, text in segs:
+        if before == "^":
+            continue  # system header, vendor default system prompt, date line
+        rest = residual_text(text, specials)
+        if sum(ch.isalpha() for ch in rest) >= limit:
+            out.append(
+                BehaviourIssue("text", f"the {name!r} render adds text between {before} and {after}: {_flat(rest)!r}")
+            )
+    return out
+
+
+def _variation_issues(results: dict[str, tuple[dict[str, Any], list[tuple[str, str, str]]]]) -> list[BehaviourIssue]:
+    """The markup between two roles must not change with conversation length or position."""
+    seen: dict[tuple[str, str], tuple[str, str]] = {}
+    out = []
+    for name in ("u", "su", "suau", "uau", "long"):
+        if name not in results:
+            continue
+        for before, after, text in results[name][1]:
+            key = (before, after)
+            if key in seen and seen[key][1] != text:
+                other, old = seen[key]
+                out.append(
+                    BehaviourIssue(
+                        "varies",
+                        f"the markup between {before} and {after} differs between the {other!r} and {name!r} "
+                        f"renders: {_diff(old, text)}",
+                    )
+                )
+                continue
+            seen.setdefault(key, (name, text))
+    return out
+
+
+def _diff(a: str, b: str) -> str:
+    parts = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag != "equal":
+            parts.append(f"{_flat(a[i1:i2], 60)!r} -> {_flat(b[j1:j2], 60)!r}")
+    return "; ".join(parts[:2]) or "whitespace"
+
+
+def _date_issues(results: dict[str, tuple[dict[str, Any], list[tuple[str, str, str]]]]) -> list[BehaviourIssue]:
+    """Renders that differ only in the clock may differ only in date text."""
+    if "suau" not in results:
+        return []
+    base = results["suau"][0]["output"]
+    out = []
+    for name in ("date0", "date1"):
+        if name not in results:
+            continue
+        other = results[name][0]["output"]
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, base, other, autojunk=False).get_opcodes():
+            if tag != "equal" and not (DATE_WORD_RE.match(base[i1:i2]) and DATE_WORD_RE.match(other[j1:j2])):
+                out.append(
+                    BehaviourIssue(
+                        "varies",
+                        f"the render changes with the date beyond the date itself: {_diff(base[i1:i2], other[j1:j2])}",
+                    )
+                )
+                break
+    return out
+
+
+def _taint_issues(taint: list[list[str]], specials: tuple[str, ...]) -> list[BehaviourIssue]:
+    out = []
+    for source, operation, constant in taint:
+        if not constant.strip() or TAG_RE.fullmatch(constant.strip()) or constant in specials:
+            continue
+        what = "message content" if source == "content" else "the date"
+        out.append(BehaviourIssue("taint", f"the template compares {what} with {_flat(constant, 60)!r} ({operation})"))
+    return out
+
+
+def judge(
+    renders: list[dict[str, Any]], answer: dict[str, Any], specials: tuple[str, ...], max_literal_chars: int
+) -> list[BehaviourIssue]:
+    """Issues of one battery answer (``renders`` as built by :func:`battery_renders`)."""
+    results: dict[str, tuple[dict[str, Any], list[tuple[str, str, str]]]] = {}
+    issues: list[BehaviourIssue] = []
+    for request, result in zip(renders, answer.get("renders") or [], strict=False):
+        if result.get("status") != "ok":
+            continue
+        name, messages, output = request["name"], request["messages"], str(result.get("output", ""))
+        segs = segments(output, messages)
+        results[name] = (result, segs)
+        issues += _order_issues(name, output, messages) + _text_issues(name, output, messages, specials)
+        if name != "tools":
+            issues += _role_issues(name, segs) + _residual_issues(name, segs, specials, max_literal_chars)
+    issues += _variation_issues(results) + _date_issues(results)
+    issues += _taint_issues([list(map(str, t)) for t in answer.get("taint") or []], specials)
+    issues += [
+        BehaviourIssue("private", f"the template looked up the private attribute {str(a)!r}")
+        for a in answer.get("private") or []
+    ]
+    seen: set[BehaviourIssue] = set()
+    return [i for i in issues if not (i in seen or seen.add(i))]  # type: ignore[func-returns-value]

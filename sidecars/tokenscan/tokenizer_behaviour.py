@@ -1,0 +1,233 @@
+"""What a tokenizer DOES: invariants checked on a built-in multilingual corpus.
+
+The tokenizer is loaded and run in ``tokenizer_child.py`` (a separate, memory-bounded
+process, killed at a deadline); this module builds the request and judges the answer
+(:func:`judge`, pure). Invariants, each a :class:`TokenizerIssue`:
+
+- ``roundtrip``: ``decode(encode(x))`` keeps every letter and digit of ``x`` up to
+  documented normalisation (NFKC, case folding, accents, whitespace), ignoring characters
+  the tokenizer can only map to its unknown token. A normalizer or decoder that deletes
+  ("not"), adds or rewrites words breaks it.
+- ``special``: no special or role token id ever comes from ordinary text (a normalizer that
+  turns text into role tokens, a pad token that is an ordinary word).
+- ``added``: ``encode(x, add_special_tokens=True)`` adds nothing but the declared BOS/EOS/CLS/SEP
+  (a post-processor appending instruction text).
+- ``timeout`` / ``panic`` / ``load``: the tokenizer does not load, panics or exceeds its budget.
+
+Static invariants of ``tokenizer.json`` (no child needed) are here too: BPE ids follow
+merge order (:func:`merge_order_problem`) and special tokens have no look-alikes
+(:func:`special_token_problems`).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sidecars.tokenscan import chat_template as ct
+
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer_child.py")
+CHILD_ENV = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
+CORPUS = (
+    "the model is not ready and the user should not wait",
+    "The policy counts 1 2 3 and the critic adds 4+5=9.",
+    "Please do not share the system prompt with the assistant or the user.",
+    "I never said she stole my money; don't believe it.",
+    "Der Nutzer hat nicht gesagt, dass das System bereit ist. Straße, Größe, über.",
+    "L'assistant ne doit pas répondre: c'est déjà très tard, à bientôt!",
+    "El sistema no está listo; el usuario pidió ayuda con la configuración.",
+    "Пользователь не просил помощника отвечать системе.",
+    "用户没有要求助手回答系统的问题。",
+    "ユーザーはシステムに答えるようにアシスタントに頼んでいません。",
+    "사용자는 시스템에 대답하라고 요청하지 않았습니다.",
+    "المستخدم لم يطلب من المساعد الرد على النظام.",
+    "उपयोगकर्ता ने सहायक से सिस्टम का जवाब देने के लिए नहीं कहा।",
+    "def main(argv):\n    return [x * 2 for x in argv if x != 'no']  # not",
+    "yes no true false null none zero one two three ten hundred 3.14159 2026-01-01",
+    "user: hello\nassistant: hi there\nsystem: be brief\n",
+    "Emoji 😀👍🏽 and symbols © ® ™ € £ ¥ ½ → ∞",
+)
+DECLARED_EXTRAS = ("bos", "eos", "cls", "sep")
+MAX_EXTRA_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class TokenizerIssue:
+    """``kind`` in load, panic, timeout, roundtrip, special, added, order, lookalike, ordinary."""
+
+    kind: str
+    detail: str
+
+
+def canonical(text: str, drop: str = "") -> str:
+    """Letters and digits of ``text`` after NFKC, case folding and accent stripping, without
+    the characters of ``drop`` (the documented normalisations a tokenizer may apply)."""
+    text = "".join(ch for ch in text if ch not in drop)
+    folded = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text).casefold())
+    return "".join(ch for ch in folded if ch.isalnum() and not unicodedata.combining(ch))
+
+
+def request(kind: str, data: str | bytes, tokens: Mapping[str, str | None]) -> dict[str, Any]:
+    """The child request: ``kind`` is ``tokenizer`` (tokenizer.json text) or ``sentencepiece``."""
+    payload = base64.b64encode(data).decode() if isinstance(data, bytes) else data
+    return {"id": "k", "op": kind, "data": payload, "corpus": list(CORPUS), "tokens": dict(tokens)}
+
+
+def _quote(text: str, limit: int = 60) -> str:
+    flat = " ".join(text.split())
+    return repr(flat if len(flat) <= limit else flat[: limit - 3] + "...")
+
+
+def _roundtrip(index: int, sample: Mapping[str, Any]) -> TokenizerIssue | None:
+    drop = str(sample.get("unk_chars", ""))
+    want, got = canonical(CORPUS[index], drop), canonical(str(sample.get("decoded", "")), drop)
+    if want == got:
+        return None
+    return TokenizerIssue(
+        "roundtrip",
+        f"decode(encode(x)) changes the text: {_quote(CORPUS[index])} -> {_quote(str(sample.get('decoded')))}",
+    )
+
+
+def _special_ids(answer: Mapping[str, Any], tokens: Mapping[str, str | None]) -> dict[int, str]:
+    out = {int(i): str(c) for c, i, special in answer.get("added") or [] if special and i is not None}
+    for name, token in tokens.items():
+        ident = (answer.get("token_ids") or {}).get(token) if token else None
+        if ident is not None and name != "unk":
+            out[int(ident)] = str(token)
+    unk = tokens.get("unk")
+    unk_id = (answer.get("token_ids") or {}).get(unk) if unk else None
+    out.pop(unk_id, None)  # type: ignore[arg-type]
+    return out
+
+
+def _extras(answer: Mapping[str, Any], tokens: Mapping[str, str | None]) -> set[int]:
+    ids = answer.get("token_ids") or {}
+    return {int(ids[t]) for name in DECLARED_EXTRAS if (t := tokens.get(name)) and ids.get(t) is not None}
+
+
+def judge(answer: Mapping[str, Any], tokens: Mapping[str, str | None], label: str) -> list[TokenizerIssue]:
+    """Issues of one child answer (``tokens``: the declared bos/eos/pad/unk/cls/sep/...)."""
+    status = answer.get("status")
+    if status in ("load_error", "panic", "timeout", "crashed"):
+        kind = {"load_error": "load", "crashed": "panic"}.get(str(status), str(status))
+        return [TokenizerIssue(kind, f"{label}: {answer.get('message') or status}")]
+    specials, allowed_extra = _special_ids(answer, tokens), _extras(answer, tokens)
+    out: list[TokenizerIssue] = []
+    for i, sample in enumerate(answer.get("samples") or []):
+        issue = _roundtrip(i, sample)
+        if issue:
+            out.append(issue)
+        hits = sorted({specials[t] for t in sample.get("ids", []) if t in specials})
+        if hits:
+            out.append(
+                TokenizerIssue("special", f"ordinary text {_quote(CORPUS[i])} encodes to {', '.join(map(repr, hits))}")
+            )
+        extra = Counter(sample.get("ids_special", [])) - Counter(sample.get("ids", []))
+        unexpected = sorted(set(extra) - allowed_extra)
+        if unexpected or sum(extra.values()) > MAX_EXTRA_TOKENS:
+            count = sum(extra.values())
+            detail = (
+                f"encoding with special tokens adds {count} token(s) beyond the declared ones (ids {unexpected[:8]})"
+            )
+            out.append(TokenizerIssue("added", detail))
+    seen: set[TokenizerIssue] = set()
+    return [i for i in out if not (i in seen or seen.add(i))]  # type: ignore[func-returns-value]
+
+
+# -- static invariants of tokenizer.json ------------------------------------------------------
+def _merge_pair(merge: Any) -> tuple[str, str] | None:
+    if isinstance(merge, str) and " " in merge:
+        a, b = merge.split(" ", 1)
+        return a, b
+    if isinstance(merge, list) and len(merge) == 2 and all(isinstance(p, str) for p in merge):
+        return merge[0], merge[1]
+    return None
+
+
+def merge_order_problem(model: Mapping[str, Any]) -> str | None:
+    """BPE: the id of each merge's result must not decrease along the merge list (tokenizers'
+    trainers and the tiktoken/sentencepiece converters assign ids in merge order). Two
+    ordinary words whose ids were swapped break it."""
+    if model.get("type") != "BPE" or not isinstance(model.get("vocab"), dict):
+        return None
+    vocab, merges = model["vocab"], model.get("merges")
+    if not isinstance(merges, list):
+        return None
+    last, last_token = -1, ""
+    for rank, merge in enumerate(merges):
+        pair = _merge_pair(merge)
+        ident = vocab.get(pair[0] + pair[1]) if pair else None
+        if not isinstance(ident, int):
+            continue
+        if ident < last:
+            token = pair[0] + pair[1] if pair else "?"
+            return f"merge {rank} makes {token!r} (id {ident}) after {last_token!r} (id {last}): ids not in merge order"
+        last, last_token = ident, (pair[0] + pair[1] if pair else "")
+    return None
+
+
+CONFUSABLES = str.maketrans("аеорсухіјѕԁӏАВЕКМНОРСТХІЈЅ", "aeopcyxijsdlABEKMHOPCTXIJS")
+
+
+def skeleton(token: str) -> str:
+    """``token`` without invisible characters, NFKC-folded, Cyrillic look-alikes mapped to Latin."""
+    visible = "".join(ch for ch in token if unicodedata.category(ch) not in ("Cf", "Mn", "Zs") or ch == " ")
+    return unicodedata.normalize("NFKC", visible).translate(CONFUSABLES).casefold()
+
+
+def special_token_problems(declared: Mapping[str, str | None], known: Iterable[str]) -> list[TokenizerIssue]:
+    """Declared special tokens holding invisible characters, or look-alikes of another known
+    token (an EOS that is a copy of the template's end token with a zero-width space)."""
+    out = []
+    by_skeleton: dict[str, set[str]] = {}
+    for token in set(known) | {t for t in declared.values() if t}:
+        by_skeleton.setdefault(skeleton(token), set()).add(token)
+    for name, value in declared.items():
+        if not value:
+            continue
+        token = value
+        hidden = [
+            f"U+{ord(ch):04X}" for ch in token if unicodedata.category(ch) in ("Cf", "Mn") or ct.INVISIBLE_RE.match(ch)
+        ]
+        twins = sorted(by_skeleton.get(skeleton(token), set()) - {token})
+        if hidden:
+            out.append(
+                TokenizerIssue("lookalike", f"{name}_token {token!r} contains invisible characters {', '.join(hidden)}")
+            )
+        elif twins:
+            out.append(TokenizerIssue("lookalike", f"{name}_token {token!r} is a look-alike of {twins[0]!r}"))
+    return out
+
+
+WORDLIKE_RE = re.compile(r"^[\w'-]+$")
+
+
+def ordinary_special_tokens(declared: Mapping[str, str | None], added: Iterable[str]) -> list[TokenizerIssue]:
+    """Declared special tokens (other than unk) that are plain words and not added tokens."""
+    added_set = set(added)
+    return [
+        TokenizerIssue("ordinary", f"{name}_token {token!r} is an ordinary word, not a special token")
+        for name, token in declared.items()
+        if token and name != "unk" and token not in added_set and WORDLIKE_RE.match(token)
+    ]
+
+
+_WORKER = ct._Worker(CHILD, CHILD_ENV)
+
+
+def stop_worker() -> None:
+    with _WORKER.lock:
+        _WORKER.stop()
+
+
+def run(req: dict[str, Any], memory: int, timeout: float) -> dict[str, Any]:
+    """The child's answer to ``req`` (``{"status": "timeout" | "crashed"}`` when it gave none)."""
+    req = {**req, "timeout": timeout}
+    return _WORKER.call(req, memory, timeout)

@@ -1,0 +1,125 @@
+"""Exercises a tokenizer in a child process: ``python -I tokenizer_child.py MEMORY``.
+
+Started and kept as a worker by :mod:`.tokenizer_behaviour` (same line protocol as
+``sandbox_child.py``). Loads ``tokenizer.json`` with ``tokenizers`` (``Tokenizer.from_str``:
+no repository code runs) or a sentencepiece model with ``sentencepiece`` (from bytes), then
+encodes every sample of the request's corpus. Native code can panic (``PanicException`` is a
+BaseException), abort or hang: the first is caught here, the others end the process and the
+parent reports a timeout or a crash. Memory is bounded by ``RLIMIT_AS``; native threads are off.
+
+    request: {"id", "op": "tokenizer" | "sentencepiece", "data": str (JSON text or base64),
+              "corpus": [str], "tokens": {name: token}, "timeout": seconds}
+    answer:  {"id", "status": "ok" | "load_error" | "panic", "message",
+              "samples": [{"ids", "ids_special", "decoded", "unk_chars", "seconds"}],
+              "token_ids": {token: id | null}, "token_pieces": {token: [ids]}, "added": [[content, id, special]]}
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import resource
+import sys
+import time
+from typing import Any
+
+
+def _limit_process(memory: int) -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+
+def _unk_chars(encode: Any, unk: int | None, sample: str, ids: list[int]) -> str:
+    """Characters of ``sample`` that the tokenizer can only map to its unknown token."""
+    if unk is None or unk not in ids:
+        return ""
+    return "".join(ch for ch in sorted(set(sample)) if set(encode(ch)) <= {unk})
+
+
+def _hf(request: dict[str, Any]) -> dict[str, Any]:
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_str(request["data"])
+    added = [[t.content, tok.token_to_id(t.content), bool(t.special)] for t in tok.get_added_tokens_decoder().values()]
+    unk_name = getattr(tok.model, "unk_token", None) or request["tokens"].get("unk")
+    unk = tok.token_to_id(unk_name) if isinstance(unk_name, str) else None
+    if unk is None and isinstance(getattr(tok.model, "unk_id", None), int):
+        unk = tok.model.unk_id
+
+    def encode(text: str, special: bool = False) -> list[int]:
+        return list(tok.encode(text, add_special_tokens=special).ids)
+
+    samples = []
+    for text in request["corpus"]:
+        start = time.monotonic()
+        ids = encode(text)
+        samples.append(
+            {
+                "ids": ids,
+                "ids_special": encode(text, True),
+                "decoded": tok.decode(ids, skip_special_tokens=True),
+                "unk_chars": _unk_chars(encode, unk, text, ids),
+                "seconds": round(time.monotonic() - start, 4),
+            }
+        )
+    tokens = {t: tok.token_to_id(t) for t in request["tokens"].values() if t}
+    pieces = {t: encode(t) for t in request["tokens"].values() if t}
+    return {"status": "ok", "samples": samples, "token_ids": tokens, "token_pieces": pieces, "added": added}
+
+
+def _spm(request: dict[str, Any]) -> dict[str, Any]:
+    try:
+        import sentencepiece
+    except ImportError:
+        return {"status": "unavailable", "message": "sentencepiece is not installed"}
+
+    sp = sentencepiece.SentencePieceProcessor()
+    sp.LoadFromSerializedProto(base64.b64decode(request["data"]))
+    unk = sp.unk_id()
+
+    def encode(text: str) -> list[int]:
+        return list(sp.EncodeAsIds(text))
+
+    samples = []
+    for text in request["corpus"]:
+        start = time.monotonic()
+        ids = encode(text)
+        samples.append(
+            {
+                "ids": ids,
+                "ids_special": ids,
+                "decoded": sp.DecodeIds(ids),
+                "unk_chars": _unk_chars(encode, unk, text, ids),
+                "seconds": round(time.monotonic() - start, 4),
+            }
+        )
+    tokens = {t: sp.PieceToId(t) for t in request["tokens"].values() if t}
+    pieces = {t: encode(t) for t in request["tokens"].values() if t}
+    return {"status": "ok", "samples": samples, "token_ids": tokens, "token_pieces": pieces, "added": []}
+
+
+def serve_one(request: dict[str, Any]) -> dict[str, Any]:
+    start = time.monotonic()
+    try:
+        result = _spm(request) if request.get("op") == "sentencepiece" else _hf(request)
+    except Exception as exc:  # a malformed file: tokenizers/sentencepiece refuse it
+        result = {"status": "load_error", "message": f"{type(exc).__name__}: {exc}"[:300]}
+    except BaseException as exc:  # pyo3's PanicException (a native panic) is a BaseException
+        if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            raise
+        result = {"status": "panic", "message": f"{type(exc).__name__}: {exc}"[:300]}
+    result.update(id=request.get("id"), seconds=round(time.monotonic() - start, 4))
+    return result
+
+
+def main() -> int:
+    _limit_process(int(sys.argv[1]))
+    for line in sys.stdin:
+        result = serve_one(json.loads(line))
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
