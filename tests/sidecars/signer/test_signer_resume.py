@@ -5,6 +5,7 @@ Imports the trainer (torch); the tiny offline model trains 4 steps on CPU in abo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -73,6 +74,9 @@ def test_resume_falls_back_past_a_tampered_signed_checkpoint(signer_kit, tiny_as
     events = [e for e, _ in ev.JournalReader(os.path.join(run_dir, ev.JOURNAL_NAME)).read_available()]
     rejected = [e for e in events if e.type == ev.CHECKPOINT_REJECTED]
     assert len(rejected) == 1 and rejected[0].data["path"] == str(four)
-    assert "files differ from the signature" in rejected[0].data["why"]
+    why = rejected[0].data["why"]  # names the tampered file with its signed and its actual digest
+    signed = kit.statement(four).manifest.digests()["critic/critic.safetensors"].hex()
+    actual = hashlib.sha256((four / "critic" / "critic.safetensors").read_bytes()).hexdigest()
+    assert "critic/critic.safetensors" in why and signed in why and actual in why
     resumed_event = [e for e in events if e.type == ev.RUN_RESUMED][-1]
     assert resumed_event.data["verification"].startswith("signature verified")
