@@ -94,6 +94,7 @@ def find_resume_point(trainer: Any, mode: str) -> ResumeResult | None:
             trainer.emit(ev.CHECKPOINT_REJECTED, {"path": ref.path, "why": exc.reason}, step=ref.step)
             rejected.append(f"{ref.path} ({exc.reason})")
             continue
+        log.info("resuming from %s at step %d: %s", ref.path, trainer.step, verified.anchor.how)
         cross = source_run != trainer.run_id
         if cross:
             log.warning(
