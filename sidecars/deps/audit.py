@@ -190,23 +190,41 @@ def _offline_vulns(report: AuditReport, settings: AuditSettings, db: OsvDatabase
     rules = settings.policy.vulnerabilities
     report.osv_db = db.path
     report.osv_age_seconds = db.age_seconds(now)
-    found, notes = check_vulnerabilities(db, report.dists, rules.fail_on)
-    report.notes.extend(notes)
-    report.stats["osv"] = {"records": len(db.records), "corrupt": len(db.errors), "age_seconds": report.osv_age_seconds}
-    if db.errors:
-        report.degraded.append(f"OSV database has {len(db.errors)} unreadable records, e.g. {db.errors[0]}")
-    age, limit = report.osv_age_seconds, rules.max_db_age_seconds
-    if limit is not None and (age is None or age > limit):
-        report.degraded.append(
-            f"OSV database {db.path} is older than vulnerabilities.max_db_age_seconds ({limit:.0f}s)"
-        )
+    found, unevaluable = check_vulnerabilities(db, report.dists, rules.fail_on)
+    report.stats["osv"] = {
+        "records": len(db.records),
+        "pypi_records": db.pypi_records,
+        "future_records": db.future_records(now),
+        "corrupt": len(db.errors),
+        "age_seconds": report.osv_age_seconds,
+    }
+    _osv_sanity(report, db, rules.max_db_age_seconds, now)
     if settings.pip_audit:
         _crosscheck(report, db, found, rules.pip_audit_timeout_seconds)
-    kept, suppressed, warnings = apply_ignores(
-        found, settings.policy.ignore, dt.datetime.fromtimestamp(now, dt.UTC).date()
+    today = dt.datetime.fromtimestamp(now, dt.UTC).date()
+    kept, suppressed, warnings = apply_ignores(found + unevaluable, settings.policy.ignore, today)
+    report.findings.extend(f for f in kept + warnings if f.kind != "unevaluable")
+    report.incomplete.extend(
+        f"{f.message} (fail closed; ignore the id to accept)" for f in kept if f.kind == "unevaluable"
     )
-    report.findings.extend(kept + warnings)
     report.ignored.extend(suppressed)
+
+
+def _osv_sanity(report: AuditReport, db: OsvDatabase, limit: float | None, now: float) -> None:
+    """An export with no PyPI record checks nothing (incomplete); a stale or partly corrupt one is degraded."""
+    if not db.pypi_records:
+        report.incomplete.append(f"OSV database {db.path} holds no PyPI record: nothing could be checked")
+    if db.errors:
+        report.degraded.append(f"OSV database has {len(db.errors)} unreadable records, e.g. {db.errors[0]}")
+    future = db.future_records(now)
+    if future:
+        report.notes.append(f"OSV database: {future} records dated in the future were not counted for its age")
+    age = report.osv_age_seconds
+    if limit is not None and (age is None or age > limit):
+        report.degraded.append(
+            f"OSV database {db.path}: newest record modified {'never' if age is None else f'{age:.0f}s ago'}, "
+            f"older than vulnerabilities.max_db_age_seconds ({limit:.0f}s)"
+        )
 
 
 def _crosscheck(report: AuditReport, db: OsvDatabase, found: list[Finding], timeout: float) -> None:

@@ -36,16 +36,24 @@ def _finding(dist: InstalledDist, group: list[VulnRecord], fail_on: Sequence[str
     return Finding("vulns", "vulnerable", dist.canonical, message, severity in fail_on, details)
 
 
+def unevaluable(dist: InstalledDist, ident: str) -> Finding:
+    """A record whose ranges cannot be decided for ``dist``: the audit fails closed (exit 3)
+    unless an ``ignore`` entry names the id (audit.py turns what is left into ``incomplete``)."""
+    message = f"{dist.name} {dist.version}: {ident}: its affected ranges cannot be evaluated for this version"
+    details = {"id": ident, "ids": [ident], "package": dist.canonical, "version": dist.version}
+    return Finding("vulns", "unevaluable", dist.canonical, message, True, details)
+
+
 def check_vulnerabilities(
     db: OsvDatabase, dists: Sequence[InstalledDist], fail_on: Sequence[str] = SEVERITIES
-) -> tuple[list[Finding], list[str]]:
-    """(one finding per vulnerability per installed distribution, notes on what could not be evaluated)."""
+) -> tuple[list[Finding], list[Finding]]:
+    """(one finding per vulnerability per installed distribution, one ``unevaluable`` per record
+    whose ranges could not be evaluated for a distribution)."""
     findings: list[Finding] = []
-    notes: list[str] = []
+    notes: list[Finding] = []
     for dist in dists:
         hits, errors = db.query(dist.canonical, dist.version)
-        if errors:
-            notes.append(f"{dist.name} {dist.version}: ranges of {', '.join(errors[:5])} could not be evaluated")
+        notes.extend(unevaluable(dist, ident) for ident in errors)
         for group in group_aliases(hits):
             findings.append(_finding(dist, group, fail_on))
     findings.sort(key=lambda f: (-rank(str(f.details["severity"])), f.subject, str(f.details["id"])))

@@ -82,6 +82,21 @@ def cvss2_base_score(vector: str) -> float:
     return round(((0.6 * impact) + (0.4 * exploitability) - 1.5) * f_impact + 1e-9, 1)
 
 
+def cvss4_base_score(vector: str) -> float:
+    """Base score of a ``CVSS:4.0/...`` vector, computed by the maintained ``cvss`` package
+    (v4 scores come from FIRST's lookup tables, not a formula worth re-implementing). Raises ValueError."""
+    try:
+        from cvss import CVSS4, CVSSError
+    except ImportError:  # pragma: no cover - the package is a runtime dependency
+        raise ValueError("CVSS v4 needs the `cvss` package") from None
+    if not vector.strip().startswith("CVSS:4.0/"):
+        raise ValueError(f"not a CVSS v4 vector: {vector!r}")
+    try:
+        return float(CVSS4(vector.strip()).base_score)
+    except CVSSError as exc:
+        raise ValueError(f"CVSS v4 vector {vector!r}: {exc}") from None
+
+
 def bucket(score: float | None) -> str:
     """critical (>= 9), high (>= 7), medium (>= 4), low (> 0); ``unknown`` for None or 0."""
     if score is None or score <= 0:

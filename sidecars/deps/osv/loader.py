@@ -2,8 +2,9 @@
 
 A corrupt member (bad JSON, not a record) is counted and named in ``errors``, never
 fatal; a database where nothing could be read raises :class:`OsvDatabaseError` (exit 3).
-The database's time is the newest of its records' ``modified`` and its files' mtimes,
-so ``age`` tells how long ago it was last refreshed.
+The database's time comes from the export's own content only: the newest ``modified``
+of its records that is not in the future (file mtimes are not evidence: copying an old
+export makes them new, and one future-dated record must not make the rest look fresh).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from sidecars.deps.errors import DepsIncomplete
 from sidecars.deps.osv.matcher import RecordError, VulnRecord, matching, parse_record
 
 MAX_MEMBER_BYTES = 16 * 1024 * 1024
+FUTURE_SKEW_SECONDS = 3600.0
 
 
 class OsvDatabaseError(DepsIncomplete):
@@ -40,6 +42,8 @@ class OsvDatabase:
     errors: list[str] = field(default_factory=list)
     newest: float = 0.0
     signature: tuple[int, int] = (0, 0)
+    modified: list[float] = field(default_factory=list)
+    pypi_records: int = 0
 
     def add(self, rec: VulnRecord) -> None:
         if rec.id in self.records:
@@ -48,8 +52,11 @@ class OsvDatabase:
         self.records[rec.id] = rec
         for name in {a.package for a in rec.affected}:
             self.by_package.setdefault(name, []).append(rec)
+        if rec.affected:
+            self.pypi_records += 1
         modified = _parse_time(rec.modified)
         if modified:
+            self.modified.append(modified)
             self.newest = max(self.newest, modified)
 
     def query(self, package: str, version: str) -> tuple[list[VulnRecord], list[str]]:
@@ -58,8 +65,13 @@ class OsvDatabase:
 
         return matching(self.by_package.get(canonicalize_name(package), []), package, version)
 
-    def age_seconds(self, now: float) -> float | None:
-        return max(0.0, now - self.newest) if self.newest else None
+    def age_seconds(self, now: float, skew: float = FUTURE_SKEW_SECONDS) -> float | None:
+        """Seconds since the newest ``modified`` that is not after ``now`` (+ clock skew); None if none is."""
+        past = [t for t in self.modified if t <= now + skew]
+        return max(0.0, now - max(past)) if past else None
+
+    def future_records(self, now: float, skew: float = FUTURE_SKEW_SECONDS) -> int:
+        return sum(1 for t in self.modified if t > now + skew)
 
 
 def _members(path: str) -> Iterator[tuple[str, bytes | None, float, str | None]]:
@@ -99,10 +111,8 @@ def load_database(path: str) -> OsvDatabase:
             f"{path}: OSV database not readable ({exc.strerror}); set vulnerabilities.osv_db"
         ) from None
     db = OsvDatabase(path=path, signature=(st.st_mtime_ns, st.st_size))
-    newest_file = 0.0
     try:
-        for name, data, mtime, error in _members(path):
-            newest_file = max(newest_file, mtime)
+        for name, data, _mtime, error in _members(path):
             if error or data is None:
                 db.errors.append(f"{name}: {error}")
                 continue
@@ -114,5 +124,4 @@ def load_database(path: str) -> OsvDatabase:
         raise OsvDatabaseError(f"{path}: not a directory or zip of OSV records ({exc})") from None
     if not db.records and db.errors:
         raise OsvDatabaseError(f"{path}: no readable OSV record ({len(db.errors)} corrupt, e.g. {db.errors[0]})")
-    db.newest = max(db.newest, newest_file)
     return db

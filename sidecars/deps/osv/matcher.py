@@ -23,7 +23,7 @@ from typing import Any
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from sidecars.deps.osv.cvss import bucket, cvss2_base_score, cvss3_base_score
+from sidecars.deps.osv.cvss import bucket, cvss2_base_score, cvss3_base_score, cvss4_base_score
 
 ECOSYSTEM = "PyPI"
 _RANK = {"critical": 4, "high": 3, "medium": 2, "low": 1, "unknown": 0}
@@ -67,7 +67,7 @@ def _sort_key(v: str) -> tuple[int, Any]:
 
 
 def severity_of(raw: Mapping[str, Any]) -> tuple[str, float | None, str | None]:
-    """(bucket, score, vector) from the record's CVSS vectors, best first v3 > v2; else the
+    """(bucket, score, vector) from the record's CVSS vectors (v4, v3, v2: the highest score); else the
     database's own word (GHSA ``database_specific.severity``); else ``unknown``."""
     entries = list(raw.get("severity") or [])
     for aff in raw.get("affected") or []:
@@ -79,7 +79,9 @@ def severity_of(raw: Mapping[str, Any]) -> tuple[str, float | None, str | None]:
             continue
         kind, vector = entry.get("type"), str(entry.get("score") or "")
         try:
-            if kind == "CVSS_V3":
+            if kind == "CVSS_V4":
+                scored.append((cvss4_base_score(vector), vector))
+            elif kind == "CVSS_V3":
                 scored.append((cvss3_base_score(vector), vector))
             elif kind == "CVSS_V2":
                 scored.append((cvss2_base_score(vector), vector))

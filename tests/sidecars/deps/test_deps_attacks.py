@@ -9,7 +9,9 @@ the audit must exit 1 (3 where the class is "could not be checked").
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -22,6 +24,7 @@ import pytest
 
 from sidecars.deps.audit import run_audit
 from sidecars.deps.environment import discover_python
+from sidecars.deps.ignores import IgnoreRule
 from sidecars.deps.policy import LockRules
 from tests.sidecars.deps.deps_helpers import kinds, pip_install, record_hash, sha256_file
 
@@ -356,3 +359,68 @@ def test_plain_http_artifact_url_in_pylock(test_env, tmp_path):
     )
     report = test_env.audit(lock_path=str(lock), checks=frozenset({"lock"}))
     assert kinds(report, "lock") == {("insecure_url", "six")}
+
+
+# ---- OSV data that looks fresh but is not -----------------------------------------------------
+
+CLOCK = dt.datetime(2026, 12, 1, tzinfo=dt.UTC).timestamp()
+V4_CRITICAL = "CVSS:4.0/AV:N/AC:L/AT:N/PR:N/UI:N/VC:H/VI:H/VA:H/SC:N/SI:N/SA:N"
+
+
+def _osv(tmp_path, records, modified="2026-11-30T00:00:00Z"):
+    path = tmp_path / "all.zip"
+    with zipfile.ZipFile(path, "w") as zf:
+        for rec in records:
+            zf.writestr(f"{rec['id']}.json", json.dumps({"modified": modified, **rec}))
+    return str(path)
+
+
+def _six(ident, **extra):
+    affected = {"package": {"ecosystem": "PyPI", "name": "six"}, "versions": ["1.16.0"]}
+    return {"id": ident, "summary": ident, "affected": [{**affected, **extra.pop("affected", {})}], **extra}
+
+
+def _vuln_audit(env, db, policy=None):
+    settings = env.settings(policy, osv_db=db, checks=frozenset({"vulns"}))
+    return run_audit(settings, discover_python(env.python), clock=lambda: CLOCK)
+
+
+def test_old_export_with_one_future_record_is_not_fresh(test_env, tmp_path):
+    db = _osv(tmp_path, [_six("OSV-OLD-1"), _six("OSV-OLD-2")], modified="2020-01-01T00:00:00Z")
+    with zipfile.ZipFile(db, "a") as zf:  # one record dated 2099; the zip members are new files
+        zf.writestr("OSV-FUTURE.json", json.dumps({**_six("OSV-FUTURE"), "modified": "2099-01-01T00:00:00Z"}))
+    report = _vuln_audit(test_env, db)
+    assert report.osv_age_seconds == CLOCK - dt.datetime(2020, 1, 1, tzinfo=dt.UTC).timestamp()
+    assert report.stats["osv"]["future_records"] == 1
+    assert any("older than vulnerabilities.max_db_age_seconds" in d for d in report.degraded)
+    assert report.exit_code == 3
+
+
+def test_export_without_pypi_records_is_incomplete(test_env, tmp_path):
+    npm = {"id": "NPM-1", "affected": [{"package": {"ecosystem": "npm", "name": "six"}, "versions": ["1.16.0"]}]}
+    report = _vuln_audit(test_env, _osv(tmp_path, [npm]))
+    assert any("holds no PyPI record" in i for i in report.incomplete)
+    assert report.exit_code == 3
+
+
+def test_unevaluable_range_fails_closed_unless_ignored(test_env, tmp_path):
+    bad = _six(
+        "OSV-BADRANGE",
+        affected={"versions": [], "ranges": [{"type": "ECOSYSTEM", "events": [{"introduced": "not a version"}]}]},
+    )
+    db = _osv(tmp_path, [bad])
+    report = _vuln_audit(test_env, db)
+    assert [i for i in report.incomplete if "OSV-BADRANGE" in i] and report.exit_code == 3
+    ignore = (IgnoreRule("OSV-BADRANGE", "range checked by hand (SEC-1)", "2099-01-01"),)
+    report = _vuln_audit(test_env, db, replace(test_env.policy(), ignore=ignore))
+    assert report.incomplete == [] and report.exit_code == 0
+    assert [f.details["ignored_by"] for f in report.ignored] == ["OSV-BADRANGE"]
+
+
+def test_cvss_v4_only_advisory_is_scored_and_fails_a_critical_high_policy(test_env, tmp_path):
+    rec = _six("GHSA-v4v4-v4v4-v4v4", severity=[{"type": "CVSS_V4", "score": V4_CRITICAL}])
+    policy = test_env.policy(fail_on=("critical", "high"))
+    report = _vuln_audit(test_env, _osv(tmp_path, [rec]), policy)
+    (finding,) = [f for f in report.findings if f.kind == "vulnerable"]
+    assert (finding.details["severity"], finding.details["score"], finding.blocking) == ("critical", 9.3, True)
+    assert report.exit_code == 1
