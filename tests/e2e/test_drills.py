@@ -346,7 +346,7 @@ def test_drill_6_trainer_killed_mid_checkpoint_resumes_without_loss(drill):
         drill,
         max_steps=steps,
         model={"tiny": {"hidden_size": 256, "num_layers": 4, "intermediate_size": 768}},
-        checkpoint={"every_steps": 2, "keep_last": 3, "trusted_keys": str(keys.public_key), "allow_unsigned": True},
+        checkpoint={"every_steps": 2, "keep_last": 3, "trusted_keys": str(keys.public_key)},
     )
     stack = drill.start(
         "signer",
@@ -374,6 +374,12 @@ def test_drill_6_trainer_killed_mid_checkpoint_resumes_without_loss(drill):
     complete = sorted(n for n in os.listdir(root) if n.startswith("step-") and not n.endswith(".sig"))
     assert f"step-{killed_at:09d}" not in complete  # the interrupted one never looks complete
     newest = int(complete[-1][5:]) if complete else 0
+    # With trusted keys a resume accepts only signed checkpoints: wait until the signer has
+    # signed every complete (announced) one before restarting the trainer.
+    deadline = time.monotonic() + 60
+    while not all(os.path.exists(os.path.join(root, name + ".sig")) for name in complete):
+        assert time.monotonic() < deadline, f"signer did not sign {complete} within 60 s"
+        time.sleep(0.1)
     again = train(config, drill.run_dir)
     assert again.returncode == 0, again.stderr[-2000:]
     events = journal(drill.run_dir)
