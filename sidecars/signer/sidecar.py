@@ -538,6 +538,9 @@ class SignerSidecar(Sidecar):
                     self.announced.forget(path)  # pruned by retention: directory and .sig both gone
             for path in [p for p in self._unannounced_since if os.path.dirname(p) == root.path and p not in present]:
                 del self._unannounced_since[path]
+            for sig_path in [p for p in self._sig_checked if os.path.dirname(p) == root.path]:
+                if sig_path[: -len(".sig")] not in present:
+                    del self._sig_checked[sig_path]  # bounded by the checkpoints listed
         return self._publish_violations(found)
 
     def _audit_one(self, candidate: Candidate, now: float) -> str | None:
