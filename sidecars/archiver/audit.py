@@ -122,7 +122,7 @@ def _deleted_note(entries: list[VersionEntry]) -> str:
     if not entries or not any(e.is_delete_marker and e.is_latest for e in entries):
         return ""
     kept = sum(1 for e in entries if not e.is_delete_marker)
-    return f" (a delete marker hides {kept} retained version(s) of it)"
+    return f" (a delete marker hides {kept} retained version(s) of it)" if kept else ""  # else: never stored
 
 
 def _key_versions(store: Store, key: str) -> list[VersionEntry]:
