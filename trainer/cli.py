@@ -38,13 +38,19 @@ from sidecars.cliutil import option
     "--resume",
     default="auto",
     show_default=True,
-    help="auto: newest checkpoint that verifies; never: start fresh; or a checkpoint directory.",
+    help=(
+        "auto: newest checkpoint of this run that verifies (with checkpoint.trusted_keys: signed ones only; "
+        "exit 1 when checkpoints exist and every one is rejected); never: start fresh; or a checkpoint "
+        "directory, the only way to resume from another run's checkpoint."
+    ),
 )
 def train(config_path: str, overrides: tuple[str, ...], max_steps: int | None, run_dir: str, resume: str) -> None:
     """Train with PPO on a local model, writing events and checkpoints into RUN_DIR.
 
     Validates the config and every path before loading a model; fails with exit 2 naming
-    the key. Under torchrun, only rank 0 writes events, checkpoints and /metrics.
+    the key. A resume that finds only rejected checkpoints exits 1 (each rejection is
+    journalled as checkpoint.rejected). Under torchrun, only rank 0 writes events,
+    checkpoints and /metrics.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,16 +150,15 @@ class CheckpointConfig:
     match, unconditionally; an unsigned one (also one the signer has not reached yet) is
     rejected. Unset: only ``manifest.sha256.json`` is checked, which guards against
     accidents, not against anyone who can write the checkpoint storage.
-    ``allow_unsigned`` is optional and only restates that rule: ``false`` needs
-    ``trusted_keys``, ``true`` contradicts it; both contradictions are config errors.
+    There is no switch to accept unsigned checkpoints once keys are set (the old
+    ``allow_unsigned`` and ``require_signature`` keys are refused as unknown keys).
     """
 
     root: str = ""  # empty: <run_dir>/checkpoints
     every_steps: int = 10
     keep_last: int = 3
     write_retries: int = 2
-    trusted_keys: str = ""  # file or directory of *.pub; set: resume only from checkpoints they signed
-    allow_unsigned: bool | None = None  # optional restatement of the rule above; never a loophole
+    trusted_keys: str = ""  # file or directory of *.pub (relative: to the config file); set: signed only
 
 
 @dataclass(frozen=True)
@@ -238,7 +238,20 @@ def load_config(path: str, overrides: list[str] | None = None) -> TrainerConfig:
     raw = apply_overrides(raw, list(overrides or []), path)
     config = policy_from_mapping(raw, TrainerConfig, path)
     validate(config, path)
-    return config
+    return anchor_trust_paths(config, path)
+
+
+def anchor_trust_paths(config: TrainerConfig, config_path: str) -> TrainerConfig:
+    """``checkpoint.trusted_keys`` made absolute against the config file's directory.
+
+    What a resume trusts must not depend on the directory the trainer was started from
+    (a relative path there could pick up keys an attacker planted in the job's cwd).
+    """
+    keys = config.checkpoint.trusted_keys
+    if not keys or os.path.isabs(keys):
+        return config
+    anchored = os.path.join(os.path.dirname(os.path.abspath(config_path)), keys)
+    return dataclasses.replace(config, checkpoint=dataclasses.replace(config.checkpoint, trusted_keys=anchored))
 
 
 def _require(ok: bool, where: str, key: str, message: str) -> None:
@@ -314,25 +327,7 @@ def validate(cfg: TrainerConfig, where: str = "<config>", world_size: int = 1) -
     )
     _require(cfg.checkpoint.every_steps >= 0, where, "checkpoint.every_steps", "must be >= 0 (0: never)")
     _require(cfg.checkpoint.keep_last >= 1, where, "checkpoint.keep_last", "must be >= 1")
-    validate_trust(cfg.checkpoint, where)
     _require(cfg.max_steps >= 0, where, "max_steps", "must be >= 0")
-
-
-def validate_trust(ckpt: CheckpointConfig, where: str) -> None:
-    """Refuses settings that contradict "trusted keys set: signatures required"."""
-    _require(
-        not (ckpt.trusted_keys and ckpt.allow_unsigned is True),
-        where,
-        "checkpoint.allow_unsigned",
-        "true contradicts checkpoint.trusted_keys: with trusted keys a resume accepts signed checkpoints only; "
-        "remove allow_unsigned (or trusted_keys, which leaves integrity checks only)",
-    )
-    _require(
-        ckpt.trusted_keys != "" or ckpt.allow_unsigned is not False,
-        where,
-        "checkpoint.allow_unsigned",
-        "false needs checkpoint.trusted_keys: without trusted keys no signature can be checked",
-    )
 
 
 def validate_vllm(cfg: TrainerConfig, where: str, world_size: int) -> None:

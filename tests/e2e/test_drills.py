@@ -90,7 +90,7 @@ def test_drill_2_modified_signed_checkpoint_pages_and_resume_skips_it(drill):
     )
     config = tiny_config(
         drill,
-        checkpoint={"every_steps": 2, "keep_last": 3, "trusted_keys": str(keys.public_key), "allow_unsigned": False},
+        checkpoint={"every_steps": 2, "keep_last": 3, "trusted_keys": str(keys.public_key)},
     )
     drill.start("signer", extra=("--no-s3", "--signing-key", str(keys.private_key)))
     first = train(config, drill.run_dir, "--max-steps", "4")

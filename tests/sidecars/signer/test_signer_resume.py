@@ -67,7 +67,7 @@ def test_resume_falls_back_past_a_tampered_signed_checkpoint(signer_kit, tiny_as
 
     flip_last_byte(str(four / "critic" / "critic.safetensors"))
     assert kit.cli_verify(four).returncode == 1
-    trusted = {"trusted_keys": str(kit.trust_dir), "allow_unsigned": False}
+    trusted = {"trusted_keys": str(kit.trust_dir)}
     resumed = PPOTrainer(trainer_config(tiny_assets_dir, str(tmp_path / "b.yaml"), trusted), run_dir, resume="auto")
     resumed.close()
     assert resumed.step == 2
