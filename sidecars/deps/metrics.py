@@ -30,7 +30,24 @@ INTEGRITY_KINDS = (
     "interpreter_replaced",
     "venv_script_changed",
 )
-TAMPER_KINDS = ("tampered", "record_changed", "pyc_mismatch")
+# Everything that means "the environment is not what was installed and approved" pages as
+# tampering (WardenDepsTamperedFiles): start-up hooks and interpreter changes included.
+TAMPER_KINDS = (
+    "tampered",
+    "record_changed",
+    "pyc_mismatch",
+    "unhashed",
+    "not_in_baseline",
+    "removed_from_baseline",
+    "environment_changed",
+    "pth_not_allowed",
+    "special_file",
+    "link_outside",
+    "startup_hook",
+    "venv_config",
+    "interpreter_replaced",
+    "venv_script_changed",
+)
 RESULTS = ("clean", "violation", "incomplete")
 
 
