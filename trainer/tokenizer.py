@@ -23,6 +23,7 @@ from sidecars.tokenscan import Manifest, TokenscanPolicy, coerce_policy, scan_di
 from sidecars.tokenscan.chat_template import stop_worker
 from sidecars.tokenscan.manifest import describe_diff
 from sidecars.tokenscan.scanner import directory_manifest
+from sidecars.tokenscan.tokenizer_behaviour import stop_worker as stop_tokenizer_worker
 
 WEIGHT_EXTENSIONS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt")
 MAX_LISTED = 8
@@ -61,7 +62,10 @@ def check_tokenizer_dir(path: str, allowed_classes: Iterable[str], policy: Token
     """Raises UnsafeTokenizer when ``path`` must not be loaded (see the module docstring)."""
     _preconditions(path)
     effective = guard_policy(allowed_classes, policy)
-    result = scan_directory(path, effective, with_manifest=False)
+    try:
+        result = scan_directory(path, effective, with_manifest=False)
+    except (RecursionError, MemoryError) as exc:  # scan_directory contains these; belt and braces
+        raise UnsafeTokenizer(f"{path}: the scan could not finish ({type(exc).__name__}); refusing to load") from None
     blocking = result.blocking(effective.fail_severity)
     if blocking:
         listed = "; ".join(f"{f.id} {f.rule.name} at {f.location}: {f.message}" for f in blocking[:MAX_LISTED])
@@ -83,7 +87,8 @@ def load_tokenizer(path: str, allowed_classes: Iterable[str], policy: TokenscanP
     try:
         check_tokenizer_dir(path, allowed, effective)
     finally:
-        stop_worker()  # no idle template sandbox process left beside the trainer
+        stop_worker()  # no idle template or tokenizer sandbox process left beside the trainer
+        stop_tokenizer_worker()
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import AutoTokenizer
 

@@ -299,12 +299,11 @@ def _literals(tree: nodes.Template, max_literal_chars: int) -> list[TemplateIssu
             out.append(TemplateIssue("invisible", f"invisible or bidi characters in {_short(text, 40)!r}"))
         if URL_RE.search(text):
             out.append(TemplateIssue("url", f"URL in {_short(text)!r}"))
+    # Long literal text alone is not a finding (vendors ship default system prompts, date
+    # headers and tool instructions): the render battery judges where a template adds text.
     for text in _output_literals(tree):
-        rest = residual_text(text, ())
         if INJECTION_RE.search(unicodedata.normalize("NFKC", INVISIBLE_RE.sub("", text))):
             out.append(TemplateIssue("injection", f"instruction-like text {_short(text, 100)!r}"))
-        elif _letters(rest) >= max_literal_chars:
-            out.append(TemplateIssue("hidden_text", f"literal text {_short(text, 100)!r}"))
     return out
 
 

@@ -184,6 +184,7 @@ class Finding:
     fix: str
     root: str = ""
     key: str | None = None
+    line: int | None = None
 
     @property
     def rule(self) -> Rule:
@@ -203,6 +204,7 @@ class Finding:
             "root": self.root,
             "path": self.path,
             "key": self.key,
+            "line": self.line,
             "message": self.message,
             "fix": self.fix,
         }

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 PICKLE_OPCODES = frozenset(op.code.encode("latin-1") for op in pickletools.opcodes)
 MAX_PICKLES_PER_FILE = 16
-MAX_OPS = 2_000_000
+MAX_OPS = 1_000_000
 DEADLINE_CHECK_OPS = 4096
 
 DANGEROUS_MODULES = (

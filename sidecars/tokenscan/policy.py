@@ -26,6 +26,10 @@ DEFAULT_TOKENIZER_CLASSES = (
     "GemmaTokenizerFast",
     "PreTrainedTokenizerFast",
     "TokenizersBackend",
+    "BertTokenizer",
+    "BertTokenizerFast",
+    "T5Tokenizer",
+    "T5TokenizerFast",
 )
 DEFAULT_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text", "mistral")
 DEFAULT_EXTENSIONS = (".json", ".txt", ".model", ".jinja", ".safetensors", ".md", ".tiktoken", ".vocab")

@@ -9,6 +9,8 @@ the incomplete-scan errors as ``toolExecutionNotifications``.
 from __future__ import annotations
 
 import pathlib
+import unicodedata
+import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +21,19 @@ from sidecars.tokenscan.scanner import DirectoryScan, worst_outcome
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 TOOL_NAME = "warden-tokenscan"
 OUTCOME_WORDS = {0: "clean", 1: "VIOLATION", 3: "INCOMPLETE"}
+
+
+def escape_control(text: str) -> str:
+    """``text`` with control, format and line-separator characters written as escapes, so a
+    hostile file name cannot move the cursor, clear the screen or start a forged line."""
+    out = []
+    for ch in str(text):
+        if ch != " " and unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Co", "Cs"):
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:
+            out.append(ch)
+    return "".join(out)
 
 
 def _all(scans: Sequence[DirectoryScan]) -> list[Finding]:
@@ -34,10 +49,11 @@ def render_text(scans: Sequence[DirectoryScan], fail_on: Severity, policy_path: 
         f"tokenscan: {len(scans)} director{'y' if len(scans) == 1 else 'ies'}, {summary} "
         f"-> {OUTCOME_WORDS[code]} (fail_on {fail_on.label}; policy {policy_path or 'built-in'})"
     ]
+    e = escape_control
     for s in scans:
         state = OUTCOME_WORDS[s.outcome(fail_on)]
-        lines.append(f"  {state:<10} {s.root}  ({s.files} files, {s.duration_seconds:.3f}s)")
-        lines += [f"             incomplete: {e}" for e in s.errors]
+        lines.append(f"  {state:<10} {e(s.root)}  ({s.files} files, {s.duration_seconds:.3f}s)")
+        lines += [f"             incomplete: {e(err)}" for err in s.errors]
     for severity in sorted(Severity, reverse=True):
         group = [f for f in findings if f.severity == severity]
         if not group:
@@ -45,8 +61,8 @@ def render_text(scans: Sequence[DirectoryScan], fail_on: Severity, policy_path: 
         lines.append("")
         lines.append(f"{severity.label.upper()} ({len(group)})")
         for f in group:
-            lines.append(f"  {f.id} {f.rule.name}: {f.location}")
-            lines.append(f"      {f.message}")
+            lines.append(f"  {f.id} {f.rule.name}: {e(f.location)}")
+            lines.append(f"      {e(f.message)}")
             lines.append(f"      fix: {f.fix}")
     return "\n".join(lines)
 
@@ -86,16 +102,19 @@ def _rules() -> list[dict[str, Any]]:
 
 
 def _result(f: Finding, base: str, index: dict[str, int]) -> dict[str, Any]:
-    uri = "." if f.path == "." else pathlib.PurePosixPath(f.path).as_posix()
+    uri = "." if f.path == "." else urllib.parse.quote(pathlib.PurePosixPath(f.path).as_posix(), safe="/")
     props: dict[str, Any] = {"severity": f.severity.label, "security-severity": f"{int(f.severity):.1f}"}
     if f.key:
         props["key"] = f.key
+    physical: dict[str, Any] = {"artifactLocation": {"uri": uri, "uriBaseId": base}}
+    if f.line:
+        physical["region"] = {"startLine": f.line}
     return {
         "ruleId": f.id,
         "ruleIndex": index[f.id],
         "level": sarif_level(f.severity),
         "message": {"text": f"{f.message}. Fix: {f.fix}"},
-        "locations": [{"physicalLocation": {"artifactLocation": {"uri": uri, "uriBaseId": base}}}],
+        "locations": [{"physicalLocation": physical}],
         "partialFingerprints": {"tokenscan/v1": f"{f.id}:{f.path}:{f.key or ''}"},
         "properties": props,
     }

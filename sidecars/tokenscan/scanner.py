@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import struct
 import time
 from collections import OrderedDict
@@ -387,7 +388,39 @@ def run_checks(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
     found: list[Finding] = []
     for _name, check in CHECKS:
         found += check(snap, policy)
-    return sort_findings(with_root(dedupe(found), snap.root))
+    return sort_findings(with_root(_with_lines(dedupe(found), snap, policy), snap.root))
+
+
+_LINE_IN_DETAIL = re.compile(r"\(line (\d+)\)")
+
+
+def _with_lines(found: list[Finding], snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
+    """Findings with the line of their key (JSON) or template line (.jinja) where one exists."""
+    texts: dict[str, str] = {}
+    out = []
+    for f in found:
+        line = None
+        if f.path.endswith(".jinja") and (m := _LINE_IN_DETAIL.search(f.message)):
+            line = int(m.group(1))
+        elif f.key and f.path in snap.json:
+            if f.path not in texts:
+                texts[f.path] = _text_of(snap, f.path, policy)
+            line = key_line(texts[f.path], re.split(r"[.\[]", f.key, maxsplit=1)[0])
+        out.append(replace(f, line=line) if line else f)
+    return out
+
+
+def _text_of(snap: Snapshot, rel: str, policy: TokenscanPolicy) -> str:
+    try:
+        return _read(os.path.join(snap.root_real, rel), policy.cap_for(rel) or (64 << 20)).decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def key_line(text: str, key: str) -> int | None:
+    """1-based line of the first ``"key":`` in JSON ``text``, or None."""
+    m = re.search(re.escape(json.dumps(key)) + r"\s*:", text)
+    return text.count("\n", 0, m.start()) + 1 if m else None
 
 
 def scan_directory(

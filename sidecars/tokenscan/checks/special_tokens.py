@@ -21,6 +21,8 @@ def check_special_tokens(snap: Snapshot, policy: TokenscanPolicy) -> list[Findin
     for name in ("bos", "eos", "pad", "unk"):
         value = tokens.get(name)
         if not value:
+            if name == "eos" and tokens.get("sep"):
+                continue  # an encoder tokenizer (BERT) ends sequences with sep
             if name in policy.special_tokens.required:
                 out.append(finding("TS1001", where, f"{name}_token is not defined", key=f"{name}_token"))
         elif snap.vocabulary is not None and value not in snap.vocabulary:

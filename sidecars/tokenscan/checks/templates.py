@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sidecars.tokenscan.findings import Finding, Severity, finding
+from sidecars.tokenscan.findings import Finding, finding
 from sidecars.tokenscan.policy import TokenscanPolicy
 from sidecars.tokenscan.snapshot import Snapshot, TemplateSource
 
@@ -11,7 +11,6 @@ ISSUE_RULES = {
     "introspection": ("TS802", None),
     "content_branch": ("TS803", None),
     "url": ("TS804", None),
-    "hidden_text": ("TS805", Severity.LOW),  # vendors write default system prompts; behaviour decides
     "invisible": ("TS805", None),
     "injection": ("TS805", None),
     "loops": ("TS808", None),

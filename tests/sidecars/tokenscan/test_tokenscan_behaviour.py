@@ -1,0 +1,177 @@
+"""Issue 18: what a tokenizer DOES. The attack corpus (attacks.py, one generator per class) is
+caught case by case with its finding id; the benign family fixtures (families.py) scan with no
+finding at all; crash inputs end in findings with valid JSON/SARIF; the trainer's guard refuses
+every malicious case with UnsafeTokenizer; text output cannot be forged by file names."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+from support import run_warden
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from attacks import AttackCase, all_cases, build_corpus  # noqa: E402
+from families import FAMILIES, build_family  # noqa: E402
+
+from sidecars.tokenscan import scan_directory  # noqa: E402
+from sidecars.tokenscan import template_battery as tb  # noqa: E402
+from sidecars.tokenscan import tokenizer_behaviour as tbe  # noqa: E402
+from sidecars.tokenscan.policy import BehaviourPolicy, default_policy  # noqa: E402
+from sidecars.tokenscan.report import render_sarif, render_text  # noqa: E402
+from sidecars.tokenscan.scanner import DirectoryScan  # noqa: E402
+from trainer.tokenizer import UnsafeTokenizer, load_tokenizer  # noqa: E402
+
+CASES = {c.name: c for c in all_cases()}
+CRASH = [c.name for c in CASES.values() if c.klass == "crash"]
+POLICY = default_policy(behaviour=BehaviourPolicy(timeout_seconds=10.0))
+GUARD_CLASSES = ("PreTrainedTokenizerFast", "Qwen2Tokenizer", "Qwen2TokenizerFast", "T5Tokenizer", "TokenizersBackend")
+
+
+@pytest.fixture(scope="module")
+def attack_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return build_corpus(tmp_path_factory.mktemp("attacks"))
+
+
+@pytest.fixture(scope="module")
+def family_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("families")
+    return {name: build_family(name, root / name) for name in FAMILIES}
+
+
+def test_the_corpus_has_forty_cases_over_every_class():
+    assert len(CASES) >= 40
+    assert {c.klass for c in CASES.values()} == {
+        "pickle", "extension", "tokenizer.json", "special", "chat template", "crash"
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_attack_is_caught_with_its_finding(attack_dirs, name):
+    case: AttackCase = CASES[name]
+    result = scan_directory(str(attack_dirs[name]), POLICY)
+    found = {f.id for f in result.findings}
+    assert case.expected in found, [f.to_dict() for f in result.findings]
+    assert result.outcome(POLICY.fail_severity) == 1
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_benign_family_scans_without_any_finding(family_dirs, family):
+    result = scan_directory(str(family_dirs[family]), default_policy())
+    assert [f.to_dict() for f in result.findings] == [] and result.errors == []
+    assert result.outcome(default_policy().fail_severity) == 0
+
+
+def test_benign_families_exercise_the_behavioural_checks(family_dirs):
+    """The clean results above come from checks that ran: the child answered for each family."""
+    from sidecars.tokenscan.scanner import build_snapshot
+
+    for family, path in family_dirs.items():
+        snap = build_snapshot(str(path), default_policy())
+        assert "tokenizer.json" in snap.texts, family
+        rendered = [t for t in snap.templates if t.render is not None]
+        assert all(t.render.status == "ok" for t in rendered), family  # type: ignore[union-attr]
+        if family not in ("bert", "t5"):
+            assert rendered, family
+
+
+def test_crash_inputs_give_findings_and_valid_json_and_sarif(attack_dirs):
+    paths = [str(attack_dirs[n]) for n in CRASH]
+    as_json = run_warden("scan", "tokenizer", *paths, "--format", "json")
+    assert as_json.returncode == 1 and "Traceback" not in as_json.stderr, as_json.stderr
+    doc = json.loads(as_json.stdout)
+    by_path = {d["path"]: d for d in doc["directories"]}
+    for name in CRASH:
+        assert CASES[name].expected in {f["id"] for f in by_path[str(attack_dirs[name])]["findings"]}, name
+    as_sarif = run_warden("scan", "tokenizer", *paths, "--format", "sarif")
+    assert as_sarif.returncode == 1 and "Traceback" not in as_sarif.stderr
+    with open(os.path.join(HERE, "tokenscan_sarif_schema.json"), encoding="utf-8") as fh:
+        jsonschema.validate(json.loads(as_sarif.stdout), json.load(fh))
+
+
+GUARDED = [
+    "safetensors_with_zip_tail", "gguf_named_readme", "post_processor_appends_instruction", "normalizer_deletes_not",
+    "normalizer_makes_role_token", "swapped_word_ids", "pretokenizer_panics", "eos_zero_width_lookalike",
+    "pad_is_ordinary_word", "trigger_through_macro_argument", "gated_on_conversation_length", "drops_system_prompt",
+    "user_rendered_as_system", "dunder_through_variables", "url_from_variables", "template_nested_parentheses",
+    "template_nested_ifs", "safetensors_header_nested_100k", "npz_member_bad_npy_header", "sentencepiece_rule_rewrites",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", GUARDED)
+def test_trainer_guard_refuses_the_case(attack_dirs, name, monkeypatch):
+    import transformers
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the guard let transformers load a directory it should have refused")
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", refuse)
+    with pytest.raises(UnsafeTokenizer, match=CASES[name].expected):
+        load_tokenizer(str(attack_dirs[name]), GUARD_CLASSES)
+
+
+# -- pure units --------------------------------------------------------------------------------
+def test_canonical_ignores_documented_normalisation_only():
+    assert tbe.canonical("Ｓtraße  Über") == tbe.canonical("strasse uber")
+    assert tbe.canonical("the model is not ready") != tbe.canonical("the model is ready")
+
+
+def test_merge_order_problem_finds_a_swap_and_passes_a_trained_order():
+    model = {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "abb": 3}, "merges": ["a b", "ab b"]}
+    assert tbe.merge_order_problem(model) is None
+    swapped = {**model, "vocab": {"a": 0, "b": 1, "ab": 3, "abb": 2}}
+    assert "not in merge order" in (tbe.merge_order_problem(swapped) or "")
+
+
+def test_judge_reports_each_invariant_from_a_hand_built_answer():
+    n = len(tbe.CORPUS)
+    samples = [{"ids": [5], "ids_special": [5], "decoded": text, "unk_chars": ""} for text in tbe.CORPUS]
+    answer = {"status": "ok", "samples": samples, "token_ids": {"<eos>": 9}, "added": [["<eos>", 9, True]]}
+    assert tbe.judge(answer, {"eos": "<eos>"}, "t") == []
+    samples[0] = {**samples[0], "decoded": "the model is ready", "ids": [9], "ids_special": [9, 7, 7]}
+    kinds = {i.kind for i in tbe.judge({**answer, "samples": samples}, {"eos": "<eos>"}, "t")}
+    assert kinds == {"roundtrip", "special", "added"} and n > 10
+    assert [i.kind for i in tbe.judge({"status": "panic", "message": "boom"}, {}, "t")] == ["panic"]
+
+
+def test_battery_flags_a_render_that_depends_on_length_only():
+    renders = tb.battery_renders({})
+    answer = {"status": "ok", "renders": []}
+    for r in renders:
+        body = "".join(f"<|{m['role']}|>{m['content']}" for m in r["messages"])
+        if len(r["messages"]) > 12:
+            body = body.replace("<|user|>QPROBE05X", "<|user|>NOTE QPROBE05X")
+        answer["renders"].append({"status": "ok", "output": body})
+    kinds = [i.kind for i in tb.judge(renders, answer, (), 24)]
+    assert kinds == ["varies"]
+
+
+# -- output safety -----------------------------------------------------------------------------
+def test_text_output_escapes_control_characters_in_names_and_messages(tmp_path):
+    from sidecars.tokenscan.findings import Severity, finding
+
+    evil = "x\x1b[2J\x1b[H\rtokenscan: 1 directory, no findings -> clean\nfake.json"
+    hit = finding("TS203", evil, f"{evil!s} is odd")
+    scan = DirectoryScan(str(tmp_path), [hit.__class__(**{**hit.__dict__, "root": str(tmp_path)})])
+    text = render_text([scan], Severity.MEDIUM)
+    assert "\x1b" not in text and "\r" not in text
+    assert all(not line.startswith("tokenscan: 1 directory, no findings") for line in text.splitlines()[1:])
+
+
+def test_sarif_uris_are_percent_encoded_and_results_have_regions(tmp_path):
+    from sidecars.tokenscan.findings import Severity
+
+    target = tmp_path / "tok"
+    (target / "dir with space").mkdir(parents=True)
+    (target / "dir with space" / "tok#1.json").write_text('{\n  "a": 1,\n  "trust_remote_code": true\n}\n')
+    result = render_sarif([scan_directory(str(target), POLICY)], Severity.MEDIUM)["runs"][0]["results"]
+    hit = next(r for r in result if r["ruleId"] == "TS701")
+    location = hit["locations"][0]["physicalLocation"]
+    assert location["artifactLocation"]["uri"] == "dir%20with%20space/tok%231.json"
+    assert location["region"] == {"startLine": 3}
