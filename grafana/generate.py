@@ -626,6 +626,22 @@ def paths_row() -> Row:
     return component_row("paths", "Paths", sidecar_success("paths", 300, 900), figures)
 
 
+def journal_row() -> Row:
+    figures = [
+        sidecar_errors("journal"),
+        since_stat(
+            "Last event",
+            "warden_journal_last_event_timestamp_seconds",
+            description="Time since the newest event the trainer wrote to the journal.",
+            warn=300,
+            crit=600,
+        ),
+        stat("Last step", "max(warden_journal_last_step)", "none", description="Step of the newest event."),
+        count_stat("Quiet runs", "sum(warden_journal_stale)", description="Journals with no event within the limit."),
+    ]
+    return component_row("journal", "Journal", sidecar_success("journal", 300, 900), figures)
+
+
 def alerts_row() -> Row:
     return Row(
         "Alerts",
@@ -697,6 +713,7 @@ def overview() -> Json:
         tokenscan_row(),
         deps_row(),
         paths_row(),
+        journal_row(),
         hosts_row(),
     ]
     return dashboard(
