@@ -1,4 +1,4 @@
-"""Exit codes and the error bases the CLI maps to them (DESIGN section 7).
+"""Exit codes and the error bases the CLI maps to them (docs/design.md section 7).
 
 0 clean, 1 a policy violation was found, 2 usage or configuration error, 3 the check
 could not be completed. Each sidecar module derives its own base from one of these, so

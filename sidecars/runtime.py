@@ -97,7 +97,7 @@ class Sidecar:
 
 
 class SidecarMetrics:
-    """The common ``warden_sidecar_*`` families (DESIGN section 8), labelled ``sidecar``."""
+    """The common ``warden_sidecar_*`` families (docs/design.md section 8), labelled ``sidecar``."""
 
     def __init__(self, registry: CollectorRegistry, name: str) -> None:
         label = ["sidecar"]

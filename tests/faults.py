@@ -21,7 +21,7 @@ FAULTFS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sidecars", "
 
 
 def need(condition: bool, message: str) -> None:
-    """Skips locally when ``condition`` is false, fails under CI=true (DESIGN section 10)."""
+    """Skips locally when ``condition`` is false, fails under CI=true (docs/design.md section 10)."""
     if condition:
         return
     if IN_CI:

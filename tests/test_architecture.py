@@ -1,4 +1,4 @@
-"""Architecture rules of DESIGN section 1, checked rather than trusted."""
+"""Architecture rules of docs/design.md section 1, checked rather than trusted."""
 
 from __future__ import annotations
 

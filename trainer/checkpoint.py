@@ -1,4 +1,4 @@
-"""Checkpoints without pickle, written atomically (DESIGN section 3).
+"""Checkpoints without pickle, written atomically (docs/design.md section 3).
 
 ``<root>/.tmp-step-000000050/`` is written and fsynced, then renamed to
 ``step-000000050/``: a name without ``.tmp-`` is always complete. Tensors go to

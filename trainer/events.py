@@ -1,4 +1,4 @@
-"""The trainer's event journal (DESIGN section 2). Standard library only.
+"""The trainer's event journal (docs/design.md section 2). Standard library only.
 
 The trainer (rank 0) appends one JSON object per line to ``<run_dir>/events.jsonl``
 with :class:`EventWriter`; sidecars follow it with :class:`JournalReader` and keep a

@@ -1,6 +1,6 @@
 """Errors of the archiver and of ``warden audit``, each mapped to an exit code by its Warden base.
 
-Exit codes (DESIGN section 7): 1 a violation (a conflict in the store, a broken chain, a
+Exit codes (docs/design.md section 7): 1 a violation (a conflict in the store, a broken chain, a
 record that does not verify), 2 configuration (store URL, policy, Object Lock missing),
 3 incomplete (store unreachable, step not found). Messages name the run, step or key.
 """

@@ -1,4 +1,4 @@
-"""Signing and verifying records and heads: DSSE envelopes in Sigstore bundles (DESIGN section 4).
+"""Signing and verifying records and heads: DSSE envelopes in Sigstore bundles (docs/design.md section 4).
 
 The same format and key type as checkpoint signatures (ECDSA P-256 over the DSSE PAE,
 ``verificationMaterial.publicKey.hint`` = key id), built with the signer's helpers; only

@@ -1,5 +1,5 @@
 """Every metric an alert rule or a dashboard names exists in a real scrape of our processes
-(DESIGN section 8), or is an explicit external family (vLLM, DCGM, node exporter, Prometheus)."""
+(docs/design.md section 8), or is an explicit external family (vLLM, DCGM, node exporter, Prometheus)."""
 
 from __future__ import annotations
 
