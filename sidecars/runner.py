@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import threading
 import time
 from types import FrameType
@@ -15,6 +16,23 @@ from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarMetrics, error
 from trainer.events import Cursor, CursorStore, Event, JournalError, JournalFollower, JournalReader, read_last_seq
 
 MAX_BACKOFF_SECONDS = 30.0
+UNTRUSTED_JOURNAL = "journal_untrusted"
+
+
+def journal_exposure(path: str, file_mode: int, dir_mode: int) -> str | None:
+    """Why others could write the journal at ``path`` (pure, on ``st_mode`` values), or None.
+
+    The journal is the trainer's voice: a ``checkpoint.saved`` or ``reward.snapshot`` in it is
+    what the signer and the archiver sign (docs/threat-model.md). If group or others can write
+    the file, or anyone can replace it in a world-writable directory without the sticky bit,
+    whoever can write the storage could announce their own bytes; sidecars then refuse to act.
+    """
+    if file_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is writable by group or others (mode {stat.S_IMODE(file_mode):o}); run: chmod go-w {path}"
+    if dir_mode & stat.S_IWOTH and not dir_mode & stat.S_ISVTX:
+        where = os.path.dirname(path) or "."
+        return f"{where} is world-writable, so anyone can replace the journal; run: chmod o-w {where}"
+    return None
 
 
 class Runner:
@@ -38,6 +56,7 @@ class Runner:
         self._heartbeat = time.monotonic()
         self._next_check = 0.0
         self._lag_thread: threading.Thread | None = None
+        self._exposure: str | None = None
 
     # -- journal ---------------------------------------------------------------------
     def _journal_reader(self) -> JournalReader | None:
@@ -56,10 +75,34 @@ class Runner:
         self.metrics.error(kind)
         self.ctx.log.warning(message, extra=log_fields(sidecar=self.ctx.name, kind=kind))
 
+    def _journal_exposed(self) -> bool:
+        """True while others could write the journal (:func:`journal_exposure`): a violation,
+        counted and logged once each time the problem appears or changes."""
+        path = self.ctx.journal_path
+        try:
+            file_mode = os.stat(path).st_mode if path else 0
+            dir_mode = os.stat(os.path.dirname(os.path.abspath(path))).st_mode if path else 0
+        except OSError:
+            return False  # no journal yet: the reader reports what is missing
+        problem = journal_exposure(path or "", file_mode, dir_mode)
+        if problem != self._exposure:
+            self._exposure = problem
+            if problem is not None:
+                self.metrics.error(UNTRUSTED_JOURNAL)
+                self.metrics.violations.labels(self.ctx.name).inc()
+                fields = log_fields(sidecar=self.ctx.name, kind=UNTRUSTED_JOURNAL)
+                self.ctx.log.error(f"refusing to act on the journal: {problem}", extra=fields)
+        if problem is not None:
+            self._worst = max(self._worst, Outcome.VIOLATION)
+        return problem is not None
+
     def drain(self) -> None:
-        """Handles every complete event now in the journal, saving the cursor after each."""
+        """Handles every complete event now in the journal, saving the cursor after each.
+
+        Nothing is handled while others could write the journal (:func:`journal_exposure`).
+        """
         reader = self._journal_reader()
-        if reader is None or time.monotonic() < self._retry_at:
+        if reader is None or time.monotonic() < self._retry_at or self._journal_exposed():
             return
         saved = reader.cursor
         try:

@@ -116,7 +116,8 @@ class PPOTrainer:
         if cfg.run.torch_threads:
             torch.set_num_threads(cfg.run.torch_threads)
         self.paths: ResolvedPaths = resolve_paths(cfg, self.run_dir)
-        os.makedirs(self.run_dir, exist_ok=True)
+        # Not writable by others whatever the umask: sidecars refuse a journal others can write.
+        os.makedirs(self.run_dir, mode=0o755, exist_ok=True)
         self.metrics = TrainerMetrics()
         self.journal: ev.EventWriter | None = None
         journal_path = os.path.join(self.run_dir, ev.JOURNAL_NAME)

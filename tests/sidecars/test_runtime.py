@@ -183,6 +183,39 @@ def test_retry_later_keeps_the_cursor_before_the_event(run_dir, journal):
     assert again.seen == [2] and result == Outcome.OK
 
 
+@pytest.mark.parametrize(
+    ("file_mode", "dir_mode"),
+    [(0o664, 0o755), (0o646, 0o755), (0o644, 0o777)],
+    ids=["group-writable journal", "world-writable journal", "world-writable run dir"],
+)
+def test_a_journal_others_can_write_is_never_acted_on(run_dir, journal, file_mode, dir_mode):
+    """Storage writer: with write access to the journal they could announce their own checkpoint."""
+    journal.emit(ev.STEP_COMPLETED, {}, step=1)
+    os.chmod(run_dir / "events.jsonl", file_mode)
+    os.chmod(run_dir, dir_mode)
+    try:
+        runner, sidecar, result = run_scripted(run_dir, [Outcome.OK])
+        again = runner.run_once()
+    finally:
+        os.chmod(run_dir, 0o755)
+    assert result == Outcome.VIOLATION and again == Outcome.VIOLATION
+    assert sidecar.seen == []
+    counted = runner.ctx.registry.get_sample_value(
+        "warden_sidecar_errors_total", {"sidecar": "scripted", "kind": "journal_untrusted"}
+    )
+    assert counted == 1  # counted when the exposure appears, not on every pass
+
+
+def test_a_sticky_shared_directory_and_a_private_journal_are_trusted(run_dir, journal):
+    journal.emit(ev.STEP_COMPLETED, {}, step=1)
+    os.chmod(run_dir, 0o1777)
+    try:
+        _runner, sidecar, result = run_scripted(run_dir, [Outcome.OK])
+    finally:
+        os.chmod(run_dir, 0o755)
+    assert result == Outcome.OK and sidecar.seen == [1]
+
+
 def _journal_index(run_dir):
     seqs = []
     path = run_dir / "state" / "journal" / "index.jsonl"
