@@ -12,9 +12,18 @@
    the CLI (one process), against the anchor of loading each with ``AutoTokenizer.from_pretrained``
    (what the trainer does anyway); picklescan/modelscan over the same parent folder.
 
+4. Behaviour (issue 18): the attack corpus of ``tests/sidecars/tokenscan/attacks.py`` (one
+   generator per class, 40+ cases) and the benign family fixtures (``families.py``: Llama 3.1,
+   Qwen2.5, Gemma, Mistral, Phi-3, BERT, T5) through ours, picklescan, modelscan, modelaudit
+   and fickling (``fickling.is_likely_safe`` on every file, in a child process): cases caught
+   by class, false positives on the families, seconds.
+5. Speed (issue 18): ``--dirs`` tokenizer directories of ``--vocab``-sized byte-level BPE
+   tokenizers (5 distinct, copied), scanned cold (fresh caches and workers) against the
+   anchor of hashing their bytes with threaded SHA-256 (page cache warm).
+
 Not a test: absolute numbers depend on the machine; the ratios are the result.
 
-    .venv/bin/python bench/bench_tokenscan.py [--size-mb 500] [--dirs 50] [--repeat 3]
+    .venv/bin/python bench/bench_tokenscan.py [--size-mb 500] [--dirs 50] [--repeat 3] [--vocab 32000]
 """
 
 from __future__ import annotations
@@ -249,16 +258,168 @@ def many_dirs_bench(work: Path, corpus, count: int, repeat: int) -> None:
         print(f"| {label} | {secs:.3f} | {1000 * secs / count:.1f} | {secs / load:.2f} |")
 
 
+# -- 4. behaviour: the attack corpus and the family fixtures, side by side -------------------------
+TOOL_ENV = {**os.environ, "PROMPTFOO_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
+FICKLING = (
+    "import os, sys, fickling\n"
+    "bad = False\n"
+    "for d, _, names in os.walk(sys.argv[1]):\n"
+    "    for n in names:\n"
+    "        try:\n"
+    "            bad |= not fickling.is_likely_safe(os.path.join(d, n))\n"
+    "        except Exception:\n"
+    "            pass\n"
+    "sys.exit(1 if bad else 0)\n"
+)
+
+
+def other_scanners() -> dict[str, Callable[[Path], list[str]]]:
+    """Each scanner as a command line on one directory; exit 1 means it flagged something."""
+    found: dict[str, Callable[[Path], list[str]]] = {}
+    for name, args in (("picklescan", ["-p"]), ("modelscan", ["-p"]), ("modelaudit", ["scan"])):
+        exe = tool(name)
+        if exe:
+            found[name] = lambda d, exe=exe, args=args: [exe, *args, str(d)]
+    if importlib.util.find_spec("fickling"):
+        found["fickling"] = lambda d: [sys.executable, "-c", FICKLING, str(d)]
+    return found
+
+
+def run_scanner(cmd: list[str]) -> tuple[int, float]:
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, timeout=300, env=TOOL_ENV)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        rc = -9
+    return rc, time.perf_counter() - start
+
+
+def behaviour_bench(work: Path) -> None:
+    tests = ROOT / "tests" / "sidecars" / "tokenscan"
+    sys.path.insert(0, str(tests))
+    from attacks import all_cases, build_corpus
+    from families import FAMILIES, build_family
+
+    cases = all_cases()
+    dirs = build_corpus(work / "attacks", cases)
+    families = {n: build_family(n, work / "families" / n) for n in FAMILIES}
+    policy = default_policy()
+    scanners = other_scanners()
+    names = ["warden", *scanners]
+    caught = {n: {} for n in names}  # scanner -> case -> rc / flagged
+    seconds = dict.fromkeys(names, 0.0)
+    rows = [(c.name, c.klass, dirs[c.name]) for c in cases] + [(f, "benign family", p) for f, p in families.items()]
+    for case, _klass, path in rows:
+        start = time.perf_counter()
+        result = scan_directory(str(path), policy)
+        seconds["warden"] += time.perf_counter() - start
+        caught["warden"][case] = result.outcome(policy.fail_severity) == 1
+        for name, cmd in scanners.items():
+            rc, secs = run_scanner(cmd(path))
+            seconds[name] += secs
+            caught[name][case] = rc == 1
+    classes = list(dict.fromkeys(c.klass for c in cases))
+    print("\n## Behaviour: attack corpus by class (cases caught) and benign families (false positives)\n")
+    print("| class | cases | " + " | ".join(names) + " |")
+    print("|---|---|" + "---|" * len(names))
+    for klass in classes:
+        members = [c.name for c in cases if c.klass == klass]
+        cells = [str(sum(caught[n][m] for m in members)) for n in names]
+        print(f"| {klass} | {len(members)} | " + " | ".join(cells) + " |")
+    total = [str(sum(caught[n][c.name] for c in cases)) for n in names]
+    print(f"| **all attacks** | **{len(cases)}** | " + " | ".join(f"**{t}**" for t in total) + " |")
+    fps = [str(sum(caught[n][f] for f in families)) for n in names]
+    print(f"| **benign families flagged** | {len(families)} | " + " | ".join(fps) + " |")
+    print("| seconds (all directories) | | " + " | ".join(f"{seconds[n]:.1f}" for n in names) + " |")
+    print("\n| case | class | expected | " + " | ".join(names) + " |")
+    print("|---|---|---|" + "---|" * len(names))
+    for c in cases:
+        marks = ["caught" if caught[n][c.name] else "-" for n in names]
+        print(f"| {c.name} | {c.klass} | {c.expected} | " + " | ".join(marks) + " |")
+    print("\n(exit 1 = flagged, for every tool; modelaudit exits 2 for an incomplete scan, counted as not caught)")
+
+
+# -- 5. speed: many realistic tokenizers against hashing their bytes ---------------------------------
+def big_tokenizer(out: Path, vocab: int, seed: int) -> None:
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 12))) for _ in range(vocab * 2)]
+    lines = [" ".join(rng.choice(words) for _ in range(30)) for _ in range(4000)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )  # fmt: skip
+    tok.train_from_iterator(lines, trainer=trainer)
+    out.mkdir(parents=True)
+    tok.save(str(out / "tokenizer.json"))
+    sys.path.insert(0, str(ROOT / "tests" / "sidecars" / "tokenscan"))
+    from families import QWEN25_TEMPLATE
+
+    config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None,
+              "tokenizer_class": "Qwen2Tokenizer", "chat_template": QWEN25_TEMPLATE}  # fmt: skip
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def speed_bench(work: Path, count: int, vocab: int, repeat: int) -> None:
+    from sidecars.tokenscan import scanner as sc
+    from sidecars.tokenscan import tokenizer_behaviour as tbe
+
+    distinct = [work / f"base-{i}" for i in range(5)]
+    for i, d in enumerate(distinct):
+        big_tokenizer(d, vocab, i)
+    dirs = [work / "dirs" / f"tok-{i:03d}" for i in range(count)]
+    for i, d in enumerate(dirs):
+        shutil.copytree(distinct[i % len(distinct)], d)
+    total = sum(p.stat().st_size for d in dirs for p in d.iterdir())
+    policy = default_policy()
+
+    def cold() -> None:
+        ct._CACHE.items.clear()
+        sc.MEMO.items.clear()
+        sc._BEHAVIOUR_CACHE.clear()
+        ct.stop_worker()
+        tbe.stop_worker()
+
+    def scan_all(manifest: bool) -> None:
+        for d in dirs:
+            assert scan_directory(str(d), policy, with_manifest=manifest).findings == [], d
+
+    threaded_sha256(work / "dirs")
+    anchor = best_of(repeat, lambda: threaded_sha256(work / "dirs"))
+    scan_all(False)  # warm the page cache and the interpreter
+    rows = [("anchor: threaded hashlib sha256 of every file", anchor)]
+    rows.append(("warden: cold (caches cleared, workers restarted), no manifest",
+                 best_of(repeat, lambda: (cold(), scan_all(False)))))  # fmt: skip
+    rows.append(("warden: cold, with the SHA-256 manifest (sidecar, guard)",
+                 best_of(repeat, lambda: (cold(), scan_all(True)))))  # fmt: skip
+    rows.append(("warden: warm (sidecar rescans)", best_of(repeat, lambda: scan_all(False))))
+    print(f"\n## Speed: {count} tokenizers ({vocab}-token byte-level BPE, 5 distinct, {total / MIB:.0f} MiB)\n")
+    print("| what | seconds | ms per directory | ratio to hashing |")
+    print("|---|---|---|---|")
+    for label, secs in rows:
+        print(f"| {label} | {secs:.3f} | {1000 * secs / count:.1f} | {secs / anchor:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mb", type=int, default=500)
     parser.add_argument("--dirs", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--skip", nargs="*", default=(), choices=("detection", "model", "dirs"))
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--skip", nargs="*", default=(), choices=("detection", "model", "dirs", "behaviour", "speed"))
     args = parser.parse_args()
     corpus = load_corpus_module()
     print(f"# tokenscan benchmark ({os.cpu_count()} CPUs, Python {sys.version.split()[0]})")
-    for name in ("picklescan", "modelscan"):
+    for name in ("picklescan", "modelscan", "modelaudit", "fickling"):
         print(f"- {name}: {tool(name) or 'not installed (pip install ' + name + ')'}")
     with tempfile.TemporaryDirectory(prefix="bench-tokenscan-") as tmp:
         work = Path(tmp)
@@ -268,6 +429,10 @@ def main() -> None:
             model_dir_bench(work / "model", corpus, args.size_mb, args.repeat)
         if "dirs" not in args.skip:
             many_dirs_bench(work / "dirs", corpus, args.dirs, args.repeat)
+        if "behaviour" not in args.skip:
+            behaviour_bench(work / "behaviour")
+        if "speed" not in args.skip:
+            speed_bench(work / "speed", args.dirs, args.vocab, args.repeat)
 
 
 if __name__ == "__main__":

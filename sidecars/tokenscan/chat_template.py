@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -134,7 +135,19 @@ def analyze(
     text: str, max_loop_depth: int = 3, max_range: int = 10000, max_literal_chars: int = 24
 ) -> list[TemplateIssue]:
     """Static issues of one template (see the module docstring). Never recurses without bound:
-    an over-complex template is one ``complexity`` issue and is neither parsed nor rendered."""
+    an over-complex template is one ``complexity`` issue and is neither parsed nor rendered.
+    Cached by template text (every copy of a tokenizer carries the same template)."""
+    return list(_analyze_cached(text, max_loop_depth, max_range, max_literal_chars))
+
+
+@functools.lru_cache(maxsize=256)
+def _analyze_cached(
+    text: str, max_loop_depth: int, max_range: int, max_literal_chars: int
+) -> tuple[TemplateIssue, ...]:
+    return tuple(_analyze(text, max_loop_depth, max_range, max_literal_chars))
+
+
+def _analyze(text: str, max_loop_depth: int, max_range: int, max_literal_chars: int) -> list[TemplateIssue]:
     problem = complexity_problem(text)
     if problem:
         return [TemplateIssue("complexity", f"template {problem}; not analysed")]

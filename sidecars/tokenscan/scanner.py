@@ -13,6 +13,7 @@ import json
 import os
 import re
 import struct
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -93,6 +94,41 @@ def _parse_json(rel: str, data: bytes) -> JsonDoc:
         return JsonDoc(rel, error=str(exc)[:200] or type(exc).__name__)
 
 
+class _Memo:
+    """Results keyed by content digest (parse once: 50 copies of a tokenizer cost one parse).
+    Values are shared between snapshots and never mutated by the checks."""
+
+    def __init__(self, size: int = 128) -> None:
+        self.items: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self.size = size
+        self.lock = threading.Lock()
+
+    def get(self, kind: str, digest: str, make: Any) -> Any:
+        key = (kind, digest)
+        with self.lock:
+            if key in self.items:
+                self.items.move_to_end(key)
+                return self.items[key]
+        value = make()
+        with self.lock:
+            self.items[key] = value
+            while len(self.items) > self.size:
+                self.items.popitem(last=False)
+        return value
+
+
+MEMO = _Memo()
+MEMO_MIN_BYTES = 64 << 10  # smaller files parse faster than they hash
+
+
+def _parse_json_cached(rel: str, data: bytes) -> tuple[JsonDoc, str]:
+    digest = hashlib.sha256(data).hexdigest()
+    if len(data) < MEMO_MIN_BYTES:
+        return _parse_json(rel, data), digest
+    doc = MEMO.get("json", digest, lambda: _parse_json(rel, data))
+    return JsonDoc(rel, doc.data, doc.error), digest
+
+
 ANALYSIS_ERRORS = (ValueError, RecursionError, MemoryError, struct.error, EOFError, LookupError, TypeError)
 
 
@@ -131,11 +167,11 @@ class _Reader:
         kind = facts.sniff.kind if facts.sniff else None
         if ext == ".json" or (ext != ".jinja" and kind == "text" and _starts_like_json(path)):
             data = _read(path, size + 1)
-            doc = _parse_json(rel, data)
+            doc, self.snap.digests[rel] = _parse_json_cached(rel, data)
             if ext == ".json" or doc.error is None:
                 self.snap.json[rel] = doc
                 if os.path.basename(rel) == "tokenizer.json" and doc.error is None:
-                    self.snap.texts[rel] = data.decode("utf-8", "replace")
+                    self.snap.texts[rel] = data  # decoded only when the tokenizer child needs it
                 return facts
         if ext == ".jinja" or (kind == "text" and _looks_like_template(path)):
             self.jinja.append((rel, None, _read(path, size + 1).decode("utf-8", "replace")))
@@ -214,27 +250,31 @@ def _special_tokens(snap: Snapshot) -> None:
     snap.extra_special = tuple(t for t in extra if t)
 
 
+def _tokenizer_vocab(tok: dict[str, Any]) -> frozenset[str]:
+    vocab: set[str] = set()
+    raw = _dict(tok.get("model")).get("vocab")
+    if isinstance(raw, dict):
+        vocab.update(map(str, raw))
+    elif isinstance(raw, list):
+        vocab.update(str(p[0]) for p in raw if isinstance(p, list) and p)
+    vocab.update(t for t in (_token(a) for a in _list(tok.get("added_tokens"))) if t)
+    return frozenset(vocab)
+
+
 def _vocabulary(snap: Snapshot, pieces: set[str]) -> None:
-    vocab: set[str] = set(pieces)
-    found = bool(pieces)
+    parts: list[frozenset[str]] = [frozenset(pieces)] if pieces else []
     tok = snap.top("tokenizer.json")
     if tok is not None:
-        found = True
-        raw = _dict(tok.get("model")).get("vocab")
-        if isinstance(raw, dict):
-            vocab.update(map(str, raw))
-        elif isinstance(raw, list):
-            vocab.update(str(p[0]) for p in raw if isinstance(p, list) and p)
-        vocab.update(t for t in (_token(a) for a in _list(tok.get("added_tokens"))) if t)
+        parts.append(MEMO.get("vocab", snap.digests.get("tokenizer.json", ""), lambda: _tokenizer_vocab(tok)))
     for name in ("vocab.json", "added_tokens.json"):
         doc = snap.top(name)
         if doc is not None:
-            found = True
-            vocab.update(map(str, doc))
+            parts.append(MEMO.get("keys", snap.digests.get(name, ""), lambda d=doc: frozenset(map(str, d))))
     decoder = (snap.top("tokenizer_config.json") or {}).get("added_tokens_decoder")
     if isinstance(decoder, dict):
-        vocab.update(t for t in (_token(v) for v in decoder.values()) if t)
-    snap.vocabulary = frozenset(vocab) if found else None
+        parts.append(frozenset(t for t in (_token(v) for v in decoder.values()) if t))
+    # one part (the usual tokenizer.json) is used as is: no copy of a 150k-entry set per scan
+    snap.vocabulary = None if not parts else parts[0] if len(parts) == 1 else frozenset().union(*parts)
 
 
 def _collect_templates(snap: Snapshot, reader: _Reader, policy: TokenscanPolicy) -> None:
@@ -280,7 +320,9 @@ def _render(snap: Snapshot, policy: TokenscanPolicy) -> None:
             snap.errors.append(f"chat template sandbox could not start: {exc.strerror or exc}")
             return
         result = ct.RenderResult(str(answer["status"]), "", str(answer.get("message", "")))
-        issues = tb.judge(renders, answer, _specials(snap), cp.max_literal_chars) if answer["status"] == "ok" else []
+        key = t.digest + json.dumps([_specials(snap), cp.max_literal_chars, context], sort_keys=True)
+        judged = lambda a=answer: tuple(tb.judge(renders, a, _specials(snap), cp.max_literal_chars))  # noqa: E731
+        issues = MEMO.get("battery", key, judged) if answer["status"] == "ok" else ()
         snap.templates[i] = replace(t, render=result, behaviour=tuple(issues))
 
 
@@ -293,15 +335,17 @@ def _declared_tokens(snap: Snapshot) -> dict[str, str | None]:
 _BEHAVIOUR_CACHE: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
 
-def _exercise(kind: str, data: str | bytes, tokens: dict[str, str | None], policy: TokenscanPolicy) -> dict[str, Any]:
-    """The tokenizer child's answer for ``data`` (cached by content digest and tokens)."""
-    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    key = hashlib.sha256(raw + json.dumps([kind, tokens], sort_keys=True).encode()).hexdigest()
+def _exercise(
+    kind: str, data: bytes, digest: str, tokens: dict[str, str | None], policy: TokenscanPolicy
+) -> dict[str, Any]:
+    """The tokenizer child's answer for ``data`` (cached by its content ``digest`` and the tokens)."""
+    key = hashlib.sha256((digest + json.dumps([kind, tokens], sort_keys=True)).encode()).hexdigest()
     if key in _BEHAVIOUR_CACHE:
         _BEHAVIOUR_CACHE.move_to_end(key)
         return _BEHAVIOUR_CACHE[key]
     bp = policy.behaviour
-    answer = tbe.run(tbe.request(kind, data, tokens), bp.memory_cap, bp.timeout_seconds)
+    payload = data.decode("utf-8", "replace") if kind == "tokenizer" else data
+    answer = tbe.run(tbe.request(kind, payload, tokens), bp.memory_cap, bp.timeout_seconds)
     if answer["status"] != "crashed":
         _BEHAVIOUR_CACHE[key] = answer
         while len(_BEHAVIOUR_CACHE) > 256:
@@ -319,20 +363,26 @@ def _tokenizer_behaviour(snap: Snapshot, policy: TokenscanPolicy) -> None:
     if tok is not None:
         out += [("tokenizer.json", i) for i in tbe.special_token_problems(declared, added)]
         out += [("tokenizer.json", i) for i in tbe.ordinary_special_tokens(declared, added)]
-        problem = tbe.merge_order_problem(_dict(tok.get("model"))) if policy.behaviour.bpe_ids_follow_merges else None
+        model = _dict(tok.get("model"))
+        digest = snap.digests.get("tokenizer.json", "")
+        order = MEMO.get("order", digest, lambda: tbe.merge_order_problem(model)) if digest else None
+        problem = order if policy.behaviour.bpe_ids_follow_merges else None
         if problem:
             out.append(("tokenizer.json", tbe.TokenizerIssue("order", problem)))
     if not policy.behaviour.enabled:
         return
-    jobs: list[tuple[str, str, str | bytes]] = [(rel, "tokenizer", text) for rel, text in snap.texts.items()]
-    jobs += [(rel, "sentencepiece", data) for rel, data in snap.spm_models.items()]
-    for rel, kind, data in jobs:
+    jobs: list[tuple[str, str, bytes, str]] = [
+        (rel, "tokenizer", text, snap.digests[rel]) for rel, text in snap.texts.items()
+    ]
+    jobs += [(rel, "sentencepiece", data, hashlib.sha256(data).hexdigest()) for rel, data in snap.spm_models.items()]
+    for rel, kind, data, digest in jobs:
         try:
-            answer = _exercise(kind, data, tokens, policy)
+            answer = _exercise(kind, data, digest, tokens, policy)
         except OSError as exc:
             snap.errors.append(f"tokenizer sandbox could not start: {exc.strerror or exc}")
             return
-        out += [(rel, i) for i in tbe.judge(answer, tokens, rel)]
+        key = digest + json.dumps([kind, rel, tokens], sort_keys=True)
+        out += [(rel, i) for i in MEMO.get("judge", key, lambda a=answer, r=rel: tuple(tbe.judge(a, tokens, r)))]
 
 
 def _manifest_files(snap: Snapshot, policy: TokenscanPolicy) -> list[tuple[str, str, str | None]]:
