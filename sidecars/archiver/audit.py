@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -131,22 +132,56 @@ def _key_versions(store: Store, key: str) -> list[VersionEntry]:
     return [e for e in listed or [] if e.key == key]
 
 
-def _read_head(store: Store, run_id: str, trusted: TrustedKeys) -> tuple[Head | None, str | None, Break | None, bool]:
-    """(head, version read, problem, whether an object is there) of ``run_id``'s head."""
+@dataclass(frozen=True)
+class HeadRead:
+    """The run's current head as read: the verified head (None when absent or bad), the version
+    read, the problem found, whether an object is there, and the MD5 of its bytes."""
+
+    head: Head | None
+    version: str | None
+    problem: Break | None
+    present: bool
+    content_md5: str | None = None
+
+
+def _read_head(store: Store, run_id: str, trusted: TrustedKeys) -> HeadRead:
+    """``run_id``'s current head, verified."""
     try:
         blob = store.read(head_key(run_id), MAX_HEAD_BYTES)
     except ObjectRefused as exc:
-        return None, None, Break(None, "malformed", f"run {run_id} head: {exc}"), True
+        return HeadRead(None, None, Break(None, "malformed", f"run {run_id} head: {exc}"), True)
     if blob is None:
-        return None, None, None, False
+        return HeadRead(None, None, None, False)
+    md5 = hashlib.md5(blob.body, usedforsecurity=False).hexdigest()
     try:
         head = verify_head(blob.body, trusted, f"run {run_id} head")[0]
     except RecordInvalid as exc:
-        return None, blob.version_id, Break(None, _code_kind(exc), str(exc)), True
+        return HeadRead(None, blob.version_id, Break(None, _code_kind(exc), str(exc)), True, md5)
     if head.run_id != run_id:
         message = f"the head of run {run_id} is the head of run {clip(head.run_id)}: copied from another run"
-        return None, blob.version_id, Break(None, "reordered", message), True
-    return head, blob.version_id, None, True
+        return HeadRead(None, blob.version_id, Break(None, "reordered", message), True, md5)
+    return HeadRead(head, blob.version_id, None, True, md5)
+
+
+def may_be_a_replay(versions: list[VersionEntry], position: int, content_md5: str | None) -> bool:
+    """Whether the head version at ``position`` (newest first) could be a copy of an older one (pure).
+
+    Whoever holds no key can only roll the head back by putting an older signed head's bytes
+    again (a copy). Where the current version's ETag is the MD5 of the bytes read (a single-part
+    put, no SSE-KMS), a copy of an older version carries that version's ETag; if no older
+    version has it, apart from identical re-puts right before it, the current head was written
+    fresh, by the signer, and is the newest: no older version needs to be read. Anything else
+    (a multipart or KMS ETag that says nothing about the bytes, an ETag seen before) may be a
+    replay, and the older versions are read and compared by their signed step.
+    """
+    current = versions[position]
+    if content_md5 is None or current.etag.strip('"') != content_md5:
+        return True
+    older = versions[position + 1 :]
+    adjacent = 0
+    while adjacent < len(older) and older[adjacent].etag == current.etag:
+        adjacent += 1
+    return any(v.etag == current.etag for v in older[adjacent:])
 
 
 # --- one step -------------------------------------------------------------------------------------
@@ -190,7 +225,8 @@ def fetch_snapshot(
 
 
 def _check_genesis(store: Store, record: Record, trusted: TrustedKeys) -> tuple[str, Break | None]:
-    head, _, problem, present = _read_head(store, record.run_id, trusted)
+    read = _read_head(store, record.run_id, trusted)
+    head, problem, present = read.head, read.problem, read.present
     if problem is not None:
         return "first record of the run", problem
     if head is None:
@@ -253,7 +289,8 @@ def _missing(store: Store, run_id: str, step: int, trusted: TrustedKeys) -> None
                 f"{where}, but step {later[0]} is chained to it: the record was deleted or hidden by a delete marker",
                 "missing",
             )
-    head, _, problem, _present = _read_head(store, run_id, trusted)
+    read = _read_head(store, run_id, trusted)
+    head, problem = read.head, read.problem
     if head is None and problem is None and (nearby or store.list_keys(steps_prefix(run_id), limit=1)):
         raise RecordInvalid(
             f"{where}, and the run's head object is missing although the run has records: it was deleted, "
@@ -469,10 +506,10 @@ def _list_run(store: Store, run_id: str) -> _Listing:
 
 
 def _head_findings(
-    store: Store, report: RunReport, listing: _Listing, read_version: str | None, present: bool, trusted: TrustedKeys
+    store: Store, report: RunReport, listing: _Listing, current_head: HeadRead, trusted: TrustedKeys
 ) -> list[Break]:
-    run_id, head = report.run_id, report.head
-    if not present:
+    run_id, head, read_version = report.run_id, report.head, current_head.version
+    if not current_head.present:
         if listing.head_deleted or listing.head_versions:
             note = listing.head_deleted or f" ({len(listing.head_versions)} retained version(s) of it)"
             return [Break(None, "missing", f"the run's head object was deleted{note}")]
@@ -488,7 +525,7 @@ def _head_findings(
     # S3 lists the versions of a key newest first (LastModified has only a second's precision).
     versions = listing.head_versions
     position = next((i for i, v in enumerate(versions) if v.version_id == read_version), None)
-    if position is None:
+    if position is None or not may_be_a_replay(versions, position, current_head.content_md5):
         return []
     current = versions[position]
     seen, older = {current.etag}, []
@@ -619,10 +656,11 @@ def verify_run(
     """
     started, before = time.perf_counter(), store.requests
     report = RunReport(run_id, store.url, anchor=anchor.source if anchor else None)
-    head, read_version, head_problem, head_present = _read_head(store, run_id, trusted)
+    current_head = _read_head(store, run_id, trusted)
+    head, head_present = current_head.head, current_head.present
     report.head = head
-    if head_problem is not None:
-        report.add(head_problem)
+    if current_head.problem is not None:
+        report.add(current_head.problem)
     listing = _list_run(store, run_id)
     report.versioned = listing.versioned
     if (
@@ -633,7 +671,7 @@ def verify_run(
         and not (anchor and anchor.steps)
     ):
         raise StepNotFound(f"run {run_id} has no archived records in {store.url}")
-    for finding in _head_findings(store, report, listing, read_version, head_present, trusted):
+    for finding in _head_findings(store, report, listing, current_head, trusted):
         report.add(finding)
     for step, note in sorted(listing.deleted.items()):
         report.add(Break(step, "missing", f"step {step} was deleted{note}"))

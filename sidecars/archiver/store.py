@@ -145,8 +145,9 @@ class Store(ABC):
         """Writes ``body`` unless ``key`` exists; False when it exists."""
 
     @abstractmethod
-    def put(self, key: str, body: bytes) -> None:
-        """Writes or replaces ``key`` (only for heads)."""
+    def put(self, key: str, body: bytes, retention: Retention | None = None) -> None:
+        """Writes or replaces ``key`` (only for heads); on a versioned store every version is kept
+        under ``retention``, so the head's history (the rollback check's evidence) cannot be erased."""
 
     def get(self, key: str, max_bytes: int = DEFAULT_MAX_OBJECT_BYTES) -> bytes | None:
         """The bytes under ``key``, None when there is no current object.
@@ -219,8 +220,8 @@ class FileStore(Store):
             raise self._io_error(exc, key) from None
         return True
 
-    def put(self, key: str, body: bytes) -> None:
-        self._count("PutObject")
+    def put(self, key: str, body: bytes, retention: Retention | None = None) -> None:
+        self._count("PutObject")  # no versions on a file store: retention has nothing to keep
         path = self._path(key)
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -405,17 +406,20 @@ class S3Store(Store):
             raise _classify(exc, self.url, f"put {key}") from None
         return True
 
-    def put(self, key: str, body: bytes) -> None:
-        checksum = base64.b64encode(hashlib.sha256(body).digest()).decode("ascii")
+    def put(self, key: str, body: bytes, retention: Retention | None = None) -> None:
+        args: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": self._key(key),
+            "Body": body,
+            "ContentType": "application/json",
+            "ChecksumAlgorithm": "SHA256",
+            "ChecksumSHA256": base64.b64encode(hashlib.sha256(body).digest()).decode("ascii"),
+        }
+        if retention is not None:
+            args["ObjectLockMode"] = retention.mode
+            args["ObjectLockRetainUntilDate"] = retention.until()
         try:
-            self.client.put_object(
-                Bucket=self.bucket,
-                Key=self._key(key),
-                Body=body,
-                ContentType="application/json",
-                ChecksumAlgorithm="SHA256",
-                ChecksumSHA256=checksum,
-            )
+            self.client.put_object(**args)
         except Exception as exc:
             raise _classify(exc, self.url, f"put {key}") from None
 

@@ -219,7 +219,7 @@ class Uploader:
         """Puts the run's spooled head unless the store already got these bytes from this process."""
         body = self.spool.head(run_id)
         if body is not None and self._heads_put.get(run_id) != body:
-            self.store.put(head_key(run_id), body)
+            self.store.put(head_key(run_id), body, self.retention)
             self._heads_put[run_id] = body
 
     def _after_pass(self, result: PassResult) -> None:

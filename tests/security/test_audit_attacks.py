@@ -218,12 +218,16 @@ def locked(request, tmp_path, keys, seaweed, lock_bucket, s3env):  # noqa: F811
     return h, url, keys[1], seaweed.client(), lock_bucket
 
 
-def test_an_intact_locked_run_reads_its_head_versions_and_passes(locked):
-    h, url, pub, _, _ = locked
+def test_an_intact_locked_run_passes_without_reading_old_head_versions(locked):
+    """The current head's ETag is the MD5 of its bytes and no older version has it: it was put
+    fresh, so it is the newest and no older version needs reading (however many the run has)."""
+    h, url, pub, client, bucket = locked
+    versions = client.list_object_versions(Bucket=bucket, Prefix=f"attacks/{head_key(h.run_id)}")["Versions"]
+    assert len(versions) >= 2  # the run's head really has history to skip
     code, report, _ = verify(url, h.run_id, pub)
-    assert code == 0 and report["versioned"] and report["head_versions_read"] == 1 and report["records_checked"] == 8
-    # ~ records + pages + a few: 1 head GET, 1 version listing page, 8 record GETs, 1 older head version
-    assert report["requests"] == 11, report
+    assert code == 0 and report["versioned"] and report["head_versions_read"] == 0 and report["records_checked"] == 8
+    # records + pages + one: 1 head GET, 1 version listing page, 8 record GETs
+    assert report["requests"] == 10, report
 
 
 def test_delete_markers_on_the_head_and_the_newest_records(locked):
@@ -247,6 +251,50 @@ def test_an_older_head_version_copied_over_the_current_one_is_rolled_back(locked
     code, report, _ = verify(url, h.run_id, pub)
     assert code == 1 and kinds(report) == [("rolled_back", 4)], report["findings"]
     assert "names step 4" in report["break"]["message"] and "names step 8" in report["break"]["message"]
+
+
+def _old_head_bytes(client, bucket, key):
+    oldest = client.list_object_versions(Bucket=bucket, Prefix=key)["Versions"][-1]["VersionId"]
+    return client.get_object(Bucket=bucket, Key=key, VersionId=oldest)["Body"].read()
+
+
+def test_an_older_head_put_again_single_part_is_rolled_back(locked):
+    """A fresh PUT of old signed bytes: same MD5 ETag as the old version, so the shortcut reads."""
+    h, url, pub, client, bucket = locked
+    key = f"attacks/{head_key(h.run_id)}"
+    client.put_object(Bucket=bucket, Key=key, Body=_old_head_bytes(client, bucket, key))
+    code, report, _ = verify(url, h.run_id, pub)
+    assert code == 1 and kinds(report) == [("rolled_back", 4)], report["findings"]
+
+
+def test_an_older_head_uploaded_multipart_is_rolled_back(locked):
+    """A multipart ETag is not the MD5 of the bytes: the shortcut cannot vouch, the versions are read."""
+    h, url, pub, client, bucket = locked
+    key = f"attacks/{head_key(h.run_id)}"
+    body = _old_head_bytes(client, bucket, key)
+    upload = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+    part = client.upload_part(Bucket=bucket, Key=key, UploadId=upload, PartNumber=1, Body=body)
+    client.complete_multipart_upload(
+        Bucket=bucket, Key=key, UploadId=upload, MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]}
+    )
+    current = client.head_object(Bucket=bucket, Key=key)["ETag"]
+    assert "-" in current  # really a multipart ETag
+    code, report, _ = verify(url, h.run_id, pub)
+    assert code == 1 and kinds(report) == [("rolled_back", 4)], report["findings"]
+    assert report["head_versions_read"] >= 1
+
+
+def test_old_head_versions_are_retained_and_cannot_be_erased(locked):
+    """Heads are put under the archive's retention: the rollback evidence cannot be deleted."""
+    from botocore.exceptions import ClientError
+
+    h, _url, _pub, client, bucket = locked
+    key = f"attacks/{head_key(h.run_id)}"
+    oldest = client.list_object_versions(Bucket=bucket, Prefix=key)["Versions"][-1]["VersionId"]
+    with pytest.raises(ClientError):
+        client.delete_object(Bucket=bucket, Key=key, VersionId=oldest)
+    versions = client.list_object_versions(Bucket=bucket, Prefix=key)["Versions"]
+    assert oldest in [v["VersionId"] for v in versions]
 
 
 def test_an_oversized_object_on_s3_is_refused_before_its_body_is_read(locked):
