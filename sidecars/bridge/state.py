@@ -21,7 +21,8 @@ Markers (``data["bridge"]``, all with ``"source": "verl"``):
 ``restart``     ``generation``: verl truncated its log; lines are read anew
 ``log``         ``generation``, ``start``, ``end``, ``sha256`` of the line
 ``rollout``     ``file``, ``sha256``: the dump ``{step}.jsonl`` behind a snapshot
-``checkpoint``  ``tracker_mtime_ns``: the tracker write that made the step complete
+``checkpoint``  ``tracker_mtime_ns``: the save that made the step complete (the tracker write, or verl's
+                ``ckpt_contents.json`` for an ``async_save`` step)
 ==============  ================================================================
 """
 

@@ -24,6 +24,7 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -47,10 +48,12 @@ from sidecars.bridge.rollouts import (
     snapshot_payload,
     waiting_reason,
 )
-from sidecars.bridge.stability import Stability
+from sidecars.bridge.stability import Stability, tree_state
 from sidecars.bridge.state import MARKER_KEY, BridgeState, StateStore, apply_marker, marker
 from sidecars.bridge.verl_log import LogLine, open_regular, tail
+from sidecars.errors import WardenError
 from sidecars.logs import log_fields
+from sidecars.signer.manifest import announce_tree
 from trainer.events import (
     CHECKPOINT_SAVED,
     JOURNAL_NAME,
@@ -74,6 +77,39 @@ TRAINING_PREFIXES = ("actor/", "critic/", "training/", "timing_s/", "perf/")
 def sanitize_run_id(text: str) -> str:
     """A run id usable as one key segment, ``verl-run`` when nothing usable is left."""
     return runid.sanitize_run_id(text, "verl-run")
+
+
+GENERIC_NAMES = frozenset(
+    {"metrics", "metric", "verl", "log", "logs", "warden", "run", "runs", "checkpoints", "checkpoint", "ckpt",
+     "rollouts", "train", "training", "output", "outputs", "data", "tmp", "jsonl", "verl-run"}
+)  # fmt: skip
+"""Path components that name no experiment (the docs' ``.../verl/metrics.jsonl`` among them)."""
+
+
+def derive_run_id(verl_log: str | None, checkpoint_root: str | None, run_dir: str, suffix: str) -> str:
+    """``<name>-<suffix>``: the first path component that names an experiment, then ``suffix``.
+
+    Looked at in order: the file logger's stem (verl's default path is
+    ``<project>/<experiment>.jsonl``), the checkpoint root's name (verl's default
+    ``checkpoints/<project>/<experiment>``), the log's directory, the run directory and
+    its parent. Generic names (:data:`GENERIC_NAMES`, e.g. ``metrics`` of
+    ``VERL_FILE_LOGGER_PATH=.../metrics.jsonl``) are skipped; ``verl-run`` when none is
+    left. The suffix (random, from the caller) makes two experiments with the same paths
+    on two machines, or the same name in one store, two runs.
+    """
+    candidates: list[str] = []
+    if verl_log:
+        log_path = os.path.abspath(verl_log)
+        candidates.append(os.path.splitext(os.path.basename(log_path))[0])
+    if checkpoint_root:
+        candidates.append(os.path.basename(os.path.abspath(checkpoint_root)))
+    if verl_log:
+        candidates.append(os.path.basename(os.path.dirname(os.path.abspath(verl_log))))
+    run = os.path.abspath(run_dir)
+    candidates += [os.path.basename(run), os.path.basename(os.path.dirname(run))]
+    names = (runid.sanitize_run_id(c, "") for c in candidates)
+    name = next((n for n in names if n and n.lower() not in GENERIC_NAMES), "verl-run")
+    return runid.sanitize_run_id(f"{name[:100]}-{suffix}", "verl-run")
 
 
 @dataclass(frozen=True)
@@ -115,11 +151,12 @@ class BridgeConfig:
     def resolved_state_dir(self) -> str:
         return self.state_dir or os.path.join(self.run_dir, "state", "bridge")
 
-    def default_run_id(self) -> str:
-        """verl's experiment name (the log file's stem), else the run directory's name."""
-        if self.verl_log:
-            return sanitize_run_id(os.path.splitext(os.path.basename(self.verl_log))[0])
-        return sanitize_run_id(os.path.basename(os.path.abspath(self.run_dir)))
+    def default_run_id(self, suffix: str | None = None) -> str:
+        """A new run id, unique: a readable name (:func:`derive_run_id`) plus a random suffix.
+
+        Used once, for a new journal; the journal (and the bridge state) keep it afterwards.
+        """
+        return derive_run_id(self.verl_log, self.checkpoint_root, self.run_dir, suffix or secrets.token_hex(4))
 
     def digest(self) -> str:
         """SHA-256 of the bridge's inputs: the ``config_digest`` of the ``run.started`` it writes."""
@@ -180,6 +217,17 @@ def shrink(payload: dict[str, Any]) -> bool:
         payload["truncated_for_size"] = f"samples cut to the best {len(payload['samples'])} to fit the line limit"
         return True
     return False
+
+
+def save_identity(step: int, tracker: ckpt.Tracker | None, contents: ckpt.StepContents) -> int | None:
+    """What identifies one save of ``global_step_<step>`` (the same step saved again after a
+    restart is a new save): the mtime of verl's manifests when it has them, else the mtime of
+    the tracker write naming the step; None when neither."""
+    if contents.manifests:
+        return contents.marker_mtime_ns
+    if tracker is not None and tracker.step == step:
+        return tracker.mtime_ns
+    return None
 
 
 def step_payload(metrics: dict[str, Any]) -> dict[str, Any]:
@@ -477,8 +525,12 @@ class VerlBridge:
 
     # -- checkpoints ------------------------------------------------------------------------
     def _pass_checkpoints(self, root: str, now: float) -> None:
+        """Emits ``checkpoint.saved`` for each ``global_step_N/`` that became complete and stable
+        (:func:`sidecars.bridge.checkpoints.completion_blocker`: named by the tracker, or
+        finished per verl's manifests with ``async_save``), once per save."""
         try:
             tracker = ckpt.read_tracker(root)
+            steps = ckpt.list_steps(root)
         except OSError as exc:
             self._unreadable(os.path.join(root, ckpt.TRACKER), "checkpoint tracker", exc)
             return
@@ -486,35 +538,63 @@ class VerlBridge:
         named = tracker.step if tracker is not None else None
         if tracker is not None and named is None:
             waiting.append(f"{os.path.join(root, ckpt.TRACKER)}: holds {tracker.text!r}, not a step (being written?)")
-        elif tracker is not None and named is not None and self.state.checkpoints.get(named) != tracker.mtime_ns:
-            reason = self._checkpoint(root, tracker, now)
+        if named is not None and named not in steps:
+            missing = ckpt.step_dir(root, named)
+            waiting.append(f"{ckpt.TRACKER} names step {named} but {missing} does not exist; waiting")
+        emitted = max(self.state.checkpoints, default=None)
+        considered = []
+        for step in steps:
+            path = os.path.abspath(ckpt.step_dir(root, step))
+            contents = ckpt.observe(path)
+            save_id = save_identity(step, tracker, contents)
+            if save_id is not None and self.state.checkpoints.get(step) == save_id:
+                continue  # this save of the step was reported
+            blocker = ckpt.completion_blocker(step, named, contents)
+            if blocker is not None or save_id is None:
+                newer = (named is None or step > named) and (emitted is None or step > emitted)
+                if newer:
+                    waiting.append(f"{path}: {blocker}; not complete")
+                continue
+            considered.append(step)
+            reason = self._checkpoint(root, step, tracker if named == step else None, save_id, now)
             if reason:
                 waiting.append(reason)
-        for step in ckpt.in_progress_steps(root, named):
-            waiting.append(f"{ckpt.step_dir(root, step)}: not named by {ckpt.TRACKER}; not complete")
+        self.checkpoint_stability.forget(considered)
         self.metrics.pending.labels("checkpoint").set(len(waiting))
         self._report.pending.extend(waiting)
 
-    def _checkpoint(self, root: str, tracker: ckpt.Tracker, now: float) -> str | None:
-        assert tracker.step is not None
-        path = os.path.abspath(ckpt.step_dir(root, tracker.step))
-        tree = ckpt.tree_state(path)
+    def _checkpoint(self, root: str, step: int, tracker: ckpt.Tracker | None, save_id: int, now: float) -> str | None:
+        """Emits ``checkpoint.saved`` with the root digest once ``step`` is stable; else says why it waits."""
+        path = os.path.abspath(ckpt.step_dir(root, step))
+        tree = tree_state(path)
         if tree is None:
-            return f"{ckpt.TRACKER} names step {tracker.step} but {path} does not exist; waiting"
-        fingerprint = (tree.fingerprint, tracker.size, tracker.mtime_ns, tracker.text)
-        newest = max(tree.newest_change, tracker.newest_change)
-        self.checkpoint_stability.forget([tracker.step])
-        quiet = self.checkpoint_stability.quiet_for(tracker.step, fingerprint, newest, now)
+            return f"{path}: gone; waiting"
+        extra = (tracker.size, tracker.mtime_ns, tracker.text) if tracker is not None else None
+        fingerprint = (tree.fingerprint, extra)
+        newest = max(tree.last_change, tracker.newest_change if tracker is not None else 0.0)
+        quiet = self.checkpoint_stability.quiet_for(step, fingerprint, newest, now)
+        why = f"named by {ckpt.TRACKER}" if tracker is not None else f"{ckpt.CONTENTS_MANIFEST} written (async_save)"
         if quiet < self.cfg.stable_seconds:
-            return f"{path}: named by {ckpt.TRACKER}; unchanged for {quiet:.0f}s of {self.cfg.stable_seconds:.0f}s"
+            return f"{path}: {why}; unchanged for {quiet:.0f}s of {self.cfg.stable_seconds:.0f}s"
+        try:
+            announced = announce_tree(path)
+        except (WardenError, OSError) as exc:
+            self.metrics.errors.labels("checkpoint_hash").inc()
+            return f"{path}: cannot hash it for the announcement ({str(exc)[:200]}); not announced"
+        if tree_state(path) != tree:
+            return f"{path}: changed while it was hashed; waiting"
         data = {
             "source": SOURCE,
             "path": path,
             "root": os.path.abspath(root),
             "layout": "verl",
+            "root_digest": announced.root_digest,
+            "file_count": announced.file_count,
+            "complete_by": "tracker" if tracker is not None else "ckpt_contents",
         }
-        self._emit(CHECKPOINT_SAVED, data, tracker.step, marker("checkpoint", tracker_mtime_ns=tracker.mtime_ns))
-        self.log.info("verl checkpoint complete", extra=log_fields(path=path, step=tracker.step))
+        self._emit(CHECKPOINT_SAVED, data, step, marker("checkpoint", tracker_mtime_ns=save_id))
+        fields = log_fields(path=path, step=step, root_digest=announced.root_digest)
+        self.log.info("verl checkpoint complete", extra=fields)
         return None
 
     # -- service ----------------------------------------------------------------------------

@@ -35,8 +35,10 @@ SIGNATURE_REPLACED = "signature_replaced"
 DIGEST_MISMATCH = "digest_mismatch"
 FILE_COUNT_MISMATCH = "file_count_mismatch"
 NO_DIGEST = "no_digest"
+UNSAFE_PATH = "unsafe_path"
+"""A ``step-N`` / ``checkpoint-N`` / ``global_step_N`` entry that is not a real directory (a symlink...)."""
 REFUSAL_REASONS = (DIGEST_MISMATCH, FILE_COUNT_MISMATCH, NO_DIGEST)
-VIOLATION_REASONS = (UNANNOUNCED, SIGNATURE_MISSING, SIGNATURE_REPLACED, *REFUSAL_REASONS)
+VIOLATION_REASONS = (UNANNOUNCED, SIGNATURE_MISSING, SIGNATURE_REPLACED, UNSAFE_PATH, *REFUSAL_REASONS)
 
 
 def is_hex_digest(value: object) -> bool:

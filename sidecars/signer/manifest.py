@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
 from sidecars.signer.errors import PayloadMismatch, UnsupportedSignature, quoted
-from sidecars.signer.hashing import is_ignored, normalize_ignore_path
+from sidecars.signer.hashing import hash_tree, is_ignored, normalize_ignore_path
 
 HASH_ALGORITHM = "sha256"
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -93,6 +95,24 @@ def announced_root(hex_digests: Mapping[str, str], ignore_paths: Iterable[str] =
             raise ValueError(f"{name}: not a sha256 hex digest")
     names = sorted(kept, key=sort_key)
     return Announced(root_digest(bytes.fromhex(kept[n]) for n in names).hex(), len(names))
+
+
+def announce_tree(
+    path: str | os.PathLike[str],
+    ignore_paths: Iterable[str] = DEFAULT_IGNORE_PATHS,
+    *,
+    max_workers: int | None = None,
+    cancel: threading.Event | None = None,
+) -> Announced:
+    """Hashes the directory ``path`` as :func:`sidecars.signer.dsse.sign_checkpoint` will and
+    returns the root digest and file count to announce in ``checkpoint.saved``.
+
+    For trainer-side processes that have no manifest of their own (the HF callback, the verl
+    bridge). Raises like :func:`sidecars.signer.hashing.hash_tree` (UnsafePathError for a
+    symlink or special file inside, CheckpointVanished, CheckpointChanged, ...).
+    """
+    digests = hash_tree(path, ignore_paths, max_workers=max_workers, cancel=cancel)
+    return announced_root({name: digest.hex() for name, digest in digests.items()}, ignore_paths)
 
 
 @dataclass(frozen=True)

@@ -114,14 +114,23 @@ class SignerMetrics:
         self.violations = Counter(
             "warden_signer_violations",
             "Checkpoints found in a state the signer must not sign (counted once per checkpoint and reason): "
-            "unannounced, signature_missing, signature_replaced, or a refusal.",
+            "unannounced, signature_missing, signature_replaced, unsafe_path (a checkpoint name that is a symlink "
+            "or not a directory, in any root), or a refusal.",
             ["reason"],
             registry=registry,
         )
         self.violating = Gauge(
             "warden_signer_violating_checkpoints",
-            "Checkpoints of the run's own root in violation now, by reason (see warden_signer_violations_total).",
+            "Checkpoints in violation now, by reason (see warden_signer_violations_total): the run's own root, "
+            "and unsafe_path in every root.",
             ["reason"],
+            registry=registry,
+        )
+        self.pruned = Counter(
+            "warden_signer_pruned",
+            "Signed checkpoints found pruned by the trainer's retention, not tampered with (verl: actor/ and "
+            "critic/ removed as a whole, the rest unchanged); counted once per checkpoint, no longer verified.",
+            ["layout"],
             registry=registry,
         )
         self.violating_reasons = VIOLATION_REASONS
@@ -132,6 +141,7 @@ class SignerMetrics:
             self.violating.labels(reason)
         for layout in LAYOUTS:
             self.signed.labels(layout)
+            self.pruned.labels(layout)
         for operation in OPERATIONS:
             self.hashed_bytes.labels(operation)
             self.hash_seconds.labels(operation)

@@ -40,6 +40,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from typing import Any, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from sidecars.bridge import checkpoints as verl_layout
 from sidecars.errors import ConfigError, IncompleteError
 from sidecars.logs import log_fields
 from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext, error_kind
@@ -55,6 +57,7 @@ from sidecars.signer.announcements import (
     NO_DIGEST,
     SIGNATURE_MISSING,
     SIGNATURE_REPLACED,
+    UNSAFE_PATH,
     AnnouncementStore,
     Record,
     announcement_of,
@@ -75,7 +78,7 @@ from sidecars.signer.keys import TrustedKeys, load_private_key, load_trusted_key
 from sidecars.signer.manifest import Announced, Provenance
 from sidecars.signer.metrics import SignerMetrics
 from sidecars.signer.policy import SIGNING_KEY_ENV, SignerPolicy
-from sidecars.signer.verify import VerifyResult, read_signed_statement, verify_checkpoint
+from sidecars.signer.verify import FILES_MISMATCH, VerifyResult, read_signed_statement, verify_checkpoint
 from sidecars.signer.watch import (
     VERL_TRACKER,
     Candidate,
@@ -89,6 +92,7 @@ from sidecars.signer.watch import (
     remove_stale_signature_temps,
     signed_steps_before,
     tree_state,
+    unsafe_entries,
 )
 from trainer.events import CHECKPOINT_SAVED, RUN_STARTED, Event, atomic_write_bytes
 
@@ -127,6 +131,34 @@ class Unsigned:
     state: TreeState
     observed_at: float
     ready_at: float
+
+
+def pruned_by_retention(candidate: Candidate, result: VerifyResult) -> tuple[str, ...] | None:
+    """The role directories verl's retention removed, when that alone explains ``result``'s
+    failure (:func:`sidecars.bridge.checkpoints.pruned_roles`); None for every other failure
+    and every other layout."""
+    if candidate.layout != "verl" or result.codes != [FILES_MISMATCH]:
+        return None
+    changed = len(result.modified) + len(result.extra)
+    present = verl_layout.observe(candidate.path).roles
+    return verl_layout.pruned_roles([d.name for d in result.missing], changed, present)
+
+
+def gone_before_signing(candidate: Candidate) -> str | None:
+    """Why there is nothing left to sign at ``candidate.path`` (removed by retention); None when there is.
+
+    Gone: not a real directory any more; for verl also a directory without ``actor/``
+    (verl's retention removes ``actor/`` and ``critic/`` and keeps the directory).
+    """
+    try:
+        st = os.lstat(candidate.path)
+    except OSError:
+        return "deleted"
+    if not stat.S_ISDIR(st.st_mode):
+        return "deleted (not a directory any more)"
+    if candidate.layout == "verl" and verl_layout.ACTOR not in verl_layout.observe(candidate.path).roles:
+        return f"{verl_layout.ACTOR}/ removed by retention"
+    return None
 
 
 def signing_key(policy: SignerPolicy, policy_path: str | None) -> ec.EllipticCurvePrivateKey:
@@ -187,6 +219,7 @@ class SignerSidecar(Sidecar):
         self._reverify_queue: list[Candidate] = []
         self._next_reverify = 0.0
         self._invalid: set[str] = set()
+        self._pruned: set[str] = set()
 
     def _roots(self) -> list[Root]:
         roots = []
@@ -217,6 +250,15 @@ class SignerSidecar(Sidecar):
         except ValueError as exc:
             raise BadEvent(f"checkpoint.saved seq {event.seq} ({candidate.path}): {exc}; skipped") from None
         own = self._is_own(candidate)
+        if not own and event.data.get("complete") is False:
+            # the trainer side gave up waiting for the checkpoint (an HF rank's files never came): no
+            # announcement to sign against; a watched root signs it once complete and stable
+            self.ctx.log.warning(
+                f"{candidate.path}: announced as incomplete ({str(event.data.get('waiting_for'))[:200]}); "
+                "not signed from this event",
+                extra=self._fields(candidate),
+            )
+            return Outcome.OK
         record = None
         if own or announced is not None:
             record = self.announced.announce(candidate.path, candidate.step, event.run_id, announced)
@@ -233,6 +275,11 @@ class SignerSidecar(Sidecar):
                 self.announced.mark_signed(candidate.path, record, result.root_digest)
         except AnnouncementMismatch as exc:
             assert record is not None
+            gone = gone_before_signing(candidate)
+            if gone is not None:  # retention got there first (verl keeps the directory): nothing to sign
+                vanished = CheckpointVanished(f"{candidate.path}: {gone} while it was hashed", candidate.path)
+                self._count(vanished, candidate.path)
+                return Outcome.OK
             return self._refuse(candidate, record, exc.reason, exc.expected, exc.actual)
         except HashingCancelled:
             raise RetryLater(f"{candidate.path}: hashing abandoned on stop; the event will be retried") from None
@@ -278,8 +325,9 @@ class SignerSidecar(Sidecar):
         A mismatching one is about to be replaced (the same step saved again after a resume).
         """
         if not os.path.lexists(candidate.signature_path):
-            if not os.path.isdir(candidate.path):
-                raise CheckpointVanished(f"{candidate.path}: deleted before it could be signed", candidate.path)
+            gone = gone_before_signing(candidate)
+            if gone is not None:
+                raise CheckpointVanished(f"{candidate.path}: {gone} before it could be signed", candidate.path)
             return False
         try:
             result = self._verify(candidate)
@@ -475,6 +523,12 @@ class SignerSidecar(Sidecar):
                 self.announced.mark_signed(item.candidate.path, record, result.root_digest)
         except AnnouncementMismatch as exc:
             assert record is not None
+            gone = gone_before_signing(item.candidate)
+            if gone is not None:
+                path = item.candidate.path
+                self._count(CheckpointVanished(f"{path}: {gone} while it was hashed", path), path)
+                self._unsigned.pop(item.candidate.path, None)
+                return Outcome.OK
             self._failed[item.candidate.path] = (item.state.fingerprint, math.inf)
             item.ready_at = math.inf
             return self._refuse(item.candidate, record, exc.reason, exc.expected, exc.actual)
@@ -519,13 +573,18 @@ class SignerSidecar(Sidecar):
     def _audit_own(self, now: float) -> Outcome:
         """Finds the own root's checkpoints that no valid announced signature covers; signs nothing.
 
-        Violations (gauge by reason, counter on first sight, error log): ``unannounced``
+        In every root, an entry named like a checkpoint that is not a real directory (a
+        symlink to one included) is an ``unsafe_path`` violation: it is never listed, signed
+        or verified. Own-root violations (gauge by reason, counter on first sight, error log): ``unannounced``
         (a ``step-N/`` no event named, after ``stable_seconds``), ``signature_missing`` (its
         ``.sig`` was deleted after signing), ``signature_replaced`` (a ``.sig`` that does
         not verify or names another run, step or digest), and refusals. A directory gone
         together with its ``.sig`` was pruned: its record is dropped.
         """
         found: dict[str, str] = {}
+        for root in self.roots:
+            for candidate in unsafe_entries(root.path, root.layout):
+                found[candidate.path] = UNSAFE_PATH  # never listed, so never signed or verified
         for root in (r for r in self.roots if r.announced_only):
             listed = list_checkpoints(root.path, root.layout)
             for candidate in listed:
@@ -622,6 +681,7 @@ class SignerSidecar(Sidecar):
                 if os.path.lexists(c.signature_path) or self._was_signed(c)
             ]
             self._invalid &= {c.path for c in self._reverify_queue}
+            self._pruned &= {c.path for c in self._reverify_queue}
             self._next_reverify = now + self.policy.reverify_interval_seconds
             if not self._reverify_queue:
                 self.metrics.last_reverify.set(self.ctx.clock())
@@ -671,6 +731,19 @@ class SignerSidecar(Sidecar):
             self.metrics.verifications.labels("ok").inc()
             self._invalid.discard(candidate.path)
             return Outcome.OK
+        pruned = pruned_by_retention(candidate, result)
+        if pruned:
+            self._invalid.discard(candidate.path)
+            if candidate.path not in self._pruned:
+                self._pruned.add(candidate.path)
+                self.metrics.pruned.labels(candidate.layout).inc()
+                self.ctx.log.info(
+                    f"pruned by retention, not tampered with: {', '.join(r + '/' for r in pruned)} removed as a "
+                    "whole, every other signed file unchanged",
+                    extra=self._fields(candidate, removed=list(pruned)),
+                )
+            return Outcome.OK
+        self._pruned.discard(candidate.path)
         self.metrics.verifications.labels("failed").inc()
         self.metrics.verify_failures.labels(result.codes[0]).inc()
         self._invalid.add(candidate.path)

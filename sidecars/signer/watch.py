@@ -8,8 +8,10 @@ Layouts (the trainer that writes the root decides):
   its last file, so a directory is complete when it holds that file and stable when no
   entry changed (size and mtime) for ``stable_seconds``;
 - ``verl``: ``global_step_N/`` written in place, then ``latest_checkpointed_iteration.txt``
-  (``N``, not written atomically) beside them. Only the step that file names is complete,
-  once the file and the directory have both been stable for ``stable_seconds``.
+  (``N``, not written atomically) beside them. The step that file names is complete, and
+  so is one whose role directories hold verl's ``ckpt_contents.json`` (``async_save``),
+  once the file and the directory have both been stable for ``stable_seconds``; the rule
+  lives in :mod:`sidecars.bridge.checkpoints`, shared with the bridge.
 
 Stability is judged twice, so it works both for a service and for one ``--once`` pass:
 the same fingerprint seen ``stable_seconds`` ago, or no entry's mtime/ctime newer than
@@ -22,18 +24,21 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import stat
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from sidecars.bridge import checkpoints as verl_layout
+from sidecars.bridge.stability import Stability
+from sidecars.bridge.stability import TreeState as TreeState  # re-exported for the sidecar
+from sidecars.bridge.stability import tree_state as tree_state
 from sidecars.signer.dsse import SIGNATURE_SUFFIX, signature_path_for
 from sidecars.watching import write_events
 
 HF_STATE_FILE = "trainer_state.json"
-VERL_TRACKER = "latest_checkpointed_iteration.txt"
+VERL_TRACKER = verl_layout.TRACKER
 DIR_PATTERNS: dict[str, re.Pattern[str]] = {
     "warden": re.compile(r"^step-(\d{9,})$"),
     "hf": re.compile(r"^checkpoint-(\d+)$"),
@@ -91,6 +96,27 @@ def list_checkpoints(root: str, layout: str) -> list[Candidate]:
     return sorted(found, key=lambda c: c.step)
 
 
+def unsafe_entries(root: str, layout: str) -> list[Candidate]:
+    """Entries of ``root`` named like a checkpoint of ``layout`` that are not real directories
+    (a symlink, even one to a directory, a FIFO, a file...), by ascending step.
+
+    :func:`list_checkpoints` never lists them, so they are never signed or verified; the
+    signer reports them as ``unsafe_path`` violations. A missing or unreadable root yields [].
+    """
+    pattern = DIR_PATTERNS[layout]
+    found = []
+    try:
+        with os.scandir(root) as entries:
+            for entry in entries:
+                match = pattern.match(entry.name)
+                with contextlib.suppress(OSError):
+                    if match and not entry.is_dir(follow_symlinks=False):
+                        found.append(Candidate(os.path.join(root, entry.name), int(match.group(1)), layout))
+    except OSError:
+        return []
+    return sorted(found, key=lambda c: c.step)
+
+
 def signed_steps_before(root: str, layout: str, step: int) -> list[tuple[int, str]]:
     """(step, signature path) of the ``.sig`` files of ``layout`` below ``step``, newest first."""
     pattern = DIR_PATTERNS[layout]
@@ -110,94 +136,36 @@ def signed_steps_before(root: str, layout: str, step: int) -> list[tuple[int, st
 
 def read_tracker(root: str) -> int | None:
     """The step in verl's ``latest_checkpointed_iteration.txt``; None if absent or not (yet) a number."""
-    try:
-        with open(os.path.join(root, VERL_TRACKER), encoding="utf-8") as fh:
-            text = fh.read(64).strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return int(text) if text.isdigit() else None
+    return verl_layout.tracker_step(root)
 
 
 def completion_blocker(candidate: Candidate, tracker_step: int | None) -> str | None:
-    """Why ``candidate`` is not complete yet, or None when it is (stability aside)."""
+    """Why ``candidate`` is not complete yet, or None when it is (stability aside).
+
+    verl's rule (the tracker, or verl's own manifests for ``async_save``) is
+    :func:`sidecars.bridge.checkpoints.completion_blocker`, shared with the bridge.
+    """
     if candidate.layout == "hf" and not os.path.isfile(os.path.join(candidate.path, HF_STATE_FILE)):
         return f"no {HF_STATE_FILE} yet"
-    if candidate.layout == "verl" and tracker_step != candidate.step:
-        return f"not the step named by {VERL_TRACKER} ({tracker_step})"
+    if candidate.layout == "verl":
+        return verl_layout.completion_blocker(candidate.step, tracker_step, verl_layout.observe(candidate.path))
     return None
 
 
-@dataclass(frozen=True)
-class TreeState:
-    """Fingerprint of a tree ((name, size, mtime_ns) of every entry) and its newest change."""
-
-    fingerprint: tuple[tuple[str, int, int], ...]
-    last_change: float
-
-
-def tree_state(path: str, extra: Iterable[str] = ()) -> TreeState | None:
-    """Walks ``path`` (without following links) plus the ``extra`` files; None if ``path`` is gone.
-
-    ``last_change`` is the newest mtime or ctime of any entry (ctime catches ``cp -p``).
-    """
-    entries: list[tuple[str, int, int]] = []
-    newest = 0.0
-    pending = [path]
-    for extra_path in extra:
-        with contextlib.suppress(OSError):
-            st = os.lstat(extra_path)
-            entries.append((extra_path, st.st_size, st.st_mtime_ns))
-            newest = max(newest, st.st_mtime, st.st_ctime)
-    while pending:
-        directory = pending.pop()
-        try:
-            st = os.lstat(directory)
-            with os.scandir(directory) as scan:
-                children = list(scan)
-        except FileNotFoundError:
-            if directory == path:
-                return None
-            continue
-        except OSError:
-            continue
-        entries.append((directory, st.st_size, st.st_mtime_ns))
-        newest = max(newest, st.st_mtime, st.st_ctime)
-        for child in children:
-            try:
-                cst = child.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISDIR(cst.st_mode):
-                pending.append(child.path)
-            else:
-                entries.append((child.path, cst.st_size, cst.st_mtime_ns))
-                newest = max(newest, cst.st_mtime, cst.st_ctime)
-    return TreeState(tuple(sorted(entries)), newest)
-
-
 class StabilityTracker:
-    """Remembers when each path's fingerprint was first seen, to tell how long it has been quiet."""
+    """How long each checkpoint path has been quiet (:class:`sidecars.bridge.stability.Stability`)."""
 
     def __init__(self, stable_seconds: float) -> None:
         self.stable_seconds = stable_seconds
-        self._seen: dict[str, tuple[tuple[tuple[str, int, int], ...], float]] = {}
+        self._stability = Stability()
 
     def remaining(self, path: str, state: TreeState, now: float) -> float:
         """Seconds until ``path`` counts as stable (<= 0: stable now), recording this observation."""
-        previous = self._seen.get(path)
-        if previous is None or previous[0] != state.fingerprint:
-            self._seen[path] = (state.fingerprint, now)
-            since = now
-        else:
-            since = previous[1]
-        quiet = max(now - since, now - state.last_change)
-        return self.stable_seconds - quiet
+        return self.stable_seconds - self._stability.quiet_for(path, state.fingerprint, state.last_change, now)
 
     def forget(self, keep: Iterable[str]) -> None:
         """Drops every path not in ``keep`` (deleted or signed)."""
-        wanted = set(keep)
-        for path in [p for p in self._seen if p not in wanted]:
-            del self._seen[path]
+        self._stability.forget(keep)
 
 
 def _pid_alive(pid: int) -> bool:

@@ -7,7 +7,15 @@ import os
 
 import pytest
 
-from sidecars.bridge.checkpoints import in_progress_steps, parse_tracker, read_tracker, tree_state
+from sidecars.bridge.checkpoints import (
+    StepContents,
+    completion_blocker,
+    list_steps,
+    observe,
+    parse_tracker,
+    pruned_roles,
+    read_tracker,
+)
 from sidecars.bridge.rollouts import (
     DumpFile,
     Evidence,
@@ -16,7 +24,9 @@ from sidecars.bridge.rollouts import (
     snapshot_payload,
     waiting_reason,
 )
+from sidecars.bridge.stability import tree_state
 from sidecars.bridge.state import BridgeState, LogPosition, StateStore, StepSet, apply_marker, marker
+from sidecars.bridge.verl import derive_run_id
 from sidecars.bridge.verl_log import parse_log_line, tail
 
 
@@ -148,17 +158,69 @@ def test_tracker_parsing(tmp_path):
     assert tracker is not None and tracker.step == 40 and tracker.mtime_ns > 0
 
 
-def test_tree_state_and_in_progress(tmp_path):
+def test_tree_state_and_steps(tmp_path):
     assert tree_state(str(tmp_path / "missing")) is None
     (tmp_path / "global_step_10" / "actor").mkdir(parents=True)
     (tmp_path / "global_step_10" / "actor" / "model.pt").write_bytes(b"x")
     (tmp_path / "global_step_20").mkdir()
+    (tmp_path / "global_step_30").symlink_to(tmp_path / "global_step_20")
+    model = str(tmp_path / "global_step_10" / "actor" / "model.pt")
     first = tree_state(str(tmp_path / "global_step_10"))
-    assert first is not None and ("actor/model.pt", 1, first.fingerprint[-1][2]) in first.fingerprint
+    assert first is not None and (model, 1, os.lstat(model).st_mtime_ns) in first.fingerprint
     (tmp_path / "global_step_10" / "data.pt").write_bytes(b"yy")
     assert tree_state(str(tmp_path / "global_step_10")).fingerprint != first.fingerprint
-    assert in_progress_steps(str(tmp_path), 10) == [20]
-    assert in_progress_steps(str(tmp_path), None) == [10, 20]
+    assert tree_state(str(tmp_path / "global_step_30")) is None  # a link is not walked
+    assert list_steps(str(tmp_path)) == [10, 20]
+    assert list_steps(str(tmp_path / "missing")) == []
+
+
+def test_completion_rule():
+    fsdp = StepContents(roles=("actor", "critic"), manifests=(), dataloader=True)
+    assert completion_blocker(10, 10, fsdp) is None
+    assert "not the step named" in (completion_blocker(10, 20, fsdp) or "")
+    assert "not the step named" in (completion_blocker(30, 20, fsdp) or "")
+    done = StepContents(roles=("actor", "critic"), manifests=("actor", "critic"), dataloader=True, marker_mtime_ns=5)
+    assert completion_blocker(30, 20, done) is None  # async_save: verl's manifests, no tracker
+    half = StepContents(roles=("actor", "critic"), manifests=("actor",), dataloader=True)
+    assert "critic/" in (completion_blocker(30, 20, half) or "")
+    no_data = StepContents(roles=("actor",), manifests=("actor",), dataloader=False)
+    assert "data.pt" in (completion_blocker(30, None, no_data) or "")
+    pruned = StepContents(roles=(), manifests=(), dataloader=True)
+    assert "no actor/" in (completion_blocker(10, 20, pruned) or "")
+
+
+def test_observe(tmp_path):
+    step = tmp_path / "global_step_5"
+    (step / "actor").mkdir(parents=True)
+    (step / "critic").mkdir()
+    (step / "actor" / "ckpt_contents.json").write_text("{}")
+    os.mkfifo(step / "critic" / "ckpt_contents.json")  # not a regular file: not a manifest
+    (step / "data.pt").write_bytes(b"d")
+    seen = observe(str(step))
+    assert seen.roles == ("actor", "critic") and seen.manifests == ("actor",) and seen.dataloader
+    assert seen.marker_mtime_ns == os.stat(step / "actor" / "ckpt_contents.json").st_mtime_ns
+
+
+def test_pruned_roles():
+    actor = ["actor/model_world_size_2_rank_0.pt", "actor/huggingface/config.json"]
+    critic = ["critic/model_world_size_2_rank_0.pt"]
+    assert pruned_roles(actor + critic, 0, []) == ("actor", "critic")
+    assert pruned_roles(actor, 0, ["critic"]) == ("actor",)
+    assert pruned_roles(actor[:1], 0, ["actor", "critic"]) is None  # one shard gone, actor/ still there
+    assert pruned_roles([*actor, "data.pt"], 0, []) is None  # data.pt is not retention's
+    assert pruned_roles(actor, 1, []) is None  # and a modified or extra file never is
+    assert pruned_roles([], 0, []) is None
+    assert pruned_roles(["extra/x.pt"], 0, []) is None
+
+
+def test_derived_run_id_is_unique_and_never_a_generic_name():
+    docs = derive_run_id("/runs/exp1/verl/metrics.jsonl", "/runs/exp1/verl/checkpoints", "/runs/exp1/warden", "ab12")
+    assert docs == "exp1-ab12"
+    default = derive_run_id("/logs/gsm8k/qwen-ppo.jsonl", None, "/r/warden", "cd34")
+    assert default == "qwen-ppo-cd34"
+    from_root = derive_run_id("/x/metrics.jsonl", "/ck/gsm8k/exp7", "/r/warden", "ef56")
+    assert from_root == "exp7-ef56"
+    assert derive_run_id(None, None, "/runs/warden", "0a0b") == "verl-run-0a0b"
 
 
 def test_step_set():
