@@ -1,28 +1,67 @@
 # One image for the trainer and every sidecar; the command decides which runs.
-#   docker build -t warden .                          (sidecars only, no torch)
-#   docker build -t warden-train --build-arg WITH_TRAIN=true .
+#   docker build -t warden:0.1.0 .                                 (sidecars only, no torch)
+#   docker build -t warden-train:0.1.0 --build-arg WITH_TRAIN=true .
+# scripts/compose-stack builds both (and the other images docker-compose.yml names) with
+# podman, mounting this machine's pip configuration, wheel mirror and CA bundle into the
+# RUN steps; nothing of them is copied into an image.
 # No key, credential or policy secret is baked in: the signing key and S3 credentials
 # arrive at run time as compose secrets / environment.
-FROM python:3.11-slim
+ARG BASE_IMAGE=docker.io/library/debian:12.11-slim
+FROM ${BASE_IMAGE}
 
 ARG WITH_TRAIN=false
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 HF_HUB_OFFLINE=1
+# The CPU build of torch comes from this index; empty: from pip's own configuration
+# (an index or a --find-links wheel directory that holds torch==2.13.0+cpu).
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+# pip settings for the RUN steps only (build arguments are not kept in the image's environment).
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ARG PIP_FIND_LINKS
+ARG PIP_TRUSTED_HOST
+ARG PIP_CERT
+ARG PIP_CONSTRAINT
+ARG PIP_DEFAULT_TIMEOUT
+ARG PIP_DISABLE_PIP_VERSION_CHECK
 
-RUN useradd --create-home --uid 10001 warden
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 HF_HUB_OFFLINE=1 \
+    VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+# Debian's Python 3.11 in a venv: the environment deps audits is /opt/venv/lib/python3.11/site-packages.
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3 python3-venv \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3 -m venv /opt/venv
+
+# The service user and every mount point, created and owned here: Docker copies an image
+# directory's owner into a new named volume (podman also chowns), so uid 10001 can write them.
+RUN useradd --create-home --uid 10001 --user-group warden \
+ && mkdir -p /run/warden /models /data /var/lib/warden/archiver /var/lib/warden/tokenscan \
+      /var/lib/warden/deps /var/lib/warden/paths /var/lib/warden/journal /var/lib/warden/osv /var/lib/warden/webhook \
+      /run/warden-key \
+ && chown warden:warden /run/warden /models /data /var/lib/warden/archiver /var/lib/warden/tokenscan \
+      /var/lib/warden/deps /var/lib/warden/paths /var/lib/warden/journal /var/lib/warden/osv /var/lib/warden/webhook \
+ && chmod 0700 /run/warden-key
 WORKDIR /opt/warden
+
+# The runtime comes from the project's own hashed lock (deps audits the same lock).
 COPY pyproject.toml README.md ./
 COPY policies/locks/ policies/locks/
-# The runtime comes from the project's own hashed lock (deps audits the same lock).
-RUN if ls policies/locks/*.txt >/dev/null 2>&1; then \
-      pip install --require-hashes -r "$(ls policies/locks/*.txt | head -n1)"; fi
+RUN pip install --require-hashes -r policies/locks/runtime-py311-linux-x86_64.txt
+# The train extra (pyproject.toml's pins) before the sources, so a code change keeps this layer.
+RUN if [ "$WITH_TRAIN" = "true" ]; then \
+      python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['train']))" > /tmp/train.txt \
+      && if [ -n "$TORCH_INDEX_URL" ]; then set -- --extra-index-url "$TORCH_INDEX_URL"; fi \
+      && pip install "$@" -r /tmp/train.txt && rm /tmp/train.txt \
+      && python -c "import torch, sys; sys.exit('torch is not the CPU build: ' + str(torch.version.cuda)) if torch.version.cuda else print('torch', torch.__version__)"; \
+    fi
 COPY trainer/ trainer/
 COPY sidecars/ sidecars/
 COPY policies/ policies/
 COPY alerts/ alerts/
+COPY stack/ stack/
 RUN pip install --no-deps . \
- && if [ "$WITH_TRAIN" = "true" ]; then \
-      pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0 \
-      && pip install "transformers>=4.50" "tokenizers>=0.20" "safetensors>=0.4" "numpy>=1.26"; fi
+ && python stack/derive-policy.py policies/deps.yaml policies/deps.compose.yaml \
+      "  osv_db: null" "  osv_db: /var/lib/warden/osv"
 
 USER warden
 ENTRYPOINT ["warden"]
