@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 # The runtime comes from the project's own hashed lock (the deps sidecar audits against it).
 LOCK   := policies/locks/runtime-py311-linux-x86_64.txt
 
-.PHONY: demo test lint bench venv clean system-packages
+.PHONY: demo test test-fast lint bench venv clean system-packages
 
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ demo: $(STAMP) system-packages
 
 test: $(STAMP) system-packages lint
 	$(PY) -m pytest
+
+# The inner loop: everything but the tests marked slow (drills, live stacks, fault injection).
+test-fast: $(STAMP) lint
+	$(PY) -m pytest -m "not slow"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check trainer sidecars tests bench grafana

@@ -11,6 +11,8 @@ import pytest
 import yaml
 from support import StackProcess, WebhookSink, need_binary
 
+pytestmark = pytest.mark.slow  # real servers, faults and kills: minutes (make test-fast skips)
+
 
 def post_alerts(am_url: str, alerts: list[dict]) -> None:
     req = urllib.request.Request(

@@ -7,7 +7,7 @@ import re
 import pytest
 from support import run_warden
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_demo_runs_the_whole_mission_and_explains_it(tmp_path):

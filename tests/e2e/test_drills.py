@@ -18,7 +18,7 @@ from drills import record
 from faults import FaultFS, need
 from support import ROOT, TEST_CONFIG, merge
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def tiny_config(drill, **extra) -> str:

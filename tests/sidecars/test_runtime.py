@@ -226,6 +226,7 @@ def _journal_index(run_dir):
     return seqs
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_points_gives_exactly_once_effects(run_dir, journal):
     rng = random.Random(1234)
     total = 0

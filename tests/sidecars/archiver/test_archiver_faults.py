@@ -28,6 +28,8 @@ from sidecars.signer.keys import load_trusted_keys
 from tests.sidecars.archiver.archiver_helpers import CONFIG_DIGEST, S3Server, snapshot_data, spooled_files, write_policy
 from trainer.events import EventWriter
 
+pytestmark = pytest.mark.slow  # real servers, faults and kills: minutes (make test-fast skips)
+
 OUTAGE_SECONDS = float(os.environ.get("WARDEN_TEST_OUTAGE_SECONDS", "10"))
 
 

@@ -10,7 +10,10 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
 from support import stop_process
+
+pytestmark = pytest.mark.slow  # real FUSE faults and an unkillable hang: minutes (make test-fast skips)
 
 HANG_HOLD_SECONDS = 12.0
 
