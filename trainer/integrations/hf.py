@@ -27,6 +27,14 @@ They say what the directory held when the callback read it, not that the Trainer
 bytes changed between ``save_model`` and the hash are announced as if they were the
 Trainer's (see docs/threat-model.md).
 
+Under ``torchrun`` rank 0's ``on_save`` fires as soon as rank 0 finished its own part of the
+save; the other ranks may still be writing their ``rng_state_{rank}.pth`` (and, with FSDP or
+DeepSpeed, their shards). Before announcing, the callback waits until every rank's
+``rng_state_{rank}.pth`` is there and nothing in the directory changed for
+``settle_seconds`` (2), at most ``rank_wait_seconds`` (600); past that it writes
+``checkpoint.saved`` with ``complete: false`` and ``waiting_for``, no digest, and the signer
+signs nothing from that event (a watched root still signs it once complete and stable).
+
 HF rotates checkpoints (``save_total_limit``) *before* ``on_save``, and a sidecar can be
 behind: the signer treats a checkpoint that vanished before it was hashed as counted,
 not as an error. A journal write failure is logged and never stops training unless
@@ -42,15 +50,17 @@ import logging
 import math
 import os
 import platform
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from sidecars.bridge.names import HF_ALIASES, map_metrics, warden_aliases
 from sidecars.bridge.runid import journal_run_id, sanitize_run_id
+from sidecars.bridge.stability import Stability, tree_state
 from sidecars.errors import WardenError
-from sidecars.signer.hashing import hash_tree
-from sidecars.signer.manifest import DEFAULT_IGNORE_PATHS, announced_root
+from sidecars.signer.manifest import DEFAULT_IGNORE_PATHS, announce_tree
 from trainer import events as ev
 
 log = logging.getLogger("warden.hf")
@@ -101,12 +111,57 @@ def checkpoint_digest(path: str) -> dict[str, Any]:
     meanwhile yields {}: the signer then signs nothing without a matching stable state.
     """
     try:
-        digests = hash_tree(path, DEFAULT_IGNORE_PATHS)
+        announced = announce_tree(path, DEFAULT_IGNORE_PATHS)
     except (WardenError, OSError) as exc:
         log.warning("warden: %s: no root digest announced: %s", path, str(exc)[:300])
         return {}
-    announced = announced_root({name: digest.hex() for name, digest in digests.items()})
     return {"root_digest": announced.root_digest, "file_count": announced.file_count}
+
+
+def rank_files(world_size: int, save_only_model: bool) -> list[str]:
+    """The files every rank writes into a checkpoint itself: ``rng_state_{rank}.pth`` under
+    ``torchrun`` with more than one process (rank 0's ``on_save`` may fire before they exist);
+    none for one process or ``save_only_model``."""
+    if world_size <= 1 or save_only_model:
+        return []
+    return [f"rng_state_{rank}.pth" for rank in range(world_size)]
+
+
+def missing_files(present: Iterable[str], expected: Iterable[str]) -> list[str]:
+    """The names of ``expected`` not in ``present``, in order."""
+    have = set(present)
+    return [name for name in expected if name not in have]
+
+
+def wait_until_complete(
+    path: str,
+    expected: list[str],
+    settle_seconds: float,
+    timeout_seconds: float,
+    poll_seconds: float = 0.2,
+    clock: Callable[[], float] = time.monotonic,
+    pause: Callable[[float], object] = time.sleep,
+) -> list[str]:
+    """Waits until every name of ``expected`` is in ``path`` and no entry changed for
+    ``settle_seconds`` (other ranks' optimizer shards, a late flush); at most ``timeout_seconds``.
+
+    Returns what was still missing or changing when time ran out ([] when complete).
+    """
+    stability = Stability()
+    deadline = clock() + timeout_seconds
+    while True:
+        now = clock()
+        tree = tree_state(path)
+        if tree is None:
+            return [f"{path} (gone)"]
+        names = {os.path.relpath(entry[0], path) for entry in tree.fingerprint}
+        missing = missing_files(names, expected)
+        quiet = stability.quiet_for(path, tree.fingerprint, now, now)  # as seen here: files were just written
+        if not missing and quiet >= settle_seconds:
+            return []
+        if now >= deadline:
+            return missing or [f"{path} (still changing)"]
+        pause(poll_seconds)
 
 
 def _versions() -> dict[str, str]:
@@ -133,11 +188,15 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
         *,
         strict: bool = False,
         announce_digest: bool = True,
+        rank_wait_seconds: float = 600.0,
+        settle_seconds: float = 2.0,
     ) -> None:
         self.run_dir = run_dir
         self.run_id = run_id
         self.strict = strict
         self.announce_digest = announce_digest
+        self.rank_wait_seconds = rank_wait_seconds
+        self.settle_seconds = settle_seconds
         self._writer: ev.EventWriter | None = None
         self._summary: dict[str, Any] | None = None
 
@@ -223,7 +282,24 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
             log.warning("warden: %s is not there after on_save; no checkpoint.saved written", path)
             return
         data: dict[str, Any] = {"source": SOURCE, "path": path, "root": root, "layout": "hf"}
-        if state.is_world_process_zero and self.announce_digest:
+        if not state.is_world_process_zero:
+            return
+        expected = rank_files(args.world_size, bool(getattr(args, "save_only_model", False)))
+        if expected:
+            waiting = wait_until_complete(path, expected, self.settle_seconds, self.rank_wait_seconds)
+            data["world_size"] = args.world_size
+            if waiting:
+                log.error(
+                    "warden: %s: still waiting for %s after %.0fs; announced as incomplete (the signer will not "
+                    "sign from this event)",
+                    path,
+                    ", ".join(waiting[:8]),
+                    self.rank_wait_seconds,
+                )
+                data.update(complete=False, waiting_for=waiting[:32])
+                self.emit(args, state, ev.CHECKPOINT_SAVED, data, state.global_step)
+                return
+        if self.announce_digest:
             data.update(checkpoint_digest(path))
         self.emit(args, state, ev.CHECKPOINT_SAVED, data, state.global_step)
 

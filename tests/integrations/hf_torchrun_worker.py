@@ -1,0 +1,71 @@
+"""One rank of an HF Trainer run under torchrun (gloo, CPU) with WardenCallback; rank 1 is slow.
+
+Usage (by test_integ_hf_torchrun.py): ``torchrun --nproc_per_node 2 hf_torchrun_worker.py
+TOKENIZER_DIR MODEL_DIR OUTPUT_DIR RUN_DIR DELAY_SECONDS``. Rank 1 writes its
+``rng_state_1.pth`` only DELAY_SECONDS after the Trainer asked it to, so rank 0's
+``on_save`` fires before that file exists.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+
+from trainer.integrations.hf import WardenCallback
+
+
+class TinyText:
+    def __init__(self, tokenizer, n=16):
+        lines = [f"the model learns to add {i} and {i + 1}" for i in range(n)]
+        self.items = [tokenizer(line, truncation=True, max_length=16, padding="max_length") for line in lines]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        item = self.items[i]
+        return {"input_ids": item["input_ids"], "attention_mask": item["attention_mask"], "labels": item["input_ids"]}
+
+
+def main() -> None:
+    tokenizer_dir, model_dir, output_dir, run_dir, delay = sys.argv[1:6]
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    original = Trainer._save_rng_state
+
+    def slow_rng_state(self, directory):
+        if rank == 1:
+            time.sleep(float(delay))  # the delayed rank: the injected fault of this test
+        original(self, directory)
+
+    Trainer._save_rng_state = slow_rng_state
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True)
+    args = TrainingArguments(
+        output_dir=output_dir,
+        max_steps=2,
+        per_device_train_batch_size=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=1,
+        report_to=[],
+        use_cpu=True,
+        ddp_backend="gloo",
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        seed=0,
+    )
+    callback = WardenCallback(run_dir=run_dir, run_id="hf-ddp", settle_seconds=1.0, rank_wait_seconds=120.0)
+    Trainer(
+        model=model, args=args, train_dataset=TinyText(tokenizer), processing_class=tokenizer, callbacks=[callback]
+    ).train()
+
+
+if __name__ == "__main__":
+    main()
