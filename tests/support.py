@@ -61,6 +61,28 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse_samples(body: str) -> Samples:
+    """Every sample of a Prometheus text exposition, keyed by (name, sorted label pairs)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(body)
+        for s in fam.samples
+    }
+
+
+def scrape(target: int | str, timeout: float = 5.0) -> Samples:
+    """One /metrics scrape of a port on 127.0.0.1 (or a full URL); asserts it answered 200."""
+    url = target if isinstance(target, str) else f"http://127.0.0.1:{target}/metrics"
+    status, body = http_get(url, timeout=timeout)
+    assert status == 200, f"{url}: {status} {body[:200]}"
+    return parse_samples(body)
+
+
 def wait_http(url: str, deadline_s: float = 20.0, proc: subprocess.Popen[bytes] | None = None) -> str:
     """Polls ``url`` until it answers 200 and returns the body."""
     end = time.monotonic() + deadline_s

@@ -13,7 +13,17 @@ import time
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
-from support import free_port, http_get, need_binary, run_warden, spawn, stop_process, wait_http, warden_cmd
+from support import (
+    free_port,
+    http_get,
+    need_binary,
+    parse_samples,
+    run_warden,
+    spawn,
+    stop_process,
+    wait_http,
+    warden_cmd,
+)
 
 from sidecars.errors import IncompleteError, ViolationError
 from sidecars.runner import Runner
@@ -47,11 +57,7 @@ def test_metrics_parse_and_carry_common_families(run_dir, journal):
         deadline = time.monotonic() + 10
         while True:
             body = http_get(f"http://127.0.0.1:{port}/metrics")[1]
-            samples = {
-                (s.name, tuple(sorted(s.labels.items()))): s.value
-                for fam in text_string_to_metric_families(body)
-                for s in fam.samples
-            }
+            samples = parse_samples(body)
             if samples.get(("warden_sidecar_events_processed_total", (("sidecar", "journal"),))) == 3:
                 break
             assert time.monotonic() < deadline, body

@@ -18,8 +18,7 @@ import subprocess
 import time
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
-from support import free_port, http_get, run_warden, spawn, stop_process, wait_http, warden_cmd
+from support import free_port, run_warden, scrape, spawn, stop_process, wait_http, warden_cmd
 
 from sidecars.archiver.audit import verify_run
 from sidecars.archiver.record import step_key
@@ -71,11 +70,10 @@ class Archiver:
         return self.proc
 
     def metrics(self) -> dict[str, float]:
-        body = http_get(f"http://127.0.0.1:{self.port}/metrics")[1]
+        """One scrape, keyed by name plus the labels as sorted JSON (none: the bare name)."""
         return {
-            s.name + (json.dumps(s.labels, sort_keys=True) if s.labels else ""): s.value
-            for fam in text_string_to_metric_families(body)
-            for s in fam.samples
+            name + (json.dumps(dict(labels), sort_keys=True) if labels else ""): value
+            for (name, labels), value in scrape(self.port).items()
         }
 
     def wait_metric(self, name: str, predicate, timeout: float) -> dict[str, float]:

@@ -15,8 +15,7 @@ from dataclasses import dataclass, field
 import pytest
 import yaml
 from faults import FaultFS, need
-from prometheus_client.parser import text_string_to_metric_families
-from support import ROOT, free_port, http_get, need_binary, spawn, stop_process, wait_http, warden_cmd
+from support import ROOT, free_port, http_get, need_binary, parse_samples, spawn, stop_process, wait_http, warden_cmd
 
 
 @dataclass
@@ -35,11 +34,7 @@ class Sidecar:
         status, body = http_get(self.url, timeout=5)
         self.latencies.append(time.monotonic() - t0)
         assert status == 200, body
-        return {
-            (s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(body)
-            for s in fam.samples
-        }
+        return parse_samples(body)
 
     def assert_scrapes_fast(self, limit: float = 0.1) -> None:
         """95% of scrapes under ``limit`` (100 ms) and none near a probe deadline (0.5 s).
