@@ -328,3 +328,88 @@ def test_a_key_in_a_group_writable_directory_is_refused(tmp_path):
     done = _sign_cli(write_checkpoint(tmp_path / "ckpt", 2), key)
     assert done.returncode == 2 and "writable by group or others" in done.stderr
     assert not sig(tmp_path / "ckpt" / "step-000000002").exists()
+
+
+def test_a_checkpoint_replaced_by_a_symlink_is_an_unsafe_path_violation_never_signed(victim, tmp_path):
+    signed = victim.save(2)
+    assert victim.step() is Outcome.OK and sig(signed).exists()
+    # the attacker's own directory (a copy of a real checkpoint plus a backdoor), linked in under a step name
+    elsewhere = tmp_path / "attacker" / "step-000000004"
+    shutil.copytree(signed, elsewhere)
+    (elsewhere / "actor" / "model.safetensors").write_bytes(b"backdoor")
+    link = victim.checkpoints / "step-000000004"
+    link.symlink_to(elsewhere, target_is_directory=True)
+    # ...and a signed one swapped for a link to its own copy
+    moved = tmp_path / "attacker" / "step-000000002"
+    signed.rename(moved)
+    signed.symlink_to(moved, target_is_directory=True)
+    for _ in range(2):
+        assert victim.step(STABLE + 1) is Outcome.VIOLATION
+    assert not sig(link).exists()
+    assert victim.value("warden_signer_violating_checkpoints", reason="unsafe_path") == 2
+    assert victim.value("warden_signer_violations_total", reason="unsafe_path") == 2
+    assert victim.value("warden_signer_signed_total", layout="warden") == 1
+    assert any(f"{link}: checkpoint violation: unsafe_path" in m for m in victim.log.messages())
+
+
+def _verl_checkpoint(root: Path, step: int) -> Path:
+    """A verl ``global_step_N/`` (actor, critic, data.pt) and the tracker naming it."""
+    directory = root / f"global_step_{step}"
+    for role in ("actor", "critic"):
+        (directory / role / "huggingface").mkdir(parents=True)
+        for rank in range(2):
+            (directory / role / f"model_world_size_2_rank_{rank}.pt").write_bytes(f"{role}{step}{rank}".encode() * 999)
+        (directory / role / "huggingface" / "config.json").write_text("{}")
+    (directory / "data.pt").write_bytes(b"loader" * 100)
+    (root / "latest_checkpointed_iteration.txt").write_text(str(step))
+    return directory
+
+
+@pytest.mark.parametrize(
+    ("attack", "outcome"),
+    [
+        ("retention", Outcome.OK),  # verl's max_actor_ckpt_to_keep / max_critic_ckpt_to_keep: pruned
+        ("one_shard", Outcome.VIOLATION),  # a shard gone, actor/ still there
+        ("data", Outcome.VIOLATION),  # actor/ and critic/ gone, and data.pt too
+        ("retention_plus_edit", Outcome.VIOLATION),  # actor/ gone, a critic file edited
+        ("retention_plus_extra", Outcome.VIOLATION),  # actor/ and critic/ gone, a file added
+        ("actor_replaced", Outcome.VIOLATION),  # actor/ emptied and recreated
+    ],
+)
+def test_verl_retention_is_pruned_but_any_other_removal_or_change_is_a_violation(tmp_path, attack, outcome):
+    victim = Victim(tmp_path)
+    try:
+        root = tmp_path / "verl"
+        root.mkdir()
+        victim.sidecar.close()
+        watch = [{"path": str(root), "layout": "verl", "run_id": RUN_ID}]
+        victim.sidecar, victim.ctx, victim.runner = victim.start(watch=watch, reverify_interval_seconds=60)
+        directory = _verl_checkpoint(root, 10)
+        assert victim.step(STABLE + 1) is Outcome.OK
+        assert sig(directory).exists()
+        _verl_checkpoint(root, 20)
+        assert victim.step(STABLE + 1) is Outcome.OK and sig(root / "global_step_20").exists()
+        if attack.startswith("retention") or attack == "data":
+            shutil.rmtree(directory / "actor")
+            if attack != "retention_plus_edit":
+                shutil.rmtree(directory / "critic")
+        if attack == "one_shard":
+            (directory / "actor" / "model_world_size_2_rank_1.pt").unlink()
+        if attack == "data":
+            (directory / "data.pt").unlink()
+        if attack == "retention_plus_edit":
+            (directory / "critic" / "huggingface" / "config.json").write_text('{"backdoor": 1}')
+        if attack == "retention_plus_extra":
+            (directory / "extra.pt").write_bytes(b"x")
+        if attack == "actor_replaced":
+            shutil.rmtree(directory / "actor")
+            (directory / "actor").mkdir()
+        assert victim.step(61) is outcome  # re-verifies global_step_10 (one checkpoint per check)
+        victim.step(61)  # global_step_20, intact
+        assert victim.step(61) is outcome  # global_step_10 again: counted once
+        pruned = victim.value("warden_signer_pruned_total", layout="verl")
+        invalid = victim.value("warden_signer_invalid_checkpoints")
+        assert (pruned, invalid) == ((1, 0) if outcome is Outcome.OK else (0, 1))
+        assert not any("global_step_10" in m and "signed checkpoint" in m for m in victim.log.messages()[2:])
+    finally:
+        victim.close()
