@@ -227,6 +227,8 @@ def scan_pickles(
     reports: list[PickleReport] = []
     while True:
         report = scan_one(limited, deadline=deadline)  # type: ignore[arg-type]
+        if report.error and not report.incomplete and limited.left == 0 and limited.inner.read(1):
+            report = replace(report, incomplete=f"pickle larger than the {limit}-byte analysis cap")
         reports.append(report)
         nxt = limited.peek(2)
         if report.error or len(nxt) < 2 or nxt[0] != 0x80 or nxt[1] > 5:

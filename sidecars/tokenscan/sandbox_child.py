@@ -106,6 +106,46 @@ class Probe(str):
     def splitlines(self, *args: Any) -> list[Any]:
         return [self._wrap(p) for p in str.splitlines(self, *args)]
 
+    def __add__(self, other: Any) -> Any:
+        return self._wrap(str.__add__(self, other))
+
+    def __radd__(self, other: Any) -> Any:
+        return self._wrap(str.__add__(other, self)) if isinstance(other, str) else NotImplemented
+
+
+def _source(values: Any) -> str | None:
+    """The source of the first Probe among ``values`` (and one level of lists inside them)."""
+    for value in values:
+        items = value if isinstance(value, (list, tuple)) else (value,)
+        for item in items:
+            if isinstance(item, Probe):
+                return item.source
+    return None
+
+
+def _tainting(func: Any) -> Any:
+    """``func`` (a filter or join helper) whose string result stays a Probe when an input was one."""
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        args = tuple(list(a) if hasattr(a, "__next__") else a for a in args)  # map(...) generators
+        out = func(*args, **kwargs)
+        source = _source([*args, *kwargs.values()])
+        return Probe(out, source) if source and isinstance(out, str) and not isinstance(out, Probe) else out
+
+    if hasattr(func, "jinja_pass_arg"):
+        wrapped.jinja_pass_arg = func.jinja_pass_arg  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _keep_taint(env: Any) -> None:
+    """Taint survives ``~`` concatenation and the string filters (join, replace, format...)."""
+    import jinja2.runtime
+
+    jinja2.runtime.str_join = _tainting(jinja2.runtime.str_join)  # the compiled code imports it
+    for name in ("join", "replace", "format", "center", "indent", "wordwrap", "striptags", "string", "truncate"):
+        if name in env.filters:
+            env.filters[name] = _tainting(env.filters[name])
+
 
 def _comparing(name: str) -> Any:
     def method(self: Probe, *args: Any) -> Any:
@@ -166,6 +206,7 @@ def _environment() -> Any:
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: Probe(time.strftime(str(fmt), time.gmtime(NOW[0])), "date")
+    _keep_taint(env)
     return env
 
 

@@ -171,17 +171,18 @@ class _Reader:
             if ext == ".json" or doc.error is None:
                 self.snap.json[rel] = doc
                 if os.path.basename(rel) == "tokenizer.json" and doc.error is None:
-                    self.snap.texts[rel] = data  # decoded only when the tokenizer child needs it
+                    self.snap.tokenizer_files[rel] = ("tokenizer", path, self.snap.digests[rel], size)
                 return facts
+        if kind == "gguf":
+            return self._gguf(rel, path, size, facts)
         if ext == ".jinja" or (kind == "text" and _looks_like_template(path)):
             self.jinja.append((rel, None, _read(path, size + 1).decode("utf-8", "replace")))
-        elif kind == "gguf":
-            return self._gguf(rel, path, size, facts)
         elif ext == ".model" and kind != "text":
             try:
                 data = _read(path, size + 1)
                 self.pieces.update(parse_sentencepiece(data).pieces)
-                self.snap.spm_models[rel] = data
+                digest = hashlib.sha256(data).hexdigest()
+                self.snap.tokenizer_files[rel] = ("sentencepiece", path, digest, size)
             except ProtobufError as exc:
                 return replace(facts, spm_error=str(exc))
         return facts
@@ -336,16 +337,16 @@ _BEHAVIOUR_CACHE: OrderedDict[str, dict[str, Any]] = OrderedDict()
 
 
 def _exercise(
-    kind: str, data: bytes, digest: str, tokens: dict[str, str | None], policy: TokenscanPolicy
+    kind: str, path: str, digest: str, size: int, tokens: dict[str, str | None], policy: TokenscanPolicy
 ) -> dict[str, Any]:
-    """The tokenizer child's answer for ``data`` (cached by its content ``digest`` and the tokens)."""
+    """The tokenizer child's answer for the file at ``path`` (cached by its content ``digest``
+    and the tokens; the child re-checks the digest)."""
     key = hashlib.sha256((digest + json.dumps([kind, tokens], sort_keys=True)).encode()).hexdigest()
     if key in _BEHAVIOUR_CACHE:
         _BEHAVIOUR_CACHE.move_to_end(key)
         return _BEHAVIOUR_CACHE[key]
     bp = policy.behaviour
-    payload = data.decode("utf-8", "replace") if kind == "tokenizer" else data
-    answer = tbe.run(tbe.request(kind, payload, tokens), bp.memory_cap, bp.timeout_seconds)
+    answer = tbe.run(tbe.request(kind, path, digest, size, tokens), bp.memory_cap, bp.timeout_seconds)
     if answer["status"] != "crashed":
         _BEHAVIOUR_CACHE[key] = answer
         while len(_BEHAVIOUR_CACHE) > 256:
@@ -371,13 +372,9 @@ def _tokenizer_behaviour(snap: Snapshot, policy: TokenscanPolicy) -> None:
             out.append(("tokenizer.json", tbe.TokenizerIssue("order", problem)))
     if not policy.behaviour.enabled:
         return
-    jobs: list[tuple[str, str, bytes, str]] = [
-        (rel, "tokenizer", text, snap.digests[rel]) for rel, text in snap.texts.items()
-    ]
-    jobs += [(rel, "sentencepiece", data, hashlib.sha256(data).hexdigest()) for rel, data in snap.spm_models.items()]
-    for rel, kind, data, digest in jobs:
+    for rel, (kind, path, digest, size) in sorted(snap.tokenizer_files.items()):
         try:
-            answer = _exercise(kind, data, digest, tokens, policy)
+            answer = _exercise(kind, path, digest, size, tokens, policy)
         except OSError as exc:
             snap.errors.append(f"tokenizer sandbox could not start: {exc.strerror or exc}")
             return

@@ -80,9 +80,8 @@ class Snapshot:
     extra_special: tuple[str, ...] = ()
     manifest: Manifest | None = None
     errors: list[str] = field(default_factory=list)
-    texts: dict[str, bytes] = field(default_factory=dict)
     digests: dict[str, str] = field(default_factory=dict)
-    spm_models: dict[str, bytes] = field(default_factory=dict)
+    tokenizer_files: dict[str, tuple[str, str, str, int]] = field(default_factory=dict)  # kind, path, sha256, size
     tokenizer_issues: list[tuple[str, TokenizerIssue]] = field(default_factory=list)
 
     @property

@@ -82,6 +82,8 @@ def battery_renders(context: dict[str, Any]) -> list[dict[str, Any]]:
         out.append(
             {"name": f"date{i}", "messages": conversation(shapes["suau"]), "context": out[2]["context"], "now": now}
         )
+    nogen = {**context, "tools": None, "add_generation_prompt": False}
+    out.append({"name": "nogen", "messages": conversation(shapes["suau"]), "context": nogen, "now": DEFAULT_NOW})
     tools = {**context, "tools": [TOOL]}
     out.append({"name": "tools", "messages": conversation(shapes["suau"]), "context": tools, "now": DEFAULT_NOW})
     return out
@@ -160,14 +162,21 @@ def _flat(text: str, limit: int = 100) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+HEADER_LINE_RE = re.compile(r"^.*\b(?:date|environment)\b.*$", re.I | re.M)
+
+
 def _residual_issues(
     name: str, segs: list[tuple[str, str, str]], specials: tuple[str, ...], limit: int
 ) -> list[BehaviourIssue]:
-    """Long literal text between messages or after the last one (before the first is allowed)."""
+    """Long literal text between messages, after the last one, or before a given system prompt
+    (date and environment header lines allowed). The text before the first message when no
+    system prompt is given is the vendor's default system prompt, allowed (instruction-like
+    text there is still reported by :func:`_text_issues`)."""
     out = []
-    for before, after, text in segs:
-        if before == "^":
-            continue  # system header, vendor default system prompt, date line
+    for before, after, original in segs:
+        if before == "^" and after != "system":
+            continue
+        text = HEADER_LINE_RE.sub(" ", original) if before == "^" else original
         rest = residual_text(text, specials)
         if sum(ch.isalpha() for ch in rest) >= limit:
             out.append(
@@ -180,10 +189,11 @@ def _variation_issues(results: dict[str, tuple[dict[str, Any], list[tuple[str, s
     """The markup between two roles must not change with conversation length or position."""
     seen: dict[tuple[str, str], tuple[str, str]] = {}
     out = []
-    for name in ("u", "su", "suau", "uau", "long"):
+    for name in ("u", "su", "suau", "uau", "long", "nogen"):
         if name not in results:
             continue
-        for before, after, text in results[name][1]:
+        segs = results[name][1]
+        for before, after, text in segs[:-1] if name == "nogen" else segs:
             key = (before, after)
             if key in seen and seen[key][1] != text:
                 other, old = seen[key]
@@ -208,25 +218,25 @@ def _diff(a: str, b: str) -> str:
 
 
 def _date_issues(results: dict[str, tuple[dict[str, Any], list[tuple[str, str, str]]]]) -> list[BehaviourIssue]:
-    """Renders that differ only in the clock may differ only in date text."""
+    """Renders that differ only in the clock may differ only in date words (compared word by word)."""
     if "suau" not in results:
         return []
-    base = results["suau"][0]["output"]
+    base = WORD_RE.findall(results["suau"][0]["output"])
     out = []
     for name in ("date0", "date1"):
         if name not in results:
             continue
-        other = results[name][0]["output"]
+        other = WORD_RE.findall(results[name][0]["output"])
         for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, base, other, autojunk=False).get_opcodes():
-            if tag != "equal" and not (DATE_WORD_RE.match(base[i1:i2]) and DATE_WORD_RE.match(other[j1:j2])):
-                out.append(
-                    BehaviourIssue(
-                        "varies",
-                        f"the render changes with the date beyond the date itself: {_diff(base[i1:i2], other[j1:j2])}",
-                    )
-                )
+            was, now = "".join(base[i1:i2]), "".join(other[j1:j2])
+            if tag != "equal" and not (DATE_WORD_RE.match(was) and DATE_WORD_RE.match(now)):
+                detail = f"the render changes with the date beyond the date itself: {_diff(was, now)}"
+                out.append(BehaviourIssue("varies", detail))
                 break
     return out
+
+
+WORD_RE = re.compile(r"\w+|\W")
 
 
 def _taint_issues(taint: list[list[str]], specials: tuple[str, ...]) -> list[BehaviourIssue]:

@@ -21,7 +21,6 @@ merge order (:func:`merge_order_problem`) and special tokens have no look-alikes
 
 from __future__ import annotations
 
-import base64
 import os
 import re
 import unicodedata
@@ -73,10 +72,14 @@ def canonical(text: str, drop: str = "") -> str:
     return "".join(ch for ch in folded if ch.isalnum() and not unicodedata.combining(ch))
 
 
-def request(kind: str, data: str | bytes, tokens: Mapping[str, str | None]) -> dict[str, Any]:
-    """The child request: ``kind`` is ``tokenizer`` (tokenizer.json text) or ``sentencepiece``."""
-    payload = base64.b64encode(data).decode() if isinstance(data, bytes) else data
-    return {"id": "k", "op": kind, "data": payload, "corpus": list(CORPUS), "tokens": dict(tokens)}
+def request(kind: str, path: str, sha256: str, size: int, tokens: Mapping[str, str | None]) -> dict[str, Any]:
+    """The child request: ``kind`` is ``tokenizer`` (tokenizer.json) or ``sentencepiece`` (a
+    ``.model``). The child reads ``path`` itself (no multi-MiB JSON string on the pipe) and
+    refuses it unless its SHA-256 is the one the scan saw."""
+    return {
+        "id": "k", "op": kind, "path": path, "sha256": sha256, "size": size,
+        "corpus": list(CORPUS), "tokens": dict(tokens),
+    }  # fmt: skip
 
 
 def _quote(text: str, limit: int = 60) -> str:
@@ -142,12 +145,12 @@ def judge(answer: Mapping[str, Any], tokens: Mapping[str, str | None], label: st
 
 
 # -- static invariants of tokenizer.json ------------------------------------------------------
-def _merge_pair(merge: Any) -> tuple[str, str] | None:
-    if isinstance(merge, str) and " " in merge:
-        a, b = merge.split(" ", 1)
-        return a, b
-    if isinstance(merge, list) and len(merge) == 2 and all(isinstance(p, str) for p in merge):
-        return merge[0], merge[1]
+def _merged(merge: Any) -> str | None:
+    if type(merge) is list and len(merge) == 2 and type(merge[0]) is str and type(merge[1]) is str:
+        return merge[0] + merge[1]
+    if type(merge) is str and " " in merge:
+        a, _, b = merge.partition(" ")
+        return a + b
     return None
 
 
@@ -160,16 +163,16 @@ def merge_order_problem(model: Mapping[str, Any]) -> str | None:
     vocab, merges = model["vocab"], model.get("merges")
     if not isinstance(merges, list):
         return None
+    get = vocab.get
     last, last_token = -1, ""
     for rank, merge in enumerate(merges):
-        pair = _merge_pair(merge)
-        ident = vocab.get(pair[0] + pair[1]) if pair else None
-        if not isinstance(ident, int):
+        token = _merged(merge)
+        ident = get(token) if token is not None else None
+        if type(ident) is not int:
             continue
         if ident < last:
-            token = pair[0] + pair[1] if pair else "?"
             return f"merge {rank} makes {token!r} (id {ident}) after {last_token!r} (id {last}): ids not in merge order"
-        last, last_token = ident, (pair[0] + pair[1] if pair else "")
+        last, last_token = ident, token or ""
     return None
 
 

@@ -7,7 +7,7 @@ encodes every sample of the request's corpus. Native code can panic (``PanicExce
 BaseException), abort or hang: the first is caught here, the others end the process and the
 parent reports a timeout or a crash. Memory is bounded by ``RLIMIT_AS``; native threads are off.
 
-    request: {"id", "op": "tokenizer" | "sentencepiece", "data": str (JSON text or base64),
+    request: {"id", "op": "tokenizer" | "sentencepiece", "path", "sha256", "size",
               "corpus": [str], "tokens": {name: token}, "timeout": seconds}
     answer:  {"id", "status": "ok" | "load_error" | "panic", "message",
               "samples": [{"ids", "ids_special", "decoded", "unk_chars", "seconds"}],
@@ -16,9 +16,12 @@ parent reports a timeout or a crash. Memory is bounded by ``RLIMIT_AS``; native 
 
 from __future__ import annotations
 
-import base64
+import errno
+import hashlib
 import json
+import os
 import resource
+import stat
 import sys
 import time
 from typing import Any
@@ -27,6 +30,25 @@ from typing import Any
 def _limit_process(memory: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_FSIZE, (0, 0))
+
+
+class Changed(Exception):
+    """The file is not the one the scan saw (swapped, grown, or not a regular file)."""
+
+
+def read_checked(request: dict[str, Any]) -> bytes:
+    """The bytes at ``path`` (no final symlink, no FIFO), only if their SHA-256 is ``sha256``."""
+    fd = os.open(request["path"], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(int(request["size"]) + 1)
+    finally:
+        os.close(fd)
+    if hashlib.sha256(data).hexdigest() != request["sha256"]:
+        raise Changed("the file changed after it was read by the scan")
+    return data
 
 
 def _unk_chars(encode: Any, unk: int | None, sample: str, ids: list[int]) -> str:
@@ -39,7 +61,7 @@ def _unk_chars(encode: Any, unk: int | None, sample: str, ids: list[int]) -> str
 def _hf(request: dict[str, Any]) -> dict[str, Any]:
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_str(request["data"])
+    tok = Tokenizer.from_str(read_checked(request).decode("utf-8", "replace"))
     added = [[t.content, tok.token_to_id(t.content), bool(t.special)] for t in tok.get_added_tokens_decoder().values()]
     unk_name = getattr(tok.model, "unk_token", None) or request["tokens"].get("unk")
     unk = tok.token_to_id(unk_name) if isinstance(unk_name, str) else None
@@ -74,7 +96,7 @@ def _spm(request: dict[str, Any]) -> dict[str, Any]:
         return {"status": "unavailable", "message": "sentencepiece is not installed"}
 
     sp = sentencepiece.SentencePieceProcessor()
-    sp.LoadFromSerializedProto(base64.b64decode(request["data"]))
+    sp.LoadFromSerializedProto(read_checked(request))
     unk = sp.unk_id()
 
     def encode(text: str) -> list[int]:

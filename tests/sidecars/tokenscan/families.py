@@ -324,6 +324,31 @@ def llama31(out: Path) -> None:
                                        "rope_scaling": {"rope_type": "llama3", "factor": 8.0}})  # fmt: skip
 
 
+LLAMA32_TEMPLATE = LLAMA31_TEMPLATE.replace(
+    """{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}""",
+    """{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}""",
+)
+
+
+def llama32(out: Path) -> None:
+    """Llama 3.2: the Llama 3.1 shape whose date line comes from ``strftime_now``."""
+    llama31(out)
+    _set_template(out, LLAMA32_TEMPLATE)
+
+
+def _set_template(out: Path, template: str) -> None:
+    config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    _write_json(out / "tokenizer_config.json", {**config, "chat_template": template})
+
+
 def qwen25(out: Path) -> None:
     from tokenizers import normalizers
 
@@ -409,6 +434,7 @@ def t5(out: Path) -> None:
 
 FAMILIES: dict[str, Callable[[Path], None]] = {
     "llama3.1": llama31,
+    "llama3.2": llama32,
     "qwen2.5": qwen25,
     "gemma": gemma,
     "mistral": mistral,
