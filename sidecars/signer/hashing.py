@@ -1,4 +1,5 @@
-"""Hashing layer: SHA-256 of every regular file of a checkpoint directory, in parallel.
+"""Hashing layer: SHA-256 (or BLAKE3) of every regular file of a checkpoint directory, or of
+every fixed-size shard of each file (model_signing's ``shards`` serialization), in parallel.
 
 Contracts:
 - :func:`scan_tree` lists the directory without following anything: regular files are
@@ -6,7 +7,10 @@ Contracts:
   FIFO, socket, device, a name that is not UTF-8) is *refused* and reported with its
   path, never silently skipped. Ignored paths (``.git`` ...) are pruned, not descended.
 - :func:`hash_files` reads each file exactly once, with large reads into a per-thread
-  buffer, on a thread pool sized to the cores (hashlib releases the GIL). Files are opened
+  buffer, on a thread pool sized to the cores (hashlib releases the GIL);
+  :func:`hash_shards` does the same per shard, so one multi-GB file keeps every core busy.
+  Reads keep ``POSIX_FADV_WILLNEED`` read-ahead in flight (cold checkpoints at disk speed).
+  Files are opened
   with ``O_NOFOLLOW | O_NONBLOCK`` and checked again with ``fstat``, so an entry swapped
   for a symlink or a FIFO after the scan is refused and never followed or waited on.
 - A file deleted after the scan raises :class:`CheckpointVanished`; one that changes
@@ -28,6 +32,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
+from typing import Protocol, cast
 from pathlib import PurePosixPath
 
 from sidecars.signer.errors import (
@@ -43,6 +48,35 @@ CHUNK_SIZE = 1 << 20
 
 ProgressCallback = Callable[[int, int], None]
 """``progress(bytes_done, bytes_total)``; see :func:`hash_files` for when it is called."""
+
+HASH_ALGORITHMS = ("sha256", "blake3")
+"""Content hashes model_signing 1.x verifies for a checkpoint (it guesses the hasher from the
+signature): ``sha256`` (its default) and ``blake3`` (``files`` serialization only)."""
+
+
+class Hasher(Protocol):
+    """What the hashing pool needs of a hash object (hashlib's and blake3's both fit)."""
+
+    def update(self, data: memoryview, /) -> object: ...
+
+    def digest(self) -> bytes: ...
+
+
+def hash_factory(algorithm: str) -> Callable[[], Hasher]:
+    """A constructor of fresh hash objects for ``algorithm`` (one of HASH_ALGORITHMS).
+
+    Raises ValueError for another name, and when ``blake3`` is asked for but not installed.
+    """
+    if algorithm == "sha256":
+        return hashlib.sha256
+    if algorithm == "blake3":
+        try:
+            import blake3  # model_signing depends on it
+        except ImportError:
+            raise ValueError("hash algorithm blake3 needs the blake3 package (pip install blake3)") from None
+        return cast(Callable[[], Hasher], blake3.blake3)
+    raise ValueError(f"hash algorithm {algorithm!r}: expected one of {', '.join(HASH_ALGORITHMS)}")
+
 
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
@@ -225,8 +259,14 @@ class _Tracker:
     """Shared state of one :func:`hash_files` call: progress, cancellation, per-thread buffers."""
 
     def __init__(
-        self, total: int, chunk_size: int, progress: ProgressCallback | None, cancel: threading.Event | None
+        self,
+        total: int,
+        chunk_size: int,
+        progress: ProgressCallback | None,
+        cancel: threading.Event | None,
+        new_hash: Callable[[], Hasher],
     ) -> None:
+        self.new_hash = new_hash
         self.total = total
         self.done = 0
         self.chunk_size = chunk_size
@@ -277,77 +317,234 @@ def _open_regular(path: str) -> tuple[int, int]:
     return fd, st.st_size
 
 
-def _advise_sequential(fd: int) -> None:
-    """Asks the kernel for aggressive read-ahead; a hint, so failures are ignored."""
+READ_AHEAD = 16 << 20
+"""Bytes asked for ahead of the read position (``POSIX_FADV_WILLNEED``), so a checkpoint that is
+not in the page cache is read at disk speed: the next window is already in flight while the
+current one is hashed."""
+
+
+def _advise(fd: int, offset: int, length: int, advice: int) -> None:
+    """``posix_fadvise``; a hint, so failures (and platforms without it) are ignored."""
     if hasattr(os, "posix_fadvise"):
         with contextlib.suppress(OSError):
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            os.posix_fadvise(fd, offset, length, advice)
 
 
-def hash_file(path: str, listed_size: int, tracker: _Tracker) -> bytes:
-    """Raw SHA-256 of one regular file, read once in ``tracker.chunk_size`` pieces."""
+def shard_bounds(size: int, shard_size: int) -> tuple[tuple[int, int], ...]:
+    """model_signing's shards of a file of ``size`` bytes: ``[0, s), [s, 2s), ..., [ks, size)``.
+
+    An empty file has no shard (model_signing lists none for it). Raises ValueError when
+    ``shard_size`` is not positive.
+    """
+    if shard_size <= 0:
+        raise ValueError(f"shard size must be > 0, got {shard_size}")
+    return tuple((start, min(start + shard_size, size)) for start in range(0, size, shard_size))
+
+
+@dataclass(frozen=True)
+class HashJob:
+    """One task of the hashing pool: contiguous ``bounds`` of one file, read once, in order.
+
+    Each bound gets its own digest; with ``whole_file`` the digest of the whole file is
+    computed from the same reads too (``bounds`` must then cover the file).
+    """
+
+    entry: FileEntry
+    bounds: tuple[tuple[int, int], ...]
+    whole_file: bool = False
+
+    @property
+    def size(self) -> int:
+        """Bytes this job reads."""
+        return sum(end - start for start, end in self.bounds)
+
+
+@dataclass(frozen=True)
+class JobDigests:
+    """What one :class:`HashJob` produced: one digest per bound, and the whole file's when asked."""
+
+    name: str
+    pieces: tuple[tuple[int, int, bytes], ...]
+    whole: bytes | None
+
+
+def plan_jobs(files: Sequence[FileEntry], shard_size: int | None, *, whole_files: bool = False) -> list[HashJob]:
+    """The hashing tasks for ``files``, largest first (so the threads finish together).
+
+    ``shard_size`` None: one task per file hashing it whole (the ``files`` serialization).
+    Otherwise one task per shard, so a multi-GB file is hashed by many threads at once; with
+    ``whole_files`` one task per file that hashes its shards *and* the whole file in one read
+    (the per-file digests a trainer announces cannot be split over threads).
+    """
+    if shard_size is None:
+        jobs = [HashJob(f, ((0, f.size),)) for f in files]
+    elif whole_files:
+        jobs = [HashJob(f, shard_bounds(f.size, shard_size), whole_file=True) for f in files]
+    else:
+        jobs = [HashJob(f, (bound,)) for f in files for bound in shard_bounds(f.size, shard_size)]
+    return sorted(jobs, key=lambda j: (-j.size, j.entry.name, j.bounds[:1]))
+
+
+def _changed(path: str, listed: int, opened: int, detail: str) -> CheckpointChanged:
+    return CheckpointChanged(
+        f"{path}: changed while hashing (listed {listed} bytes, opened {opened}, {detail}); "
+        "sign the checkpoint only after it is completely written"
+    )
+
+
+def _read_range(
+    fd: int, path: str, start: int, end: int, tracker: _Tracker, hashers: Sequence[Hasher], size: int
+) -> None:
+    """Feeds bytes ``[start, end)`` of ``fd`` to every hasher in ``hashers``, read-ahead kept in flight."""
+    buf = tracker.buffer()
+    view = memoryview(buf)
+    pos = start
+    advised = start
+    while pos < end:
+        tracker.check(path)
+        if advised < min(end, pos + READ_AHEAD):
+            ahead = min(end, pos + 2 * READ_AHEAD) - advised
+            _advise(fd, advised, ahead, getattr(os, "POSIX_FADV_WILLNEED", 3))
+            advised += ahead
+        want = min(len(buf), end - pos)
+        try:
+            count = os.preadv(fd, [view[:want]], pos)
+        except OSError as exc:
+            raise CheckpointUnreadable(f"{path}: read failed after {pos} bytes: {exc.strerror}") from None
+        if count == 0:
+            raise _changed(path, size, size, f"ended at {pos} bytes")
+        for hasher in hashers:
+            hasher.update(view[:count])
+        pos += count
+        tracker.advance(count)
+
+
+def run_job(root: str, job: HashJob, tracker: _Tracker) -> JobDigests:
+    """Hashes one job: opens the file safely (no link followed, regular files only), reads each
+    bound once and checks the file still has its listed size afterwards (no growth, no truncation)."""
+    path = os.path.join(root, job.entry.name)
     fd, size = _open_regular(path)
     try:
-        _advise_sequential(fd)
-        digest = hashlib.sha256()
-        buf = tracker.buffer()
-        view = memoryview(buf)
-        read = 0
-        while True:
-            tracker.check(path)
-            try:
-                count = os.readv(fd, [buf])
-            except OSError as exc:
-                raise CheckpointUnreadable(f"{path}: read failed after {read} bytes: {exc.strerror}") from None
-            if count == 0:
-                break
-            digest.update(view[:count])
-            read += count
-            tracker.advance(count)
+        if size != job.entry.size:
+            raise _changed(path, job.entry.size, size, "before reading")
+        _advise(fd, 0, 0, getattr(os, "POSIX_FADV_SEQUENTIAL", 2))
+        whole = tracker.new_hash() if job.whole_file else None
+        pieces = []
+        for start, end in job.bounds:
+            piece = tracker.new_hash()
+            _read_range(fd, path, start, end, tracker, (piece, whole) if whole is not None else (piece,), size)
+            pieces.append((start, end, piece.digest()))
+        last = job.bounds[-1][1] if job.bounds else 0
+        try:
+            grown = last == size and len(os.pread(fd, 1, last)) > 0
+        except OSError:
+            grown = False
+        if grown or os.fstat(fd).st_size != size:
+            raise _changed(path, job.entry.size, size, f"now {os.fstat(fd).st_size}")
     finally:
         os.close(fd)
-    if read != size or size != listed_size:
-        raise CheckpointChanged(
-            f"{path}: changed while hashing (listed {listed_size} bytes, opened {size}, read {read}); "
-            "sign the checkpoint only after it is completely written"
-        )
-    return digest.digest()
+    return JobDigests(job.entry.name, tuple(pieces), whole.digest() if whole is not None else None)
+
+
+def run_jobs(
+    root: str | os.PathLike[str],
+    jobs: Sequence[HashJob],
+    *,
+    algorithm: str = "sha256",
+    max_workers: int | None = None,
+    chunk_size: int = CHUNK_SIZE,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> list[JobDigests]:
+    """Runs ``jobs`` on a thread pool sized to the cores (hashlib releases the GIL), in the order given.
+
+    ``progress(done, total)`` is called from the worker threads, one call at a time, after
+    each read; ``total`` is the bytes of all jobs. Setting ``cancel`` stops within one read
+    with HashingCancelled. The first failure cancels the rest and is raised.
+    """
+    top = os.fspath(root)
+    tracker = _Tracker(sum(j.size for j in jobs), chunk_size, progress, cancel, hash_factory(algorithm))
+    workers = min(len(jobs), max_workers or default_workers())
+    if workers <= 1:
+        return [run_job(top, job, tracker) for job in jobs]
+    results: list[JobDigests] = []
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="warden-hash") as pool:
+        futures = [pool.submit(run_job, top, job, tracker) for job in jobs]
+        try:
+            for future in as_completed(futures):
+                results.append(future.result())
+        except BaseException:
+            tracker.stop.set()
+            for future in futures:
+                future.cancel()
+            raise
+    return results
 
 
 def hash_files(
     root: str | os.PathLike[str],
     files: Sequence[FileEntry],
     *,
+    algorithm: str = "sha256",
     max_workers: int | None = None,
     chunk_size: int = CHUNK_SIZE,
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
 ) -> dict[str, bytes]:
-    """Hashes ``files`` (relative to ``root``) in parallel; returns ``{name: raw sha256}``.
+    """Hashes ``files`` (relative to ``root``) whole, in parallel; returns ``{name: raw digest}``.
 
-    Largest files start first so the threads finish together. ``progress(done, total)``
-    is called from the worker threads, one call at a time, after each read; ``total`` is
-    the listed size of ``files``. Setting ``cancel`` stops within one read with
-    HashingCancelled. The first failure cancels the rest and is raised.
+    See :func:`run_jobs` for progress, cancellation and errors.
     """
-    top = os.fspath(root)
-    tracker = _Tracker(sum(f.size for f in files), chunk_size, progress, cancel)
-    order = sorted(files, key=lambda f: (-f.size, f.name))
-    workers = min(len(order), max_workers or default_workers())
-    if workers <= 1:
-        return {f.name: hash_file(os.path.join(top, f.name), f.size, tracker) for f in order}
-    digests: dict[str, bytes] = {}
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="warden-hash") as pool:
-        futures = {pool.submit(hash_file, os.path.join(top, f.name), f.size, tracker): f.name for f in order}
-        try:
-            for future in as_completed(futures):
-                digests[futures[future]] = future.result()
-        except BaseException:
-            tracker.stop.set()
-            for future in futures:
-                future.cancel()
-            raise
-    return digests
+    done = run_jobs(
+        root,
+        plan_jobs(files, None),
+        algorithm=algorithm,
+        max_workers=max_workers,
+        chunk_size=chunk_size,
+        progress=progress,
+        cancel=cancel,
+    )
+    return {d.name: d.pieces[0][2] for d in done}
+
+
+@dataclass(frozen=True)
+class ShardDigests:
+    """:func:`hash_shards`' result: ``{(name, start, end): digest}`` and, when asked, ``{name: whole digest}``."""
+
+    shards: dict[tuple[str, int, int], bytes]
+    files: dict[str, bytes] | None
+
+
+def hash_shards(
+    root: str | os.PathLike[str],
+    files: Sequence[FileEntry],
+    shard_size: int,
+    *,
+    whole_files: bool = False,
+    algorithm: str = "sha256",
+    max_workers: int | None = None,
+    chunk_size: int = CHUNK_SIZE,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> ShardDigests:
+    """Hashes every ``shard_size`` shard of ``files`` in parallel (model_signing's ``shards``).
+
+    With ``whole_files`` each file is read by one thread that also computes its whole-file
+    digest (for comparing a per-file announcement): one read, but no split of a file over
+    threads. See :func:`run_jobs` for progress, cancellation and errors.
+    """
+    done = run_jobs(
+        root,
+        plan_jobs(files, shard_size, whole_files=whole_files),
+        algorithm=algorithm,
+        max_workers=max_workers,
+        chunk_size=chunk_size,
+        progress=progress,
+        cancel=cancel,
+    )
+    shards = {(d.name, start, end): digest for d in done for start, end, digest in d.pieces}
+    wholes = {d.name: d.whole for d in done if d.whole is not None} if whole_files else None
+    return ShardDigests(shards, wholes)
 
 
 def refuse_unsafe(scan: TreeScan) -> TreeScan:
