@@ -28,3 +28,20 @@ def format_option(*choices: str) -> Callable[[Any], Any]:
 
 def echo_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def trust_option() -> Callable[[Any], Any]:
+    """``--trust FILE_OR_DIR`` (or ``WARDEN_TRUST``): required, never a default path.
+
+    What a verification trusts must be named by the person running it: a default such as
+    ``policies/keys`` would resolve against the current directory, where whoever can write
+    the storage being checked could have planted a key (docs/threat-model.md, G5).
+    """
+    return option(
+        "--trust",
+        required=True,
+        type=click.Path(),
+        metavar="FILE_OR_DIR",
+        help="Trusted public key (a PEM .pub file) or a directory whose *.pub files are all trusted. "
+        "Required: there is no default location.",
+    )

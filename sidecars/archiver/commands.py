@@ -3,7 +3,7 @@
 Exit codes: 0 verified, 1 a violation (signature, key or chain), 2 usage/configuration,
 3 incomplete (store unreachable, step or run not found). The store is ``--store`` (or
 ``WARDEN_STORE``), else the ``store`` of the archiver policy; trusted keys are
-``--trust`` (a ``.pub`` file or a directory of them), by default ``policies/keys``.
+``--trust`` (a ``.pub`` file or a directory of them; required, never a default path).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from sidecars.archiver.errors import ChainBroken, StepNotFound
 from sidecars.archiver.policy import ArchiverPolicy
 from sidecars.archiver.record import valid_run_id
 from sidecars.archiver.store import DEFAULT_MAX_OBJECT_BYTES, Store, open_store
-from sidecars.cliutil import echo_json, format_option, option
+from sidecars.cliutil import echo_json, format_option, option, trust_option
 from sidecars.errors import ConfigError
 from sidecars.policy import load_policy
 from sidecars.signer.keys import TrustedKeys, load_trusted_keys
@@ -58,14 +58,7 @@ def _store_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _trust_option(func: Callable[..., Any]) -> Callable[..., Any]:
-    return option(
-        "--trust",
-        default=os.path.join("policies", "keys"),
-        show_default=True,
-        type=click.Path(),
-        metavar="FILE_OR_DIR",
-        help="Trusted public key (.pub) or a directory of them.",
-    )(func)
+    return trust_option()(func)
 
 
 def _open(store_url: str | None, policy_path: str) -> Store:

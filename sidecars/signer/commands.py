@@ -16,14 +16,15 @@ from typing import Any
 
 import click
 
+from sidecars.cliutil import trust_option
 from sidecars.errors import WardenError
 from sidecars.signer.dsse import sign_checkpoint
 from sidecars.signer.keys import generate_keypair, load_private_key, load_trusted_keys
-from sidecars.signer.manifest import Provenance
+from sidecars.signer.manifest import SERIALIZATION_METHOD, SHARDS_METHOD, Provenance, Serialization
+from sidecars.signer.policy import SHARD_SIZE
 from sidecars.signer.verify import verify_checkpoint
 
 PROGRESS_THRESHOLD_BYTES = 1 << 30
-DEFAULT_TRUST = "policies/keys"
 _FORMAT = click.Choice(["text", "json"])
 # Options that sign and verify share.
 workers_option = click.option(
@@ -116,7 +117,7 @@ def checkpoint_group() -> None:
     "--key",
     "key_path",
     required=True,
-    envvar="WARDEN_KEY",
+    envvar=["WARDEN_SIGNING_KEY", "WARDEN_KEY"],  # the sidecars' variable first; WARDEN_KEY still works
     show_envvar=True,
     type=click.Path(dir_okay=False),
     help="Private key (PEM, mode 0600) from `warden keys generate`.",
@@ -152,6 +153,35 @@ def checkpoint_group() -> None:
     type=click.Path(dir_okay=False),
     help="Where to write the bundle. Default: PATH with .sig appended, beside the directory.",
 )
+@click.option(
+    "--serialization",
+    type=click.Choice([SERIALIZATION_METHOD, SHARDS_METHOD]),
+    default=SERIALIZATION_METHOD,
+    show_default=True,
+    envvar="WARDEN_SERIALIZATION",
+    show_envvar=True,
+    help="files: one digest per file (every model_signing verifies it); shards: one per --shard-size piece, "
+    "hashed in parallel (model_signing's API verifies it, its 1.1.1 CLI does not).",
+)
+@click.option(
+    "--shard-size",
+    type=click.IntRange(min=1 << 20),
+    default=SHARD_SIZE,
+    show_default=True,
+    envvar="WARDEN_SHARD_SIZE",
+    show_envvar=True,
+    help="Bytes per shard with --serialization shards.",
+)
+@click.option(
+    "--hash",
+    "hash_algorithm",
+    type=click.Choice(["sha256", "blake3"]),
+    default="sha256",
+    show_default=True,
+    envvar="WARDEN_HASH",
+    show_envvar=True,
+    help="File hash with --serialization files (blake3: model_signing's API verifies it, its 1.1.1 CLI does not).",
+)
 @workers_option
 @format_option
 def sign_command(
@@ -162,6 +192,9 @@ def sign_command(
     parent_digest: str | None,
     trainer_version: str | None,
     signature_path: str | None,
+    serialization: str,
+    shard_size: int,
+    hash_algorithm: str,
     workers: int | None,
     fmt: str,
 ) -> None:
@@ -171,12 +204,21 @@ def sign_command(
     PATH.sig atomically; `model_signing verify key` accepts it too. Refuses symlinks and
     special files inside PATH (exit 1) and a key readable by group or others (exit 2).
     """
+    if serialization == SHARDS_METHOD and hash_algorithm != "sha256":
+        raise click.UsageError("--serialization shards hashes with sha256 (model_signing's shards); drop --hash")
+    method = Serialization(serialization, hash_algorithm, shard_size if serialization == SHARDS_METHOD else None)
     key = load_private_key(key_path)
     provenance = Provenance(run_id=run_id, step=step, trainer_version=trainer_version, parent_root_digest=parent_digest)
     progress = _Progress("hashing " + path)
     try:
         result = sign_checkpoint(
-            path, key, provenance, signature_path=signature_path, max_workers=workers, progress=progress
+            path,
+            key,
+            provenance,
+            signature_path=signature_path,
+            max_workers=workers,
+            progress=progress,
+            serialization=method,
         )
     finally:
         progress.close()
@@ -185,7 +227,8 @@ def sign_command(
         "signature": result.signature_path,
         "root_digest": result.root_digest,
         "key_id": result.key_id,
-        "files": len(result.manifest.resources),
+        "files": result.manifest.file_count,
+        "serialization": result.manifest.serialization.method,
         "bytes": result.total_bytes,
         "provenance": provenance.to_dict(),
     }
@@ -206,16 +249,7 @@ def sign_command(
     type=click.Path(dir_okay=False),
     help="Bundle to check. Default: PATH with .sig appended. Bundles from `model_signing sign key` work too.",
 )
-@click.option(
-    "--trust",
-    default=DEFAULT_TRUST,
-    show_default=True,
-    envvar="WARDEN_TRUST",
-    show_envvar=True,
-    type=click.Path(),
-    metavar="FILE_OR_DIR",
-    help="Trusted public key: a PEM file, or a directory whose *.pub files are all trusted.",
-)
+@trust_option()
 @click.option(
     "--ignore-subject",
     is_flag=True,

@@ -170,3 +170,14 @@ def test_usage_and_reachability_errors(archived, tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", f"http://127.0.0.1:{free_port()}")
     code, _, err = audit_cli("snapshot", "--run", run_id, "--step", "1", "--store", url, "--trust", pub)
     assert code == 3 and "cannot connect" in err and "Traceback" not in err
+
+
+def test_audit_has_no_default_trust(tmp_path, monkeypatch):
+    """A key planted in ./policies/keys (where the auditor happens to stand) is never trusted."""
+    monkeypatch.delenv("WARDEN_TRUST", raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "policies" / "keys").mkdir(parents=True)
+    (tmp_path / "policies" / "keys" / "evil.pub").write_text("planted")
+    for command in (["verify-run", "--run", "r"], ["snapshot", "--run", "r", "--step", "1"]):
+        code, _, err = audit_cli(*command, "--store", (tmp_path / "store").as_uri())
+        assert code == 2 and "--trust" in err, (command, code, err)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.sidecars.signer.signer_helpers import CHECKPOINT_FILES, run_cli, write_tree
@@ -81,3 +83,37 @@ def test_bad_parent_digest_is_a_usage_error(tmp_path: Path) -> None:
     key, _, ckpt = _setup(tmp_path)
     result = run_cli(["checkpoint", "sign", str(ckpt), "--key", str(key), "--parent-digest", "xyz"])
     assert result.exit_code == 2 and "64 lowercase hex" in result.stderr
+
+
+def test_verify_has_no_default_trust_so_a_key_planted_in_the_cwd_is_never_trusted(tmp_path: Path) -> None:
+    """Storage writer plants policies/keys/evil.pub where the auditor runs `checkpoint verify`."""
+    key, pub, ckpt = _setup(tmp_path)  # the attacker's own key pair signs the checkpoint
+    assert run_cli(["checkpoint", "sign", str(ckpt), "--key", str(key)]).exit_code == 0
+    workdir = tmp_path / "cwd"
+    (workdir / "policies" / "keys").mkdir(parents=True)
+    (workdir / "policies" / "keys" / "evil.pub").write_bytes(pub.read_bytes())
+    env = {k: v for k, v in os.environ.items() if k != "WARDEN_TRUST"}
+    result = subprocess.run(
+        [sys.executable, "-m", "sidecars.cli", "checkpoint", "verify", str(ckpt)],
+        capture_output=True,
+        text=True,
+        cwd=workdir,
+        env=env,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "--trust" in result.stderr, result.stderr
+
+
+def test_sign_reads_the_key_from_warden_signing_key(tmp_path: Path) -> None:
+    key, pub, ckpt = _setup(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "WARDEN_KEY"}
+    env["WARDEN_SIGNING_KEY"] = str(key)
+    signed = subprocess.run(
+        [sys.executable, "-m", "sidecars.cli", "checkpoint", "sign", str(ckpt)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert signed.returncode == 0, signed.stderr
+    assert run_cli(["checkpoint", "verify", str(ckpt), "--trust", str(pub)]).exit_code == 0
