@@ -309,12 +309,17 @@ def behaviour_bench(work: Path) -> None:
     names = ["warden", *scanners]
     caught = {n: {} for n in names}  # scanner -> case -> rc / flagged
     seconds = dict.fromkeys(names, 0.0)
+    expected = {c.name: c.expected for c in cases}
     rows = [(c.name, c.klass, dirs[c.name]) for c in cases] + [(f, "benign family", p) for f, p in families.items()]
     for case, _klass, path in rows:
         start = time.perf_counter()
         result = scan_directory(str(path), policy)
         seconds["warden"] += time.perf_counter() - start
-        caught["warden"][case] = result.outcome(policy.fail_severity) == 1
+        violation = result.outcome(policy.fail_severity) == 1
+        # an attack counts for us only when it raised the finding id the generator names
+        caught["warden"][case] = violation and (
+            case not in expected or expected[case] in {f.id for f in result.findings}
+        )
         for name, cmd in scanners.items():
             rc, secs = run_scanner(cmd(path))
             seconds[name] += secs
