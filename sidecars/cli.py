@@ -34,6 +34,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "train": "trainer.cli:train",
     "demo": "sidecars.stack.commands:demo",
     "stack": "sidecars.stack.commands:stack",
+    "init": "sidecars.commands.init:init",
 }
 
 

@@ -23,6 +23,21 @@ from sidecars.errors import ConfigError
 POLICY_VERSION = 1
 T = TypeVar("T")
 
+# The shipped default policies (package data: links to policies/*.yaml in a checkout, copies
+# in an installed wheel). Commands default to these, never to a path under the current
+# directory, so `warden` works from anywhere and a planted ./policies/ is never read.
+DEFAULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "defaults")
+
+
+def default_policy_path(name: str) -> str:
+    """The packaged default policy file of sidecar or command ``name`` (``<name>.yaml``)."""
+    return os.path.join(DEFAULTS_DIR, f"{name}.yaml")
+
+
+def packaged_policy_names() -> list[str]:
+    """Names of every packaged default policy, sorted."""
+    return sorted(n[: -len(".yaml")] for n in os.listdir(DEFAULTS_DIR) if n.endswith(".yaml"))
+
 
 class PolicyError(ConfigError):
     """A policy file is missing, unparsable or does not match its schema."""

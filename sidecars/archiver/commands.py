@@ -31,7 +31,7 @@ from sidecars.archiver.record import valid_run_id
 from sidecars.archiver.store import DEFAULT_MAX_OBJECT_BYTES, Store, open_store
 from sidecars.cliutil import echo_json, format_option, option, trust_option
 from sidecars.errors import ConfigError
-from sidecars.policy import load_policy
+from sidecars.policy import default_policy_path, load_policy
 from sidecars.signer.keys import TrustedKeys, load_trusted_keys
 
 
@@ -44,8 +44,8 @@ def _run_id(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
 def _store_options(func: Callable[..., Any]) -> Callable[..., Any]:
     func = option(
         "--policy",
-        default=os.path.join("policies", "archiver.yaml"),
-        show_default=True,
+        default=default_policy_path("archiver"),
+        show_default="the archiver.yaml shipped with warden",
         type=click.Path(dir_okay=False),
         help="Archiver policy, read for the store URL and addressing style when --store is not given.",
     )(func)

@@ -11,7 +11,7 @@ from sidecars.cliutil import echo_json, format_option, option
 from sidecars.errors import ConfigError
 from sidecars.httpserve import MetricsServer
 from sidecars.logs import configure_json_logging, log_fields
-from sidecars.policy import load_policy
+from sidecars.policy import DEFAULTS_DIR, load_policy
 from sidecars.registry import SIDECARS, sidecar_class
 from sidecars.runner import Runner
 from sidecars.runtime import Sidecar, SidecarContext
@@ -45,8 +45,8 @@ def _resolve_policy(cls: type[Sidecar], policy: str | None, policy_dir: str) -> 
     path = policy or os.path.join(policy_dir, f"{cls.name}.yaml")
     if policy is None and not os.path.exists(path):
         raise ConfigError(
-            f"{path}: default policy of sidecar {cls.name!r} not found; pass --policy FILE "
-            "or --policy-dir DIR (policies/README.md describes the fields)"
+            f"{path}: policy of sidecar {cls.name!r} not found in --policy-dir; pass --policy FILE, "
+            "or write editable copies of the defaults with `warden init DIR` and pass --policy-dir DIR"
         )
     return load_policy(path, cls.policy_schema), path
 
@@ -62,10 +62,10 @@ def _resolve_policy(cls: type[Sidecar], policy: str | None, policy_dir: str) -> 
 @option("--policy", type=click.Path(dir_okay=False), help="Policy file. Default: <policy-dir>/<name>.yaml.")
 @option(
     "--policy-dir",
-    default="policies",
-    show_default=True,
+    default=DEFAULTS_DIR,
     type=click.Path(file_okay=False),
-    help="Directory of the default policy files.",
+    help="Directory of <name>.yaml policy files. Default: the policies shipped with warden "
+    "(`warden init DIR` writes editable copies).",
 )
 @option("--port", type=int, help="Port of /metrics and /healthz. Default: the sidecar's own (see `sidecar list`).")
 @option("--listen", default="127.0.0.1", show_default=True, help="Address to bind /metrics to.")

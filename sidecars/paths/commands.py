@@ -7,7 +7,7 @@ import click
 from sidecars.cliutil import echo_json, format_option, option
 from sidecars.paths.policy import PathsPolicy
 from sidecars.paths.scheduler import PathState, PathWatcher, states_outcome
-from sidecars.policy import load_policy
+from sidecars.policy import default_policy_path, load_policy
 
 
 @click.group()
@@ -45,9 +45,9 @@ def _text_line(st: PathState) -> str:
 @option(
     "--policy",
     type=click.Path(dir_okay=False),
-    default="policies/paths.yaml",
-    show_default=True,
-    help="Paths policy (policies/paths.yaml describes the fields).",
+    default=default_policy_path("paths"),
+    show_default="the paths.yaml shipped with warden",
+    help="Paths policy (`warden init DIR` writes an editable copy; its README describes the fields).",
 )
 @format_option()
 @click.pass_context
