@@ -21,7 +21,7 @@ import binascii
 import json
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
@@ -33,21 +33,33 @@ from sidecars.signer.errors import (
     BadSignature,
     MalformedBundle,
     SignatureWriteError,
+    UnsupportedSignature,
     WrongKey,
     clipped,
     quoted,
 )
-from sidecars.signer.hashing import ProgressCallback, hash_files, refuse_unsafe, scan_tree
+from sidecars.signer.hashing import (
+    FileEntry,
+    ProgressCallback,
+    hash_files,
+    hash_shards,
+    refuse_unsafe,
+    scan_tree,
+)
 from sidecars.signer.keys import TrustedKey, TrustedKeys, key_id
 from sidecars.signer.manifest import (
     DEFAULT_IGNORE_PATHS,
+    FILES_SHA256,
     Announced,
     Manifest,
     Provenance,
+    Serialization,
     build_manifest,
     build_statement,
     encode_statement,
+    files_root,
     parse_json,
+    shard_resources,
 )
 from trainer.events import atomic_write_bytes
 
@@ -243,6 +255,7 @@ def sign_checkpoint(
     progress: ProgressCallback | None = None,
     cancel: threading.Event | None = None,
     expected: Announced | None = None,
+    serialization: Serialization = FILES_SHA256,
 ) -> SignResult:
     """Hashes ``checkpoint_dir``, signs its manifest and writes the bundle atomically.
 
@@ -254,38 +267,111 @@ def sign_checkpoint(
     CheckpointVanished, CheckpointChanged, CheckpointUnreadable, HashingCancelled) and
     AnnouncementMismatch before anything is written, and SignatureWriteError if the
     bundle cannot be written.
+
+    ``serialization``: ``files``/sha256 (default, what every model_signing verifies),
+    ``shards`` (each file's shards hashed in parallel) or ``files``/blake3. The announcement is
+    always the per-file SHA-256 root: in the other modes it is computed from the same read
+    (one thread per file, so no faster than ``files``) and recorded as
+    ``predicate.warden.files_root_digest``.
     """
     directory = os.fspath(checkpoint_dir)
     target = os.fspath(signature_path) if signature_path is not None else signature_path_for(directory)
     ignored = ignore_paths_for(directory, target, ignore_paths)
     scan = refuse_unsafe(scan_tree(directory, ignored))
-    digests = hash_files(directory, scan.files, max_workers=max_workers, progress=progress, cancel=cancel)
-    manifest = build_manifest(checkpoint_name(directory), digests, ignored)
+    check_shardable(directory, scan.files, serialization)
+    digests, files_digests = hash_resources(
+        directory,
+        scan.files,
+        serialization,
+        whole_files=expected is not None,
+        max_workers=max_workers,
+        progress=progress,
+        cancel=cancel,
+    )
+    manifest = build_manifest(checkpoint_name(directory), digests, ignored, serialization)
     if expected is not None:
-        check_announced(directory, manifest, expected)
+        assert files_digests is not None
+        check_announced(directory, files_root(files_digests), expected)
+        if serialization != FILES_SHA256:
+            provenance = replace(provenance or Provenance(), files_root_digest=expected.root_digest)
     bundle = sign_payload(encode_statement(build_statement(manifest, provenance)), private_key)
     write_bundle(target, bundle)
     return SignResult(target, manifest, manifest.root_digest.hex(), key_id(private_key.public_key()), scan.total_bytes)
 
 
-def check_announced(directory: str, manifest: Manifest, expected: Announced) -> None:
-    """Raises AnnouncementMismatch unless ``manifest`` has the announced root digest and file count."""
-    actual = manifest.root_digest.hex()
-    if actual != expected.root_digest:
+def check_shardable(directory: str, files: tuple[FileEntry, ...], serialization: Serialization) -> None:
+    """Raises UnsupportedSignature when a file name cannot be a shard resource (it holds ``:``,
+    which model_signing's shard names use as separator)."""
+    bad = [f.name for f in files if ":" in f.name] if serialization.sharded else []
+    if bad:
+        raise UnsupportedSignature(
+            f"{directory}: {len(bad)} file names hold ':' (e.g. {quoted(bad[0])}), which the shards "
+            "serialization cannot name; sign with serialization files"
+        )
+
+
+def hash_resources(
+    directory: str,
+    files: tuple[FileEntry, ...],
+    serialization: Serialization,
+    *,
+    whole_files: bool = False,
+    max_workers: int | None = None,
+    progress: ProgressCallback | None = None,
+    cancel: threading.Event | None = None,
+) -> tuple[dict[str, bytes], dict[str, bytes] | None]:
+    """``({resource name: digest}, {file name: sha256} or None)`` of ``files`` in ``serialization``.
+
+    The second is the announcement form, computed when ``whole_files`` from the same read:
+    in ``files``/sha256 mode it is the first; otherwise each file is read by one thread that
+    feeds its shards (or its blake3) and its SHA-256 at once.
+    """
+    if serialization.sharded:
+        assert serialization.shard_size is not None
+        found = hash_shards(
+            directory,
+            files,
+            serialization.shard_size,
+            whole_files=whole_files,
+            max_workers=max_workers,
+            progress=progress,
+            cancel=cancel,
+        )
+        return shard_resources(found.shards), found.files
+    digests = hash_files(
+        directory,
+        files,
+        algorithm=serialization.hash_type,
+        max_workers=max_workers,
+        progress=progress,
+        cancel=cancel,
+    )
+    if not whole_files:
+        return digests, None
+    if serialization.hash_type == "sha256":
+        return digests, digests
+    sha = hash_files(directory, files, max_workers=max_workers, cancel=cancel)  # blake3: a second read
+    return digests, sha
+
+
+def check_announced(directory: str, actual: Announced, expected: Announced) -> None:
+    """Raises AnnouncementMismatch unless ``actual`` (the files/sha256 root and file count found on
+    disk) is the announced root digest and file count."""
+    if actual.root_digest != expected.root_digest:
         raise AnnouncementMismatch(
-            f"{directory}: refused to sign: the files hash to root sha256:{actual}, "
+            f"{directory}: refused to sign: the files hash to root sha256:{actual.root_digest}, "
             f"but the trainer announced sha256:{quoted(expected.root_digest)}",
             "digest_mismatch",
             expected.root_digest,
-            actual,
+            actual.root_digest,
         )
-    if len(manifest.resources) != expected.file_count:
+    if actual.file_count != expected.file_count:
         raise AnnouncementMismatch(
-            f"{directory}: refused to sign: {len(manifest.resources)} files on disk, "
+            f"{directory}: refused to sign: {actual.file_count} files on disk, "
             f"the trainer announced {expected.file_count}",
             "file_count_mismatch",
             str(expected.file_count),
-            str(len(manifest.resources)),
+            str(actual.file_count),
         )
 
 

@@ -32,8 +32,8 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
-from typing import Protocol, cast
 from pathlib import PurePosixPath
+from typing import Protocol, cast
 
 from sidecars.signer.errors import (
     CheckpointChanged,

@@ -10,6 +10,12 @@ Pure functions, no I/O. The format is exactly what ``model_signing`` 1.1.1 write
 - ``predicate.serialization`` is ``{"method": "files", "hash_type": "sha256",
   "allow_symlinks": false, "ignore_paths": [...]}`` (``ignore_paths`` omitted when empty).
 
+The ``shards`` serialization (model_signing's ``use_shard_serialization``) has one resource
+per ``shard_size`` piece of each file, ``{"name": "path:start:end", "algorithm":
+"sha256-sharded-<shard_size>"}``, sorted by (path components, start, end), and
+``"shard_size": <int>`` in the serialization; empty files have no resource. ``files`` with
+``hash_type: blake3`` (``"algorithm": "blake3"``) is accepted too; the root stays SHA-256.
+
 Warden's own fields (run id, step, trainer version, parent checkpoint's root digest) go
 in one extra predicate object, ``predicate.warden``. model_signing documents that v1.0
 verifiers ignore predicate fields other than ``serialization`` and ``resources``, reads
@@ -33,9 +39,13 @@ from sidecars.signer.errors import PayloadMismatch, UnsupportedSignature, quoted
 from sidecars.signer.hashing import hash_tree, is_ignored, normalize_ignore_path
 
 HASH_ALGORITHM = "sha256"
+"""The subject (root) digest is always SHA-256, whatever hashes the files."""
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://model_signing/signature/v1.0"
 SERIALIZATION_METHOD = "files"
+SHARDS_METHOD = "shards"
+DEFAULT_SHARD_SIZE = 1_000_000_000
+"""model_signing's default shard size (1 GB)."""
 WARDEN_PREDICATE_KEY = "warden"
 DEFAULT_IGNORE_PATHS: tuple[str, ...] = (".git", ".gitattributes", ".github", ".gitignore")
 """What ``model_signing sign key`` ignores by default (``--ignore-git-paths``); we match it
@@ -72,6 +82,82 @@ def root_digest(digests: Iterable[bytes]) -> bytes:
 
 
 @dataclass(frozen=True)
+class Serialization:
+    """How the files were turned into resources (``predicate.serialization``).
+
+    ``files``: one resource per file, named by its path, digest ``hash_type`` of the file.
+    ``shards``: one resource per ``shard_size`` piece of each file, named ``path:start:end``,
+    algorithm ``sha256-sharded-<shard_size>`` (model_signing's names); empty files have none.
+    """
+
+    method: str = SERIALIZATION_METHOD
+    hash_type: str = HASH_ALGORITHM
+    shard_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method == SERIALIZATION_METHOD:
+            if self.hash_type not in ("sha256", "blake3") or self.shard_size is not None:
+                raise ValueError(f"serialization files: hash sha256 or blake3 and no shard size, got {self}")
+        elif self.method == SHARDS_METHOD:
+            if self.hash_type != "sha256" or self.shard_size is None or self.shard_size <= 0:
+                raise ValueError(
+                    "serialization shards: sha256 with a shard size > 0 (model_signing hashes blake3 "
+                    "by files, in parallel within each file)"
+                )
+        else:
+            raise ValueError(f"serialization method {self.method!r}: expected files or shards")
+
+    @property
+    def sharded(self) -> bool:
+        """True for the ``shards`` method."""
+        return self.method == SHARDS_METHOD
+
+    @property
+    def resource_algorithm(self) -> str:
+        """The ``algorithm`` of each resource, as model_signing names it."""
+        return f"{self.hash_type}-sharded-{self.shard_size}" if self.sharded else self.hash_type
+
+
+FILES_SHA256 = Serialization()
+
+
+def shard_name(path: str, start: int, end: int) -> str:
+    """The resource name of a shard, model_signing's ``path:start:end``."""
+    return f"{path}:{start}:{end}"
+
+
+def split_shard_name(name: str) -> tuple[str, int, int]:
+    """``"a/b:0:10"`` -> ``("a/b", 0, 10)``; ValueError unless it has exactly two ``:`` and offsets
+    ``0 <= start < end`` (model_signing's parser splits on every ``:``, so a path cannot hold one)."""
+    parts = name.split(":")
+    if len(parts) != 3 or not all(p.isdigit() and p.isascii() for p in parts[1:]):
+        raise ValueError(f"{name!r} is not a shard name path:start:end")
+    start, end = int(parts[1]), int(parts[2])
+    if start >= end:
+        raise ValueError(f"{name!r}: the shard is empty or reversed")
+    return parts[0], start, end
+
+
+def resource_sort_key(name: str, sharded: bool = False) -> tuple[Any, ...]:
+    """Resource order of model_signing: path components, then (shards) start and end offsets."""
+    if not sharded:
+        return sort_key(name)
+    path, start, end = name.rsplit(":", 2)  # names from disk may hold ':' (then they are extra)
+    return (PurePosixPath(path).parts, int(start), int(end))
+
+
+def shard_resources(shards: Mapping[tuple[str, int, int], bytes]) -> dict[str, bytes]:
+    """``{(path, start, end): digest}`` -> ``{"path:start:end": digest}``."""
+    return {shard_name(*key): digest for key, digest in shards.items()}
+
+
+def files_root(digests: Mapping[str, bytes]) -> Announced:
+    """The announcement form (``files``/sha256 root and file count) of ``{name: raw sha256}``."""
+    names = sorted(digests, key=sort_key)
+    return Announced(root_digest(digests[n] for n in names).hex(), len(names))
+
+
+@dataclass(frozen=True)
 class Announced:
     """What a trainer announces with ``checkpoint.saved``: the manifest root digest (hex) and file count."""
 
@@ -93,8 +179,7 @@ def announced_root(hex_digests: Mapping[str, str], ignore_paths: Iterable[str] =
     for name, digest in kept.items():
         if not _HEX64.fullmatch(digest):
             raise ValueError(f"{name}: not a sha256 hex digest")
-    names = sorted(kept, key=sort_key)
-    return Announced(root_digest(bytes.fromhex(kept[n]) for n in names).hex(), len(names))
+    return files_root({name: bytes.fromhex(digest) for name, digest in kept.items()})
 
 
 def announce_tree(
@@ -135,6 +220,7 @@ class Manifest:
     name: str
     resources: tuple[Resource, ...]
     ignore_paths: tuple[str, ...] = ()
+    serialization: Serialization = FILES_SHA256
 
     @property
     def root_digest(self) -> bytes:
@@ -142,15 +228,51 @@ class Manifest:
         return root_digest(r.digest for r in self.resources)
 
     def digests(self) -> dict[str, bytes]:
-        """``{name: raw digest}``."""
+        """``{resource name: raw digest}`` (shard names ``path:start:end`` in shard mode)."""
         return {r.name: r.digest for r in self.resources}
 
+    def file_digests(self) -> dict[str, bytes]:
+        """``{file name: raw digest}``: the resources in ``files`` mode; in ``shards`` mode one
+        SHA-256 per file over its shards' ``start:end:digest`` in order (for naming changed files)."""
+        if not self.serialization.sharded:
+            return self.digests()
+        return per_file_shard_digests({split_shard_name(r.name): r.digest for r in self.resources})
 
-def build_manifest(name: str, digests: Mapping[str, bytes], ignore_paths: Iterable[str] = ()) -> Manifest:
-    """Builds the manifest of directory ``name`` from ``{relative name: raw sha256}``."""
-    names = sorted(digests, key=sort_key)
+    @property
+    def file_count(self) -> int:
+        """Files listed (in shard mode: files with at least one byte)."""
+        return len(self.file_digests())
+
+
+def per_file_shard_digests(shards: Mapping[tuple[str, int, int], bytes]) -> dict[str, bytes]:
+    """``{(path, start, end): digest}`` -> ``{path: sha256 over its shards' start:end:digest}``.
+
+    Two files get the same value exactly when they have the same shards with the same digests,
+    so comparing these names every file whose content or size changed.
+    """
+    grouped: dict[str, list[tuple[int, int, bytes]]] = {}
+    for (path, start, end), digest in shards.items():
+        grouped.setdefault(path, []).append((start, end, digest))
+    out = {}
+    for path, pieces in grouped.items():
+        hasher = hashlib.sha256()
+        for start, end, digest in sorted(pieces):
+            hasher.update(b"%d:%d:" % (start, end) + digest)
+        out[path] = hasher.digest()
+    return out
+
+
+def build_manifest(
+    name: str,
+    digests: Mapping[str, bytes],
+    ignore_paths: Iterable[str] = (),
+    serialization: Serialization = FILES_SHA256,
+) -> Manifest:
+    """Builds the manifest of directory ``name`` from ``{resource name: raw digest}`` (file names,
+    or shard names from :func:`shard_resources` for the ``shards`` serialization)."""
+    names = sorted(digests, key=lambda n: resource_sort_key(n, serialization.sharded))
     ignored = tuple(sorted({normalize_ignore_path(p) for p in ignore_paths}))
-    return Manifest(name, tuple(Resource(n, digests[n]) for n in names), ignored)
+    return Manifest(name, tuple(Resource(n, digests[n]) for n in names), ignored, serialization)
 
 
 @dataclass(frozen=True)
@@ -158,13 +280,16 @@ class Provenance:
     """Warden's fields in ``predicate.warden``; all optional, unknown keys kept in ``other``.
 
     ``parent_root_digest`` is the hex root digest of the previous checkpoint of the run,
-    so the signatures of a run form a chain.
+    so the signatures of a run form a chain. ``files_root_digest``: in ``shards`` mode, the
+    ``files``/sha256 root the signer computed from the same read and found equal to the trainer's
+    announcement (the announcement stays per-file; the signed subject is the shard root).
     """
 
     run_id: str | None = None
     step: int | None = None
     trainer_version: str | None = None
     parent_root_digest: str | None = None
+    files_root_digest: str | None = None
     other: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -174,6 +299,7 @@ class Provenance:
             "step": self.step,
             "trainer_version": self.trainer_version,
             "parent_root_digest": self.parent_root_digest,
+            "files_root_digest": self.files_root_digest,
         }
         return {**dict(self.other), **{k: v for k, v in known.items() if v is not None}}
 
@@ -182,18 +308,19 @@ class Provenance:
         """Parses ``predicate.warden``; raises PayloadMismatch on a wrongly typed field."""
         if not isinstance(raw, dict):
             raise PayloadMismatch(f"predicate.{WARDEN_PREDICATE_KEY} must be an object, got {type(raw).__name__}")
-        for key, kind in (("run_id", str), ("trainer_version", str), ("parent_root_digest", str)):
-            if raw.get(key) is not None and not isinstance(raw[key], kind):
+        for key in ("run_id", "trainer_version", "parent_root_digest", "files_root_digest"):
+            if raw.get(key) is not None and not isinstance(raw[key], str):
                 raise PayloadMismatch(f"predicate.{WARDEN_PREDICATE_KEY}.{key} must be a string")
         step = raw.get("step")
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
             raise PayloadMismatch(f"predicate.{WARDEN_PREDICATE_KEY}.step must be an integer")
-        known = {"run_id", "step", "trainer_version", "parent_root_digest"}
+        known = {"run_id", "step", "trainer_version", "parent_root_digest", "files_root_digest"}
         return cls(
             run_id=raw.get("run_id"),
             step=step,
             trainer_version=raw.get("trainer_version"),
             parent_root_digest=raw.get("parent_root_digest"),
+            files_root_digest=raw.get("files_root_digest"),
             other={k: v for k, v in raw.items() if k not in known},
         )
 
@@ -203,8 +330,13 @@ class Provenance:
 
 
 def serialization_params(manifest: Manifest) -> dict[str, Any]:
-    """``predicate.serialization`` as model_signing 1.1.1 writes it for ``files``."""
-    params: dict[str, Any] = {"method": SERIALIZATION_METHOD, "hash_type": HASH_ALGORITHM, "allow_symlinks": False}
+    """``predicate.serialization`` as model_signing 1.1.1 writes it (``shard_size`` as an integer:
+    model_signing itself writes a float there, which its own verifier then rejects)."""
+    method = manifest.serialization
+    params: dict[str, Any] = {"method": method.method, "hash_type": method.hash_type}
+    if method.sharded:
+        params["shard_size"] = method.shard_size
+    params["allow_symlinks"] = False
     if manifest.ignore_paths:
         params["ignore_paths"] = list(manifest.ignore_paths)
     return params
@@ -214,7 +346,10 @@ def build_statement(manifest: Manifest, provenance: Provenance | None = None) ->
     """The in-toto Statement v1 (as a JSON-ready dict) that is signed for ``manifest``."""
     predicate: dict[str, Any] = {
         "serialization": serialization_params(manifest),
-        "resources": [{"name": r.name, "algorithm": HASH_ALGORITHM, "digest": r.hex} for r in manifest.resources],
+        "resources": [
+            {"name": r.name, "algorithm": manifest.serialization.resource_algorithm, "digest": r.hex}
+            for r in manifest.resources
+        ],
     }
     if provenance is not None and not provenance.is_empty():
         predicate[WARDEN_PREDICATE_KEY] = provenance.to_dict()
@@ -258,28 +393,58 @@ def _check_name(name: str) -> str:
     return name
 
 
-def _parse_serialization(raw: Any) -> tuple[str, ...]:
-    """Checks ``predicate.serialization``; returns its ignore paths (normalized)."""
+def _parse_method(raw: Any) -> Serialization:
+    """The serialization method of ``predicate.serialization``; UnsupportedSignature for one
+    Warden cannot check (its hashes are still model_signing's to verify)."""
     where = "predicate.serialization."
     method = _field(raw, "method", str, where)
     hash_type = _field(raw, "hash_type", str, where)
-    if method != SERIALIZATION_METHOD or hash_type != HASH_ALGORITHM:
+    size = raw.get("shard_size")
+    if isinstance(size, float) and size.is_integer():  # model_signing 1.1.1 writes 1000000000.0
+        size = int(size)
+    try:
+        if isinstance(size, bool) or not isinstance(size, int | None):
+            raise ValueError("shard_size is not an integer")
+        return Serialization(method, hash_type, size if method == SHARDS_METHOD else None)
+    except ValueError as exc:
         raise UnsupportedSignature(
-            f"the signature uses serialization method {quoted(method)} with {quoted(hash_type)}; Warden checks only "
-            f"{SERIALIZATION_METHOD!r} with {HASH_ALGORITHM!r} (re-sign with `warden checkpoint sign` or "
-            "verify with `model_signing verify`)"
-        )
+            f"the signature uses serialization method {quoted(method)} with {quoted(hash_type)} "
+            f"(shard_size {quoted(size)}); Warden checks files with sha256 or blake3 and shards with sha256 "
+            f"and a positive integer shard_size ({exc}; re-sign with `warden checkpoint sign` or verify "
+            "with `model_signing verify`)"
+        ) from None
+
+
+def _parse_serialization(raw: Any) -> tuple[Serialization, tuple[str, ...]]:
+    """Checks ``predicate.serialization``; returns its method and ignore paths (normalized)."""
+    where = "predicate.serialization."
+    method = _parse_method(raw)
     _field(raw, "allow_symlinks", bool, where)
     ignored = raw.get("ignore_paths", [])
     if not isinstance(ignored, list) or not all(isinstance(p, str) for p in ignored):
         raise PayloadMismatch(f"{where}ignore_paths must be a list of strings")
     try:
-        return tuple(sorted({normalize_ignore_path(p) for p in ignored}))
+        return method, tuple(sorted({normalize_ignore_path(p) for p in ignored}))
     except ValueError as exc:
         raise PayloadMismatch(f"{where}ignore_paths: {exc}") from None
 
 
-def _parse_resources(raw: Any) -> list[Resource]:
+def _check_resource_name(name: str, serialization: Serialization) -> str:
+    """A file path, or in shard mode ``path:start:end`` with offsets on the shard grid."""
+    if not serialization.sharded:
+        return _check_name(name)
+    try:
+        path, start, end = split_shard_name(name)
+    except ValueError as exc:
+        raise PayloadMismatch(f"resource name {quoted(name)}: {exc}") from None
+    size = serialization.shard_size or 0
+    if start % size or end - start > size:
+        raise PayloadMismatch(f"resource name {quoted(name)} is not a shard of size {size}")
+    _check_name(path)
+    return name
+
+
+def _parse_resources(raw: Any, serialization: Serialization = FILES_SHA256) -> list[Resource]:
     """Parses ``predicate.resources`` in their signed order; rejects duplicates."""
     if not isinstance(raw, list):
         raise PayloadMismatch("predicate.resources must be a list")
@@ -287,12 +452,13 @@ def _parse_resources(raw: Any) -> list[Resource]:
     seen: set[str] = set()
     for index, item in enumerate(raw):
         where = f"predicate.resources[{index}]."
-        name = _check_name(_field(item, "name", str, where))
+        name = _check_resource_name(_field(item, "name", str, where), serialization)
         algorithm = _field(item, "algorithm", str, where)
         digest = _field(item, "digest", str, where)
-        if algorithm != HASH_ALGORITHM or not _HEX64.fullmatch(digest):
+        wanted = serialization.resource_algorithm
+        if algorithm != wanted or not _HEX64.fullmatch(digest):
             got = f"{quoted(algorithm)}:{quoted(digest)}"
-            raise PayloadMismatch(f"{where[:-1]} ({quoted(name)}): expected a sha256 hex digest, got {got}")
+            raise PayloadMismatch(f"{where[:-1]} ({quoted(name)}): expected a {wanted} hex digest, got {got}")
         if name in seen:
             raise PayloadMismatch(f"predicate.resources lists {quoted(name)} twice")
         seen.add(name)
@@ -318,7 +484,8 @@ def parse_statement(payload: bytes) -> SignedStatement:
     Raises PayloadMismatch when it is not an in-toto Statement v1 with the model_signing
     v1.0 predicate, or when the subject digest does not match the resources (in their
     signed order, as model_signing computes it); UnsupportedSignature for a serialization
-    other than ``files``/``sha256``. Resources come back in canonical order.
+    other than ``files`` (sha256, blake3) or ``shards`` (sha256). Resources come back in
+    canonical order.
     """
     statement = parse_json(payload, PayloadMismatch, "the signed payload")
     if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
@@ -327,8 +494,8 @@ def parse_statement(payload: bytes) -> SignedStatement:
         raise PayloadMismatch(f"predicateType is {quoted(statement.get('predicateType'))}, expected {PREDICATE_TYPE!r}")
     name, subject_digest = _parse_subject(statement)
     predicate = _field(statement, "predicate", dict, "")
-    ignored = _parse_serialization(predicate.get("serialization"))
-    resources = _parse_resources(predicate.get("resources"))
+    serialization, ignored = _parse_serialization(predicate.get("serialization"))
+    resources = _parse_resources(predicate.get("resources"), serialization)
     computed = root_digest(r.digest for r in resources).hex()
     if computed != subject_digest:
         raise PayloadMismatch(
@@ -336,5 +503,5 @@ def parse_statement(payload: bytes) -> SignedStatement:
         )
     raw_provenance = predicate.get(WARDEN_PREDICATE_KEY)
     provenance = Provenance() if raw_provenance is None else Provenance.from_dict(raw_provenance)
-    ordered = tuple(sorted(resources, key=lambda r: sort_key(r.name)))
-    return SignedStatement(Manifest(name, ordered, ignored), subject_digest, provenance)
+    ordered = tuple(sorted(resources, key=lambda r: resource_sort_key(r.name, serialization.sharded)))
+    return SignedStatement(Manifest(name, ordered, ignored, serialization), subject_digest, provenance)

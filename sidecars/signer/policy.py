@@ -12,7 +12,10 @@ import os
 from dataclasses import dataclass
 
 from sidecars.errors import ConfigError
+from sidecars.signer.manifest import SERIALIZATION_METHOD, SHARDS_METHOD, Serialization
 
+SHARD_SIZE = 256 << 20
+"""Default ``shard_size`` for ``serialization: shards`` (see policies/README.md for the measurement)."""
 LAYOUTS = ("warden", "hf", "verl")
 """``warden``: ``step-N/`` renamed into place (complete by name); ``hf``: ``checkpoint-N/``
 complete once it holds ``trainer_state.json`` and is stable; ``verl``: ``global_step_N/``,
@@ -85,8 +88,12 @@ class SignerPolicy:
     rescan_seconds: float = 30.0
     stable_seconds: float = 30.0
     reverify_interval_seconds: float = 0.0
+    serialization: str = SERIALIZATION_METHOD
+    shard_size: int = SHARD_SIZE
+    hash_algorithm: str = "sha256"
 
     def __post_init__(self) -> None:
+        self.signing_serialization()  # raises ValueError naming the field
         for name in ("check_interval_seconds", "rescan_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}: must be > 0")
@@ -100,6 +107,23 @@ class SignerPolicy:
             if root.resolved in seen:
                 raise ValueError(f"watch[{index}].path: {root.path} is listed twice")
             seen.add(root.resolved)
+
+    def signing_serialization(self) -> Serialization:
+        """What new signatures use: ``serialization`` with ``shard_size`` and ``hash_algorithm``.
+
+        Verification always follows the signature's own serialization, whatever this says.
+        """
+        if self.serialization not in (SERIALIZATION_METHOD, SHARDS_METHOD):
+            raise ValueError(f"serialization: expected files or shards, got {self.serialization!r}")
+        if self.hash_algorithm not in ("sha256", "blake3"):
+            raise ValueError(f"hash_algorithm: expected sha256 or blake3, got {self.hash_algorithm!r}")
+        if self.serialization == SHARDS_METHOD:
+            if isinstance(self.shard_size, bool) or not isinstance(self.shard_size, int) or self.shard_size < 1 << 20:
+                raise ValueError(f"shard_size: an integer number of bytes >= 1048576, got {self.shard_size!r}")
+            if self.hash_algorithm != "sha256":
+                raise ValueError("hash_algorithm: blake3 goes with serialization files (shards are sha256)")
+            return Serialization(SHARDS_METHOD, "sha256", self.shard_size)
+        return Serialization(SERIALIZATION_METHOD, self.hash_algorithm)
 
     def key_path(self, environ: dict[str, str] | None = None, base: str | None = None) -> str | None:
         """The private key file: ``$WARDEN_SIGNING_KEY`` (absolute) if set, else ``signing_key``.

@@ -40,9 +40,16 @@ from sidecars.signer.errors import (
     SignatureUnreadable,
     VerificationFailed,
 )
-from sidecars.signer.hashing import ProgressCallback, hash_files, refusal_reason, scan_tree
+from sidecars.signer.hashing import ProgressCallback, hash_files, hash_shards, refusal_reason, scan_tree
 from sidecars.signer.keys import TrustedKeys
-from sidecars.signer.manifest import Provenance, SignedStatement, build_manifest, parse_statement
+from sidecars.signer.manifest import (
+    Provenance,
+    SignedStatement,
+    build_manifest,
+    parse_statement,
+    per_file_shard_digests,
+    shard_resources,
+)
 
 SUBJECT_MISMATCH = "subject_mismatch"
 UNSAFE_PATH = "unsafe_path"
@@ -249,10 +256,28 @@ def _check_files(
     for refusal in scan.refused:
         path = os.path.join(scan.root, refusal.name)
         result.problems.append(Problem(UNSAFE_PATH, f"{path} is {refusal.reason}; a checkpoint holds only files"))
-    digests = hash_files(directory, scan.files, max_workers=max_workers, progress=progress, cancel=cancel)
+    serialization = statement.manifest.serialization
+    if serialization.sharded:
+        assert serialization.shard_size is not None
+        shards = hash_shards(
+            directory, scan.files, serialization.shard_size, max_workers=max_workers, progress=progress, cancel=cancel
+        ).shards
+        digests = shard_resources(shards)
+        found = per_file_shard_digests(shards)
+    else:
+        digests = hash_files(
+            directory,
+            scan.files,
+            algorithm=serialization.hash_type,
+            max_workers=max_workers,
+            progress=progress,
+            cancel=cancel,
+        )
+        found = digests
     result.files_checked, result.bytes_checked = len(scan.files), scan.total_bytes
-    result.actual_root_digest = build_manifest(statement.manifest.name, digests).root_digest.hex()
-    result.modified, result.missing, result.extra = compare_digests(statement.manifest.digests(), digests)
+    actual = build_manifest(statement.manifest.name, digests, serialization=serialization)
+    result.actual_root_digest = actual.root_digest.hex()
+    result.modified, result.missing, result.extra = compare_digests(statement.manifest.file_digests(), found)
     counts = [(len(result.modified), "modified"), (len(result.missing), "missing"), (len(result.extra), "extra")]
     if any(count for count, _ in counts):
         detail = ", ".join(f"{count} {label}" for count, label in counts if count)

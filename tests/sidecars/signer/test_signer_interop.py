@@ -13,7 +13,7 @@ import pytest
 from sidecars.signer import Provenance, sign_checkpoint, verify_checkpoint
 from sidecars.signer.dsse import decode_bundle
 from sidecars.signer.hashing import hash_tree
-from sidecars.signer.manifest import DEFAULT_IGNORE_PATHS, build_manifest, build_statement
+from sidecars.signer.manifest import DEFAULT_IGNORE_PATHS, Serialization, build_manifest, build_statement
 from tests.sidecars.signer.signer_helpers import Keys, make_keys, model_signing_cli, run_model_signing, write_tree
 
 FILES = {
@@ -95,3 +95,80 @@ def test_same_statement_as_model_signing_api(tmp_path: Path) -> None:
     ours_serialization = dict(ours["predicate"]["serialization"])
     assert sorted(theirs_serialization.pop("ignore_paths")) == ours_serialization.pop("ignore_paths")
     assert theirs_serialization == ours_serialization
+
+
+# --- shards (and files/blake3): model_signing 1.1.1's CLI has no option for either on `sign key`
+# and its `verify key` always re-hashes as files/sha256, so it rejects every shard signature (its
+# own too); its verifying API reads the serialization from the signature. Both are pinned here.
+
+SHARD = 1 << 20
+MODES = {"shards": Serialization("shards", "sha256", SHARD), "blake3": Serialization("files", "blake3")}
+BIG = {**FILES, "actor/model-00001-of-00002.safetensors": bytes(range(251)) * 20_000}  # ~4.8 shards
+
+
+def _ms_api_verify(model: Path, sig: Path, keys: Keys) -> str | None:
+    """None when model_signing's verifying API accepts ``sig`` for ``model``, else its error."""
+    verifying = pytest.importorskip("model_signing.verifying")
+    try:
+        verifying.Config().use_elliptic_key_verifier(public_key=keys.public_path).verify(model, sig)
+    except (ValueError, TypeError) as exc:  # TypeError: its own float shard_size
+        return str(exc)
+    return None
+
+
+def _ms_api_sign(model: Path, sig: Path, keys: Keys, **shard_args: object) -> None:
+    ms_hashing = pytest.importorskip("model_signing.hashing")
+    ms_signing = pytest.importorskip("model_signing.signing")
+    config = ms_hashing.Config()
+    config = config.use_shard_serialization(**shard_args) if "shard_size" in shard_args else config
+    if shard_args.get("hashing_algorithm") == "blake3":
+        config = ms_hashing.Config().use_file_serialization(hashing_algorithm="blake3")
+    ms_signing.Config().use_elliptic_key_signer(private_key=keys.private_path).set_hashing_config(config).sign(
+        model, sig
+    )
+
+
+@pytest.mark.parametrize("mode", ["shards", "blake3"])
+def test_model_signing_api_verifies_our_shard_and_blake3_signatures(tmp_path: Path, keys: Keys, mode: str) -> None:
+    model = write_tree(tmp_path / "step-000000050", BIG)
+    method = MODES[mode]
+    result = sign_checkpoint(model, keys.private, Provenance(run_id="run-1", step=50), serialization=method)
+    sig = Path(result.signature_path)
+    assert _ms_api_verify(model, sig, keys) is None
+    code, output = verify_with_model_signing(model, sig, keys)  # the 1.1.1 CLI: files/sha256 only
+    assert code != 0 and "Signature mismatch" in output, output
+
+    target = model / "actor/model-00001-of-00002.safetensors"
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # in the middle of the large file
+    target.write_bytes(bytes(data))
+    error = _ms_api_verify(model, sig, keys)
+    assert error is not None and "actor/model-00001-of-00002.safetensors" in error
+    ours = verify_checkpoint(model, keys.trusted(), signature_path=sig)
+    assert [d.name for d in ours.modified] == ["actor/model-00001-of-00002.safetensors"]
+
+
+@pytest.mark.parametrize("mode", ["shards", "blake3"])
+def test_we_verify_model_signing_shard_and_blake3_signatures(tmp_path: Path, keys: Keys, mode: str) -> None:
+    model = write_tree(tmp_path / "model", BIG)
+    sig = tmp_path / "model.sig"
+    args = {"shard_size": SHARD} if mode == "shards" else {"hashing_algorithm": "blake3"}
+    _ms_api_sign(model, sig, keys, **args)
+    statement = json.loads(decode_bundle(sig.read_bytes()).payload)
+    if mode == "shards":
+        # model_signing 1.1.1 writes the shard size as a float, which its own verifier then refuses
+        assert statement["predicate"]["serialization"]["shard_size"] == float(SHARD)
+        assert "cannot be interpreted as an integer" in (_ms_api_verify(model, sig, keys) or "")
+    result = verify_checkpoint(model, keys.trusted(), signature_path=sig)
+    assert result.ok, result.report()
+    ours = sign_checkpoint(
+        model,
+        keys.private,
+        signature_path=tmp_path / "ours.sig",
+        serialization=MODES[mode],
+    )
+    assert ours.root_digest == statement["subject"][0]["digest"]["sha256"]  # same resources, same root
+
+    (model / "a/b/x").write_bytes(b"tampered")
+    result = verify_checkpoint(model, keys.trusted(), signature_path=sig)
+    assert [d.name for d in result.modified] == ["a/b/x"]
