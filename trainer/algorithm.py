@@ -1,14 +1,27 @@
 """One PPO iteration on models: experience making and the clipped update.
 
-Experience is made for the whole global batch on every rank (identical inputs and RNG,
-so identical results); the update is data-parallel: each rank takes its share of every
-minibatch and losses are normalised by the *global* minibatch denominators, so the
-summed gradient equals the single-process gradient.
+Experience: each data-parallel rank computes the log-probs (and values) of its share of
+the rollout rows, and the shares are gathered, so every rank holds the whole batch for the
+advantages (GRPO groups span ranks). The update is data-parallel: each rank takes its share
+of every minibatch and losses are normalised by the *global* minibatch denominators, so
+the summed gradient equals the single-process gradient.
+
+Mixed precision: the trained models keep float32 master weights and AdamW state; forward
+passes run under ``torch.autocast`` in the configured dtype (:class:`Precision`). An
+optimizer step whose gradients are not finite is skipped (counted in the statistics);
+float16 uses a gradient scaler.
+
+GRPO has no critic: ``critic`` is None, no values are computed and no value loss is taken.
+With ``algorithm.use_kl_in_reward`` the KL penalty is in the token rewards, and GRPO's
+sequence score is their sum (as verl's GRPO reads ``token_level_rewards``), so the KL
+coefficient reaches the advantages of either estimator; ``ppo.use_kl_loss`` adds
+``kl_loss_coef x KL`` to the actor's loss instead (verl's ``use_kl_loss``).
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+import math
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +29,24 @@ import torch
 
 from trainer import ppo
 from trainer.config import AlgorithmConfig, PPOConfig
-from trainer.distributed import DistInfo, all_reduce_sum
+from trainer.distributed import DistInfo, all_gather_rows, all_reduce_sum, rank_slice
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Where and in what dtype forward passes compute; the weights stay float32."""
+
+    device_type: str = "cpu"
+    dtype: torch.dtype | None = None  # None: float32, no autocast
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        if self.dtype is None:
+            return nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    @property
+    def needs_scaler(self) -> bool:
+        return self.dtype == torch.float16
 
 
 @dataclass
@@ -30,7 +60,7 @@ class Experience:
     response_mask: torch.Tensor  # (B, T) int
     old_logprob: torch.Tensor  # (B, T)
     ref_logprob: torch.Tensor  # (B, T)
-    values: torch.Tensor  # (B, T)
+    values: torch.Tensor | None  # (B, T); None without a critic (GRPO)
     advantages: torch.Tensor  # (B, T)
     returns: torch.Tensor  # (B, T)
     scores: torch.Tensor  # (B,)
@@ -63,27 +93,43 @@ def batched_logprobs(
     prompt_len: int,
     temperature: float,
     micro: int,
+    precision: Precision = Precision(),
 ) -> torch.Tensor:
     out = []
     for i in range(0, exp_seq.shape[0], micro):
         sl = slice(i, i + micro)
-        logits = response_logits(model, exp_seq[sl], attn[sl], pos[sl], prompt_len, temperature)
+        with precision.autocast():
+            logits = response_logits(model, exp_seq[sl], attn[sl], pos[sl], prompt_len, temperature)
         out.append(ppo.logprobs_from_logits(logits, responses[sl]))
     return torch.cat(out)
 
 
 @torch.no_grad()
 def batched_values(
-    critic: Any, seq: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, prompt_len: int, micro: int
+    critic: Any,
+    seq: torch.Tensor,
+    attn: torch.Tensor,
+    pos: torch.Tensor,
+    prompt_len: int,
+    micro: int,
+    precision: Precision = Precision(),
 ) -> torch.Tensor:
-    out = [critic(seq[i : i + micro], attn[i : i + micro], pos[i : i + micro]) for i in range(0, seq.shape[0], micro)]
+    out = []
+    for i in range(0, seq.shape[0], micro):
+        with precision.autocast():
+            out.append(critic(seq[i : i + micro], attn[i : i + micro], pos[i : i + micro]).float())
     return torch.cat(out)[:, prompt_len - 1 : -1]
+
+
+def sequence_rewards(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` sum of the token rewards over valid tokens: the score minus the summed KL penalty."""
+    return ppo.masked_sum(token_rewards, response_mask, dim=-1)
 
 
 def make_experience(
     actor: Any,
     ref: Any,
-    critic: Any,
+    critic: Any | None,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     responses: torch.Tensor,
@@ -94,22 +140,36 @@ def make_experience(
     kl_coef: float,
     temperature: float,
     micro: int,
+    precision: Precision = Precision(),
+    info: DistInfo = DistInfo(),
 ) -> Experience:
-    """Log-probs, values, KL-penalised token rewards and advantages for one rollout."""
+    """Log-probs, values, KL-penalised token rewards and advantages for one rollout (all rows).
+
+    Each rank computes its share of the rows; the shares are gathered.
+    """
     seq = torch.cat([prompt_ids, responses], dim=1)
     attn = torch.cat([prompt_mask, response_mask.to(prompt_mask.dtype)], dim=1)
     pos = position_ids_from(attn)
     p_len = prompt_ids.shape[1]
-    old_lp = batched_logprobs(actor, seq, attn, pos, responses, p_len, temperature, micro)
-    ref_lp = batched_logprobs(ref, seq, attn, pos, responses, p_len, temperature, micro)
-    values = batched_values(critic, seq, attn, pos, p_len, micro) * response_mask
+    mine = rank_slice(seq.shape[0], info)
+    args = (seq[mine], attn[mine], pos[mine])
+    old_lp = all_gather_rows(
+        batched_logprobs(actor, *args, responses[mine], p_len, temperature, micro, precision), info
+    )
+    ref_lp = all_gather_rows(batched_logprobs(ref, *args, responses[mine], p_len, temperature, micro, precision), info)
+    values = None
+    if critic is not None:
+        values = all_gather_rows(batched_values(critic, *args, p_len, micro, precision), info) * response_mask
     last = response_mask.sum(dim=1).clamp(min=1) - 1
     token_scores = torch.zeros_like(old_lp)
     token_scores[torch.arange(len(scores)), last] = scores.to(token_scores.dtype)
-    token_rewards, mean_kl = ppo.apply_kl_penalty(token_scores, old_lp, ref_lp, response_mask, kl_coef, alg.kl_kind)
+    coef = kl_coef if alg.use_kl_in_reward else 0.0
+    token_rewards, mean_kl = ppo.apply_kl_penalty(token_scores, old_lp, ref_lp, response_mask, coef, alg.kl_kind)
     if alg.adv_estimator == "grpo":
-        adv, ret = ppo.compute_grpo_advantage(scores, group_ids, response_mask)
+        adv, ret = ppo.compute_grpo_advantage(sequence_rewards(token_rewards, response_mask), group_ids, response_mask)
     else:
+        if values is None:
+            raise ValueError("gae needs a critic")
         adv, ret = ppo.compute_gae(
             token_rewards, values, response_mask, alg.gamma, alg.lam, whiten=alg.whiten_advantages
         )
@@ -125,51 +185,116 @@ def _denominator(mask: torch.Tensor, mode: str) -> torch.Tensor:
     return (mask.sum(dim=1) > 0).sum().double()
 
 
-STAT_KEYS = ("policy_loss", "value_loss", "entropy", "clip_fraction", "approx_kl", "vf_clip_fraction")
+STAT_KEYS = (
+    "policy_loss",
+    "value_loss",
+    "entropy",
+    "clip_fraction",
+    "approx_kl",
+    "vf_clip_fraction",
+    "kl_loss",
+    "clip_fraction_lower",
+)
+
+
+@dataclass
+class Trainables:
+    """The trained models, their optimizers and (float16) the gradient scaler; critic None for GRPO."""
+
+    actor: Any
+    actor_opt: Any
+    critic: Any | None = None
+    critic_opt: Any | None = None
+    scaler: Any | None = None
+
+    def zero_grad(self) -> None:
+        self.actor_opt.zero_grad(set_to_none=True)
+        if self.critic_opt is not None:
+            self.critic_opt.zero_grad(set_to_none=True)
+
+    def optimizers(self) -> list[Any]:
+        return [o for o in (self.actor_opt, self.critic_opt) if o is not None]
 
 
 def ppo_update(
-    actor: Any,
-    critic: Any,
-    actor_opt: Any,
-    critic_opt: Any,
+    models: Trainables,
     exp: Experience,
     cfg: PPOConfig,
     temperature: float,
     info: DistInfo,
     generator: torch.Generator,
+    precision: Precision = Precision(),
 ) -> dict[str, float]:
-    """Runs ``cfg.epochs`` passes of minibatch updates; returns mean statistics and grad norm."""
+    """Runs ``cfg.epochs`` passes of minibatch updates; returns mean statistics, grad norm and
+    ``skipped_updates`` (optimizer steps skipped for non-finite gradients)."""
     n = exp.responses.shape[0]
     sums = torch.zeros(len(STAT_KEYS), dtype=torch.float64)
     grad_norms: list[float] = []
-    updates = 0
+    updates = skipped = 0
     for _epoch in range(cfg.epochs):
         order = torch.randperm(n, generator=generator)
         for start in range(0, n, cfg.mini_batch_size):
             mini = order[start : start + cfg.mini_batch_size]
             den = _denominator(exp.response_mask[mini], cfg.loss_agg_mode).clamp(min=1)
             local = mini[info.rank :: info.world_size]
-            actor_opt.zero_grad(set_to_none=True)
-            critic_opt.zero_grad(set_to_none=True)
+            models.zero_grad()
             chunks = list(torch.split(local, cfg.micro_batch_size))
             for i, micro in enumerate(chunks):
                 sync = i == len(chunks) - 1
-                sums += _micro_step(actor, critic, exp, micro, den, cfg, temperature, info, sync)
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(actor.parameters(), cfg.grad_clip)))
-            torch.nn.utils.clip_grad_norm_(critic.parameters(), cfg.grad_clip)
-            actor_opt.step()
-            critic_opt.step()
+                sums += _micro_step(models, exp, micro, den, cfg, temperature, info, sync, precision)
+            norm = optimizer_step(models, cfg.grad_clip)
             updates += 1
+            if norm is None:
+                skipped += 1
+            else:
+                grad_norms.append(norm)
     all_reduce_sum(sums, info)
     stats = {k: float(v) / updates for k, v in zip(STAT_KEYS, sums, strict=True)}
-    stats["grad_norm"] = sum(grad_norms) / len(grad_norms)
+    if models.critic is None:
+        del stats["value_loss"], stats["vf_clip_fraction"]
+    if not cfg.use_kl_loss:
+        del stats["kl_loss"]
+    stats["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else 0.0
+    stats["skipped_updates"] = float(skipped)
     return stats
 
 
+def optimizer_step(models: Trainables, grad_clip: float) -> float | None:
+    """Clips and steps every optimizer; None (no step taken, gradients dropped) when any gradient
+    is not finite, else the actor's gradient norm before clipping. Gradients are already
+    all-reduced by DDP, so every rank takes the same decision."""
+    scaler = models.scaler
+    if scaler is not None:
+        for opt in models.optimizers():
+            scaler.unscale_(opt)
+    norm = float(torch.nn.utils.clip_grad_norm_(models.actor.parameters(), grad_clip))
+    finite = math.isfinite(norm)
+    if models.critic is not None:
+        finite = math.isfinite(float(torch.nn.utils.clip_grad_norm_(models.critic.parameters(), grad_clip))) and finite
+    if finite:
+        for opt in models.optimizers():
+            if scaler is not None:
+                scaler.step(opt)
+            else:
+                opt.step()
+    if scaler is not None:
+        scaler.update()
+    if not finite:
+        models.zero_grad()
+        return None
+    return norm
+
+
+def _no_sync(model: Any, sync: bool) -> AbstractContextManager[Any]:
+    return model.no_sync() if (not sync and hasattr(model, "no_sync")) else nullcontext()
+
+
+def _backward(loss: torch.Tensor, scaler: Any | None) -> None:
+    (scaler.scale(loss) if scaler is not None else loss).backward()
+
+
 def _micro_step(
-    actor: Any,
-    critic: Any,
+    models: Trainables,
     exp: Experience,
     idx: torch.Tensor,
     den: torch.Tensor,
@@ -177,17 +302,18 @@ def _micro_step(
     temperature: float,
     info: DistInfo,
     sync: bool,
+    precision: Precision,
 ) -> torch.Tensor:
     """Forward/backward of one micro-batch; returns its weighted statistics (float64, len(STAT_KEYS))."""
     mask = exp.response_mask[idx]
     weight = float(_denominator(mask, cfg.loss_agg_mode) / den) * info.world_size
     seq, attn, pos = exp.sequences[idx], exp.attention_mask[idx], exp.position_ids[idx]
-    no_sync_a = actor.no_sync() if (not sync and hasattr(actor, "no_sync")) else nullcontext()
-    no_sync_c = critic.no_sync() if (not sync and hasattr(critic, "no_sync")) else nullcontext()
-    with no_sync_a:
-        logits = response_logits(actor, seq, attn, pos, exp.prompt_len, temperature)
+    zero = torch.zeros((), dtype=torch.float32)
+    with _no_sync(models.actor, sync):
+        with precision.autocast():
+            logits = response_logits(models.actor, seq, attn, pos, exp.prompt_len, temperature)
         logprob = ppo.logprobs_from_logits(logits, exp.responses[idx])
-        pg_loss, clipfrac, approx_kl, _ = ppo.policy_loss(
+        pg_loss, clipfrac, approx_kl, clip_lower = ppo.policy_loss(
             exp.old_logprob[idx],
             logprob,
             exp.advantages[idx],
@@ -198,13 +324,21 @@ def _micro_step(
             cfg.loss_agg_mode,
         )
         entropy = ppo.aggregate_loss(ppo.entropy_from_logits(logits), mask, cfg.loss_agg_mode)
-        ((pg_loss - cfg.entropy_coef * entropy) * weight).backward()
-    with no_sync_c:
-        values = critic(seq, attn, pos)[:, exp.prompt_len - 1 : -1]
-        vf_loss, vf_clipfrac = ppo.value_loss(
-            values, exp.values[idx], exp.returns[idx], mask, cfg.value_clip, cfg.loss_agg_mode
-        )
-        (vf_loss * weight).backward()
+        loss = pg_loss - cfg.entropy_coef * entropy
+        kl = zero
+        if cfg.use_kl_loss:
+            kl = ppo.kl_loss(logprob, exp.ref_logprob[idx], mask, cfg.kl_loss_type, cfg.loss_agg_mode)
+            loss = loss + cfg.kl_loss_coef * kl
+        _backward(loss * weight, models.scaler)
+    vf_loss = vf_clipfrac = zero
+    if models.critic is not None and exp.values is not None:
+        with _no_sync(models.critic, sync):
+            with precision.autocast():
+                values = models.critic(seq, attn, pos)[:, exp.prompt_len - 1 : -1].float()
+            vf_loss, vf_clipfrac = ppo.value_loss(
+                values, exp.values[idx], exp.returns[idx], mask, cfg.value_clip, cfg.loss_agg_mode
+            )
+            _backward(vf_loss * weight, models.scaler)
     share = weight / info.world_size
-    parts = (pg_loss, vf_loss, entropy, clipfrac, approx_kl, vf_clipfrac)
+    parts = (pg_loss, vf_loss, entropy, clipfrac, approx_kl, vf_clipfrac, kl, clip_lower)
     return torch.tensor([float(p.detach()) * share for p in parts], dtype=torch.float64)

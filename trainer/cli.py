@@ -44,7 +44,24 @@ from sidecars.cliutil import option
         "directory, the only way to resume from another run's checkpoint."
     ),
 )
-def train(config_path: str, overrides: tuple[str, ...], max_steps: int | None, run_dir: str, resume: str) -> None:
+@option(
+    "--resume-with-changes",
+    is_flag=True,
+    default=False,
+    help=(
+        "Resume although the config differs from the checkpoint's in keys that shape training: the new values "
+        "apply (learning rates, KL coefficient, seed, batch, estimator) and run.resumed lists the changed keys. "
+        "Without it such a resume exits 2 naming them."
+    ),
+)
+def train(
+    config_path: str,
+    overrides: tuple[str, ...],
+    max_steps: int | None,
+    run_dir: str,
+    resume: str,
+    resume_with_changes: bool,
+) -> None:
     """Train with PPO on a local model, writing events and checkpoints into RUN_DIR.
 
     Validates the config and every path before loading a model; fails with exit 2 naming
@@ -65,7 +82,7 @@ def train(config_path: str, overrides: tuple[str, ...], max_steps: int | None, r
     signal.signal(signal.SIGTERM, _interrupt)
     cfg = load_config(config_path, list(overrides))
     name = os.path.splitext(os.path.basename(config_path))[0]
-    trainer = PPOTrainer(cfg, run_dir, resume=resume, config_name=name)
+    trainer = PPOTrainer(cfg, run_dir, resume=resume, config_name=name, resume_with_changes=resume_with_changes)
     try:
         if trainer.resumed:
             click.echo(

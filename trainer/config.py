@@ -1,11 +1,12 @@
 """Trainer configuration: YAML -> frozen dataclasses, validated before any model loads.
 
 ``load_config(path, overrides)`` applies ``--set a.b=value`` overrides (values parsed
-as YAML scalars) and raises :class:`ConfigError` (exit 2) naming the file and the key.
-Unknown keys are errors. Batch rules follow verl's checks: ``train_batch_size *
-rollout.n`` divisible by the world size, ``mini_batch_size <= train_batch_size``,
-``mini_batch_size`` divisible by ``micro_batch_size``, clip ratios in range, a known
-loss aggregation mode.
+as YAML 1.2 scalars, so ``1e-5`` is a number) and raises :class:`ConfigError` (exit 2)
+naming the file and the key. Unknown keys are errors. Every numeric key has a range
+(:data:`RANGES`; a test checks none is missing). Batch rules follow verl's checks and are
+checked against the torchrun world size (``WORLD_SIZE``) before any rank loads a model:
+``train_batch_size * rollout.n`` and ``mini_batch_size`` divisible by the world size,
+each rank's share of a minibatch divisible by ``micro_batch_size``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,6 +79,11 @@ class DataConfig:
     ground_truth_key: str = "ground_truth"
     max_prompt_tokens: int = 32
     shuffle: bool = True
+    # A prompt longer than max_prompt_tokens: error (exit 2 at start, as verl), left (keep the end:
+    # the question usually comes last), right (keep the start).
+    truncation: str = "error"
+    apply_chat_template: bool = True  # chat-format prompts (lists of messages) through the tokenizer's template
+    data_source_key: str = "data_source"  # passed to custom reward functions (verl's compute_score)
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,10 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = 0
     progress: bool = True
+    stop_token_ids: tuple[int, ...] = ()  # stop on any of these as well as the tokenizer's EOS
+    # hf engine: static KV cache + compiled forward, prompts padded to max_prompt_tokens (no recompiles).
+    # auto: on CUDA only; on: required (config error off CUDA); off: dynamic cache.
+    static_cache: str = "auto"
     # vllm engine only. gpu_memory_utilization: share of the device's memory vLLM may take for its
     # weights and KV cache (the trainer's models share the device, so well under 1).
     gpu_memory_utilization: float = 0.4
@@ -102,8 +114,9 @@ class AlgorithmConfig:
     gamma: float = 1.0
     lam: float = 0.95
     whiten_advantages: bool = True
+    use_kl_in_reward: bool = True  # subtract kl_coef x KL from the token rewards (GAE and GRPO alike)
     kl_coef: float = 0.01
-    kl_kind: str = "k3"
+    kl_kind: str = "k1"  # in-reward estimator; k1 as verl's algorithm.kl_penalty default
     kl_controller: str = "fixed"  # fixed | adaptive
     kl_target: float = 0.05
     kl_horizon: float = 10000.0
@@ -126,12 +139,27 @@ class PPOConfig:
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     warmup_steps: int = 0
+    # KL to the reference as a loss term (verl's actor.use_kl_loss), the usual choice for GRPO.
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
 
 
 @dataclass(frozen=True)
 class RewardConfig:
-    kind: str = "rule"  # rule | model
+    """Rewards: one built-in (kind/rule), or a weighted sum of several (``functions``).
+
+    ``functions`` maps a name to its weight: ``digits`` and ``arithmetic`` (built in), ``model``
+    (the sequence classifier at ``model.reward_model_path``, with its own tokenizer), or
+    ``module:function`` loaded from ``code_dir`` only (verl's ``compute_score(data_source,
+    solution_str, ground_truth, extra_info)`` signature).
+    """
+
+    kind: str = "rule"  # rule | model (used when functions is empty)
     rule: str = "digits"  # digits | arithmetic
+    functions: dict[str, float] = field(default_factory=dict)
+    code_dir: str = ""  # the run's own code: relative to the config file; empty: the config file's directory
+    model_tokenizer_path: str = ""  # the reward model's tokenizer; empty: model.reward_model_path
 
 
 @dataclass(frozen=True)
@@ -162,6 +190,17 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True)
+class ValidationConfig:
+    """A held-out set generated and scored every ``every_steps`` (0: never); greedy when temperature is 0."""
+
+    every_steps: int = 0
+    files: tuple[str, ...] = ()
+    max_prompts: int = 0  # 0: all
+    temperature: float = 0.0
+    batch_size: int = 64
+
+
+@dataclass(frozen=True)
 class OOMConfig:
     action: str = "fail"  # fail | skip
     raise_at_step: int = 0  # test hook: raise OutOfMemoryError at this step (0: never)
@@ -187,6 +226,7 @@ class TrainerConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     oom: OOMConfig = field(default_factory=OOMConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
     max_steps: int = 20
     log_every: int = 1
 
@@ -207,8 +247,24 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2 floats: ``1e-5`` and ``3E4`` are numbers, not strings."""
+
+
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?$"),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: Any) -> Any:
+    """YAML 1.2-style scalars (see :class:`_Yaml12Loader`); ``text`` a string or an open file."""
+    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str], where: str) -> dict[str, Any]:
-    """Applies ``a.b.c=value`` strings to a parsed config; values are YAML scalars."""
+    """Applies ``a.b.c=value`` strings to a parsed config; values are YAML 1.2 scalars."""
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key:
@@ -220,7 +276,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], where: str) -> di
             if not isinstance(child, dict):
                 raise ConfigError(f"{where}: --set {key}: {part} is not a section")
             node = child
-        node[parts[-1]] = yaml.safe_load(text) if text else ""
+        try:
+            node[parts[-1]] = yaml_load(text) if text else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{where}: --set {key}: not a YAML value ({exc})") from None
     return raw
 
 
@@ -228,7 +287,7 @@ def load_config(path: str, overrides: list[str] | None = None) -> TrainerConfig:
     """Reads, overrides and validates a trainer config. Raises ConfigError."""
     try:
         with open(path, encoding="utf-8") as fh:
-            raw = yaml.safe_load(fh)
+            raw = yaml_load(fh)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
     except yaml.YAMLError as exc:
@@ -237,8 +296,20 @@ def load_config(path: str, overrides: list[str] | None = None) -> TrainerConfig:
         raise ConfigError(f"{path}: the top level must be a mapping with 'version: 1'")
     raw = apply_overrides(raw, list(overrides or []), path)
     config = policy_from_mapping(raw, TrainerConfig, path)
-    validate(config, path)
+    validate(config, path, launcher_world_size())
     return anchor_trust_paths(config, path)
+
+
+def launcher_world_size(environ: dict[str, str] | None = None) -> int:
+    """The world size torchrun announces (``WORLD_SIZE``), 1 without it; ConfigError when malformed."""
+    text = (os.environ if environ is None else environ).get("WORLD_SIZE", "1")
+    try:
+        world = int(text)
+    except ValueError:
+        raise ConfigError(f"WORLD_SIZE={text!r} is not an integer") from None
+    if world < 1:
+        raise ConfigError(f"WORLD_SIZE={world} must be >= 1")
+    return world
 
 
 def anchor_trust_paths(config: TrainerConfig, config_path: str) -> TrainerConfig:
@@ -247,11 +318,15 @@ def anchor_trust_paths(config: TrainerConfig, config_path: str) -> TrainerConfig
     What a resume trusts must not depend on the directory the trainer was started from
     (a relative path there could pick up keys an attacker planted in the job's cwd).
     """
+    base = os.path.dirname(os.path.abspath(config_path))
     keys = config.checkpoint.trusted_keys
-    if not keys or os.path.isabs(keys):
-        return config
-    anchored = os.path.join(os.path.dirname(os.path.abspath(config_path)), keys)
-    return dataclasses.replace(config, checkpoint=dataclasses.replace(config.checkpoint, trusted_keys=anchored))
+    if keys and not os.path.isabs(keys):
+        anchored = os.path.join(base, keys)
+        config = dataclasses.replace(config, checkpoint=dataclasses.replace(config.checkpoint, trusted_keys=anchored))
+    code = config.reward.code_dir
+    if not os.path.isabs(code):  # the run's own code directory: next to its config, never the cwd
+        config = dataclasses.replace(config, reward=dataclasses.replace(config.reward, code_dir=os.path.normpath(os.path.join(base, code))))
+    return config
 
 
 def _require(ok: bool, where: str, key: str, message: str) -> None:
@@ -259,12 +334,190 @@ def _require(ok: bool, where: str, key: str, message: str) -> None:
         raise ConfigError(f"{where}: {key}: {message}")
 
 
+@dataclass(frozen=True)
+class Range:
+    """Allowed values of one numeric key: ``lo <(=) value <(=) hi``; None = unbounded; always finite."""
+
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def problem(self, value: float) -> str | None:
+        """Why ``value`` is out of range (None when it is in). Pure."""
+        if not math.isfinite(value):
+            return f"must be a finite number, got {value!r}"
+        low_ok = self.lo is None or (value > self.lo if self.lo_open else value >= self.lo)
+        high_ok = self.hi is None or (value < self.hi if self.hi_open else value <= self.hi)
+        return None if low_ok and high_ok else f"must be in {self.text()}, got {value!r}"
+
+    def text(self) -> str:
+        left = "-inf" if self.lo is None else f"{self.lo:g}"
+        right = "inf" if self.hi is None else f"{self.hi:g}"
+        return f"{'(' if self.lo_open or self.lo is None else '['}{left}, {right}{')' if self.hi_open or self.hi is None else ']'}"
+
+
+POSITIVE = Range(0, None, lo_open=True)
+NON_NEGATIVE = Range(0, None)
+AT_LEAST_1 = Range(1, None)
+UNIT = Range(0, 1)
+ANY = Range()
+
+RANGES: dict[str, Range] = {
+    "run.seed": NON_NEGATIVE,
+    "run.torch_threads": NON_NEGATIVE,
+    "run.metrics_port": Range(0, 65535),
+    "model.tiny.vocab_size": Range(16, None),
+    "model.tiny.hidden_size": AT_LEAST_1,
+    "model.tiny.num_layers": AT_LEAST_1,
+    "model.tiny.num_heads": AT_LEAST_1,
+    "model.tiny.intermediate_size": AT_LEAST_1,
+    "model.tiny.num_prompts": AT_LEAST_1,
+    "data.max_prompt_tokens": AT_LEAST_1,
+    "rollout.n": AT_LEAST_1,
+    "rollout.max_new_tokens": AT_LEAST_1,
+    "rollout.temperature": POSITIVE,
+    "rollout.top_p": Range(0, 1, lo_open=True),
+    "rollout.top_k": NON_NEGATIVE,
+    "rollout.stop_token_ids": NON_NEGATIVE,
+    "rollout.gpu_memory_utilization": Range(0, 1, lo_open=True),
+    "rollout.max_num_seqs": NON_NEGATIVE,
+    "rollout.max_num_batched_tokens": NON_NEGATIVE,
+    "rollout.kv_cache_gib": NON_NEGATIVE,
+    "algorithm.gamma": UNIT,
+    "algorithm.lam": UNIT,
+    "algorithm.kl_coef": NON_NEGATIVE,
+    "algorithm.kl_target": POSITIVE,
+    "algorithm.kl_horizon": POSITIVE,
+    "ppo.train_batch_size": AT_LEAST_1,
+    "ppo.mini_batch_size": AT_LEAST_1,
+    "ppo.micro_batch_size": AT_LEAST_1,
+    "ppo.epochs": AT_LEAST_1,
+    "ppo.clip_ratio_low": Range(0, 1, hi_open=True),
+    "ppo.clip_ratio_high": NON_NEGATIVE,
+    "ppo.clip_ratio_c": Range(1, None, lo_open=True),
+    "ppo.value_clip": POSITIVE,
+    "ppo.entropy_coef": NON_NEGATIVE,
+    "ppo.actor_lr": POSITIVE,
+    "ppo.critic_lr": POSITIVE,
+    "ppo.weight_decay": NON_NEGATIVE,
+    "ppo.grad_clip": POSITIVE,
+    "ppo.warmup_steps": NON_NEGATIVE,
+    "ppo.kl_loss_coef": NON_NEGATIVE,
+    "reward.functions": ANY,
+    "snapshot.top_k": NON_NEGATIVE,
+    "snapshot.min_reward": ANY,
+    "snapshot.max_text_chars": AT_LEAST_1,
+    "checkpoint.every_steps": NON_NEGATIVE,
+    "checkpoint.keep_last": AT_LEAST_1,
+    "checkpoint.write_retries": NON_NEGATIVE,
+    "oom.raise_at_step": NON_NEGATIVE,
+    "preflight.deadline_seconds": POSITIVE,
+    "validation.every_steps": NON_NEGATIVE,
+    "validation.max_prompts": NON_NEGATIVE,
+    "validation.temperature": NON_NEGATIVE,
+    "validation.batch_size": AT_LEAST_1,
+    "max_steps": NON_NEGATIVE,
+    "log_every": AT_LEAST_1,
+}
+"""Every numeric key (scalars, and each element of numeric lists and mappings) and its range."""
+
+
+def numeric_values(obj: Any, prefix: str = "") -> list[tuple[str, str, float]]:
+    """``(range key, display key, value)`` of every number in a config tree (a dataclass). Pure."""
+    out: list[tuple[str, str, float]] = []
+    for fld in dataclasses.fields(obj):
+        key, value = prefix + fld.name, getattr(obj, fld.name)
+        if dataclasses.is_dataclass(value):
+            out += numeric_values(value, key + ".")
+        elif isinstance(value, bool) or value is None or isinstance(value, str):
+            continue
+        elif isinstance(value, int | float):
+            out.append((key, key, float(value)))
+        elif isinstance(value, tuple):
+            out += [(key, f"{key}[{i}]", float(v)) for i, v in enumerate(value) if isinstance(v, int | float)]
+        elif hasattr(value, "items"):
+            out += [(key, f"{key}.{k}", float(v)) for k, v in value.items() if isinstance(v, int | float)]
+    return out
+
+
+def check_ranges(cfg: TrainerConfig, where: str) -> None:
+    """Every number against :data:`RANGES`; ConfigError naming the first key out of range."""
+    for range_key, shown, value in numeric_values(cfg):
+        allowed = RANGES.get(range_key)
+        if allowed is None:
+            raise ConfigError(f"{where}: {shown}: no range declared for this key (trainer/config.py RANGES)")
+        _require(allowed.problem(value) is None, where, shown, allowed.problem(value) or "")
+
+
+def _choices(where: str, key: str, value: str, allowed: tuple[str, ...]) -> None:
+    _require(value in allowed, where, key, f"must be one of {', '.join(allowed)}, got {value!r}")
+
+
 def validate(cfg: TrainerConfig, where: str = "<config>", world_size: int = 1) -> None:
     """The rules that need no file system. Raises ConfigError naming the key."""
+    check_ranges(cfg, where)
+    check_batches(cfg, where, world_size)
     ppo, roll, alg = cfg.ppo, cfg.rollout, cfg.algorithm
+    _require(
+        ppo.loss_agg_mode in LOSS_AGG_MODES,
+        where,
+        "ppo.loss_agg_mode",
+        f"unknown mode {ppo.loss_agg_mode!r}; use one of {', '.join(sorted(LOSS_AGG_MODES))}",
+    )
+    _choices(where, "algorithm.adv_estimator", alg.adv_estimator, ("gae", "grpo"))
+    _require(alg.adv_estimator != "grpo" or roll.n > 1, where, "rollout.n", "grpo needs rollout.n > 1")
+    _require(alg.kl_kind in KL_PENALTY_KINDS, where, "algorithm.kl_kind", f"must be one of {sorted(KL_PENALTY_KINDS)}")
+    _require(
+        ppo.kl_loss_type in KL_PENALTY_KINDS, where, "ppo.kl_loss_type", f"must be one of {sorted(KL_PENALTY_KINDS)}"
+    )
+    _choices(where, "algorithm.kl_controller", alg.kl_controller, ("fixed", "adaptive"))
+    _choices(where, "rollout.engine", roll.engine, ("hf", "vllm"))
+    _choices(where, "rollout.static_cache", roll.static_cache, ("auto", "on", "off"))
+    _require(
+        roll.static_cache != "on" or cfg.run.device != "cpu",
+        where,
+        "rollout.static_cache",
+        "on needs a CUDA device (run.device cuda or auto); use auto or off on CPU",
+    )
+    if roll.engine == "vllm":
+        validate_vllm(cfg, where, world_size)
+    _choices(where, "data.truncation", cfg.data.truncation, ("error", "left", "right"))
+    validate_reward(cfg, where)
+    _choices(where, "oom.action", cfg.oom.action, ("fail", "skip"))
+    _choices(where, "run.device", cfg.run.device, ("cpu", "cuda", "auto"))
+    _choices(where, "model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
+    _require(
+        cfg.validation.every_steps == 0 or bool(cfg.validation.files),
+        where,
+        "validation.files",
+        "validation.every_steps is set but no held-out file is named",
+    )
+
+
+def validate_reward(cfg: TrainerConfig, where: str) -> None:
+    rew = cfg.reward
+    _choices(where, "reward.kind", rew.kind, ("rule", "model"))
+    _choices(where, "reward.rule", rew.rule, ("digits", "arithmetic"))
+    for name in rew.functions:
+        if name in ("digits", "arithmetic", "model"):
+            continue
+        module, sep, func = name.partition(":")
+        _require(
+            bool(sep) and _DOTTED.fullmatch(module) is not None and func.isidentifier(),
+            where,
+            f"reward.functions.{name}",
+            "expected digits, arithmetic, model or module:function (a module of reward.code_dir)",
+        )
+
+
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def check_batches(cfg: TrainerConfig, where: str, world_size: int) -> None:
+    """verl's batch rules for ``world_size`` data-parallel ranks (each generates and trains its share)."""
+    ppo, roll = cfg.ppo, cfg.rollout
     responses = ppo.train_batch_size * roll.n
-    _require(ppo.train_batch_size > 0, where, "ppo.train_batch_size", "must be > 0")
-    _require(roll.n > 0, where, "rollout.n", "must be > 0")
     _require(
         responses % world_size == 0,
         where,
@@ -272,7 +525,7 @@ def validate(cfg: TrainerConfig, where: str = "<config>", world_size: int = 1) -
         f"train_batch_size x rollout.n = {responses} is not divisible by the world size {world_size}",
     )
     _require(
-        0 < ppo.mini_batch_size <= responses,
+        ppo.mini_batch_size <= responses,
         where,
         "ppo.mini_batch_size",
         f"must be in 1..train_batch_size x rollout.n ({responses}), got {ppo.mini_batch_size}",
@@ -284,50 +537,19 @@ def validate(cfg: TrainerConfig, where: str = "<config>", world_size: int = 1) -
         f"must divide train_batch_size x rollout.n ({responses})",
     )
     _require(
-        ppo.micro_batch_size > 0 and ppo.mini_batch_size % ppo.micro_batch_size == 0,
+        ppo.mini_batch_size % world_size == 0,
+        where,
+        "ppo.mini_batch_size",
+        f"must be divisible by the world size {world_size} (every rank takes an equal share), got {ppo.mini_batch_size}",
+    )
+    share = ppo.mini_batch_size // world_size
+    _require(
+        share % ppo.micro_batch_size == 0,
         where,
         "ppo.micro_batch_size",
-        f"must divide mini_batch_size ({ppo.mini_batch_size})",
+        f"must divide mini_batch_size ({ppo.mini_batch_size})"
+        + (f" / world size {world_size} = {share}" if world_size > 1 else ""),
     )
-    _require(
-        (ppo.mini_batch_size // world_size) % ppo.micro_batch_size == 0 or world_size == 1,
-        where,
-        "ppo.micro_batch_size",
-        f"must divide mini_batch_size / world size ({ppo.mini_batch_size // world_size})",
-    )
-    _require(0 <= ppo.clip_ratio_low < 1, where, "ppo.clip_ratio_low", "must be in [0, 1)")
-    _require(ppo.clip_ratio_high >= 0, where, "ppo.clip_ratio_high", "must be >= 0")
-    _require(ppo.clip_ratio_c > 1, where, "ppo.clip_ratio_c", "must be > 1 (dual clip)")
-    _require(
-        ppo.loss_agg_mode in LOSS_AGG_MODES,
-        where,
-        "ppo.loss_agg_mode",
-        f"unknown mode {ppo.loss_agg_mode!r}; use one of {', '.join(sorted(LOSS_AGG_MODES))}",
-    )
-    _require(ppo.epochs > 0, where, "ppo.epochs", "must be > 0")
-    _require(alg.adv_estimator in ("gae", "grpo"), where, "algorithm.adv_estimator", "must be gae or grpo")
-    _require(alg.adv_estimator != "grpo" or roll.n > 1, where, "rollout.n", "grpo needs rollout.n > 1")
-    _require(alg.kl_kind in KL_PENALTY_KINDS, where, "algorithm.kl_kind", f"must be one of {sorted(KL_PENALTY_KINDS)}")
-    _require(alg.kl_controller in ("fixed", "adaptive"), where, "algorithm.kl_controller", "must be fixed or adaptive")
-    _require(0 <= alg.gamma <= 1 and 0 <= alg.lam <= 1, where, "algorithm.gamma", "gamma and lam must be in [0, 1]")
-    _require(roll.engine in ("hf", "vllm"), where, "rollout.engine", "must be hf or vllm")
-    _require(roll.max_new_tokens > 0, where, "rollout.max_new_tokens", "must be > 0")
-    _require(roll.temperature > 0, where, "rollout.temperature", "must be > 0 (log-probs are divided by it)")
-    if roll.engine == "vllm":
-        validate_vllm(cfg, where, world_size)
-    _require(cfg.reward.kind in ("rule", "model"), where, "reward.kind", "must be rule or model")
-    _require(cfg.reward.rule in ("digits", "arithmetic"), where, "reward.rule", "must be digits or arithmetic")
-    _require(cfg.oom.action in ("fail", "skip"), where, "oom.action", "must be fail or skip")
-    _require(cfg.run.device in ("cpu", "cuda", "auto"), where, "run.device", "must be cpu, cuda or auto")
-    _require(
-        cfg.model.dtype in ("float32", "bfloat16", "float16"),
-        where,
-        "model.dtype",
-        "must be float32, bfloat16 or float16",
-    )
-    _require(cfg.checkpoint.every_steps >= 0, where, "checkpoint.every_steps", "must be >= 0 (0: never)")
-    _require(cfg.checkpoint.keep_last >= 1, where, "checkpoint.keep_last", "must be >= 1")
-    _require(cfg.max_steps >= 0, where, "max_steps", "must be >= 0")
 
 
 def validate_vllm(cfg: TrainerConfig, where: str, world_size: int) -> None:

@@ -8,6 +8,12 @@ Python API::
     trainer.train(max_steps=2)
     trainer.close()
 
+A step is five phases, one method each (:meth:`PPOTrainer.train_step`): rollout (each
+data-parallel rank generates its share of the batch; the shares are gathered), score (each
+rank scores its share), experience (log-probs, values, advantages), update, bookkeeping
+(metrics, events, snapshots). Test hooks run before the step, outside it. What a checkpoint
+holds and how it is restored lives in :mod:`trainer.train_state`.
+
 Only rank 0 writes events, checkpoints and serves /metrics.
 """
 
@@ -18,30 +24,40 @@ import json
 import logging
 import os
 import platform
-import random
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from sidecars.errors import ConfigError, IncompleteError
 from sidecars.signer.manifest import announced_root
 from trainer import checkpoint as ckpt
 from trainer import events as ev
-from trainer.algorithm import make_experience, ppo_update
+from trainer.algorithm import Experience, Precision, Trainables, make_experience, ppo_update
 from trainer.config import TrainerConfig
-from trainer.data import PromptSampler, load_prompts
-from trainer.distributed import DistInfo, barrier, init_distributed, pick_device, pin_gpus, shutdown
+from trainer.data import PromptRow, PromptSampler, encode_prompts, left_pad, load_prompts
+from trainer.distributed import (
+    DistInfo,
+    all_gather_rows,
+    barrier,
+    init_distributed,
+    pick_device,
+    pin_gpus,
+    rank_slice,
+    shutdown,
+)
 from trainer.metrics import TrainerMetrics
-from trainer.models import load_causal_lm, load_critic, save_critic, unwrap
+from trainer.models import DTYPES, load_causal_lm, load_critic, unwrap
 from trainer.resume import ResumeResult, find_resume_point
-from trainer.rewards import build_reward
-from trainer.rollout import build_rollout
+from trainer.rewards import RewardSources, build_reward
+from trainer.rollout import SamplingPlan, build_rollout
 from trainer.setup import ResolvedPaths, check_environment, resolve_paths
 from trainer.tokenizer import load_tokenizer
+from trainer.train_state import capture_rng, fill_checkpoint, restore_rng, seed_everything
+
+__all__ = ["PPOTrainer", "StepResult", "TrainingFailed", "capture_rng", "checkpoint_announcement", "restore_rng"]
 
 log = logging.getLogger("warden.trainer")
 
@@ -89,8 +105,86 @@ def _versions() -> dict[str, str]:
     }
 
 
+@dataclass
+class Batch:
+    """One step's prompts, ``rollout.n`` copies each: every list has B = train_batch_size x n entries."""
+
+    rows: list[PromptRow]
+    ids: list[list[int]]
+    groups: torch.Tensor  # (B,) prompt index within the step
+
+    @property
+    def prompts(self) -> list[str]:
+        return [r.prompt for r in self.rows]
+
+
+@dataclass
+class Rollout:
+    """The whole batch's prompts and responses (gathered from every rank) and its texts."""
+
+    prompt_ids: torch.Tensor  # (B, P) left-padded
+    prompt_mask: torch.Tensor
+    responses: torch.Tensor  # (B, T)
+    mask: torch.Tensor  # (B, T)
+    texts: list[str]
+    seconds: float
+
+
+@dataclass
+class Scored:
+    scores: torch.Tensor  # (B,) float32 on the device
+    parts: dict[str, torch.Tensor]  # per reward function, (B,), when there are several
+    seconds: float
+
+
+def response_length_stats(mask: torch.Tensor, stop_ids: tuple[int, ...], responses: torch.Tensor) -> dict[str, float]:
+    """verl's ``response_length/{mean,max,min,clip_ratio}``: clipped = full length without a stop token. Pure."""
+    lengths = mask.sum(dim=1).float()
+    stopped = torch.isin(responses, torch.tensor(stop_ids, device=responses.device)) & mask.bool()
+    clipped = (lengths == mask.shape[1]) & ~stopped.any(dim=1)
+    return {
+        "response_length/mean": float(lengths.mean()),
+        "response_length/max": float(lengths.max()),
+        "response_length/min": float(lengths.min()),
+        "response_length/clip_ratio": float(clipped.float().mean()),
+    }
+
+
+def verl_names(m: dict[str, Any]) -> dict[str, Any]:
+    """The step's metrics under verl's names (``actor/pg_loss``, ``critic/score/mean``, ``timing_s/gen``...). Pure."""
+    t = m["timings"]
+    pairs = {
+        "critic/score/mean": m["reward_mean"],
+        "critic/score/max": m["reward_max"],
+        "critic/score/min": m["reward_min"],
+        "critic/rewards/mean": m["reward_mean"],
+        "actor/pg_loss": m["policy_loss"],
+        "actor/pg_clipfrac": m["clip_fraction"],
+        "actor/pg_clipfrac_lower": m["clip_fraction_lower"],
+        "actor/ppo_kl": m["approx_kl"],
+        "actor/entropy": m["entropy"],
+        "actor/grad_norm": m["grad_norm"],
+        "actor/lr": m["lr"],
+        "actor/reward_kl_penalty": m["kl"],
+        "actor/reward_kl_penalty_coeff": m["kl_coef"],
+        "timing_s/gen": t["rollout_s"],
+        "timing_s/reward": t["reward_s"],
+        "timing_s/old_log_prob": t["experience_s"],
+        "timing_s/update_actor": t["update_s"],
+        "timing_s/step": t["step_s"],
+        "perf/throughput": m["tokens_per_second"],
+    }
+    if "kl_loss" in m:
+        pairs["actor/kl_loss"] = m["kl_loss"]
+    if "value_loss" in m:
+        pairs["critic/vf_loss"] = m["value_loss"]
+        pairs["critic/vf_clipfrac"] = m["vf_clip_fraction"]
+    return pairs
+
+
 class PPOTrainer:
-    """One run. ``resume`` is ``auto``, ``never`` or a checkpoint path."""
+    """One run. ``resume`` is ``auto``, ``never`` or a checkpoint path; ``resume_with_changes``
+    lets a resume apply a changed config (see :mod:`trainer.train_state`)."""
 
     def __init__(
         self,
@@ -102,9 +196,13 @@ class PPOTrainer:
         emit_events: bool = True,
         serve_metrics: bool = True,
         instrumented: bool = True,
+        resume_with_changes: bool = False,
     ) -> None:
         self.cfg = cfg
         self.instrumented = instrumented  # False: no events, metrics or snapshots per step (benchmarks)
+        self.resume_with_changes = resume_with_changes
+        self.config_changes: list[str] = []
+        self.skipped_updates = 0
         self.run_dir = os.path.abspath(run_dir)
         pin_gpus(cfg.run.gpu_uuids)
         self.dist: DistInfo = init_distributed(cfg.run.device)
@@ -124,71 +222,114 @@ class PPOTrainer:
         self.run_id = cfg.run.run_id or _existing_run_id(journal_path) or _new_run_id(config_name)
         if self.dist.is_main and emit_events:
             self.journal = ev.EventWriter(journal_path, self.run_id)
-        self._seed(cfg.run.seed)
+        seed_everything(cfg.run.seed)
         self._build_models()
+        self._build_data()
         self.step = 0
+        self.phase = "rollout"
         self._oom_hook_fired = False
         self.resumed: ResumeResult | None = None
         self._announce(resume)
         self._server = self._serve_metrics() if serve_metrics and self.dist.is_main else None
 
     # -- construction ------------------------------------------------------------------
-    def _seed(self, seed: int) -> None:
-        random.seed(seed)
-        np.random.seed(seed)
-        torch.manual_seed(seed)
-
     def emit(self, etype: str, data: dict[str, Any], step: int | None = None) -> None:
         if self.journal is not None:
             self.journal.emit(etype, data, step=step)
+
+    @property
+    def has_critic(self) -> bool:
+        return self.cfg.algorithm.adv_estimator != "grpo"
 
     def _build_models(self) -> None:
         cfg, paths = self.cfg, self.paths
         self.emit(ev.MODEL_LOADING, {"path": paths.tokenizer, "kind": "tokenizer"})
         self.tokenizer = load_tokenizer(paths.tokenizer, cfg.model.allowed_tokenizer_classes)
         self.tokenizer.padding_side = "left"
-        for kind, path in (("actor", paths.actor), ("reference", paths.actor), ("critic", paths.critic)):
+        kinds = [("actor", paths.actor), ("reference", paths.actor)] + [("critic", paths.critic)] * self.has_critic
+        for kind, path in kinds:
             self.emit(ev.MODEL_LOADING, {"path": path, "kind": kind})
-        self.actor = load_causal_lm(paths.actor, cfg.model.dtype, self.device)
+        compute = DTYPES[cfg.model.dtype] if cfg.model.dtype != "float32" else None
+        self.precision = Precision(self.device.type, compute)
+        # float32 master weights for what is trained; the frozen reference computes in the run's dtype
+        self.actor = load_causal_lm(paths.actor, "float32", self.device)
         self.ref = load_causal_lm(paths.actor, cfg.model.dtype, self.device).eval().requires_grad_(False)
-        self.critic: Any = load_critic(paths.critic, cfg.model.dtype, self.device)
+        self.critic: Any = load_critic(paths.critic, "float32", self.device) if self.has_critic else None
         self.actor.config.use_cache = True
         if self.dist.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.actor = DDP(self.actor, device_ids=ids)
-            self.critic = DDP(self.critic, device_ids=ids)
-        p = cfg.ppo
-        self.actor_opt = torch.optim.AdamW(self.actor.parameters(), lr=p.actor_lr, weight_decay=p.weight_decay)
-        self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=p.critic_lr, weight_decay=p.weight_decay)
-        warm = max(1, p.warmup_steps)
-        self.actor_sched = torch.optim.lr_scheduler.LinearLR(
-            self.actor_opt, 1.0 / warm if p.warmup_steps else 1.0, 1.0, total_iters=p.warmup_steps
-        )
-        self.critic_sched = torch.optim.lr_scheduler.LinearLR(
-            self.critic_opt, 1.0 / warm if p.warmup_steps else 1.0, 1.0, total_iters=p.warmup_steps
-        )
+            self.critic = DDP(self.critic, device_ids=ids) if self.critic is not None else None
+        self._build_optimizers()
+        self.stop_ids = stop_token_ids(self.tokenizer.eos_token_id, cfg.rollout.stop_token_ids)
         self.rollout = build_rollout(
-            cfg, unwrap(self.actor), paths.actor, self.tokenizer.eos_token_id, self.tokenizer.pad_token_id
+            cfg, unwrap(self.actor), paths.actor, self.stop_ids, self.tokenizer.pad_token_id, compute
         )
-        self.reward = build_reward(
-            cfg.reward.kind, cfg.reward.rule, paths.reward_model, self.tokenizer, str(self.device)
-        )
-        self.prompts = load_prompts(paths.train_files, cfg.data.prompt_key, cfg.data.ground_truth_key)
-        self.sampler = PromptSampler(len(self.prompts), cfg.ppo.train_batch_size, cfg.run.seed, cfg.data.shuffle)
+        if getattr(self.rollout, "static", False):
+            log.info(
+                "rollout: static KV cache with the compiled forward, prompts padded to %d tokens",
+                cfg.data.max_prompt_tokens,
+            )
+        self.reward = build_reward(cfg.reward, self._reward_sources())
+
+    def _build_optimizers(self) -> None:
+        p = self.cfg.ppo
+        self.actor_opt = torch.optim.AdamW(self.actor.parameters(), lr=p.actor_lr, weight_decay=p.weight_decay)
+        self.actor_sched = _warmup(self.actor_opt, p.warmup_steps)
+        self.critic_opt: Any = None
+        self.critic_sched: Any = None
+        if self.critic is not None:
+            self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=p.critic_lr, weight_decay=p.weight_decay)
+            self.critic_sched = _warmup(self.critic_opt, p.warmup_steps)
+        scaler = torch.amp.GradScaler(self.device.type) if self.precision.needs_scaler else None
+        self.trainables = Trainables(self.actor, self.actor_opt, self.critic, self.critic_opt, scaler)
         from trainer.ppo import AdaptiveKLController, FixedKLController
 
-        alg = cfg.algorithm
+        alg = self.cfg.algorithm
         self.kl_ctl: Any = (
             AdaptiveKLController(alg.kl_coef, alg.kl_target, alg.kl_horizon)
             if alg.kl_controller == "adaptive"
             else FixedKLController(alg.kl_coef)
         )
 
+    def _reward_sources(self) -> RewardSources:
+        paths, cfg = self.paths, self.cfg
+        forbidden = [("model.actor_path", paths.actor), ("model.critic_path", paths.critic)]
+        forbidden += [("model.tokenizer_path", paths.tokenizer), ("model.reward_model_path", paths.reward_model)]
+        forbidden += [(f"data.train_files[{i}]", os.path.dirname(f)) for i, f in enumerate(paths.train_files)]
+        forbidden += [(f"validation.files[{i}]", os.path.dirname(f)) for i, f in enumerate(cfg.validation.files)]
+
+        def tokenizer_of(path: str) -> Any:
+            self.emit(ev.MODEL_LOADING, {"path": path, "kind": "reward_tokenizer"})
+            return load_tokenizer(path, cfg.model.allowed_tokenizer_classes)
+
+        return RewardSources(cfg.reward.code_dir, paths.reward_model, tuple(forbidden), tokenizer_of, str(self.device))
+
+    def _encode(self, rows: list[PromptRow]) -> list[list[int]]:
+        d = self.cfg.data
+        return encode_prompts(rows, self.tokenizer, d.max_prompt_tokens, d.truncation, d.apply_chat_template)
+
+    def _build_data(self) -> None:
+        d, v = self.cfg.data, self.cfg.validation
+        self.prompts = load_prompts(self.paths.train_files, d.prompt_key, d.ground_truth_key, d.data_source_key)
+        self.prompt_ids = self._encode(self.prompts)
+        self.sampler = PromptSampler(len(self.prompts), self.cfg.ppo.train_batch_size, self.cfg.run.seed, d.shuffle)
+        self.val_prompts: list[PromptRow] = []
+        self.val_ids: list[list[int]] = []
+        if v.every_steps:
+            rows = load_prompts(v.files, d.prompt_key, d.ground_truth_key, d.data_source_key, "validation.files")
+            self.val_prompts = rows[: v.max_prompts] if v.max_prompts else rows
+            self.val_ids = self._encode(self.val_prompts)
+
     def _announce(self, resume: str) -> None:
         self.resumed = find_resume_point(self, resume)
         if self.resumed is not None:
+            changed: dict[str, Any] = {"config_digest": self.cfg.digest(), "changed_keys": self.config_changes}
+            if self.config_changes:
+                changed["config"] = self.cfg.to_dict()
+                log.warning("resume applies a changed config: %s", ", ".join(self.config_changes))
             self.emit(
                 ev.RUN_RESUMED,
                 {
@@ -196,6 +337,7 @@ class PPOTrainer:
                     "checkpoint": self.resumed.path,
                     "verification": self.resumed.verification,
                     **self.resumed.event_fields(),
+                    **changed,
                 },
                 step=self.step,
             )
@@ -228,7 +370,7 @@ class PPOTrainer:
                 "set another port or 0 to disable"
             ) from None
 
-    # -- training ------------------------------------------------------------------------
+    # -- the loop ------------------------------------------------------------------------
     def train(self, max_steps: int | None = None) -> list[StepResult]:
         """Runs until ``max_steps`` (absolute step number; default cfg.max_steps)."""
         target = self.cfg.max_steps if max_steps is None else max_steps
@@ -239,6 +381,7 @@ class PPOTrainer:
                 result = self._guarded_step()
                 if result is not None:
                     results.append(result)
+                    self._maybe_validate()
                     self._maybe_checkpoint(final=self.step >= target)
         except KeyboardInterrupt:
             status, error = "interrupted", "SIGINT/SIGTERM"
@@ -250,9 +393,16 @@ class PPOTrainer:
             self.emit(ev.RUN_FINISHED, {"status": status, "error": error, "last_step": self.step}, step=self.step)
         return results
 
+    def _test_hooks(self, step: int) -> None:
+        """``oom.raise_at_step``: an OutOfMemoryError at that step, once (drills and tests)."""
+        if self.cfg.oom.raise_at_step == step and not self._oom_hook_fired:
+            self._oom_hook_fired = True
+            raise torch.OutOfMemoryError("raised by the oom.raise_at_step test hook")
+
     def _guarded_step(self) -> StepResult | None:
         self.phase = "rollout"
         try:
+            self._test_hooks(self.step + 1)
             return self.train_step()
         except torch.OutOfMemoryError as exc:
             self.metrics.oom.labels(self.phase).inc()
@@ -262,8 +412,7 @@ class PPOTrainer:
                 step=self.step + 1,
             )
             log.error("out of memory in %s at step %d (oom.action=%s)", self.phase, self.step + 1, self.cfg.oom.action)
-            self.actor_opt.zero_grad(set_to_none=True)
-            self.critic_opt.zero_grad(set_to_none=True)
+            self.trainables.zero_grad()
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             if self.cfg.oom.action == "fail":
@@ -272,86 +421,175 @@ class PPOTrainer:
                 ) from None
             return None
 
-    def _batch(self) -> tuple[list[str], list[str | None], torch.Tensor]:
-        rows = [self.prompts[i] for i in self.sampler.next_batch()]
-        n = self.cfg.rollout.n
-        prompts = [r.prompt for r in rows for _ in range(n)]
-        truths = [r.ground_truth for r in rows for _ in range(n)]
-        groups = torch.arange(len(rows)).repeat_interleave(n)
-        return prompts, truths, groups
-
     def train_step(self) -> StepResult:
-        cfg, step = self.cfg, self.step + 1
-        t_start = time.perf_counter()
-        prompts, truths, groups = self._batch()
-        if cfg.oom.raise_at_step == step and not self._oom_hook_fired:
-            self._oom_hook_fired = True
-            raise torch.OutOfMemoryError("raised by the oom.raise_at_step test hook")
-        enc = self.tokenizer(
-            prompts, return_tensors="pt", padding=True, truncation=True, max_length=cfg.data.max_prompt_tokens
-        ).to(self.device)
-        t0 = time.perf_counter()
-        responses, mask = self.rollout.generate(enc.input_ids, enc.attention_mask)
-        t_rollout = time.perf_counter() - t0
-        texts = self.tokenizer.batch_decode(
-            responses * mask + self.tokenizer.pad_token_id * (1 - mask), skip_special_tokens=True
-        )
-        scores = torch.tensor(self.reward.score(prompts, texts, truths), dtype=torch.float32, device=self.device)
+        """One PPO step: rollout, score, experience, update, bookkeeping (one method each)."""
+        step, t_start = self.step + 1, time.perf_counter()
+        batch = self._next_batch()
+        self.phase = "rollout"
+        rollout = self._rollout(batch, step)
+        scored = self._score(batch, rollout)
         self.phase = "experience"
         t0 = time.perf_counter()
-        exp = make_experience(
+        exp = self._experience(batch, rollout, scored)
+        t_exp = time.perf_counter() - t0
+        self.phase = "update"
+        t0 = time.perf_counter()
+        stats = self._update(exp, step)
+        timings = {
+            "rollout_s": rollout.seconds,
+            "reward_s": scored.seconds,
+            "experience_s": t_exp,
+            "update_s": time.perf_counter() - t0,
+        }
+        self.step = step
+        return self._bookkeeping(step, batch, rollout, scored, exp, stats, timings, t_start)
+
+    # -- phases --------------------------------------------------------------------------
+    def _next_batch(self) -> Batch:
+        index = self.sampler.next_batch()
+        n = self.cfg.rollout.n
+        rows = [self.prompts[i] for i in index for _ in range(n)]
+        ids = [self.prompt_ids[i] for i in index for _ in range(n)]
+        return Batch(rows, ids, torch.arange(len(index)).repeat_interleave(n))
+
+    def _generate(self, ids: list[list[int]], seed: int, temperature: float) -> Rollout:
+        """Generates this rank's share of ``ids`` (left-padded for the whole batch) and gathers every rank's."""
+        t0 = time.perf_counter()
+        fixed = self.cfg.data.max_prompt_tokens if getattr(self.rollout, "static", False) else None
+        prompt_ids, prompt_mask = left_pad(ids, self.tokenizer.pad_token_id, fixed)
+        prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
+        mine = rank_slice(len(ids), self.dist)
+        plan = SamplingPlan(seed, mine.start, len(ids), temperature)
+        responses, mask = self.rollout.generate(prompt_ids[mine], prompt_mask[mine], plan)
+        responses, mask = all_gather_rows(responses, self.dist), all_gather_rows(mask, self.dist)
+        pad = self.tokenizer.pad_token_id
+        texts = self.tokenizer.batch_decode(responses * mask + pad * (1 - mask), skip_special_tokens=True)
+        return Rollout(prompt_ids, prompt_mask, responses, mask, texts, time.perf_counter() - t0)
+
+    def _rollout(self, batch: Batch, step: int) -> Rollout:
+        seed = (self.cfg.run.seed * 1_000_003 + step) % 2**62
+        return self._generate(batch.ids, seed, self.cfg.rollout.temperature)
+
+    def _score_rows(self, rows: list[PromptRow], texts: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Rewards of this rank's share of ``rows``, gathered: (scores (B,), per-function scores)."""
+        mine = rank_slice(len(rows), self.dist)
+        local = rows[mine]
+        scores = self.reward.score(
+            [r.prompt for r in local], texts[mine], [r.ground_truth for r in local], [r.data_source for r in local]
+        )
+        names = list(self.reward.last_parts) if len(self.reward.parts) > 1 else []
+        table = torch.tensor([scores] + [self.reward.last_parts[n] for n in names], dtype=torch.float32).T
+        gathered = all_gather_rows(table.to(self.device).contiguous(), self.dist)
+        return gathered[:, 0], {name: gathered[:, i + 1] for i, name in enumerate(names)}
+
+    def _score(self, batch: Batch, rollout: Rollout) -> Scored:
+        t0 = time.perf_counter()
+        scores, parts = self._score_rows(batch.rows, rollout.texts)
+        return Scored(scores, parts, time.perf_counter() - t0)
+
+    def _experience(self, batch: Batch, rollout: Rollout, scored: Scored) -> Experience:
+        cfg = self.cfg
+        return make_experience(
             self.actor,
             self.ref,
             self.critic,
-            enc.input_ids,
-            enc.attention_mask,
-            responses,
-            mask,
-            scores,
-            groups.to(self.device),
+            rollout.prompt_ids,
+            rollout.prompt_mask,
+            rollout.responses,
+            rollout.mask,
+            scored.scores,
+            batch.groups.to(self.device),
             cfg.algorithm,
             self.kl_ctl.value,
             cfg.rollout.temperature,
             cfg.ppo.micro_batch_size,
-        )
-        t_exp = time.perf_counter() - t0
-        self.phase = "update"
-        t0 = time.perf_counter()
-        gen = torch.Generator().manual_seed(cfg.run.seed * 7919 + step)
-        stats = ppo_update(
-            self.actor,
-            self.critic,
-            self.actor_opt,
-            self.critic_opt,
-            exp,
-            cfg.ppo,
-            cfg.rollout.temperature,
+            self.precision,
             self.dist,
-            gen,
         )
-        self.rollout.sync_weights(unwrap(self.actor))  # engines with their own copy (vllm) follow the actor
-        t_update = time.perf_counter() - t0
-        self.kl_ctl.update(exp.mean_kl, len(prompts))
+
+    def _update(self, exp: Experience, step: int) -> dict[str, float]:
+        cfg = self.cfg
+        gen = torch.Generator().manual_seed(cfg.run.seed * 7919 + step)
+        stats = ppo_update(self.trainables, exp, cfg.ppo, cfg.rollout.temperature, self.dist, gen, self.precision)
+        self.rollout.sync_weights(unwrap(self.actor))  # engines with their own copy follow the actor
+        self.kl_ctl.update(exp.mean_kl, exp.responses.shape[0])
         self.actor_sched.step()
-        self.critic_sched.step()
-        self.step = step
+        if self.critic_sched is not None:
+            self.critic_sched.step()
+        skipped = int(stats["skipped_updates"])
+        if skipped:
+            self.skipped_updates += skipped
+            self.metrics.skipped_updates.inc(skipped)
+            log.warning("step %d: %d optimizer step(s) skipped, gradients not finite", step, skipped)
+            self.emit(ev.UPDATE_SKIPPED, {"skipped": skipped, "total": self.skipped_updates}, step=step)
+        return stats
+
+    def _bookkeeping(
+        self,
+        step: int,
+        batch: Batch,
+        rollout: Rollout,
+        scored: Scored,
+        exp: Experience,
+        stats: dict[str, float],
+        timings: dict[str, float],
+        t_start: float,
+    ) -> StepResult:
+        timings["step_s"] = time.perf_counter() - t_start
         if not self.instrumented:
-            return StepResult(step, {"timings": {"rollout_s": t_rollout, "step_s": time.perf_counter() - t_start}})
-        tokens = int(mask.sum())
-        step_s = time.perf_counter() - t_start
-        metrics = {
+            return StepResult(step, {"timings": timings})
+        tokens = int(rollout.mask.sum())
+        scores = scored.scores
+        metrics: dict[str, Any] = {
             "reward_mean": float(scores.mean()),
             "reward_max": float(scores.max()),
+            "reward_min": float(scores.min()),
             "kl": exp.mean_kl,
             "kl_coef": float(self.kl_ctl.value),
             **stats,
             "response_tokens": tokens,
-            "tokens_per_second": tokens / max(t_rollout, 1e-9),
+            "tokens_per_second": tokens / max(rollout.seconds, 1e-9),
             "lr": self.actor_opt.param_groups[0]["lr"],
-            "timings": {"rollout_s": t_rollout, "experience_s": t_exp, "update_s": t_update, "step_s": step_s},
+            **{f"reward/{name}/mean": float(v.mean()) for name, v in scored.parts.items()},
+            **response_length_stats(rollout.mask, self.stop_ids, rollout.responses),
+            "timings": timings,
         }
-        self._report(step, metrics, prompts, texts, scores)
+        metrics.update(verl_names(metrics))
+        self._report(step, metrics, batch.prompts, rollout.texts, scores)
         return StepResult(step, metrics)
+
+    # -- validation ------------------------------------------------------------------------
+    def _maybe_validate(self) -> None:
+        every = self.cfg.validation.every_steps
+        if every and self.step % every == 0:
+            self.validate()
+
+    def validate(self) -> dict[str, float]:
+        """Generates and scores the held-out set (greedy at temperature 0); journalled and exported."""
+        v, world = self.cfg.validation, self.dist.world_size
+        t0 = time.perf_counter()
+        scores, lengths = [], []
+        size = max(world, v.batch_size - v.batch_size % world)
+        for start in range(0, len(self.val_ids), size):
+            ids = self.val_ids[start : start + size]
+            rows = self.val_prompts[start : start + size]
+            fill = (-len(ids)) % world  # a short last batch is topped up with its own first row
+            ids, rows = ids + [ids[0]] * fill, rows + [rows[0]] * fill
+            rollout = self._generate(ids, self.cfg.run.seed * 1_000_003 + 2**40 + self.step, v.temperature)
+            got, _ = self._score_rows(rows, rollout.texts)
+            keep = len(ids) - fill
+            scores.append(got[:keep].cpu())
+            lengths.append(rollout.mask[:keep].sum(dim=1).float().cpu())
+        result = {
+            "val/reward_mean": float(torch.cat(scores).mean()),
+            "val/response_length/mean": float(torch.cat(lengths).mean()),
+            "val/samples": float(len(self.val_ids)),
+            "val/seconds": time.perf_counter() - t0,
+        }
+        self.metrics.val_reward_mean.set(result["val/reward_mean"])
+        self.metrics.val_last_step.set(self.step)
+        self.emit(ev.VALIDATION_COMPLETED, result, step=self.step)
+        return result
 
     # -- reporting -----------------------------------------------------------------------
     def _report(self, step: int, m: dict[str, Any], prompts: list[str], texts: list[str], scores: torch.Tensor) -> None:
@@ -361,18 +599,14 @@ class PPOTrainer:
         mt.rollout_duration.observe(m["timings"]["rollout_s"])
         mt.tokens_per_second.set(m["tokens_per_second"])
         mt.generated_tokens.inc(m["response_tokens"])
-        for key in (
-            "reward_mean",
-            "reward_max",
-            "kl",
-            "kl_coef",
-            "policy_loss",
-            "value_loss",
-            "entropy",
-            "clip_fraction",
-            "grad_norm",
-        ):
+        for key in ("reward_mean", "reward_max", "kl", "kl_coef", "policy_loss", "entropy", "clip_fraction"):
             getattr(mt, key).set(m[key])
+        mt.grad_norm.set(m["grad_norm"])
+        mt.value_loss.set(m.get("value_loss", 0.0))
+        mt.kl_loss.set(m.get("kl_loss", 0.0))
+        mt.response_length_mean.set(m["response_length/mean"])
+        mt.response_length_max.set(m["response_length/max"])
+        mt.response_clip_ratio.set(m["response_length/clip_ratio"])
         mt.last_step.set(step)
         mt.last_step_time.set(time.time())
         self.emit(ev.STEP_COMPLETED, m, step=step)
@@ -439,24 +673,7 @@ class PPOTrainer:
         return None
 
     def _fill_checkpoint(self, tmp: str) -> None:
-        unwrap(self.actor).save_pretrained(os.path.join(tmp, "actor"), safe_serialization=True)
-        save_critic(unwrap(self.critic), os.path.join(tmp, "critic"), self.paths.critic)
-        ckpt.save_state(tmp, "optim_actor", self.actor_opt.state_dict())
-        ckpt.save_state(tmp, "optim_critic", self.critic_opt.state_dict())
-        ckpt.save_state(tmp, "rng", capture_rng())
-        ckpt.write_json(
-            os.path.join(tmp, ckpt.STATE),
-            {
-                "step": self.step,
-                "run_id": self.run_id,
-                "config_digest": self.cfg.digest(),
-                "data_position": self.sampler.state(),
-                "kl_coef": float(self.kl_ctl.value),
-                "scheduler_actor": self.actor_sched.state_dict(),
-                "scheduler_critic": self.critic_sched.state_dict(),
-                "world_size": self.dist.world_size,
-            },
-        )
+        fill_checkpoint(self, tmp)
 
     def close(self) -> None:
         closer = getattr(self.rollout, "close", None)
@@ -471,42 +688,24 @@ class PPOTrainer:
         shutdown(self.dist)
 
 
-def capture_rng() -> dict[str, Any]:
-    py = random.getstate()
-    np_state: Any = np.random.get_state()
-    state: dict[str, Any] = {
-        "python": [py[0], list(py[1]), py[2]],
-        "numpy": {
-            "key": str(np_state[0]),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "cached_gaussian": float(np_state[4]),
-            "state": torch.from_numpy(np_state[1].astype(np.int64)),
-        },
-        "torch_cpu": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["torch_cuda"] = list(torch.cuda.get_rng_state_all())
-    return state
+def _warmup(optimizer: Any, steps: int) -> Any:
+    start = 1.0 / max(1, steps) if steps else 1.0
+    return torch.optim.lr_scheduler.LinearLR(optimizer, start, 1.0, total_iters=steps)
 
 
-def restore_rng(state: dict[str, Any]) -> None:
-    py = state["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    n = state["numpy"]
-    np.random.set_state(
-        (n["key"], n["state"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
-    )
-    torch.set_rng_state(state["torch_cpu"])
-    if "torch_cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["torch_cuda"])
+def stop_token_ids(eos_id: int | None, extra: tuple[int, ...]) -> tuple[int, ...]:
+    """The tokenizer's EOS followed by ``rollout.stop_token_ids``, without repeats. Pure."""
+    ids = ([eos_id] if eos_id is not None else []) + list(extra)
+    if not ids:
+        raise ConfigError("rollout.stop_token_ids: the tokenizer has no EOS token; name at least one stop id")
+    return tuple(dict.fromkeys(ids))
 
 
 def format_step_line(step: int, m: dict[str, Any]) -> str:
     """``step 12 | reward 0.81 | kl 0.004 | loss 0.42 | 1.9k tok/s``"""
     tps = m["tokens_per_second"]
     rate = f"{tps / 1000:.1f}k" if tps >= 1000 else f"{tps:.0f}"
-    loss = m["policy_loss"] + m["value_loss"]
+    loss = m["policy_loss"] + m.get("value_loss", 0.0)  # GRPO: no critic, no value loss
     return f"step {step} | reward {m['reward_mean']:.2f} | kl {m['kl']:.3f} | loss {loss:.2f} | {rate} tok/s"
 
 

@@ -74,3 +74,33 @@ def shutdown(info: DistInfo) -> None:
 
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def rank_slice(rows: int, info: DistInfo) -> slice:
+    """This rank's contiguous share of ``rows`` (equal shares; the config checks divisibility)."""
+    if rows % info.world_size:
+        raise ValueError(f"{rows} rows do not split evenly over {info.world_size} ranks")
+    share = rows // info.world_size
+    return slice(info.rank * share, (info.rank + 1) * share)
+
+
+def all_gather_rows(tensor: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """Every rank's equally shaped ``tensor`` concatenated along dim 0, in rank order."""
+    if info.world_size <= 1:
+        return tensor
+    import torch.distributed as dist
+
+    parts = [torch.empty_like(tensor) for _ in range(info.world_size)]
+    dist.all_gather(parts, tensor.contiguous())
+    return torch.cat(parts)
+
+
+def all_gather_objects(items: list, info: DistInfo) -> list:  # type: ignore[type-arg]
+    """Every rank's list concatenated in rank order (pickled by torch; only our own strings and floats)."""
+    if info.world_size <= 1:
+        return items
+    import torch.distributed as dist
+
+    parts: list = [None] * info.world_size  # type: ignore[type-arg]
+    dist.all_gather_object(parts, items)
+    return [x for part in parts for x in part]

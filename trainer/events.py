@@ -40,6 +40,8 @@ CHECKPOINT_REJECTED = "checkpoint.rejected"
 MODEL_LOADING = "model.loading"
 OOM = "oom"
 RUN_FINISHED = "run.finished"
+VALIDATION_COMPLETED = "validation.completed"
+UPDATE_SKIPPED = "update.skipped"
 
 EVENT_TYPES: frozenset[str] = frozenset(
     {
@@ -52,6 +54,8 @@ EVENT_TYPES: frozenset[str] = frozenset(
         MODEL_LOADING,
         OOM,
         RUN_FINISHED,
+        VALIDATION_COMPLETED,
+        UPDATE_SKIPPED,
     }
 )
 # Types whose loss after a crash would lose a side effect (a signature, an archive record).

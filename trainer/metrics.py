@@ -50,6 +50,23 @@ class TrainerMetrics:
         self.checkpoint_failures = Counter(
             p + "checkpoint_write_failures", "Checkpoint writes that failed.", registry=reg
         )
+        self.skipped_updates = Counter(
+            p + "skipped_updates", "Optimizer steps skipped because a gradient was not finite.", registry=reg
+        )
+        self.kl_loss = Gauge(p + "kl_loss", "KL-to-reference loss term of the last step (nats/token).", registry=reg)
+        self.response_length_mean = Gauge(
+            p + "response_length_mean", "Mean response length of the last step (tokens).", registry=reg
+        )
+        self.response_length_max = Gauge(
+            p + "response_length_max", "Longest response of the last step (tokens).", registry=reg
+        )
+        self.response_clip_ratio = Gauge(
+            p + "response_clip_ratio",
+            "Share of the last step's responses cut at max_new_tokens without a stop token.",
+            registry=reg,
+        )
+        self.val_reward_mean = Gauge(p + "val_reward_mean", "Mean reward on the held-out set.", registry=reg)
+        self.val_last_step = Gauge(p + "val_last_step", "Step of the last validation.", registry=reg)
         self.oom = Counter(p + "oom_events", "Out-of-memory errors caught.", ["phase"], registry=reg)
         self.info = Info(p + "run", "Run id and versions.", registry=reg)
         self.oom.labels("step")

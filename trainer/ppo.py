@@ -41,6 +41,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "kl_loss",
     "policy_loss",
     "value_loss",
 ]
@@ -48,8 +49,9 @@ __all__ = [
 LOSS_AGG_MODES: frozenset[str] = frozenset({"token-mean", "seq-mean-token-sum", "seq-mean-token-mean"})
 """Accepted ``loss_agg_mode`` values of :func:`aggregate_loss`."""
 
-KL_PENALTY_KINDS: frozenset[str] = frozenset({"k1", "kl", "k3", "low_var_kl", "abs", "mse", "k2"})
-"""Accepted ``kind`` values of :func:`kl_penalty` (``kl`` = ``k1``, ``low_var_kl`` = ``k3``, ``k2`` = ``mse``)."""
+KL_PENALTY_KINDS: frozenset[str] = frozenset({"k1", "kl", "k3", "low_var_kl", "low-var-kl", "abs", "mse", "k2"})
+"""Accepted ``kind`` values of :func:`kl_penalty` (``kl`` = ``k1``, ``low_var_kl`` = ``low-var-kl`` = ``k3``,
+``k2`` = ``mse``), verl's names for its ``kl_penalty`` / ``kl_loss_type``."""
 
 # exp() of a log-ratio above ~88 overflows float32; beyond +-20 the ratio is meaningless anyway.
 _LOG_RATIO_CLAMP = 20.0
@@ -362,7 +364,7 @@ def kl_penalty(logprob: torch.Tensor, ref_logprob: torch.Tensor, kind: str) -> t
         return (logprob - ref_logprob).abs()
     if kind in ("mse", "k2"):
         return 0.5 * (logprob - ref_logprob).square()
-    if kind in ("k3", "low_var_kl"):
+    if kind in ("k3", "low_var_kl", "low-var-kl"):
         log_ratio = (ref_logprob - logprob).clamp(-_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
         k3 = torch.exp(log_ratio) - 1.0 - log_ratio
         return k3.clamp(-_K3_CLAMP, _K3_CLAMP)
@@ -480,6 +482,27 @@ def apply_kl_penalty(
 
 
 # --------------------------------------------------------------------------- losses
+
+
+def kl_loss(
+    logprob: torch.Tensor,
+    ref_logprob: torch.Tensor,
+    response_mask: torch.Tensor,
+    kind: str = "low_var_kl",
+    loss_agg_mode: str = "token-mean",
+) -> torch.Tensor:
+    """KL to the reference as a loss term (verl's ``actor.use_kl_loss``): ``agg(kl_penalty(...))``.
+
+    Differentiable w.r.t. ``logprob`` (the current policy's log-probs); ``ref_logprob`` is a
+    constant. Shapes ``(B, T)``; returns a 0-dim tensor in nats.
+
+    Raises:
+        ValueError: shapes differ or are not 2-D; unknown ``kind`` or ``loss_agg_mode``.
+    """
+    _check_2d("logprob", logprob)
+    kl = kl_penalty(logprob, ref_logprob.detach(), kind)
+    return aggregate_loss(kl, response_mask, loss_agg_mode)
+
 
 
 def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:

@@ -34,7 +34,7 @@ from typing import Any
 from sidecars.errors import ConfigError, ViolationError, quote_untrusted
 from trainer import checkpoint as ckpt
 from trainer import events as ev
-from trainer.models import CRITIC_WEIGHTS, unwrap
+from trainer.models import unwrap
 from trainer.verified_load import (
     Anchor,
     CheckpointRejected,
@@ -130,7 +130,8 @@ def _trusted_keys(path: str) -> Any:
 
 def checkpoint_budget(trainer: Any) -> int:
     """Bytes a checkpoint of this trainer's models may take: the cap on what is read into memory."""
-    params = sum(p.numel() for model in (trainer.actor, trainer.critic) for p in unwrap(model).parameters())
+    models = [m for m in (trainer.actor, trainer.critic) if m is not None]
+    params = sum(p.numel() for model in models for p in unwrap(model).parameters())
     return BUDGET_BYTES_PER_PARAMETER * int(params) + BUDGET_SLACK_BYTES
 
 
@@ -212,48 +213,9 @@ def _step_of(path: str) -> int:
     return int(match.group(1))
 
 
-def _check_weights(where: str, model: Any, tensors: dict[str, Any], may_miss: bool) -> None:
-    """Same names and shapes as the model's state (missing ones only for tied weights)."""
-    own = model.state_dict()
-    unexpected = sorted(set(tensors) - set(own))
-    missing = sorted(set(own) - set(tensors))
-    wrong = sorted(k for k in set(own) & set(tensors) if tuple(own[k].shape) != tuple(tensors[k].shape))
-    if unexpected or wrong or (missing and not may_miss):
-        raise CheckpointRejected(
-            f"{where}: weights do not match the model (missing {missing[:3]}, "
-            f"unexpected {quote_untrusted(unexpected[:3])}, wrong shape {wrong[:3]})"
-        )
-
-
 def load_into(trainer: Any, checkpoint: VerifiedCheckpoint) -> None:
-    """Restores weights, optimizers, schedulers, data position, KL coefficient and RNG from
-    the verified bytes; everything is decoded and checked before the trainer is touched."""
-    from trainer.core import restore_rng
+    """Restores the trainer from the verified checkpoint (:func:`trainer.train_state.load_into`,
+    which also applies the config-digest resume guard)."""
+    from trainer.train_state import load_into as restore
 
-    state = checkpoint.json(ckpt.STATE)
-    shards = checkpoint.names("actor", ".safetensors")
-    if not shards:
-        raise CheckpointRejected("actor/: no weights among the signed files")
-    weights: dict[str, Any] = {}
-    for name in shards:
-        weights.update(checkpoint.tensors(name))
-    critic_weights = checkpoint.tensors(f"critic/{CRITIC_WEIGHTS}")
-    optim_actor, optim_critic = checkpoint.state("optim_actor"), checkpoint.state("optim_critic")
-    rng = checkpoint.state("rng")
-    actor, critic = unwrap(trainer.actor), unwrap(trainer.critic)
-    _check_weights("actor", actor, weights, bool(getattr(actor.config, "tie_word_embeddings", False)))
-    _check_weights("critic", critic, critic_weights, False)
-    try:
-        actor.load_state_dict(weights, strict=False)
-        critic.load_state_dict(critic_weights)
-        trainer.actor_opt.load_state_dict(optim_actor)
-        trainer.critic_opt.load_state_dict(optim_critic)
-        trainer.actor_sched.load_state_dict(state["scheduler_actor"])
-        trainer.critic_sched.load_state_dict(state["scheduler_critic"])
-        trainer.sampler.load_state(state["data_position"])
-        trainer.kl_ctl.value = float(state["kl_coef"])
-        restore_rng(rng)
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
-        raise CheckpointRejected(f"cannot restore the training state: {quote_untrusted(exc)}") from None
-    trainer.step = checkpoint.step
-    trainer.metrics.last_checkpoint_step.set(trainer.step)
+    restore(trainer, checkpoint)

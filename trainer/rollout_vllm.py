@@ -234,7 +234,9 @@ class VLLMRollout:
         responses, mask, lps = pack_outputs(tokens, logprobs, self.roll.max_new_tokens, self.pad_id, self.eos_id)
         return responses.to(self.device), mask.to(self.device), lps.to(self.device)
 
-    def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def generate(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, plan: Any = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         responses, mask, self.last_logprobs = self.generate_with_logprobs(prompt_ids, prompt_mask)
         return responses, mask
 

@@ -1,0 +1,244 @@
+"""Everything a checkpoint holds of a run, in one place: what is saved, what is restored, RNG.
+
+:func:`fill_checkpoint` writes the trainer's state into a checkpoint directory (weights with
+safetensors, optimizer and RNG state through :func:`trainer.checkpoint.save_state`, the
+rest as JSON in ``trainer_state.json``); :func:`load_into` restores it from bytes
+:mod:`trainer.verified_load` has checked; :func:`capture_rng` / :func:`restore_rng` carry
+the Python, NumPy and torch generators without pickle.
+
+The resume guard: ``trainer_state.json`` records the config (and its digest). A resume
+whose config differs in a key that shapes training (:func:`config_changes`; operational
+keys such as ports, ``max_steps`` or checkpoint cadence do not count) is refused with
+exit 2 listing the changed keys, unless the trainer was built with
+``resume_with_changes``: then the new values apply (learning rates, KL coefficient, seed,
+batch shapes, estimator) and ``run.resumed`` carries the new digest and the changed keys.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from sidecars.errors import ConfigError, quote_untrusted
+from trainer import checkpoint as ckpt
+from trainer.models import CRITIC_WEIGHTS, save_critic, unwrap
+from trainer.verified_load import CheckpointRejected, VerifiedCheckpoint
+
+RESUME_NEUTRAL = (
+    "run.metrics_port",
+    "run.metrics_listen",
+    "run.console",
+    "run.torch_threads",
+    "run.gpu_uuids",
+    "run.device",
+    "run.run_id",
+    "model.tiny.cache_dir",
+    "rollout.progress",
+    "rollout.static_cache",
+    "snapshot.",
+    "checkpoint.",
+    "oom.",
+    "preflight.",
+    "validation.",
+    "max_steps",
+    "log_every",
+)
+"""Keys (or prefixes ending in ``.``) that a resume may change freely: they do not shape training."""
+
+
+# -- RNG ----------------------------------------------------------------------------------
+def capture_rng() -> dict[str, Any]:
+    py = random.getstate()
+    np_state: Any = np.random.get_state()
+    state: dict[str, Any] = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": {
+            "key": str(np_state[0]),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+            "state": torch.from_numpy(np_state[1].astype(np.int64)),
+        },
+        "torch_cpu": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["torch_cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state(
+        (n["key"], n["state"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"])
+    )
+    torch.set_rng_state(state["torch_cpu"])
+    if "torch_cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["torch_cuda"])
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+# -- the resume guard (pure) ------------------------------------------------------------------
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``; lists stay values. Pure."""
+    if not isinstance(tree, dict):
+        return {prefix.rstrip("."): tree}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _neutral(key: str) -> bool:
+    return any(key == n or (n.endswith(".") and key.startswith(n)) for n in RESUME_NEUTRAL)
+
+
+def config_changes(saved: Any, saved_digest: Any, current: dict[str, Any], current_digest: str) -> list[str]:
+    """The training keys that differ between a checkpoint's config and ``current``, sorted. Pure.
+
+    ``saved`` None (a checkpoint that recorded only the digest): ``["<config digest>"]`` when
+    the digests differ, since the keys cannot be named.
+    """
+    if not isinstance(saved, dict):
+        return [] if saved_digest in (None, current_digest) else ["<config digest>"]
+    old, new = flatten(saved), flatten(current)
+    keys = (set(old) | set(new)) - {k for k in set(old) | set(new) if _neutral(k)}
+    return sorted(k for k in keys if old.get(k) != new.get(k))
+
+
+def describe_changes(saved: Any, current: dict[str, Any], keys: list[str]) -> str:
+    old, new = flatten(saved) if isinstance(saved, dict) else {}, flatten(current)
+    return ", ".join(f"{k} {quote_untrusted(old.get(k), 40)} -> {new.get(k, '?')}" for k in keys)
+
+
+# -- save -------------------------------------------------------------------------------------
+def fill_checkpoint(trainer: Any, tmp: str) -> None:
+    """Writes ``trainer``'s state into the temporary checkpoint directory ``tmp``."""
+    unwrap(trainer.actor).save_pretrained(os.path.join(tmp, "actor"), safe_serialization=True)
+    ckpt.save_state(tmp, "optim_actor", trainer.actor_opt.state_dict())
+    state: dict[str, Any] = {
+        "step": trainer.step,
+        "run_id": trainer.run_id,
+        "config_digest": trainer.cfg.digest(),
+        "config": trainer.cfg.to_dict(),
+        "data_position": trainer.sampler.state(),
+        "kl_coef": float(trainer.kl_ctl.value),
+        "scheduler_actor": trainer.actor_sched.state_dict(),
+        "world_size": trainer.dist.world_size,
+        "skipped_updates": int(trainer.skipped_updates),
+    }
+    if trainer.critic is not None:
+        save_critic(unwrap(trainer.critic), os.path.join(tmp, "critic"), trainer.paths.critic)
+        ckpt.save_state(tmp, "optim_critic", trainer.critic_opt.state_dict())
+        state["scheduler_critic"] = trainer.critic_sched.state_dict()
+    ckpt.save_state(tmp, "rng", capture_rng())
+    ckpt.write_json(os.path.join(tmp, ckpt.STATE), state)
+
+
+# -- load -------------------------------------------------------------------------------------
+def _check_weights(where: str, model: Any, tensors: dict[str, Any], may_miss: bool) -> None:
+    """Same names and shapes as the model's state (missing ones only for tied weights)."""
+    own = model.state_dict()
+    unexpected = sorted(set(tensors) - set(own))
+    missing = sorted(set(own) - set(tensors))
+    wrong = sorted(k for k in set(own) & set(tensors) if tuple(own[k].shape) != tuple(tensors[k].shape))
+    if unexpected or wrong or (missing and not may_miss):
+        raise CheckpointRejected(
+            f"{where}: weights do not match the model (missing {missing[:3]}, "
+            f"unexpected {quote_untrusted(unexpected[:3])}, wrong shape {wrong[:3]})"
+        )
+
+
+def guard_config(trainer: Any, state: dict[str, Any]) -> list[str]:
+    """The changed training keys; ConfigError (exit 2) listing them unless changes are allowed."""
+    current = trainer.cfg.to_dict()
+    changed = config_changes(state.get("config"), state.get("config_digest"), current, trainer.cfg.digest())
+    if changed and not getattr(trainer, "resume_with_changes", False):
+        raise ConfigError(
+            f"resume: the config differs from the checkpoint's in {len(changed)} key(s): "
+            f"{describe_changes(state.get('config'), current, changed)}. Resume with the checkpoint's config, "
+            "start over with --resume never, or pass --resume-with-changes to apply the new values"
+        )
+    return changed
+
+
+def _critic_state(checkpoint: VerifiedCheckpoint, trainer: Any) -> tuple[Any, Any] | None:
+    """(critic weights, critic optimizer state), None when this run has no critic or the checkpoint none."""
+    if trainer.critic is None or f"critic/{CRITIC_WEIGHTS}" not in checkpoint.files:
+        return None
+    weights = checkpoint.tensors(f"critic/{CRITIC_WEIGHTS}")
+    _check_weights("critic", unwrap(trainer.critic), weights, False)
+    return weights, checkpoint.state("optim_critic")
+
+
+def load_into(trainer: Any, checkpoint: VerifiedCheckpoint) -> None:
+    """Restores weights, optimizers, schedulers, data position, KL coefficient and RNG from
+    the verified bytes; everything is decoded and checked before the trainer is touched."""
+    state = checkpoint.json(ckpt.STATE)
+    if not isinstance(state, dict):
+        raise CheckpointRejected(f"{ckpt.STATE}: not a JSON object")
+    changed = guard_config(trainer, state)
+    shards = checkpoint.names("actor", ".safetensors")
+    if not shards:
+        raise CheckpointRejected("actor/: no weights among the signed files")
+    weights: dict[str, Any] = {}
+    for name in shards:
+        weights.update(checkpoint.tensors(name))
+    actor = unwrap(trainer.actor)
+    _check_weights("actor", actor, weights, bool(getattr(actor.config, "tie_word_embeddings", False)))
+    critic = _critic_state(checkpoint, trainer)
+    optim_actor, rng = checkpoint.state("optim_actor"), checkpoint.state("rng")
+    try:
+        actor.load_state_dict(weights, strict=False)  # copy_ casts a bf16 checkpoint into fp32 masters
+        trainer.actor_opt.load_state_dict(optim_actor)
+        trainer.actor_sched.load_state_dict(state["scheduler_actor"])
+        if critic is not None:
+            unwrap(trainer.critic).load_state_dict(critic[0])
+            trainer.critic_opt.load_state_dict(critic[1])
+            trainer.critic_sched.load_state_dict(state["scheduler_critic"])
+        trainer.sampler.load_state(state["data_position"])
+        trainer.kl_ctl.value = float(state["kl_coef"])
+        trainer.skipped_updates = int(state.get("skipped_updates", 0))
+        restore_rng(rng)
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise CheckpointRejected(f"cannot restore the training state: {quote_untrusted(exc)}") from None
+    trainer.step = checkpoint.step
+    trainer.config_changes = changed
+    apply_changes(trainer, changed)
+    trainer.rollout.sync_weights(unwrap(trainer.actor))
+    trainer.metrics.last_checkpoint_step.set(trainer.step)
+
+
+def _set_lr(optimizer: Any, scheduler: Any, lr: float) -> None:
+    """A new base learning rate, keeping the scheduler's current factor (warm-up position)."""
+    for group in optimizer.param_groups:
+        factor = group["lr"] / group["initial_lr"] if group.get("initial_lr") else 1.0
+        group["initial_lr"] = lr
+        group["lr"] = lr * factor
+    scheduler.base_lrs = [lr for _ in optimizer.param_groups]
+
+
+def apply_changes(trainer: Any, changed: list[str]) -> None:
+    """Makes the new config's values win over the restored ones, where the checkpoint holds them."""
+    cfg = trainer.cfg
+    if "ppo.actor_lr" in changed:
+        _set_lr(trainer.actor_opt, trainer.actor_sched, cfg.ppo.actor_lr)
+    if "ppo.critic_lr" in changed and trainer.critic is not None:
+        _set_lr(trainer.critic_opt, trainer.critic_sched, cfg.ppo.critic_lr)
+    if "algorithm.kl_coef" in changed or "algorithm.kl_controller" in changed:
+        trainer.kl_ctl.value = float(cfg.algorithm.kl_coef)
+    if "run.seed" in changed:
+        seed_everything(cfg.run.seed + trainer.step)
