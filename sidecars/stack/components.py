@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 Echo = Callable[[str], None]
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 REPO_POLICIES = os.path.join(REPO, "policies")
-DEMO_SIDECARS = ("signer", "archiver", "tokenscan", "deps", "paths")
+DEMO_SIDECARS = ("journal", "signer", "archiver", "tokenscan", "deps", "paths")
 
 
 def free_port(preferred: int) -> int:
@@ -151,11 +151,27 @@ def _paths(plan: Plan, p: dict[str, Any]) -> dict[str, Any]:
                 "interval_seconds": 2,
                 "deadline_seconds": 1,
             },
+            {
+                # The demo removes this directory for a moment to show one alert firing and resolving.
+                "name": STAGED_FAULT_NAME,
+                "path": staged_fault_path(plan.run_dir),
+                "interval_seconds": 0.5,
+                "deadline_seconds": 1,
+            },
         ],
     }
 
 
+STAGED_FAULT_NAME = "staged_fault"
+
+
+def staged_fault_path(run_dir: str) -> str:
+    """The watched directory the demo takes away and gives back (created by the plan)."""
+    return os.path.join(run_dir, "staged-fault")
+
+
 ADJUSTERS: dict[str, Callable[[Plan, dict[str, Any]], dict[str, Any]]] = {
+    "journal": lambda plan, p: {**p, "check_interval_seconds": 1},
     "signer": _signer,
     "archiver": _archiver,
     "tokenscan": _tokenscan,
@@ -170,6 +186,7 @@ def plan_demo(run_dir: str) -> Plan:
 
     plan = Plan(run_dir=run_dir, trainer_port=free_port(9460))
     plan.settings["key"], plan.settings["pub"] = demo_key(run_dir)
+    os.makedirs(staged_fault_path(run_dir), exist_ok=True)
     opts = StackOptions(
         run_dir=run_dir,
         policy_dir=os.path.join(run_dir, "policies"),

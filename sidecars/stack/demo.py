@@ -108,7 +108,10 @@ def run_demo(run_dir: str, steps: int, echo: Echo) -> DemoResult:
         result.trainer_exit = run_trainer(run_dir, steps, plan.trainer_port, echo)
         echo("waiting for the sidecars to catch up with the journal...")
         wait_for_sidecars(plan)
+        echo("staging a fault: a watched directory disappears for a moment...")
+        staged = verdicts.staged_alert(plan)
         result.verdicts = collect_verdicts(plan, run_dir)
+        result.verdicts["staged alert"] = staged
     finally:
         supervisor.stop_all()
     print_summary(result, plan, echo)

@@ -74,7 +74,10 @@ def map_path(value: str, opts: StackOptions) -> str:
     if match:
         return os.path.join(opts.run_dir, "state", match.group(1)) + match.group(2)
     if value.startswith("/opt/warden/policies"):
-        return opts.policy_dir + value[len("/opt/warden/policies") :]
+        # The image derives <name>.compose.yaml (container paths filled in) at build time;
+        # locally the stack's own <name>.yaml plays that part.
+        local = re.sub(r"\.compose\.yaml$", ".yaml", value[len("/opt/warden/policies") :])
+        return opts.policy_dir + local
     if value.startswith("/opt/warden"):
         return ROOT + value[len("/opt/warden") :]
     return value
@@ -205,7 +208,10 @@ def write_prometheus_config(opts: StackOptions, conf_dir: str, ports: dict[str, 
         scrape_interval=opts.scrape_interval, evaluation_interval=opts.evaluation_interval
     )
     conf["rule_files"] = [os.path.join(opts.alerts_dir, p) for p in conf.get("rule_files", [])]
-    for job in conf.get("scrape_configs", []):
+    # Only the processes this stack runs are scraped: a job for a service it does not start
+    # (the verl bridge, a sidecar left out) would only be a target that is always down.
+    conf["scrape_configs"] = [job for job in conf.get("scrape_configs", []) if _runs_here(job, ports)]
+    for job in conf["scrape_configs"]:
         for static in job.get("static_configs", []):
             static["targets"] = [_local_target(t, ports) for t in static.get("targets", [])]
     conf["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [f"127.0.0.1:{am_port}"]}]}]}
@@ -213,6 +219,11 @@ def write_prometheus_config(opts: StackOptions, conf_dir: str, ports: dict[str, 
     with open(path, "w", encoding="utf-8") as fh:
         yaml.safe_dump(conf, fh, sort_keys=False)
     return path
+
+
+def _runs_here(job: dict[str, Any], ports: dict[str, int]) -> bool:
+    hosts = {t.split(":", 1)[0] for sc in job.get("static_configs", []) for t in sc.get("targets", [])}
+    return bool(hosts) and all(host in ports or host == "trainer" for host in hosts)
 
 
 def _local_target(target: str, ports: dict[str, int]) -> str:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import urllib.request
+from collections.abc import Callable
 from typing import Any
 
-from sidecars.stack.components import Plan, run_quiet, scrape, total
+from sidecars.stack.components import Plan, run_quiet, scrape, staged_fault_path, total
+
+STAGED_ALERT = "WardenPathUnreachable"
 
 
 def signatures(plan: Plan) -> str:
@@ -53,9 +57,12 @@ def archive(plan: Plan, run_id: str, steps: list[int]) -> str:
         "audit", "verify-run", "--run", run_id, "--store", store, "--trust", plan.settings["pub"], env=env
     )
     archived = total(scrape(plan.port("archiver")), "warden_archiver_records_archived_total")
+    kept = export_archive(store, env, run_id, os.path.join(plan.run_dir, "archive-copy"))
     plan.next_steps.append(
-        f"audit    warden audit snapshot --run {run_id} --step {step} --store {store} "
-        f"--trust {plan.settings['pub']}" + (" (AWS_* as in the archiver's env)" if env else "")
+        f"audit    warden audit snapshot --run {run_id} --step {step} --store {kept} --trust {plan.settings['pub']}"
+    )
+    plan.next_steps.append(
+        f"chain    warden audit verify-run --run {run_id} --store {kept} --trust {plan.settings['pub']}"
     )
     best = ""
     if one.returncode == 0:
@@ -70,6 +77,31 @@ def archive(plan: Plan, run_id: str, steps: list[int]) -> str:
         f"{_outcome(one.returncode, 'verified', 'FAILED')}; "
         f"chain of the run: {_outcome(chain.returncode, 'verified', 'BROKEN')}{best}"
     )
+
+
+def export_archive(store: str, env: dict[str, str], run_id: str, directory: str) -> str:
+    """A file:// copy of the run's archived objects, so the printed audit commands work after
+    the demo stopped its S3; ``store`` itself when it already is a file store. Signatures and
+    the chain are what an audit checks, and they travel with the bytes."""
+    if store.startswith("file://") or not env:
+        return store
+    from sidecars.archiver.store import open_store
+
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        source, copy = open_store(store), open_store(f"file://{os.path.abspath(directory)}")
+        for key in source.list_keys(f"runs/{run_id}/"):
+            body = source.get(key)
+            if body is not None:
+                copy.put(key, body)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return f"file://{os.path.abspath(directory)}"
 
 
 def _outcome(code: int, good: str, bad: str) -> str:
@@ -136,3 +168,45 @@ def alerts(plan: Plan) -> str:
         return f"could not ask Alertmanager ({exc})"
     names = sorted({a["labels"].get("alertname", "?") for a in active} - {"Watchdog"})
     return "none fired (Watchdog heartbeat only)" if not names else "FIRING: " + ", ".join(names)
+
+
+def _active_alerts(url: str) -> set[tuple[str, str]]:
+    """(alertname, path label) of every alert Alertmanager holds active now."""
+    with urllib.request.urlopen(f"{url}/api/v2/alerts?active=true&silenced=false&inhibited=false", timeout=3) as resp:
+        return {(a["labels"].get("alertname", "?"), a["labels"].get("path", "")) for a in json.load(resp)}
+
+
+def _wait(condition: Callable[[], bool], deadline_s: float) -> float | None:
+    """Seconds until ``condition()`` held, polling every 0.2 s; None after ``deadline_s``."""
+    start = time.monotonic()
+    while time.monotonic() - start < deadline_s:
+        try:
+            if condition():
+                return time.monotonic() - start
+        except OSError:
+            pass
+        time.sleep(0.2)
+    return None
+
+
+def staged_alert(plan: Plan, deadline_s: float = 60.0) -> str:
+    """Takes a watched directory away until WardenPathUnreachable (for that path) reaches
+    Alertmanager, gives it back, and waits for the alert to resolve: the alert path end to end."""
+    url = plan.urls.get("alertmanager")
+    if not url:
+        return "skipped: Alertmanager not running (Debian: prometheus prometheus-alertmanager)"
+    path = staged_fault_path(plan.run_dir)
+    ours = (STAGED_ALERT, path)
+    if _wait(lambda: ours not in _active_alerts(url), deadline_s) is None:
+        return f"skipped: {STAGED_ALERT} for {path} was already firing"
+    hidden = path + ".away"
+    os.rename(path, hidden)
+    try:
+        fired = _wait(lambda: ours in _active_alerts(url), deadline_s)
+    finally:
+        os.rename(hidden, path)
+    if fired is None:
+        return f"{STAGED_ALERT} did NOT fire within {deadline_s:.0f} s of removing {path}"
+    resolved = _wait(lambda: ours not in _active_alerts(url), deadline_s)
+    ended = f"resolved {resolved:.1f} s after it was restored" if resolved is not None else "did NOT resolve"
+    return f"{STAGED_ALERT} (critical) fired {fired:.1f} s after {path} was removed; {ended}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 
 import pytest
 from support import run_warden
@@ -20,6 +21,17 @@ def test_demo_runs_the_whole_mission_and_explains_it(tmp_path):
         r"archive\s+6 records archived to .*audit of step \d+: verified; chain of the run: verified", out
     ), out[-2000:]
     assert re.search(r"tokenizer\s+clean: ", out)
-    assert re.search(r"paths\s+2/2 watched paths healthy", out)
-    assert re.search(r"alerts\s+", out) and "Where to look next:" in out
-    assert "warden events tail --run-dir" in out
+    assert re.search(r"paths\s+3/3 watched paths healthy", out)
+    assert re.search(
+        r"staged alert\s+WardenPathUnreachable \(critical\) fired [\d.]+ s after .* was removed; "
+        r"resolved [\d.]+ s after it was restored",
+        out,
+    ), out[-2000:]
+    assert re.search(r"alerts\s+none fired \(Watchdog heartbeat only\)", out), out[-2000:]
+    assert "Where to look next:" in out and "warden events tail --run-dir" in out
+    # Every command the summary prints works after the demo has stopped its services.
+    printed = re.findall(r"^\s+(?:journal|verify|audit|chain)\s+(warden .+?)\s*$", out, re.M)
+    assert len(printed) == 4, printed
+    for line in printed:
+        after = run_warden(*shlex.split(line)[1:], timeout=120)
+        assert after.returncode == 0, (line, after.stdout[-1000:], after.stderr[-1000:])
