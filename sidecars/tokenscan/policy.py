@@ -31,10 +31,13 @@ DEFAULT_TOKENIZER_CLASSES = (
     "T5Tokenizer",
     "T5TokenizerFast",
 )
-DEFAULT_MODEL_TYPES = ("llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text", "mistral")
+DEFAULT_MODEL_TYPES = (
+    "llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3", "gemma3_text", "mistral", "mixtral", "phi", "phi3",
+    "gpt2", "bert", "t5",
+)  # fmt: skip
 DEFAULT_EXTENSIONS = (".json", ".txt", ".model", ".jinja", ".safetensors", ".md", ".tiktoken", ".vocab")
 DEFAULT_FILE_NAMES = (".gitattributes", ".gitignore", "LICENSE", "NOTICE", "README", "COPYING")
-DEFAULT_PRIVATE_KEYS = ("_from_model_config", "_name_or_path", "_commit_hash", "__type")
+DEFAULT_PRIVATE_KEYS = ("_from_model_config", "_name_or_path", "_commit_hash", "__type", "_attn_implementation_autoset")
 DEFAULT_MAX_BYTES: dict[str, Any] = {
     ".json": "64MiB",
     ".txt": "64MiB",

@@ -111,8 +111,13 @@ def _special_ids(answer: Mapping[str, Any], tokens: Mapping[str, str | None]) ->
 
 
 def _extras(answer: Mapping[str, Any], tokens: Mapping[str, str | None]) -> set[int]:
+    """Ids encode may add: the declared bos/eos/cls/sep; with none declared (a bare BERT
+    config), the tokenizer's own special added tokens (never ordinary words)."""
     ids = answer.get("token_ids") or {}
-    return {int(ids[t]) for name in DECLARED_EXTRAS if (t := tokens.get(name)) and ids.get(t) is not None}
+    declared = {int(ids[t]) for name in DECLARED_EXTRAS if (t := tokens.get(name)) and ids.get(t) is not None}
+    if declared or any(tokens.get(name) for name in DECLARED_EXTRAS):
+        return declared
+    return {int(i) for _c, i, special in answer.get("added") or [] if special and i is not None}
 
 
 def judge(answer: Mapping[str, Any], tokens: Mapping[str, str | None], label: str) -> list[TokenizerIssue]:

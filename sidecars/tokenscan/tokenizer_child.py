@@ -52,10 +52,11 @@ def read_checked(request: dict[str, Any]) -> bytes:
 
 
 def _unk_chars(encode: Any, unk: int | None, sample: str, ids: list[int]) -> str:
-    """Characters of ``sample`` that the tokenizer can only map to its unknown token."""
+    """Characters of ``sample`` that the tokenizer maps to its unknown token (alone, a character
+    may also get a word-start piece such as T5's '▁')."""
     if unk is None or unk not in ids:
         return ""
-    return "".join(ch for ch in sorted(set(sample)) if set(encode(ch)) <= {unk})
+    return "".join(ch for ch in sorted(set(sample)) if unk in encode(ch))
 
 
 def _hf(request: dict[str, Any]) -> dict[str, Any]:

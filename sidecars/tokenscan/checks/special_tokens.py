@@ -3,9 +3,31 @@ the vocabulary, and pad differs from eos when the policy asks."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from sidecars.tokenscan.findings import Finding, finding
 from sidecars.tokenscan.policy import TokenscanPolicy
 from sidecars.tokenscan.snapshot import Snapshot
+
+END_PROCESSORS = ("BertProcessing", "RobertaProcessing")
+
+
+def implied_end_token(processor: Any, depth: int = 0) -> str | None:
+    """The token tokenizer.json's post-processor ends every sequence with (BERT's [SEP], T5's
+    </s>): an encoder tokenizer that declares no eos/sep in its config still has one."""
+    if not isinstance(processor, dict) or depth > 4:
+        return None
+    kind = processor.get("type")
+    if kind in END_PROCESSORS and isinstance(processor.get("sep"), list) and processor["sep"]:
+        return str(processor["sep"][0])
+    if kind == "TemplateProcessing" and isinstance(processor.get("single"), list) and processor["single"]:
+        last = processor["single"][-1]
+        special = last.get("SpecialToken") if isinstance(last, dict) else None
+        return str(special["id"]) if isinstance(special, dict) and "id" in special else None
+    if kind == "Sequence" and isinstance(processor.get("processors"), list):
+        found = (implied_end_token(p, depth + 1) for p in processor["processors"])
+        return next((t for t in found if t), None)
+    return None
 
 
 def check_special_tokens(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
@@ -21,8 +43,9 @@ def check_special_tokens(snap: Snapshot, policy: TokenscanPolicy) -> list[Findin
     for name in ("bos", "eos", "pad", "unk"):
         value = tokens.get(name)
         if not value:
-            if name == "eos" and tokens.get("sep"):
-                continue  # an encoder tokenizer (BERT) ends sequences with sep
+            implied = implied_end_token((snap.top("tokenizer.json") or {}).get("post_processor"))
+            if name == "eos" and (tokens.get("sep") or implied):
+                continue  # an encoder tokenizer (BERT) ends sequences with sep / its post-processor's token
             if name in policy.special_tokens.required:
                 out.append(finding("TS1001", where, f"{name}_token is not defined", key=f"{name}_token"))
         elif snap.vocabulary is not None and value not in snap.vocabulary:

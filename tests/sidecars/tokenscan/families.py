@@ -432,6 +432,35 @@ def t5(out: Path) -> None:
     _spm_model(out, "unigram", "spiece.model")
 
 
+def gpt2(out: Path) -> None:
+    """GPT-2: byte-level BPE, one token for bos/eos/unk, vocab.json + merges.txt, no template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)  # fmt: skip
+    tok.train_from_iterator(TRAIN_TEXT, trainer=trainer)
+    config = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
+              "tokenizer_class": "PreTrainedTokenizerFast", "add_prefix_space": False}  # fmt: skip
+    _save(tok, out, config)
+    model = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))["model"]
+    _write_json(out / "vocab.json", model["vocab"])
+    merges = ["#version: 0.2", *(" ".join(m) if isinstance(m, list) else m for m in model["merges"])]
+    (out / "merges.txt").write_text("\n".join(merges) + "\n", encoding="utf-8")
+    _write_json(out / "config.json", {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 64,
+                                       "_attn_implementation_autoset": True})  # fmt: skip
+
+
+def bert_bare(out: Path) -> None:
+    """bert-base-uncased as published: a config with no special tokens declared at all."""
+    bert(out)
+    _write_json(out / "tokenizer_config.json", {"do_lower_case": True, "model_max_length": 512})
+    (out / "special_tokens_map.json").unlink()
+    _write_json(out / "config.json", {"architectures": ["BertForMaskedLM"], "model_type": "bert", "vocab_size": 800})
+
+
 FAMILIES: dict[str, Callable[[Path], None]] = {
     "llama3.1": llama31,
     "llama3.2": llama32,
@@ -440,6 +469,8 @@ FAMILIES: dict[str, Callable[[Path], None]] = {
     "mistral": mistral,
     "phi3": phi3,
     "bert": bert,
+    "bert-bare": bert_bare,
+    "gpt2": gpt2,
     "t5": t5,
 }
 

@@ -175,3 +175,26 @@ def test_sarif_uris_are_percent_encoded_and_results_have_regions(tmp_path):
     location = hit["locations"][0]["physicalLocation"]
     assert location["artifactLocation"]["uri"] == "dir%20with%20space/tok%231.json"
     assert location["region"] == {"startLine": 3}
+
+
+def test_characters_a_unigram_model_cannot_encode_are_not_a_roundtrip_failure(tmp_path):
+    """Real T5 maps CJK and emoji to <unk> next to a '▁' piece: documented loss, not a rewrite."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    tok = Tokenizer(models.Unigram())
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    ascii_text = [line for line in tbe.CORPUS if line.isascii()] * 20
+    specials = ["<pad>", "</s>", "<unk>"]
+    tok.train_from_iterator(
+        ascii_text, trainers.UnigramTrainer(vocab_size=300, special_tokens=specials, unk_token="<unk>")
+    )
+    tok.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", tok.token_to_id("</s>"))]
+    )
+    tok.save(str(tmp_path / "tokenizer.json"))
+    config = {"eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>", "tokenizer_class": "T5Tokenizer"}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    assert tok.encode("用户").ids.count(tok.token_to_id("<unk>")) >= 1  # the premise: CJK is unknown here
+    result = scan_directory(str(tmp_path), POLICY)
+    assert [f.to_dict() for f in result.findings] == []
