@@ -102,3 +102,131 @@ def test_preflight_names_a_read_only_checkpoint_root(make_config, tmp_path):
     result = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "checkpoint root" in result.stderr and "read-only file system (EROFS)" in result.stderr
+
+
+# -- issue 20: every numeric key has a range; YAML 1.2 numbers; torchrun-aware batch rules ------------
+def _every_key_config():
+    """A config in which every optional numeric key is present (tiny model, stop ids, reward weights)."""
+    import dataclasses
+
+    from trainer.config import RewardConfig, RolloutConfig, TinyAssets, TrainerConfig
+
+    cfg = TrainerConfig()
+    return dataclasses.replace(
+        cfg,
+        model=dataclasses.replace(cfg.model, tiny=TinyAssets()),
+        rollout=RolloutConfig(stop_token_ids=(7,)),
+        reward=RewardConfig(functions={"digits": 1.0}),
+        snapshot=dataclasses.replace(cfg.snapshot, min_reward=0.5),
+    )
+
+
+def test_every_numeric_key_has_a_range():
+    from trainer.config import RANGES, numeric_values
+
+    keys = {key for key, _, _ in numeric_values(_every_key_config())}
+    assert keys - set(RANGES) == set()
+    assert set(RANGES) - keys == set(), "a range for a key that does not exist"
+
+
+def _outside(rng):
+    if rng.lo is not None:
+        return rng.lo if rng.lo_open else rng.lo - 1
+    if rng.hi is not None:
+        return rng.hi if rng.hi_open else rng.hi + 1
+    return float("nan")
+
+
+def _with(cfg, key, value):
+    import dataclasses
+
+    head, _, rest = key.partition(".")
+    node = getattr(cfg, head)
+    if not rest:
+        if isinstance(node, tuple):
+            value = (value,)
+        elif hasattr(node, "items"):
+            value = {k: value for k in node}
+        elif isinstance(node, int) and float(value).is_integer():
+            value = int(value)
+        return dataclasses.replace(cfg, **{head: value})
+    return dataclasses.replace(cfg, **{head: _with(node, rest, value)})
+
+
+def _range_cases():
+    from trainer.config import RANGES
+
+    return sorted(RANGES.items())
+
+
+@pytest.mark.parametrize(("key", "rng"), _range_cases(), ids=[k for k, _ in _range_cases()])
+def test_each_range_rule_exits_2_naming_the_key(key, rng):
+    from trainer.config import validate
+
+    bad = _with(_every_key_config(), key, _outside(rng))
+    with pytest.raises(ConfigError) as info:
+        validate(bad)
+    assert key in str(info.value) and info.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("override", "key"),
+    [
+        ("ppo.actor_lr=-1", "ppo.actor_lr"),
+        ("algorithm.kl_coef=-1", "algorithm.kl_coef"),
+        ("rollout.top_p=2", "rollout.top_p"),
+        ("ppo.value_clip=-1", "ppo.value_clip"),
+        ("ppo.warmup_steps=-5", "ppo.warmup_steps"),
+        ("rollout.top_k=-3", "rollout.top_k"),
+        ("data.max_prompt_tokens=0", "data.max_prompt_tokens"),
+        ("ppo.grad_clip=0", "ppo.grad_clip"),
+        ("ppo.grad_clip=-1", "ppo.grad_clip"),
+        ("ppo.actor_lr=.nan", "ppo.actor_lr"),
+    ],
+)
+def test_the_reported_gaps_are_config_errors(make_config, override, key):
+    from trainer.config import load_config
+
+    _, path = make_config()
+    with pytest.raises(ConfigError) as info:
+        load_config(path, [override])
+    assert key in str(info.value) and info.value.exit_code == 2
+
+
+def test_set_parses_yaml_1_2_numbers(make_config):
+    from trainer.config import load_config
+
+    _, path = make_config()
+    cfg = load_config(path, ["ppo.actor_lr=1e-5", "ppo.critic_lr=3E-4", "algorithm.kl_coef=+2.5e-2"])
+    assert (cfg.ppo.actor_lr, cfg.ppo.critic_lr, cfg.algorithm.kl_coef) == (1e-5, 3e-4, 0.025)
+    assert isinstance(cfg.ppo.actor_lr, float)
+
+
+def test_config_file_numbers_in_exponent_form(tmp_path):
+    from trainer.config import yaml_load
+
+    assert yaml_load("a: 1e-5\nb: 10\nc: 1.5\nd: '1e-5'\n") == {"a": 1e-5, "b": 10, "c": 1.5, "d": "1e-5"}
+
+
+def test_cli_negative_lr_exits_2_without_traceback(make_config, tmp_path):
+    _, path = make_config()
+    result = run_warden("train", "--config", path, "--run-dir", str(tmp_path / "run"), "--set", "ppo.actor_lr=-1")
+    assert result.returncode == 2, result.stderr
+    assert "ppo.actor_lr" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_minibatch_must_split_over_torchrun_ranks(make_config, monkeypatch):
+    """mini_batch_size=1 under two processes passed validation, then crashed rank 1."""
+    import dataclasses
+
+    from trainer.config import TrainerConfig, load_config, validate
+
+    cfg = TrainerConfig()
+    one = dataclasses.replace(cfg, ppo=dataclasses.replace(cfg.ppo, mini_batch_size=1, micro_batch_size=1))
+    validate(one, world_size=1)
+    with pytest.raises(ConfigError, match=r"ppo\.mini_batch_size: must be divisible by the world size 2"):
+        validate(one, world_size=2)
+    _, path = make_config({"ppo": {"mini_batch_size": 1, "micro_batch_size": 1}})
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match=r"ppo\.mini_batch_size"):
+        load_config(path)  # before any rank starts work: load_config reads torchrun's WORLD_SIZE
