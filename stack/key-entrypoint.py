@@ -54,13 +54,13 @@ def copy_key(secret: str, key_dir: str, uid: int, gid: int) -> str:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
         os.write(fd, data)
+        os.fchmod(fd, 0o600)  # before the chown: afterwards root is no longer the owner (no CAP_FOWNER)
         os.fchown(fd, uid, gid)
-        os.fchmod(fd, 0o600)
     finally:
         os.close(fd)
     os.replace(tmp, dst)
-    os.chown(key_dir, uid, gid)
     os.chmod(key_dir, 0o700)
+    os.chown(key_dir, uid, gid)
     return dst
 
 

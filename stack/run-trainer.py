@@ -1,10 +1,10 @@
-"""The compose trainer: ``warden train ARGS``, and after a run that ended well, a quiet target.
+"""The compose trainer: ``warden ARGS`` (``train ...``), and after a run that ended well, a quiet target.
 
 A training run ends; its container should not page. Prometheus scrapes ``trainer:9460``
 and ``WardenTargetDown`` pages when that stops answering, so a plain one-shot trainer
 pages at every normal end of run. This wrapper:
 
-- runs ``warden train ARGS`` and forwards SIGTERM/SIGINT to it;
+- runs ``warden ARGS`` (the service's command, ``train --config ...``) and forwards SIGTERM/SIGINT to it;
 - exit status != 0 (a crash, an OOM, a refused resume): exits with it, so the bounded
   ``restart: on-failure:N`` retries (``--resume auto``) and then the target goes down and pages;
 - exit status 0: keeps answering on the same port with ``warden_trainer_run_finished 1``
@@ -70,7 +70,7 @@ def serve_finished(listen: str, port: int, finished_at: float) -> None:
 
 
 def main(argv: list[str]) -> int:
-    child = subprocess.Popen(["warden", "train", *argv])
+    child = subprocess.Popen(["warden", *argv])
 
     stopping = []
 
@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, forward)
     code = child.wait()
     if code != 0:
-        print(f"run-trainer: warden train exited with {code}", file=sys.stderr, flush=True)
+        print(f"run-trainer: warden {' '.join(argv[:1])} exited with {code}", file=sys.stderr, flush=True)
         return code if code > 0 else 128 - code
     if stopping:  # stopped from outside: the container ends with the trainer
         return 0
