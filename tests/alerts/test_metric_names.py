@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -124,7 +125,28 @@ def scraped(tmp_path_factory):
     }
     for name, policy in policies.items():
         names |= scrape_sidecar(name, run_dir, policy)
-    return names
+    return names | scrape_bridge(base)
+
+
+def scrape_bridge(base) -> set[str]:
+    """The verl bridge following a log line with the verl keys the bridge rules name."""
+    verl_log = base / "verl" / "metrics.jsonl"
+    verl_log.parent.mkdir()
+    keys = {"critic/score/mean": 0.5, "actor/kl_loss": 0.01, "actor/reward_kl_penalty": 0.01, "actor/pg_loss": 0.1}
+    verl_log.write_text(json.dumps({"step": 1, "data": keys}) + "\n")
+    port = free_port()
+    args = ["bridge", "verl", "--run-dir", str(base / "bridge-run"), "--verl-log", str(verl_log), "--port", str(port)]
+    proc = spawn(warden_cmd(*args, "--run-id", "scrape", "--poll-interval", "0.2"), stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            body = wait_http(f"http://127.0.0.1:{port}/metrics", deadline_s=60, proc=proc)
+            if "warden_verl_critic_score_mean" in body:
+                return sample_names(body)
+            assert time.monotonic() < deadline, f"the bridge exported no verl metric: {body[-1500:]}"
+            time.sleep(0.2)
+    finally:
+        stop_process(proc)
 
 
 def test_every_rule_and_panel_metric_exists(scraped):
