@@ -239,6 +239,25 @@ def _date_issues(results: dict[str, tuple[dict[str, Any], list[tuple[str, str, s
 WORD_RE = re.compile(r"\w+|\W")
 
 
+def _tools_issues(
+    results: dict[str, tuple[dict[str, Any], list[tuple[str, str, str]]]], specials: tuple[str, ...], limit: int
+) -> list[BehaviourIssue]:
+    """Passing tools may add the tool definitions and the text around them (one block holding
+    the tool's name), and short markup; any other text appears only because tools were passed."""
+    if "suau" not in results or "tools" not in results:
+        return []
+    base = WORD_RE.findall(results["suau"][0]["output"])
+    other = WORD_RE.findall(results["tools"][0]["output"])
+    for tag, _i1, _i2, j1, j2 in difflib.SequenceMatcher(None, base, other, autojunk=False).get_opcodes():
+        added = "".join(other[j1:j2])
+        if tag == "equal" or "QTOOLPROBE" in added or "QTOOLDESC" in added:
+            continue
+        rest = residual_text(HEADER_LINE_RE.sub(" ", added), specials)
+        if sum(ch.isalpha() for ch in rest) >= limit:
+            return [BehaviourIssue("varies", f"text added only when tools are passed: {_flat(rest)!r}")]
+    return []
+
+
 def _taint_issues(taint: list[list[str]], specials: tuple[str, ...]) -> list[BehaviourIssue]:
     out = []
     for source, operation, constant in taint:
@@ -264,7 +283,7 @@ def judge(
         issues += _order_issues(name, output, messages) + _text_issues(name, output, messages, specials)
         if name != "tools":
             issues += _role_issues(name, segs) + _residual_issues(name, segs, specials, max_literal_chars)
-    issues += _variation_issues(results) + _date_issues(results)
+    issues += _variation_issues(results) + _date_issues(results) + _tools_issues(results, specials, max_literal_chars)
     issues += _taint_issues([list(map(str, t)) for t in answer.get("taint") or []], specials)
     issues += [
         BehaviourIssue("private", f"the template looked up the private attribute {str(a)!r}")
