@@ -53,7 +53,13 @@ class ArchiverMetrics:
         )
         self.replayed = Counter(
             "warden_archiver_replayed_steps",
-            "Snapshot events for steps already chained (a journal replay or a resumed run); not archived again.",
+            "Snapshot events replayed after a restart for steps already chained; not archived again.",
+            registry=registry,
+        )
+        self.superseded = Counter(
+            "warden_archiver_superseded_snapshots",
+            "New snapshot events for steps already chained (a run resumed from an earlier step, or two runs "
+            "writing under one run id): not archived, the first record of the step stays.",
             registry=registry,
         )
         self.store_up = Gauge(

@@ -18,16 +18,25 @@ only when every record is in the store (3 while the store is down, 1 on a confli
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import replace
 from typing import Any
 
 from sidecars.archiver.chain import ChainState, RunChain, default_state_path, recover_from_store
-from sidecars.archiver.errors import BadSnapshotEvent, ChainRecoveryError, StoreError
+from sidecars.archiver.errors import BadSnapshotEvent, ChainRecoveryError, RecordInvalid, StoreError
 from sidecars.archiver.metrics import ArchiverMetrics
 from sidecars.archiver.policy import ArchiverPolicy
-from sidecars.archiver.record import MAX_STEP, Limits, build_record, genesis_for_run, object_hash, valid_run_id
-from sidecars.archiver.signing import RecordSigner
+from sidecars.archiver.record import (
+    MAX_STEP,
+    Limits,
+    build_record,
+    genesis_for_run,
+    object_hash,
+    step_key,
+    valid_run_id,
+)
+from sidecars.archiver.signing import RecordSigner, verify_record
 from sidecars.archiver.spool import Spool
 from sidecars.archiver.store import Retention, Store, open_store
 from sidecars.archiver.uploader import Uploader
@@ -95,6 +104,7 @@ class ArchiverSidecar(Sidecar):
         )
         self._first_check = True
         self._conflicts_reported = 0
+        self._head_seqs: dict[str, tuple[int, int | None]] = {}  # run -> (head step, its event seq)
         self._refuse_without_object_lock()
         for run_id, step in self.chains.reconcile(self.spool, self.signer.own_trust):
             ctx.log.debug("chain head from the spool", extra=log_fields(sidecar=self.name, run_id=run_id, step=step))
@@ -171,11 +181,7 @@ class ArchiverSidecar(Sidecar):
             raise BadSnapshotEvent(f"run {event.run_id} event seq {event.seq}: reward.snapshot without a valid step")
         chain = self._ensure_run(event.run_id)
         if chain.head_step is not None and step <= chain.head_step:
-            self.metrics.replayed.inc()
-            self.ctx.log.info(
-                "snapshot for a step already chained; not archived again",
-                extra=log_fields(sidecar=self.name, run_id=event.run_id, step=step, head_step=chain.head_step),
-            )
+            self._already_chained(event, step, chain.head_step, self._head_seq(chain))
             return
         record = build_record(
             run_id=event.run_id,
@@ -193,6 +199,49 @@ class ArchiverSidecar(Sidecar):
         self.chains.advance(event.run_id, step, object_hash(body))
         self.metrics.spooled.inc()
         self.uploader.notify()
+
+    def _head_seq(self, chain: RunChain) -> int | None:
+        """Journal seq of the event behind the chain's head record (spool, else store; cached)."""
+        assert chain.head_step is not None
+        cached = self._head_seqs.get(chain.run_id)
+        if cached is not None and cached[0] == chain.head_step:
+            return cached[1]
+        try:
+            if chain.head_step in self.spool.steps(chain.run_id):
+                body: bytes | None = self.spool.read(chain.run_id, chain.head_step)
+            else:
+                body = self.store.get(step_key(chain.run_id, chain.head_step))
+        except (OSError, StoreError) as exc:
+            raise RetryLater(f"run {chain.run_id}: cannot read the head record to tell a replay: {exc}") from None
+        seq = None
+        if body is not None:
+            with contextlib.suppress(RecordInvalid):
+                record, _ = verify_record(body, self.signer.own_trust, f"run {chain.run_id} step {chain.head_step}")
+                seq = record.body.get("event_seq")
+        seq = seq if isinstance(seq, int) else None
+        self._head_seqs[chain.run_id] = (chain.head_step, seq)
+        return seq
+
+    def _already_chained(self, event: Event, step: int, head_step: int, head_seq: int | None) -> None:
+        """A snapshot for a step at or before the chain's head: a replay, or a new one, dropped loudly.
+
+        A replay (a restart, a lost cursor) re-delivers events the chain already holds: their
+        seq is at most the head record's. A later seq is a new snapshot for an archived step
+        (a run resumed from an earlier checkpoint, or two runs under one run id): the first
+        record of a step stays, and that is never silent.
+        """
+        fields = log_fields(sidecar=self.name, run_id=event.run_id, step=step, head_step=head_step, seq=event.seq)
+        if head_seq is None or event.seq <= head_seq:
+            self.metrics.replayed.inc()
+            self.ctx.log.info("snapshot for a step already chained (a replay); not archived again", extra=fields)
+            return
+        self.metrics.superseded.inc()
+        self.ctx.log.warning(
+            f"run {event.run_id}: a new snapshot for step {step}, which is already archived (the chain is at step "
+            f"{head_step}); not archived: the first record of a step stays. A run resumed from an earlier step, "
+            "or two runs writing under one run id (give each its own)",
+            extra=fields,
+        )
 
     def _count_notes(self, notes: list[str], event: Event) -> None:
         for note in notes:

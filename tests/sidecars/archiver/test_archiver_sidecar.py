@@ -70,7 +70,8 @@ def test_a_replayed_journal_archives_nothing_twice(harness, keys):
     harness.snapshots([4, 5], seed=99)
     harness.snapshots([6])
     outcome, sidecar = harness.once()
-    assert outcome is Outcome.OK and metric(sidecar, "warden_archiver_replayed_steps_total") == 2
+    assert outcome is Outcome.OK and metric(sidecar, "warden_archiver_replayed_steps_total") == 0
+    assert metric(sidecar, "warden_archiver_superseded_snapshots_total") == 2  # counted, never silent
     assert verified(harness, keys[1])[1].problem is None
     assert list_steps(open_store(harness.store_url), "run-1") == [1, 2, 3, 4, 5, 6]
 
