@@ -313,6 +313,9 @@ def _render(snap: Snapshot, policy: TokenscanPolicy) -> None:
     context |= {"add_generation_prompt": True, "documents": None}
     renders = tb.battery_renders(context)
     for i, t in enumerate(snap.templates):
+        if t.text and time.monotonic() > snap.deadline:
+            snap.unanalysed.append((t.rel, f"template {t.key or ''} not rendered: scan time budget spent".strip()))
+            continue
         if not t.text or t.pinned or any(x.kind in ("syntax", "introspection", "complexity") for x in t.issues):
             continue
         try:
@@ -373,6 +376,9 @@ def _tokenizer_behaviour(snap: Snapshot, policy: TokenscanPolicy) -> None:
     if not policy.behaviour.enabled:
         return
     for rel, (kind, path, digest, size) in sorted(snap.tokenizer_files.items()):
+        if time.monotonic() > snap.deadline:
+            snap.unanalysed.append((rel, "tokenizer not exercised: scan time budget spent"))
+            continue
         try:
             answer = _exercise(kind, path, digest, size, tokens, policy)
         except OSError as exc:
@@ -395,7 +401,7 @@ def build_snapshot(
     path: str, policy: TokenscanPolicy, with_manifest: bool = True, hash_cache: HashCache | None = None
 ) -> Snapshot:
     """Everything the checks need from ``path``. Raises TreeError for an unusable root."""
-    deadline = time.monotonic() + policy.scan_budget_seconds
+    deadline = time.monotonic() + policy.scan_budget_seconds  # files, renders and tokenizers share it
     root = os.path.abspath(path)
     root_real, entries = walk(root)
     snap = Snapshot(root, root_real, entries)
@@ -412,6 +418,7 @@ def build_snapshot(
     _special_tokens(snap)
     _vocabulary(snap, reader.pieces)
     _collect_templates(snap, reader, policy)
+    snap.deadline = deadline
     _render(snap, policy)
     _tokenizer_behaviour(snap, policy)
     return snap

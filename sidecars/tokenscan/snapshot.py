@@ -83,6 +83,8 @@ class Snapshot:
     digests: dict[str, str] = field(default_factory=dict)
     tokenizer_files: dict[str, tuple[str, str, str, int]] = field(default_factory=dict)  # kind, path, sha256, size
     tokenizer_issues: list[tuple[str, TokenizerIssue]] = field(default_factory=list)
+    unanalysed: list[tuple[str, str]] = field(default_factory=list)  # (file, why): TS910
+    deadline: float = float("inf")
 
     @property
     def has_tokenizer(self) -> bool:

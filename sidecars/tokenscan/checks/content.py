@@ -82,4 +82,5 @@ def check_content(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
         doc = snap.json[rel]
         if doc.error:
             out.append(finding("TS907", rel, f"not valid JSON: {doc.error}"))
+    out += [finding("TS910", rel, why) for rel, why in snap.unanalysed]
     return out

@@ -189,3 +189,13 @@ def test_characters_a_unigram_model_cannot_encode_are_not_a_roundtrip_failure(tm
     assert tok.encode("用户").ids.count(tok.token_to_id("<unk>")) >= 1  # the premise: CJK is unknown here
     result = scan_directory(str(tmp_path), POLICY)
     assert [f.to_dict() for f in result.findings] == []
+
+
+def test_a_spent_scan_budget_is_a_finding_not_a_hang(attack_dirs):
+    """Every template and tokenizer left when the directory's budget is spent is TS910."""
+    import dataclasses
+
+    policy = dataclasses.replace(POLICY, scan_budget_seconds=1e-9)
+    result = scan_directory(str(attack_dirs["trigger_in_list"]), policy)
+    reasons = {f.message for f in result.findings if f.id == "TS910"}
+    assert any("not analysed" in m for m in reasons) and result.outcome(policy.fail_severity) == 1
