@@ -346,7 +346,8 @@ class HashJob:
     """One task of the hashing pool: contiguous ``bounds`` of one file, read once, in order.
 
     Each bound gets its own digest; with ``whole_file`` the digest of the whole file is
-    computed from the same reads too (``bounds`` must then cover the file).
+    computed from the same reads too (``bounds`` must then cover the file, or be empty: then
+    the job reads the whole file for that digest alone).
     """
 
     entry: FileEntry
@@ -356,7 +357,7 @@ class HashJob:
     @property
     def size(self) -> int:
         """Bytes this job reads."""
-        return sum(end - start for start, end in self.bounds)
+        return self.entry.size if not self.bounds else sum(end - start for start, end in self.bounds)
 
 
 @dataclass(frozen=True)
@@ -373,15 +374,16 @@ def plan_jobs(files: Sequence[FileEntry], shard_size: int | None, *, whole_files
 
     ``shard_size`` None: one task per file hashing it whole (the ``files`` serialization).
     Otherwise one task per shard, so a multi-GB file is hashed by many threads at once; with
-    ``whole_files`` one task per file that hashes its shards *and* the whole file in one read
-    (the per-file digests a trainer announces cannot be split over threads).
+    ``whole_files`` also one whole-file task per file (the per-file digests a trainer
+    announces cannot be split over threads): the longest tasks start first and the shards
+    fill the other cores, so the wall time is that of the ``files`` mode, not their sum.
     """
     if shard_size is None:
-        jobs = [HashJob(f, ((0, f.size),)) for f in files]
-    elif whole_files:
-        jobs = [HashJob(f, shard_bounds(f.size, shard_size), whole_file=True) for f in files]
+        jobs = [HashJob(f, ((0, f.size),)) for f in files]  # the piece is the whole file
     else:
         jobs = [HashJob(f, (bound,)) for f in files for bound in shard_bounds(f.size, shard_size)]
+        if whole_files:
+            jobs += [HashJob(f, (), whole_file=True) for f in files]
     return sorted(jobs, key=lambda j: (-j.size, j.entry.name, j.bounds[:1]))
 
 
@@ -434,7 +436,9 @@ def run_job(root: str, job: HashJob, tracker: _Tracker) -> JobDigests:
             piece = tracker.new_hash()
             _read_range(fd, path, start, end, tracker, (piece, whole) if whole is not None else (piece,), size)
             pieces.append((start, end, piece.digest()))
-        last = job.bounds[-1][1] if job.bounds else 0
+        if whole is not None and not job.bounds:
+            _read_range(fd, path, 0, size, tracker, (whole,), size)
+        last = job.bounds[-1][1] if job.bounds else size
         try:
             grown = last == size and len(os.pread(fd, 1, last)) > 0
         except OSError:
@@ -529,9 +533,10 @@ def hash_shards(
 ) -> ShardDigests:
     """Hashes every ``shard_size`` shard of ``files`` in parallel (model_signing's ``shards``).
 
-    With ``whole_files`` each file is read by one thread that also computes its whole-file
-    digest (for comparing a per-file announcement): one read, but no split of a file over
-    threads. See :func:`run_jobs` for progress, cancellation and errors.
+    With ``whole_files`` each file's whole-file digest is computed too (for comparing a
+    per-file announcement), by its own task: twice the CPU, and the wall time of the
+    ``files`` mode, since one file's SHA-256 cannot be split over threads. See
+    :func:`run_jobs` for progress, cancellation and errors.
     """
     done = run_jobs(
         root,
@@ -542,7 +547,7 @@ def hash_shards(
         progress=progress,
         cancel=cancel,
     )
-    shards = {(d.name, start, end): digest for d in done for start, end, digest in d.pieces}
+    shards = {(d.name, start, end): digest for d in done if d.whole is None for start, end, digest in d.pieces}
     wholes = {d.name: d.whole for d in done if d.whole is not None} if whole_files else None
     return ShardDigests(shards, wholes)
 

@@ -71,7 +71,8 @@ def test_a_large_file_becomes_many_parallel_jobs_largest_first() -> None:
     jobs = plan_jobs(files, SHARD)
     assert len(jobs) == 12 and jobs[0].entry.name == "big" and jobs[-1].size == 5
     whole = plan_jobs(files, SHARD, whole_files=True)
-    assert [j.entry.name for j in whole] == ["big", "small"] and whole[0].whole_file
+    assert len(whole) == 14 and whole[0].whole_file and whole[0].entry.name == "big" and whole[0].bounds == ()
+    assert sum(j.size for j in whole) == 2 * sum(f.size for f in files)  # whole files in their own tasks
 
 
 def test_shard_digests_are_sha256_of_the_byte_ranges_and_whole_files_come_from_the_same_read(tmp_path: Path) -> None:
