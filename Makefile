@@ -34,8 +34,8 @@ test-fast: $(STAMP) lint
 	$(PY) -m pytest -m "not slow"
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check trainer sidecars tests bench grafana
-	$(VENV)/bin/ruff format --check trainer sidecars tests bench grafana
+	$(VENV)/bin/ruff check warden trainer sidecars tests bench grafana
+	$(VENV)/bin/ruff format --check warden trainer sidecars tests bench grafana
 	$(VENV)/bin/mypy
 
 # Each benchmark prints ratios against an anchor measured in the same run (bench/README.md).

@@ -28,7 +28,6 @@ import base64
 import contextlib
 import datetime as dt
 import enum
-import errno
 import hashlib
 import os
 import stat
@@ -47,8 +46,8 @@ from sidecars.archiver.errors import (
     StoreError,
     StoreUnavailable,
 )
-from sidecars.tokenscan.sniff import open_regular
 from trainer.events import atomic_write_bytes, fsync_dir
+from warden.safeio import UnsafeFile, read_regular_below
 
 DEFAULT_MAX_OBJECT_BYTES = 64 * 1024 * 1024
 
@@ -235,21 +234,16 @@ class FileStore(Store):
             return None
         path = self._path(key)
         try:
-            with open_regular(path) as fh:  # O_NOFOLLOW | O_NONBLOCK, then fstat: regular files only
-                size = os.fstat(fh.fileno()).st_size
-                if size > max_bytes:
-                    raise _too_large(self.url, key, size, max_bytes)
-                body = fh.read(max_bytes + 1)
+            body = read_regular_below(self.root, key, max_bytes)  # no link at any depth, no FIFO, capped
+        except UnsafeFile as exc:
+            if exc.reason == "too_large":
+                raise _too_large(self.url, key, f"more than {max_bytes}", max_bytes) from None
+            what = _file_kind(path) if exc.reason != "link" or os.path.islink(path) else "below a symbolic link"
+            raise ObjectRefused(f"{self.url}: {key} is {what}, not a regular file; not read", key) from None
         except FileNotFoundError:
             return None
         except OSError as exc:
-            if exc.errno in (errno.ELOOP, errno.EINVAL, errno.ENXIO, errno.EISDIR, errno.EMLINK):
-                raise ObjectRefused(
-                    f"{self.url}: {key} is {_file_kind(path)}, not a regular file; not read", key
-                ) from None
             raise self._io_error(exc, key) from None
-        if len(body) > max_bytes:  # grew after the fstat
-            raise _too_large(self.url, key, f"more than {max_bytes}", max_bytes)
         return Blob(body)
 
     def list_keys(self, prefix: str, start_after: str | None = None, limit: int | None = None) -> list[str]:

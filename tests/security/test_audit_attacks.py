@@ -188,6 +188,17 @@ def test_a_fifo_and_symlinks_in_the_store_are_refused_without_blocking(filerun, 
     assert result.returncode == 1 and "a FIFO" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_a_steps_directory_replaced_by_a_link_is_refused(filerun, tmp_path):
+    """The genuine records, moved elsewhere and linked back: nothing below the store root is followed."""
+    h, url, root, pub = filerun
+    steps = (root / step_key(h.run_id, 1)).parent
+    moved = tmp_path / "moved-steps"
+    shutil.move(steps, moved)
+    steps.symlink_to(moved)
+    result = run_warden("audit", "snapshot", "--run", h.run_id, "--step", "2", "--store", url, "--trust", pub)
+    assert result.returncode == 1 and "below a symbolic link" in result.stderr, result.stderr
+
+
 def test_oversized_objects_are_not_read(filerun):
     h, url, root, pub = filerun
     (root / step_key(h.run_id, 5)).write_bytes(b" " * (2 * 1024 * 1024))

@@ -1,0 +1,4 @@
+"""Warden's neutral core: what the trainer and every sidecar share.
+
+Nothing here imports ``trainer`` or ``sidecars``; both import from here (tests/test_architecture.py).
+"""

@@ -1,0 +1,128 @@
+"""Opening files an attacker may control: no link following, no blocking, regular files only, capped.
+
+Whoever can write a directory Warden reads (checkpoints, archive stores, tokenizers,
+site-packages) can put a symlink where a file was, a FIFO that blocks ``open()`` forever,
+or a file of any size. Every such read goes through here:
+
+- ``O_NOFOLLOW``: a final symlink is refused (``ELOOP``), never followed;
+- ``O_NONBLOCK``: opening a FIFO returns at once instead of waiting for a writer;
+- ``fstat`` on the opened descriptor: only a regular file is read (no TOCTOU between a
+  ``stat`` and the ``open``);
+- a byte cap: a file larger than the cap is refused before its content is read, and a
+  file that grows while it is read is refused too.
+
+:func:`open_dir_nofollow` opens a directory so that no component of the path is a link
+(each one is opened relative to its parent with ``O_NOFOLLOW``), for trees in which an
+intermediate link would redirect every file below it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from typing import BinaryIO
+
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+DIR_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+
+
+class UnsafeFile(OSError):
+    """A path that is not a plain regular file within its cap. ``reason``: link, not_regular, too_large."""
+
+    def __init__(self, path: str, reason: str, detail: str) -> None:
+        super().__init__(errno.EINVAL, detail, path)
+        self.reason = reason
+
+
+def open_regular_fd(path: str, *, dir_fd: int | None = None, max_bytes: int | None = None) -> int:
+    """A read-only descriptor of ``path`` (relative to ``dir_fd`` when given) if it is a regular file
+    of at most ``max_bytes``. Raises UnsafeFile, or the OSError of the open (ENOENT, EACCES, ...)."""
+    try:
+        fd = os.open(path, FILE_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeFile(path, "link", "a symbolic link (never followed)") from None
+        raise
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafeFile(path, "not_regular", "not a regular file (a FIFO, device or directory)")
+        if max_bytes is not None and info.st_size > max_bytes:
+            raise UnsafeFile(path, "too_large", f"{info.st_size} bytes, over the {max_bytes}-byte cap")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_regular(path: str, *, dir_fd: int | None = None, max_bytes: int | None = None) -> BinaryIO:
+    """:func:`open_regular_fd` as a binary file object (closing it closes the descriptor)."""
+    return os.fdopen(open_regular_fd(path, dir_fd=dir_fd, max_bytes=max_bytes), "rb")
+
+
+def read_regular(path: str, max_bytes: int, *, dir_fd: int | None = None) -> bytes:
+    """The whole content of a regular file of at most ``max_bytes`` (one extra byte is read so that
+    a file that grew past the cap after the check is refused, not silently cut)."""
+    with open_regular(path, dir_fd=dir_fd, max_bytes=max_bytes) as fh:
+        data = fh.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise UnsafeFile(path, "too_large", f"grew past the {max_bytes}-byte cap while it was read")
+    return data
+
+
+def open_dir_nofollow(path: str) -> int:
+    """A descriptor of directory ``path`` such that no component of it is a symbolic link.
+
+    Each component is opened relative to the previous one with ``O_NOFOLLOW``. Raises
+    UnsafeFile (a component is a link) or the OSError of the open.
+    """
+    absolute = os.path.abspath(path)
+    fd = os.open("/", DIR_FLAGS)
+    try:
+        for part in [p for p in absolute.split("/") if p]:
+            try:
+                child = os.open(part, DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                # Linux answers ENOTDIR (or ELOOP) for a link opened O_NOFOLLOW | O_DIRECTORY.
+                if exc.errno in (errno.ENOTDIR, errno.ELOOP) and _is_link(part, fd):
+                    raise UnsafeFile(absolute, "link", f"component {part!r} is a symbolic link") from None
+                raise
+            os.close(fd)
+            fd = child
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _is_link(name: str, dir_fd: int) -> bool:
+    try:
+        return stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+
+
+def read_regular_below(root: str, relative: str, max_bytes: int) -> bytes:
+    """:func:`read_regular` of ``root/relative`` where no component below ``root`` may be a link.
+
+    ``root`` is the operator's choice (it may be a mount point reached through a link);
+    everything under it may have been written by someone else, directories included.
+    """
+    parts = [p for p in relative.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise UnsafeFile(relative, "not_regular", "not a plain relative file name")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        for part in parts[:-1]:
+            try:
+                child = os.open(part, DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ENOTDIR, errno.ELOOP) and _is_link(part, fd):
+                    raise UnsafeFile(os.path.join(root, relative), "link", f"directory {part!r} is a link") from None
+                raise
+            os.close(fd)
+            fd = child
+        return read_regular(parts[-1], max_bytes, dir_fd=fd)
+    finally:
+        os.close(fd)
