@@ -2,7 +2,9 @@
 
 Builds offline a ~0.5B random-init Llama (hidden 1024, 24 layers, MLP 4096, 32k byte-level
 BPE vocabulary), then runs PPO steps at 64 prompts x 256 new tokens in bf16 with our
-``PPOTrainer`` (HF ``generate`` rollout) and with TRL's ``PPOTrainer`` (``trl==1.12.0``,
+``PPOTrainer`` (HF ``generate`` rollout; on CUDA a static KV cache with the compiled forward,
+``--static-cache off`` for the dynamic cache; float32 master weights with bf16 autocast) and with
+TRL's ``PPOTrainer`` (``trl==1.12.0``,
 ``trl.experimental.ppo``) on the same model, batch, micro-batch and response length.
 Per framework: median step time over the timed steps, split into generation / scoring
 (reference, critic and actor log-probs, rewards, advantages) / update, response tokens per
@@ -144,9 +146,15 @@ def run_ours(assets: dict, size: dict, args: argparse.Namespace, root: str) -> d
         "version": 1,
         "run": {"seed": 1, "device": args.device, "metrics_port": 0, "console": False},
         "model": {"actor_path": assets["model"], "dtype": args.dtype},
-        "data": {"train_files": [assets["prompts"]], "max_prompt_tokens": 32},
+        "data": {"train_files": [assets["prompts"]], "max_prompt_tokens": 32, "truncation": "left"},
         "reward": {"kind": "rule", "rule": "digits"},
-        "rollout": {"engine": "hf", "n": 1, "max_new_tokens": size["tokens"], "progress": False},
+        "rollout": {
+            "engine": "hf",
+            "n": 1,
+            "max_new_tokens": size["tokens"],
+            "progress": False,
+            "static_cache": args.static_cache,
+        },
         "ppo": {
             "train_batch_size": size["batch"],
             "mini_batch_size": size["batch"],
@@ -176,7 +184,7 @@ def run_ours(assets: dict, size: dict, args: argparse.Namespace, root: str) -> d
         row = {
             "step_s": wall,
             "generation_s": t["rollout_s"],
-            "scoring_s": t["experience_s"],
+            "scoring_s": t["experience_s"] + t.get("reward_s", 0.0),
             "update_s": t["update_s"],
             "other_s": wall - t["rollout_s"] - t["experience_s"] - t["update_s"],
         }
@@ -185,9 +193,13 @@ def run_ours(assets: dict, size: dict, args: argparse.Namespace, root: str) -> d
             steps.append(row)
             tokens.append(result.metrics["response_tokens"])
     peak = torch.cuda.max_memory_allocated() if args.device == "cuda" else 0
+    static = bool(getattr(trainer.rollout, "static", False)) and not getattr(trainer.rollout, "static_failed", False)
+    log(f"ours rollout: {'static KV cache, compiled forward' if static else 'dynamic KV cache'}")
     trainer.close()
     del trainer
-    return summary(steps, tokens, peak)
+    out = summary(steps, tokens, peak)
+    out["rollout_path"] = "static" if static else "dynamic"
+    return out
 
 
 # -- TRL ------------------------------------------------------------------------------------
@@ -360,6 +372,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument(
+        "--static-cache", default="auto", choices=("auto", "on", "off"), help="ours: rollout.static_cache"
+    )
     args = parser.parse_args()
     size = TINY if args.tiny else FULL
     out_dir = os.environ.get("OUT") or "gpu-figures-out"

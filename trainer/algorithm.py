@@ -31,6 +31,8 @@ from trainer import ppo
 from trainer.config import AlgorithmConfig, PPOConfig
 from trainer.distributed import DistInfo, all_gather_rows, all_reduce_sum, rank_slice
 
+SINGLE = DistInfo()
+
 
 @dataclass(frozen=True)
 class Precision:
@@ -141,7 +143,7 @@ def make_experience(
     temperature: float,
     micro: int,
     precision: Precision = Precision(),
-    info: DistInfo = DistInfo(),
+    info: DistInfo = SINGLE,
 ) -> Experience:
     """Log-probs, values, KL-penalised token rewards and advantages for one rollout (all rows).
 

@@ -260,7 +260,7 @@ _Yaml12Loader.add_implicit_resolver(
 
 def yaml_load(text: Any) -> Any:
     """YAML 1.2-style scalars (see :class:`_Yaml12Loader`); ``text`` a string or an open file."""
-    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+    return yaml.load(text, Loader=_Yaml12Loader)
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str], where: str) -> dict[str, Any]:
@@ -325,7 +325,9 @@ def anchor_trust_paths(config: TrainerConfig, config_path: str) -> TrainerConfig
         config = dataclasses.replace(config, checkpoint=dataclasses.replace(config.checkpoint, trusted_keys=anchored))
     code = config.reward.code_dir
     if not os.path.isabs(code):  # the run's own code directory: next to its config, never the cwd
-        config = dataclasses.replace(config, reward=dataclasses.replace(config.reward, code_dir=os.path.normpath(os.path.join(base, code))))
+        config = dataclasses.replace(
+            config, reward=dataclasses.replace(config.reward, code_dir=os.path.normpath(os.path.join(base, code)))
+        )
     return config
 
 
@@ -354,7 +356,9 @@ class Range:
     def text(self) -> str:
         left = "-inf" if self.lo is None else f"{self.lo:g}"
         right = "inf" if self.hi is None else f"{self.hi:g}"
-        return f"{'(' if self.lo_open or self.lo is None else '['}{left}, {right}{')' if self.hi_open or self.hi is None else ']'}"
+        opening = "(" if self.lo_open or self.lo is None else "["
+        closing = ")" if self.hi_open or self.hi is None else "]"
+        return f"{opening}{left}, {right}{closing}"
 
 
 POSITIVE = Range(0, None, lo_open=True)
@@ -540,7 +544,8 @@ def check_batches(cfg: TrainerConfig, where: str, world_size: int) -> None:
         ppo.mini_batch_size % world_size == 0,
         where,
         "ppo.mini_batch_size",
-        f"must be divisible by the world size {world_size} (every rank takes an equal share), got {ppo.mini_batch_size}",
+        f"must be divisible by the world size {world_size} (every rank takes an equal share), "
+        f"got {ppo.mini_batch_size}",
     )
     share = ppo.mini_batch_size // world_size
     _require(

@@ -45,7 +45,11 @@ def _truth(row: dict[str, Any], key: str) -> str | None:
 
 
 def load_prompts(
-    files: tuple[str, ...], prompt_key: str, truth_key: str, source_key: str = "data_source", key: str = "data.train_files"
+    files: tuple[str, ...],
+    prompt_key: str,
+    truth_key: str,
+    source_key: str = "data_source",
+    key: str = "data.train_files",
 ) -> list[PromptRow]:
     """Reads every file in order. Raises ConfigError naming the file and line."""
     rows: list[PromptRow] = []
@@ -87,7 +91,9 @@ def truncate(ids: list[int], limit: int, policy: str, where: str) -> list[int]:
     )
 
 
-def encode_prompts(rows: list[PromptRow], tokenizer: Any, limit: int, policy: str, chat_template: bool) -> list[list[int]]:
+def encode_prompts(
+    rows: list[PromptRow], tokenizer: Any, limit: int, policy: str, chat_template: bool
+) -> list[list[int]]:
     """Token ids of every row (chat rows through the template when ``chat_template``), truncated by ``policy``."""
     out = []
     for row in rows:

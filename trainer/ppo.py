@@ -35,13 +35,13 @@ __all__ = [
     "compute_gae",
     "compute_grpo_advantage",
     "entropy_from_logits",
+    "kl_loss",
     "kl_penalty",
     "logprobs_from_logits",
     "masked_mean",
     "masked_sum",
     "masked_var",
     "masked_whiten",
-    "kl_loss",
     "policy_loss",
     "value_loss",
 ]
@@ -502,7 +502,6 @@ def kl_loss(
     _check_2d("logprob", logprob)
     kl = kl_penalty(logprob, ref_logprob.detach(), kind)
     return aggregate_loss(kl, response_mask, loss_agg_mode)
-
 
 
 def aggregate_loss(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:

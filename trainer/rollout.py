@@ -84,7 +84,9 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
-def gumbel_noise(generator: torch.Generator, total: int, offset: int, rows: int, vocab: int, device: Any) -> torch.Tensor:
+def gumbel_noise(
+    generator: torch.Generator, total: int, offset: int, rows: int, vocab: int, device: Any
+) -> torch.Tensor:
     """``(rows, vocab)`` Gumbel(0, 1) noise: rows ``offset..offset+rows`` of one ``(total, vocab)`` draw."""
     uniform = torch.rand((total, vocab), generator=generator, device=device, dtype=torch.float32)
     u = uniform[offset : offset + rows].clamp(min=torch.finfo(torch.float32).tiny)
@@ -170,7 +172,9 @@ class HFRollout:
 
         return {
             "do_sample": False,  # the argmax of SeededSampling's perturbed logits is the sample
-            "logits_processor": LogitsProcessorList([SeededSampling(plan, self.cfg.top_k, self.cfg.top_p, rows, device)]),
+            "logits_processor": LogitsProcessorList(
+                [SeededSampling(plan, self.cfg.top_k, self.cfg.top_p, rows, device)]
+            ),
             "max_new_tokens": self.cfg.max_new_tokens,
             "min_new_tokens": 0,
             "eos_token_id": list(self.stop_ids),
@@ -196,8 +200,11 @@ class HFRollout:
                     )
                 except Exception as exc:  # any failure of the compiled path: the dynamic cache still works
                     self.static_failed = True
-                    log.warning("static-cache rollout failed (%s: %s); falling back to the dynamic cache",
-                                type(exc).__name__, str(exc)[:300])
+                    log.warning(
+                        "static-cache rollout failed (%s: %s); falling back to the dynamic cache",
+                        type(exc).__name__,
+                        str(exc)[:300],
+                    )
             return self.model.generate(
                 input_ids=prompt_ids,
                 attention_mask=prompt_mask,

@@ -53,8 +53,17 @@ def test_torchrun_two_processes_match_one(make_config, tmp_path):
     for name in ("one", "two"):
         steps = [e for e, _ in ev.JournalReader(str(tmp_path / name / "events.jsonl")).read_available()]
         first[name] = next(e.data for e in steps if e.type == ev.STEP_COMPLETED and e.step == 1)
-    keys = ("reward_mean", "kl", "policy_loss", "value_loss", "entropy", "clip_fraction", "grad_norm",
-            "response_length/mean", "response_tokens")
+    keys = (
+        "reward_mean",
+        "kl",
+        "policy_loss",
+        "value_loss",
+        "entropy",
+        "clip_fraction",
+        "grad_norm",
+        "response_length/mean",
+        "response_tokens",
+    )
     for key in keys:  # each rank generated and scored half the batch; the gathered step matches one process
         assert abs(first["one"][key] - first["two"][key]) < 1e-5, (key, first["one"][key], first["two"][key])
     # Weights after the first update: AdamW moves an element by about lr (3e-3) whatever its gradient's

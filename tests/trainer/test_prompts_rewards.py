@@ -85,13 +85,24 @@ def test_sampling_does_not_depend_on_how_the_batch_is_split(tiny_cache, tokenize
     engine = _engine(tiny_cache, temperature=1.0)
     ids, mask = left_pad([tokenizer(f"prompt {i} " * (1 + i % 3))["input_ids"] for i in range(6)], 0)
     whole, whole_mask = engine.generate(ids, mask, SamplingPlan(seed=5, offset=0, total=6))
-    halves = [engine.generate(ids[s], mask[s], SamplingPlan(seed=5, offset=s.start, total=6)) for s in (slice(0, 3), slice(3, 6))]
-    assert torch.equal(whole, torch.cat([h[0] for h in halves])) and torch.equal(whole_mask, torch.cat([h[1] for h in halves]))
+    halves = [
+        engine.generate(ids[s], mask[s], SamplingPlan(seed=5, offset=s.start, total=6))
+        for s in (slice(0, 3), slice(3, 6))
+    ]
+    assert torch.equal(whole, torch.cat([h[0] for h in halves])) and torch.equal(
+        whole_mask, torch.cat([h[1] for h in halves])
+    )
     other, _ = engine.generate(ids, mask, SamplingPlan(seed=6, offset=0, total=6))
     assert not torch.equal(whole, other), "another seed must sample other responses"
 
 
-def _code_dir(tmp_path, body="def score(data_source, solution_str, ground_truth, extra_info=None):\n    return len(solution_str) + (10.0 if data_source == 'math' else 0.0)\n"):
+def _code_dir(
+    tmp_path,
+    body=(
+        "def score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    return len(solution_str) + (10.0 if data_source == 'math' else 0.0)\n"
+    ),
+):
     code = tmp_path / "code"
     code.mkdir(exist_ok=True)
     (code / "my_rewards.py").write_text(body)
@@ -104,7 +115,9 @@ def test_custom_and_builtin_reward_functions_with_weights(tmp_path):
 
     code = _code_dir(tmp_path)
     rew = RewardConfig(functions={"my_rewards:score": 0.5, "digits": 2.0})
-    reward = build_reward(rew, RewardSources(code_dir=str(code), forbidden=(("model.actor_path", str(tmp_path / "m")),)))
+    reward = build_reward(
+        rew, RewardSources(code_dir=str(code), forbidden=(("model.actor_path", str(tmp_path / "m")),))
+    )
     got = reward.score(["p", "q"], ["12ab", "xyz"], [None, None], ["math", ""])
     assert got == [0.5 * (4 + 10) + 2.0 * 0.5, 0.5 * 3 + 0.0]
     assert reward.last_parts == {"my_rewards:score": [14.0, 3.0], "digits": [0.5, 0.0]}
@@ -155,8 +168,15 @@ def test_reward_model_uses_its_own_tokenizer(tmp_path, tokenizer):
     build_tokenizer(str(rm_dir), 400, seed=7)  # another vocabulary than the policy's
     own = AutoTokenizer.from_pretrained(str(rm_dir), local_files_only=True)
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(own), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_labels=1, pad_token_id=own.pad_token_id or own.eos_token_id)
+    config = LlamaConfig(
+        vocab_size=len(own),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_labels=1,
+        pad_token_id=own.pad_token_id or own.eos_token_id,
+    )
     LlamaForSequenceClassification(config).save_pretrained(str(rm_dir))
     asked = []
 
@@ -164,7 +184,9 @@ def test_reward_model_uses_its_own_tokenizer(tmp_path, tokenizer):
         asked.append(path)
         return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
-    reward = build_reward(RewardConfig(functions={"model": 1.0}), RewardSources(reward_model=str(rm_dir), load_tokenizer=load))
+    reward = build_reward(
+        RewardConfig(functions={"model": 1.0}), RewardSources(reward_model=str(rm_dir), load_tokenizer=load)
+    )
     got = reward.score(["12 + 3 = "], ["15"], [None])
     assert asked == [str(rm_dir)]
     model = LlamaForSequenceClassification.from_pretrained(str(rm_dir)).eval()
@@ -179,8 +201,10 @@ def test_validation_loop_events_and_metric(make_config, tmp_path, tiny_cache):
     from trainer.core import PPOTrainer
 
     _, built = tiny_cache
-    extra = {"validation": {"every_steps": 2, "files": [built.prompts_file], "max_prompts": 5, "batch_size": 4},
-             "checkpoint": {"every_steps": 0}}
+    extra = {
+        "validation": {"every_steps": 2, "files": [built.prompts_file], "max_prompts": 5, "batch_size": 4},
+        "checkpoint": {"every_steps": 0},
+    }
     cfg, _ = make_config(extra)
     trainer = PPOTrainer(cfg, str(tmp_path / "run"), resume="never")
     try:
@@ -194,7 +218,17 @@ def test_validation_loop_events_and_metric(make_config, tmp_path, tiny_cache):
     assert all(e.data["val/samples"] == 5 for e in vals)
     assert gauge == vals[-1].data["val/reward_mean"]
     steps = [e for e in events if e.type == ev.STEP_COMPLETED]
-    for key in ("actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "critic/vf_loss", "critic/score/mean",
-                "response_length/mean", "response_length/clip_ratio", "timing_s/gen", "reward_mean", "policy_loss"):
+    for key in (
+        "actor/pg_loss",
+        "actor/pg_clipfrac",
+        "actor/ppo_kl",
+        "critic/vf_loss",
+        "critic/score/mean",
+        "response_length/mean",
+        "response_length/clip_ratio",
+        "timing_s/gen",
+        "reward_mean",
+        "policy_loss",
+    ):
         assert key in steps[0].data, key
     assert steps[0].data["critic/score/mean"] == steps[0].data["reward_mean"]
