@@ -1,15 +1,19 @@
 """Chat templates: static analysis of the Jinja AST (pure) and sandboxed rendering (child process).
 
-:func:`analyze` parses a template (parsing runs no template code) and reports: syntax
-errors, dunder / private attribute or ``attr`` filter access (the SSTI patterns), control
-flow keyed on message content (trigger backdoors), URLs, literal text that is neither
-structure nor special tokens (hidden roles or instructions, invisible characters), and
-nesting depth of loops / large ``range()`` or repetition constants.
+:func:`analyze` first checks nesting and expression length with the (iterative) lexer, so a
+hostile template cannot exhaust the recursion of the parser or of any AST walk, then parses
+it (parsing runs no template code) and reports: syntax errors, dunder / private attribute or
+``attr`` filter access, also with names folded from literal pieces (the SSTI patterns),
+control flow keyed on message content beyond truthiness, type and markup-tag tests (trigger
+backdoors), URLs (folded too), instruction-like literal text or invisible characters, and
+nesting depth of loops / large ``range()`` or repetition constants. Long literal text alone
+is not reported: vendors ship default system prompts; the render battery judges it.
 
-:func:`render_templates` renders templates with probe conversations in a separate
-interpreter (``sandbox_child.py``, kept as a worker and restarted after any render that
-timed out, ran out of memory or crashed) under a deadline, an output cap and a memory
-limit, and caches results by template digest; nothing is rendered in this process.
+:func:`run_battery` renders a template with the conversations of :mod:`.template_battery`
+and :func:`render_templates` with probe conversations, both in a separate interpreter
+(``sandbox_child.py``, kept as a worker and restarted after any render that timed out, ran
+out of memory or crashed) under a deadline, an output cap and a memory limit, caching
+results by template digest; nothing is rendered in this process.
 :func:`residual_text` is what a rendering adds beyond the conversation, special tokens
 and role names.
 """
@@ -303,6 +307,8 @@ def _output_literals(tree: nodes.Template) -> Iterator[str]:
 
 
 def _literals(tree: nodes.Template, max_literal_chars: int) -> list[TemplateIssue]:
+    """Invisible characters and URLs in any literal; instruction-like text in output literals
+    (``max_literal_chars`` is kept for callers; the battery applies it to renders)."""
     out = []
     all_strings = [c.value for c in tree.find_all(nodes.Const) if isinstance(c.value, str)]
     all_strings += [d.data for d in tree.find_all(nodes.TemplateData)]
@@ -346,10 +352,6 @@ def _loops(tree: nodes.Template, max_depth: int, max_range: int) -> list[Templat
             if isinstance(side, nodes.Const) and isinstance(side.value, int) and abs(side.value) > max_range:
                 out.append(TemplateIssue("loops", f"multiplication by {side.value} (line {mul.lineno})"))
     return out
-
-
-def _letters(text: str) -> int:
-    return sum(1 for ch in text if ch.isalpha())
 
 
 def residual_text(output: str, special_tokens: Iterable[str]) -> str:
