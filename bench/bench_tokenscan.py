@@ -89,8 +89,8 @@ def detection(work: Path, corpus) -> None:
     corpus.build_benign_tokenizer(benign)
     outside.mkdir()
     (outside / "merges.txt").write_text("#version: 0.2\n")
-    from sidecars.policy import policy_from_mapping
     from sidecars.tokenscan import TokenscanPolicy
+    from warden.policy import policy_from_mapping
 
     policy = policy_from_mapping(corpus.TEST_POLICY, TokenscanPolicy)  # the tests' policy: .json cap 1 MiB
     ps, ms = tool("picklescan"), tool("modelscan")

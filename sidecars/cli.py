@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from sidecars import __version__
-from sidecars.errors import EXIT_INCOMPLETE, ConfigError, WardenError, quote_untrusted
+from warden.errors import EXIT_INCOMPLETE, ConfigError, WardenError, quote_untrusted
 
 # Command groups that live in other modules: name -> "module:attribute". Imported lazily
 # so `warden --help` does not import every sidecar.

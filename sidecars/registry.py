@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib
 
-from sidecars.errors import ConfigError
 from sidecars.runtime import Sidecar
+from warden.errors import ConfigError
 
 SIDECARS: dict[str, str] = {
     "journal": "sidecars.journal.sidecar:JournalSidecar",

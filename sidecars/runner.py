@@ -9,11 +9,11 @@ import threading
 import time
 from types import FrameType
 
-from sidecars.errors import WardenError
-from sidecars.httpserve import MetricsServer
-from sidecars.logs import log_fields
 from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarMetrics, error_kind
 from trainer.events import Cursor, CursorStore, Event, JournalError, JournalFollower, JournalReader, read_last_seq
+from warden.errors import WardenError
+from warden.httpserve import MetricsServer
+from warden.logs import log_fields
 
 MAX_BACKOFF_SECONDS = 30.0
 UNTRUSTED_JOURNAL = "journal_untrusted"

@@ -21,11 +21,11 @@ from typing import Any, ClassVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from sidecars.errors import WardenError
 from trainer.events import (
     JOURNAL_NAME,
     Event,
 )
+from warden.errors import WardenError
 
 
 class Outcome(enum.IntEnum):

@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from sidecars.cliutil import option
+from warden.cliutil import option
 
 
 @click.command("train")

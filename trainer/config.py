@@ -22,9 +22,9 @@ from typing import Any
 
 import yaml
 
-from sidecars.errors import ConfigError
-from sidecars.policy import policy_from_mapping
 from trainer.ppo import KL_PENALTY_KINDS, LOSS_AGG_MODES
+from warden.errors import ConfigError
+from warden.policy import policy_from_mapping
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from sidecars.errors import ConfigError, IncompleteError
 from sidecars.signer.manifest import announced_root
 from trainer import checkpoint as ckpt
 from trainer import events as ev
@@ -56,6 +55,7 @@ from trainer.rollout import SamplingPlan, build_rollout
 from trainer.setup import ResolvedPaths, check_environment, resolve_paths
 from trainer.tokenizer import load_tokenizer
 from trainer.train_state import capture_rng, fill_checkpoint, restore_rng, seed_everything
+from warden.errors import ConfigError, IncompleteError
 
 __all__ = ["PPOTrainer", "StepResult", "TrainingFailed", "capture_rng", "checkpoint_announcement", "restore_rng"]
 
@@ -360,7 +360,7 @@ class PPOTrainer:
         self.metrics.info.info({"run_id": self.run_id, **_versions()})
         if not self.cfg.run.metrics_port:
             return None
-        from sidecars.httpserve import MetricsServer
+        from warden.httpserve import MetricsServer
 
         try:
             return MetricsServer(self.metrics.registry, self.cfg.run.metrics_listen, self.cfg.run.metrics_port).start()

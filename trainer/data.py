@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from sidecars.errors import ConfigError
+from warden.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from sidecars.errors import ConfigError, ViolationError, quote_untrusted
 from trainer import checkpoint as ckpt
 from trainer import events as ev
 from trainer.models import unwrap
@@ -43,6 +42,7 @@ from trainer.verified_load import (
     read_verified,
     signed_anchor,
 )
+from warden.errors import ConfigError, ViolationError, quote_untrusted
 
 log = logging.getLogger("warden.trainer")
 

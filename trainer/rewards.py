@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from sidecars.errors import ConfigError
+from warden.errors import ConfigError
 
 
 class RewardFunction(Protocol):
@@ -92,7 +92,7 @@ class ModelReward:
 class CustomReward:
     """A user function ``f(data_source, solution_str, ground_truth, extra_info) -> float``, per sample."""
 
-    def __init__(self, name: str, function: Callable[..., Any], sources: Sequence[str] | None = None) -> None:
+    def __init__(self, name: str, function: Callable[..., Any]) -> None:
         self.name, self.function = name, function
 
     def score(

@@ -151,8 +151,7 @@ class HFRollout:
         self.model = self._copy(actor) if dtype is not None else actor
         device = next(actor.parameters()).device
         self.static = use_static_cache(cfg, device)
-        self.static_failed = False
-        self.fixed_prompt_len = self.static  # the caller pads prompts to a fixed length then
+        self.static_failed = False  # the caller pads prompts to data.max_prompt_tokens while static
 
     def _copy(self, actor: Any) -> Any:
         model = copy.deepcopy(actor).to(self.dtype).eval()

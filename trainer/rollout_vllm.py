@@ -32,10 +32,10 @@ from typing import Any
 
 import torch
 
-from sidecars.errors import ConfigError, IncompleteError
 from trainer.config import TrainerConfig
 from trainer.models import unwrap
 from trainer.rollout import response_mask_from
+from warden.errors import ConfigError, IncompleteError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 MIN_KV_CACHE_BYTES = 64 * 2**20

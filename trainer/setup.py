@@ -6,8 +6,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from sidecars.errors import ConfigError
 from trainer.config import PreflightConfig, TrainerConfig
+from warden.errors import ConfigError
 
 
 @dataclass(frozen=True)

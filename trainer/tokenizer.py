@@ -18,12 +18,12 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from sidecars.errors import ViolationError, WardenError
 from sidecars.tokenscan import Manifest, TokenscanPolicy, coerce_policy, scan_directory
 from sidecars.tokenscan.chat_template import stop_worker
 from sidecars.tokenscan.manifest import describe_diff
 from sidecars.tokenscan.scanner import directory_manifest
 from sidecars.tokenscan.tokenizer_behaviour import stop_worker as stop_tokenizer_worker
+from warden.errors import ViolationError, WardenError
 
 WEIGHT_EXTENSIONS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt")
 MAX_LISTED = 8

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from sidecars.errors import ConfigError, quote_untrusted
 from trainer import checkpoint as ckpt
 from trainer.models import CRITIC_WEIGHTS, save_critic, unwrap
 from trainer.verified_load import CheckpointRejected, VerifiedCheckpoint
+from warden.errors import ConfigError, quote_untrusted
 
 RESUME_NEUTRAL = (
     "run.metrics_port",

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from sidecars.errors import ViolationError, quote_untrusted
 from trainer import checkpoint as ckpt
+from warden.errors import ViolationError, quote_untrusted
 
 MAX_ANCHOR_BYTES = 64 * 1024 * 1024
 """Cap on a signature bundle or manifest (a resource line is ~150 bytes)."""

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from sidecars.errors import ConfigError
+from warden.errors import ConfigError
 
 POLICY_VERSION = 1
 T = TypeVar("T")

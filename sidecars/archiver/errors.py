@@ -7,7 +7,7 @@ record that does not verify), 2 configuration (store URL, policy, Object Lock mi
 
 from __future__ import annotations
 
-from sidecars.errors import ConfigError, IncompleteError, ViolationError, WardenError
+from warden.errors import ConfigError, IncompleteError, ViolationError, WardenError
 
 
 class ArchiverError(WardenError):

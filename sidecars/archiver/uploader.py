@@ -39,7 +39,7 @@ from sidecars.archiver.record import build_head, head_key, object_hash, step_key
 from sidecars.archiver.signing import RecordSigner
 from sidecars.archiver.spool import Spool
 from sidecars.archiver.store import Created, Retention, Store
-from sidecars.logs import log_fields
+from warden.logs import log_fields
 
 # Stored records are dropped from the spool (after the head covering them is spooled) in
 # groups this large, or at the end of a run's drain: one atomic head write per group.

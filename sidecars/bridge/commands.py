@@ -10,10 +10,10 @@ from types import FrameType
 import click
 
 from sidecars.bridge.verl import BridgeConfig, PassReport, VerlBridge
-from sidecars.cliutil import echo_json, format_option, option
-from sidecars.errors import ConfigError
-from sidecars.httpserve import MetricsServer
-from sidecars.logs import configure_json_logging, log_fields
+from warden.cliutil import echo_json, format_option, option
+from warden.errors import ConfigError
+from warden.httpserve import MetricsServer
+from warden.logs import configure_json_logging, log_fields
 
 DEFAULT_PORT = 9467
 

@@ -6,7 +6,7 @@ not be read or written (the journal, the state file, an input without permission
 
 from __future__ import annotations
 
-from sidecars.errors import ConfigError, IncompleteError, WardenError
+from warden.errors import ConfigError, IncompleteError, WardenError
 
 
 class BridgeError(WardenError):

@@ -10,9 +10,9 @@ from typing import Any
 
 import click
 
-from sidecars.cliutil import format_option, option
-from sidecars.errors import IncompleteError
 from trainer.events import JOURNAL_NAME, Cursor, Event, JournalFollower, JournalReader
+from warden.cliutil import format_option, option
+from warden.errors import IncompleteError
 
 
 @click.group()

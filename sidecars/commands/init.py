@@ -7,8 +7,8 @@ import shutil
 
 import click
 
-from sidecars.errors import ConfigError
-from sidecars.policy import DEFAULTS_DIR, packaged_policy_names
+from warden.errors import ConfigError
+from warden.policy import DEFAULTS_DIR, packaged_policy_names
 
 
 def files_to_write(directory: str, names: list[str], force: bool) -> list[str]:

@@ -7,14 +7,14 @@ import sys
 
 import click
 
-from sidecars.cliutil import echo_json, format_option, option
-from sidecars.errors import ConfigError
-from sidecars.httpserve import MetricsServer
-from sidecars.logs import configure_json_logging, log_fields
-from sidecars.policy import DEFAULTS_DIR, load_policy
 from sidecars.registry import SIDECARS, sidecar_class
 from sidecars.runner import Runner
 from sidecars.runtime import Sidecar, SidecarContext
+from warden.cliutil import echo_json, format_option, option
+from warden.errors import ConfigError
+from warden.httpserve import MetricsServer
+from warden.logs import configure_json_logging, log_fields
+from warden.policy import DEFAULTS_DIR, load_policy
 
 
 @click.group()

@@ -10,7 +10,6 @@ from types import FrameType
 
 import click
 
-from sidecars.cliutil import echo_json, option
 from sidecars.deps.audit import AuditSettings, run_audit
 from sidecars.deps.environment import Target, discover_python, discover_self, discover_site_packages
 from sidecars.deps.errors import DepsConfigError
@@ -20,9 +19,10 @@ from sidecars.deps.osv.server import OsvServer
 from sidecars.deps.policy import DepsPolicy, as_dict, resolve
 from sidecars.deps.report import to_json, to_text
 from sidecars.deps.sbom import build_sbom
-from sidecars.logs import configure_json_logging, log_fields
-from sidecars.policy import load_policy
 from trainer.events import atomic_write_bytes
+from warden.cliutil import echo_json, option
+from warden.logs import configure_json_logging, log_fields
+from warden.policy import load_policy
 
 DEFAULT_POLICY = os.path.join("policies", "deps.yaml")
 OSV_SERVE_PORT = 9469

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sidecars.errors import ConfigError, IncompleteError
+from warden.errors import ConfigError, IncompleteError
 
 
 class DepsConfigError(ConfigError):

@@ -30,7 +30,7 @@ from sidecars.deps.interpreter import check_venv, check_venv_scripts, hook_dirs,
 from sidecars.deps.model import Finding
 from sidecars.deps.pyccheck import MISMATCH, OK
 from sidecars.deps.walk import kind_of, link_escapes, read_small, safe_digest, sha256_hex, walk_tree
-from sidecars.errors import quote_untrusted
+from warden.errors import quote_untrusted
 
 INTEGRITY_KINDS = (
     "tampered",

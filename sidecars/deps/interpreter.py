@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from sidecars.deps.environment import Target
 from sidecars.deps.model import Finding
 from sidecars.deps.walk import kind_of, read_small, sha256_hex
-from sidecars.errors import quote_untrusted
+from warden.errors import quote_untrusted
 
 ENV_KINDS = ("startup_hook", "venv_config", "interpreter_replaced", "venv_script_changed")
 HOOK_NAMES = ("sitecustomize", "usercustomize")

@@ -20,10 +20,10 @@ from sidecars.deps.commands import build_settings, pick_target
 from sidecars.deps.metrics import DepsMetrics
 from sidecars.deps.policy import DepsPolicy, resolve
 from sidecars.deps.report import summary_counts
-from sidecars.errors import WardenError
-from sidecars.logs import log_fields
 from sidecars.runtime import Outcome, Sidecar, SidecarContext
 from sidecars.watching import write_events
+from warden.errors import WardenError
+from warden.logs import log_fields
 
 MAX_LOGGED_FINDINGS = 50
 # Events a reader causes (open, close without write) must not trigger audits: the audit reads every file.

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from sidecars.cliutil import echo_json, format_option, option
 from sidecars.paths.policy import PathsPolicy
 from sidecars.paths.scheduler import PathState, PathWatcher, states_outcome
-from sidecars.policy import default_policy_path, load_policy
+from warden.cliutil import echo_json, format_option, option
+from warden.policy import default_policy_path, load_policy
 
 
 @click.group()

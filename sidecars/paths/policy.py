@@ -1,6 +1,6 @@
 """Schema of ``policies/paths.yaml``: the watched paths and what each must satisfy.
 
-Loaded with :func:`sidecars.policy.load_policy`; a bad value raises PolicyError naming the
+Loaded with :func:`warden.policy.load_policy`; a bad value raises PolicyError naming the
 file and key, e.g. ``policies/paths.yaml: paths[1]: min_free_bytes: ...``.
 Thresholds of free space take bytes (``1073741824``), a size with a unit (``10GiB``,
 ``500MB``) or a percentage of the filesystem (``5%``); inode thresholds a count or a

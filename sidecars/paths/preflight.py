@@ -17,9 +17,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sidecars.errors import ViolationError
 from sidecars.paths.policy import PathSpec
 from sidecars.paths.scheduler import PathWatcher
+from warden.errors import ViolationError
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,12 @@ longest deadline), so ``warden sidecar run paths --once`` reports every path and
 
 from __future__ import annotations
 
-from sidecars.errors import ConfigError, IncompleteError
-from sidecars.logs import log_fields
 from sidecars.paths.metrics import PathMetrics
 from sidecars.paths.policy import PathsPolicy
 from sidecars.paths.scheduler import PathState, PathWatcher
 from sidecars.runtime import Outcome, Sidecar, SidecarContext
+from warden.errors import ConfigError, IncompleteError
+from warden.logs import log_fields
 
 
 class ProbeIncomplete(IncompleteError):

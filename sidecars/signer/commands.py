@@ -1,6 +1,6 @@
 """Click groups ``keys`` and ``checkpoint``, mounted by the ``warden`` root CLI.
 
-The commands raise :class:`sidecars.errors.WardenError` subclasses and leave printing the
+The commands raise :class:`warden.errors.WardenError` subclasses and leave printing the
 message and choosing the exit code to the root (0 valid, 1 invalid, 2 bad key or flag,
 3 something could not be read). Every option has an environment variable
 ``WARDEN_<OPTION>``. Reports go to stdout; progress goes to stderr.
@@ -16,13 +16,13 @@ from typing import Any
 
 import click
 
-from sidecars.cliutil import trust_option
-from sidecars.errors import WardenError
 from sidecars.signer.dsse import sign_checkpoint
 from sidecars.signer.keys import generate_keypair, load_private_key, load_trusted_keys
 from sidecars.signer.manifest import SERIALIZATION_METHOD, SHARDS_METHOD, Provenance, Serialization
 from sidecars.signer.policy import SHARD_SIZE
 from sidecars.signer.verify import verify_checkpoint
+from warden.cliutil import trust_option
+from warden.errors import WardenError
 
 PROGRESS_THRESHOLD_BYTES = 1 << 30
 _FORMAT = click.Choice(["text", "json"])

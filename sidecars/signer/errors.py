@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sidecars.errors import ConfigError, IncompleteError, ViolationError, WardenError
+from warden.errors import ConfigError, IncompleteError, ViolationError, WardenError
 
 if TYPE_CHECKING:
     from sidecars.signer.verify import VerifyResult

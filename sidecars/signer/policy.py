@@ -1,6 +1,6 @@
 """Schema of ``policies/signer.yaml``: the signing key, watched roots, timings.
 
-Loaded with :func:`sidecars.policy.load_policy`; a bad value raises PolicyError naming the
+Loaded with :func:`warden.policy.load_policy`; a bad value raises PolicyError naming the
 file and key, e.g. ``policies/signer.yaml: watch[0]: layout: ...``. Paths expand ``~``
 and ``$VARS`` and are relative to the working directory. The private key path is taken
 from ``WARDEN_SIGNING_KEY`` when that variable is set, else from ``signing_key``.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from sidecars.errors import ConfigError
 from sidecars.signer.manifest import SERIALIZATION_METHOD, SHARDS_METHOD, Serialization
+from warden.errors import ConfigError
 
 SHARD_SIZE = 256 << 20
 """Default ``shard_size`` for ``serialization: shards`` (see policies/README.md for the measurement)."""

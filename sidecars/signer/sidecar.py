@@ -49,8 +49,6 @@ from typing import Any, TypeVar
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from sidecars.bridge import checkpoints as verl_layout
-from sidecars.errors import ConfigError, IncompleteError
-from sidecars.logs import log_fields
 from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext, error_kind
 from sidecars.signer.announcements import (
     ANNOUNCED_FILE,
@@ -95,6 +93,8 @@ from sidecars.signer.watch import (
     unsafe_entries,
 )
 from trainer.events import CHECKPOINT_SAVED, RUN_STARTED, Event, atomic_write_bytes
+from warden.errors import ConfigError, IncompleteError
+from warden.logs import log_fields
 
 T = TypeVar("T")
 RUN_CHECKPOINTS = "checkpoints"

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from sidecars.cliutil import option
+from warden.cliutil import option
 
 
 @click.command("demo")

@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sidecars.errors import ConfigError
 from sidecars.stack import components, verdicts
 from sidecars.stack.summary import ascii_chart, facts_from_events
 from sidecars.stack.supervisor import Supervisor
 from trainer.events import JOURNAL_NAME, Cursor, JournalReader
+from warden.errors import ConfigError
 
 Echo = Callable[[str], None]
 

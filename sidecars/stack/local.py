@@ -21,9 +21,9 @@ from typing import Any
 
 import yaml
 
-from sidecars.errors import ConfigError
 from sidecars.stack.components import free_port
 from sidecars.stack.supervisor import Service
+from warden.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SIDECAR_PORTS = {"trainer": 9460, "signer": 9461, "archiver": 9462, "tokenscan": 9463, "deps": 9464, "paths": 9465}

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
-from sidecars.errors import IncompleteError
+from warden.errors import IncompleteError
 
 
 class ServiceFailed(IncompleteError):

@@ -1,6 +1,6 @@
 """Schema of ``policies/tokenscan.yaml`` (frozen dataclasses; defaults = the shipped policy).
 
-Loaded with :func:`sidecars.policy.load_policy`; a bad value raises PolicyError naming the
+Loaded with :func:`warden.policy.load_policy`; a bad value raises PolicyError naming the
 file and key. :func:`default_policy` is the same policy without a file (the trainer's
 guard uses it when it is given no policy). Sizes take bytes or a unit (``64MiB``).
 """
@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sidecars.errors import ConfigError
-from sidecars.policy import load_policy
 from sidecars.tokenscan.findings import Severity
+from warden.errors import ConfigError
+from warden.policy import load_policy
 
 DEFAULT_TOKENIZER_CLASSES = (
     "LlamaTokenizer",
@@ -251,7 +251,7 @@ def with_classes(policy: TokenscanPolicy, classes: tuple[str, ...] | None) -> To
 
 def coerce_policy(value: TokenscanPolicy | str | os.PathLike[str] | Mapping[str, Any] | None) -> TokenscanPolicy:
     """Accepts a policy object, a YAML path, a parsed mapping (``version: 1``) or None."""
-    from sidecars.policy import policy_from_mapping
+    from warden.policy import policy_from_mapping
 
     if isinstance(value, TokenscanPolicy):
         return value

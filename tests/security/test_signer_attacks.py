@@ -20,8 +20,6 @@ from pathlib import Path
 
 import pytest
 
-from sidecars.errors import ConfigError
-from sidecars.policy import policy_from_mapping
 from sidecars.runner import Runner
 from sidecars.runtime import Outcome, SidecarContext
 from sidecars.signer.dsse import sign_checkpoint
@@ -32,6 +30,8 @@ from sidecars.signer.policy import SignerPolicy
 from sidecars.signer.sidecar import SignerSidecar
 from sidecars.signer.verify import verify_checkpoint
 from trainer.events import CHECKPOINT_SAVED, RUN_STARTED, EventWriter
+from warden.errors import ConfigError
+from warden.policy import policy_from_mapping
 
 ROOT = Path(__file__).resolve().parents[2]
 STABLE = 30.0

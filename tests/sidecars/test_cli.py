@@ -105,7 +105,7 @@ def test_native_panic_like_base_exception_is_exit_3(monkeypatch):
 
 
 def test_quote_untrusted_flattens_and_cuts():
-    from sidecars.errors import quote_untrusted
+    from warden.errors import quote_untrusted
 
     assert quote_untrusted("a\nb\tc") == "a b c"
     cut = quote_untrusted("y" * 5000)

@@ -10,8 +10,8 @@ import zipfile
 import pytest
 from support import ROOT, run_warden
 
-from sidecars.policy import DEFAULTS_DIR, load_policy, packaged_policy_names
 from sidecars.registry import SIDECARS, sidecar_class
+from warden.policy import DEFAULTS_DIR, load_policy, packaged_policy_names
 
 
 def test_every_sidecar_has_a_packaged_policy_equal_to_the_repository_one():

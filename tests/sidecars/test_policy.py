@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from sidecars.policy import PolicyError, load_policy
+from warden.policy import PolicyError, load_policy
 
 
 @dataclass(frozen=True)

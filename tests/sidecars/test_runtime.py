@@ -25,10 +25,10 @@ from support import (
     warden_cmd,
 )
 
-from sidecars.errors import IncompleteError, ViolationError
 from sidecars.runner import Runner
 from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext
 from trainer import events as ev
+from warden.errors import IncompleteError, ViolationError
 
 COMMON = (
     "warden_sidecar_up",

@@ -119,7 +119,7 @@ def _checkpoint_config(tmp_path, checkpoint):
     ],
 )
 def test_contradictory_trust_settings_are_config_errors(tmp_path, checkpoint, message):
-    from sidecars.errors import ConfigError
+    from warden.errors import ConfigError
 
     with pytest.raises(ConfigError, match=message) as caught:
         _checkpoint_config(tmp_path, checkpoint)()

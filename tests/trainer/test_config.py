@@ -7,7 +7,7 @@ import sys
 import pytest
 from support import run_warden
 
-from sidecars.errors import ConfigError
+from warden.errors import ConfigError
 
 
 @pytest.mark.parametrize(

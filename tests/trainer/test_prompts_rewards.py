@@ -9,11 +9,11 @@ import stat
 import pytest
 import torch
 
-from sidecars.errors import ConfigError
 from trainer import events as ev
 from trainer.data import PromptRow, encode_prompts, load_prompts, truncate
 from trainer.rewards import RewardError, RewardSources, build_reward
 from trainer.rollout import HFRollout, SamplingPlan, response_mask_from
+from warden.errors import ConfigError
 
 TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from sidecars.errors import ConfigError
 from trainer import events as ev
 from trainer.core import PPOTrainer
 from trainer.train_state import config_changes
+from warden.errors import ConfigError
 
 
 def journal(run_dir):

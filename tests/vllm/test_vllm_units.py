@@ -8,9 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sidecars.errors import ConfigError
 from trainer.config import DataConfig, ModelConfig, PPOConfig, RolloutConfig, TrainerConfig, validate
 from trainer.rollout_vllm import engine_kwargs, kv_cache_bytes, pack_outputs, prompt_rows
+from warden.errors import ConfigError
 
 PPO = PPOConfig(train_batch_size=8, mini_batch_size=8, micro_batch_size=4)
 

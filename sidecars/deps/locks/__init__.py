@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
-from sidecars.errors import ConfigError
+from warden.errors import ConfigError
 
 
 class LockError(ConfigError):

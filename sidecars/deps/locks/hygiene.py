@@ -17,7 +17,7 @@ from packaging.version import InvalidVersion, Version
 
 from sidecars.deps.locks import Lock, LockedPackage
 from sidecars.deps.model import Finding
-from sidecars.errors import quote_untrusted
+from warden.errors import quote_untrusted
 
 LOCK_KINDS = (
     "malformed",

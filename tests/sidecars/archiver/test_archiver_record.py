@@ -176,8 +176,8 @@ def test_altered_and_foreign_records_are_refused(signer_and_trust, tmp_path):
 def test_the_shipped_policy_loads_and_bad_values_name_their_key(tmp_path, monkeypatch):
     from sidecars.archiver.policy import ArchiverPolicy
     from sidecars.archiver.sidecar import load_signer
-    from sidecars.errors import ConfigError
-    from sidecars.policy import PolicyError, load_policy, policy_from_mapping
+    from warden.errors import ConfigError
+    from warden.policy import PolicyError, load_policy, policy_from_mapping
 
     root = pathlib.Path(__file__).resolve().parents[3]
     policy = load_policy(root / "policies" / "archiver.yaml", ArchiverPolicy)

@@ -208,7 +208,7 @@ def test_project_lock_is_hashed_pinned_and_covers_the_base_dependencies():
 
 def test_shipped_policy_loads_and_names_the_project_lock():
     from sidecars.deps.policy import DepsPolicy, resolve
-    from sidecars.policy import load_policy
+    from warden.policy import load_policy
 
     path = os.path.join(ROOT, "policies", "deps.yaml")
     policy = load_policy(path, DepsPolicy)

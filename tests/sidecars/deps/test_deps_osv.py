@@ -20,8 +20,8 @@ from sidecars.deps.osv.matcher import in_range
 from sidecars.deps.osv.server import OsvServer
 from sidecars.deps.pipaudit import compare, run_pip_audit
 from sidecars.deps.vulns import check_vulnerabilities
-from sidecars.policy import PolicyError, policy_from_mapping
 from tests.sidecars.deps.deps_helpers import EXPECTED_MATCHES, write_osv_zip
+from warden.policy import PolicyError, policy_from_mapping
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from support import ROOT
 from sidecars.paths import probe
 from sidecars.paths.mountinfo import find_mount, lexical_abspath, parse_mountinfo, unescape
 from sidecars.paths.policy import PathSpec, PathsPolicy, Threshold, parse_threshold
-from sidecars.policy import PolicyError, load_policy
+from warden.policy import PolicyError, load_policy
 
 
 @pytest.mark.parametrize(

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from sidecars.errors import EXIT_VIOLATION
 from sidecars.paths import PathsUnhealthy, preflight, require_healthy
 from sidecars.paths.policy import PathSpec
 from sidecars.paths.scheduler import PathWatcher, states_outcome
+from warden.errors import EXIT_VIOLATION
 
 
 @pytest.fixture

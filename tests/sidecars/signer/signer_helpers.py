@@ -19,9 +19,9 @@ import pytest
 from click.testing import CliRunner
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from sidecars.errors import WardenError
 from sidecars.signer.commands import checkpoint_group, keys_group
 from sidecars.signer.keys import TrustedKeys, generate_keypair, load_private_key, load_trusted_keys
+from warden.errors import WardenError
 
 # A checkpoint shaped like the trainer's: nested dirs, a multi-chunk tensor file, an empty file.
 CHECKPOINT_FILES: dict[str, bytes] = {

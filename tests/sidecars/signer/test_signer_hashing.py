@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from sidecars.errors import EXIT_INCOMPLETE, EXIT_VIOLATION
 from sidecars.signer.errors import (
     CheckpointChanged,
     CheckpointVanished,
@@ -22,6 +21,7 @@ from sidecars.signer.errors import (
 )
 from sidecars.signer.hashing import hash_files, hash_tree, scan_tree
 from tests.sidecars.signer.signer_helpers import CHECKPOINT_FILES, write_tree
+from warden.errors import EXIT_INCOMPLETE, EXIT_VIOLATION
 
 
 def expected_digests(files: dict[str, bytes]) -> dict[str, bytes]:

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 import sidecars.signer.sidecar as signer_sidecar
-from sidecars.policy import PolicyError, policy_from_mapping
 from sidecars.runner import Runner
 from sidecars.runtime import Outcome, SidecarContext
 from sidecars.signer.policy import SignerPolicy
@@ -28,6 +27,7 @@ from sidecars.signer.watch import (
     remove_stale_signature_temps,
     tree_state,
 )
+from warden.policy import PolicyError, policy_from_mapping
 
 REAL_SIGN = signer_sidecar.sign_checkpoint
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from sidecars.errors import EXIT_INCOMPLETE, EXIT_VIOLATION
 from sidecars.signer import Provenance, VerificationFailed, sign_checkpoint, verify_checkpoint
 from sidecars.signer.dsse import decode_bundle, encode_bundle, sign_payload
 from sidecars.signer.errors import SignatureMissing, UnsupportedSignature
@@ -29,6 +28,7 @@ from tests.sidecars.signer.signer_helpers import (
     random_tree,
     write_tree,
 )
+from warden.errors import EXIT_INCOMPLETE, EXIT_VIOLATION
 
 
 @pytest.fixture(scope="module")

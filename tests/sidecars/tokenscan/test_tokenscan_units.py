@@ -15,7 +15,6 @@ import zipfile
 
 import pytest
 
-from sidecars.policy import PolicyError, policy_from_mapping
 from sidecars.tokenscan import chat_template as ct
 from sidecars.tokenscan import scan_directory
 from sidecars.tokenscan.checks import CHECKS
@@ -29,6 +28,7 @@ from sidecars.tokenscan.scanner import directory_manifest, run_checks
 from sidecars.tokenscan.snapshot import JsonDoc, Snapshot
 from sidecars.tokenscan.sniff import descr_has_object, magic_kind, sniff_file
 from sidecars.tokenscan.spm import LEN, VARINT, ProtobufError, encode_field, parse_sentencepiece
+from warden.policy import PolicyError, policy_from_mapping
 
 
 class _Reduce:
