@@ -60,12 +60,8 @@ RUN if [ "$WITH_TRAIN" = "true" ]; then \
     fi \
  && rm /tmp/train.txt
 
-COPY pyproject.toml README.md ./
-COPY trainer/ trainer/
-COPY sidecars/ sidecars/
-COPY policies/ policies/
-COPY alerts/ alerts/
-COPY stack/ stack/
+# The project (packages, policies, alerts, stack/): what .dockerignore leaves of the checkout.
+COPY . ./
 RUN pip install --no-deps . \
  && python stack/derive-policy.py policies/deps.yaml policies/deps.compose.yaml \
       "  osv_db: null" "  osv_db: /var/lib/warden/osv"

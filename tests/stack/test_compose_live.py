@@ -85,6 +85,10 @@ def requirements() -> None:
         pytest.skip(message)
 
 
+class Fatal(Exception):
+    """A condition that can no longer come true: ``poll`` stops at once."""
+
+
 def poll(what: str, check, timeout: float, interval: float = 2.0):
     """Calls ``check()`` until it returns something truthy; fails naming ``what`` after ``timeout`` s."""
     deadline = time.monotonic() + timeout
@@ -92,6 +96,8 @@ def poll(what: str, check, timeout: float, interval: float = 2.0):
     while True:
         try:
             result = check()
+        except Fatal as exc:
+            pytest.fail(f"waiting for {what}: {exc}")
         except Exception as exc:  # an endpoint not up yet is the normal case while polling
             result, last = None, exc
         if result:
@@ -146,8 +152,21 @@ class Stack:
             return False
         state = self.state(service)
         if state.get("Status") != "running":
+            self.check_not_given_up(service, state)
             raise AssertionError(f"{service} is {state.get('Status')} (exit {state.get('ExitCode')})")
         return subprocess.run(["podman", "healthcheck", "run", name], capture_output=True, timeout=60).returncode == 0
+
+    def check_not_given_up(self, service: str, state: dict) -> None:
+        """Raises Fatal when the container exited and its bounded restarts are spent."""
+        policy = str(self.services[service].get("restart", "no"))
+        retries = int(policy.split(":")[1]) if policy.startswith("on-failure:") else 0
+        if state.get("Status") == "exited" and state.get("ExitCode") != 0:
+            name = self.container(service)
+            restarts = subprocess.run(
+                ["podman", "inspect", "--format", "{{.RestartCount}}", name], capture_output=True, text=True
+            ).stdout.strip()
+            if int(restarts or 0) >= retries:
+                raise Fatal(f"{service} exited {state.get('ExitCode')} after {restarts} restarts\n{self.logs(service)}")
 
     def wait_for(self, service: str, condition: str, timeout: float) -> None:
         if condition == "service_healthy":
@@ -156,13 +175,18 @@ class Stack:
 
             def done() -> bool:
                 state = self.state(service)
-                if state.get("Status") == "exited" and state.get("ExitCode") != 0 and state.get("RestartCount", 0) >= 5:
-                    raise AssertionError(f"{service} failed: exit {state.get('ExitCode')}\n{self.logs(service)}")
+                self.check_not_given_up(service, state)
                 return state.get("Status") == "exited" and state.get("ExitCode") == 0
 
             poll(f"{service} completed", done, timeout, interval=2)
         else:
-            poll(f"{service} started", lambda: self.state(service).get("Status") == "running", timeout, interval=1)
+
+            def started() -> bool:
+                state = self.state(service)
+                self.check_not_given_up(service, state)
+                return state.get("Status") == "running"
+
+            poll(f"{service} started", started, timeout, interval=1)
 
     def order(self) -> list[str]:
         """Services to start, each after what it depends on."""
