@@ -74,13 +74,20 @@ def map_path(value: str, opts: StackOptions) -> str:
     if match:
         return os.path.join(opts.run_dir, "state", match.group(1)) + match.group(2)
     if value.startswith("/opt/warden/policies"):
-        # The image derives <name>.compose.yaml (container paths filled in) at build time;
-        # locally the stack's own <name>.yaml plays that part.
-        local = re.sub(r"\.compose\.yaml$", ".yaml", value[len("/opt/warden/policies") :])
-        return opts.policy_dir + local
+        return opts.policy_dir + value[len("/opt/warden/policies") :]
     if value.startswith("/opt/warden"):
         return ROOT + value[len("/opt/warden") :]
     return value
+
+
+def local_command(name: str, command: list[str], opts: StackOptions) -> list[str]:
+    """A compose service's command with local paths; its ``--policy`` is this stack's own
+    ``<policy_dir>/<name>.yaml`` (the image's policies name container paths)."""
+    out = [map_path(c, opts) for c in command]
+    for i, arg in enumerate(out[:-1]):
+        if arg == "--policy":
+            out[i + 1] = os.path.join(opts.policy_dir, f"{name}.yaml")
+    return out
 
 
 def warden_services(compose: dict[str, Any]) -> dict[str, list[str]]:
@@ -127,7 +134,7 @@ def plan_local_stack(opts: StackOptions) -> LocalStack:
             continue
         port = free_port(SIDECAR_PORTS.get(name, 9470))
         stack.ports[name] = port
-        argv = [sys.executable, "-m", "sidecars.cli", *[map_path(c, opts) for c in command], "--port", str(port)]
+        argv = [sys.executable, "-m", "sidecars.cli", *local_command(name, command, opts), "--port", str(port)]
         env = local_env(name, compose["services"][name], opts, s3_port, stack.s3_credentials)
         log = os.path.join(opts.run_dir, "logs", f"{name}.log")
         stack.services.append(Service(name, argv, ready_url=f"http://127.0.0.1:{port}/healthz", env=env, log_path=log))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -78,7 +79,7 @@ def test_a_flipped_metric_pages_the_right_receiver_and_resolves(paths_stack):
     stack, sink, watched = paths_stack
     assert {"paths", "prometheus", "alertmanager"} <= set(stack.urls)
     sink.wait_for("/deadman", is_alert("Watchdog"), timeout=30)
-    time.sleep(2)
+    wait_healthy_scrape(stack.urls["prometheus"], 'warden_path_up{path="data"}', timeout=30)
     start = time.monotonic()
     shutil.rmtree(watched)
     arrived, alert = sink.wait_for("/pager", is_alert("WardenPathUnreachable"), timeout=30)
@@ -133,7 +134,43 @@ def test_inhibition_in_real_alertmanager(paths_stack):
     sink.wait_for("/pager", is_alert("WardenTwin"), timeout=20)
     sink.wait_for("/pager", is_alert("WardenTargetDown"), timeout=20)
     sink.wait_for("/ticket", is_alert("WardenControl"), timeout=20)  # warnings do get through
-    time.sleep(3)
+    # Positive evidence rather than a pause: Alertmanager itself says which alert inhibits them.
+    inhibited = wait_inhibited(am, {"WardenTwin", "WardenSidecarLagGrowing"}, timeout=20)
+    assert inhibited["WardenTwin"] and inhibited["WardenSidecarLagGrowing"], inhibited
     tickets = [a["labels"]["alertname"] for _, p, a in sink.received if p == "/ticket"]
     assert "WardenTwin" not in tickets, "critical must inhibit its warning twin"
     assert "WardenSidecarLagGrowing" not in tickets, "a down component must inhibit its symptoms"
+
+
+def wait_inhibited(alertmanager: str, names: set[str], timeout: float) -> dict[str, list[str]]:
+    """{warning alert name: the fingerprints inhibiting it}, once every name in ``names`` is inhibited."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(f"{alertmanager}/api/v2/alerts?inhibited=true", timeout=3) as resp:
+            alerts = json.load(resp)
+        found = {
+            a["labels"]["alertname"]: a["status"]["inhibitedBy"]
+            for a in alerts
+            if a["labels"].get("severity") == "warning" and a["labels"]["alertname"] in names
+        }
+        if all(found.get(n) for n in names) or time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+def wait_healthy_scrape(prometheus: str, selector: str, timeout: float) -> None:
+    """Waits until Prometheus has scraped ``selector`` with the value 1 (a healthy baseline)."""
+    query = urllib.parse.urlencode({"query": f"{selector} == 1"})
+    deadline = time.monotonic() + timeout
+    while True:
+        with urllib.request.urlopen(f"{prometheus}/api/v1/query?{query}", timeout=3) as resp:
+            if json.load(resp)["data"]["result"]:
+                return
+        if time.monotonic() > deadline:
+            with urllib.request.urlopen(f"{prometheus}/api/v1/targets", timeout=3) as resp:
+                targets = [(t["labels"].get("job"), t["health"]) for t in json.load(resp)["data"]["activeTargets"]]
+            q = urllib.parse.urlencode({"query": "warden_path_up"})
+            with urllib.request.urlopen(f"{prometheus}/api/v1/query?{q}", timeout=3) as resp:
+                series = json.load(resp)["data"]["result"]
+            raise AssertionError(f"Prometheus never scraped {selector} == 1; targets: {targets}; {series}")
+        time.sleep(0.2)

@@ -170,7 +170,11 @@ def test_sidecar_once_and_live_with_watchdog(test_env, tmp_path):
         assert values[("warden_deps_osv_database_age_seconds", ())] == -1
         assert values[("warden_deps_audit_duration_seconds", ())] > 0
         assert values[("warden_sidecar_up", (("sidecar", "deps"),))] == 1
-        time.sleep(1.5)  # the audit reads every file: its own reads must not trigger audits
+        # The audit reads every file: its own reads must not trigger audits. Wait for checks that
+        # started well after the audit (any audit its reads triggered would have run by then).
+        settled = time.time() + 1.0
+        key = "warden_sidecar_last_success_timestamp_seconds"
+        wait_metric(url, key, (("sidecar", "deps"),), lambda v: v is not None and v > settled, proc)
         quiet = metric_values(http_get(url)[1])
         assert quiet[("warden_deps_audits_total", (("result", "clean"),))] == 1
         # An edit under site-packages triggers an audit without waiting for the hour-long period.

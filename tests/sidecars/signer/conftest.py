@@ -121,6 +121,14 @@ class Service:
                 raise AssertionError(f"{name}{labels} is {got} after {timeout}s\n{self.log()[-3000:]}")
             time.sleep(0.01)
 
+    def checked_after(self, seconds: float, timeout: float = 30) -> None:
+        """Waits until the sidecar completed a check that started ``seconds`` from now or later:
+        a negative assertion after it means "not done although it had the chance", on any machine."""
+        threshold = time.time() + seconds
+        self.wait_for(
+            "warden_sidecar_last_success_timestamp_seconds", lambda v: v > threshold, timeout, sidecar="signer"
+        )
+
     def log(self) -> str:
         with open(self.log_path, encoding="utf-8", errors="replace") as fh:
             return fh.read()

@@ -216,7 +216,7 @@ def test_hf_checkpoints_are_signed_once_complete_and_stable(signer_kit):
     svc = kit.start(kit.policy(watch=[{"path": str(root), "layout": "hf"}], stable_seconds=0.6, rescan_seconds=0.2))
     first = kit.write_hf(root, 10, with_state=False)
     (root / "tmp-checkpoint-20").mkdir()  # a transient name some versions use: never signed
-    time.sleep(1.0)
+    svc.checked_after(0.6 + 0.2)  # past stable_seconds and a rescan: it could have signed by now
     assert not Path(str(first) + ".sig").exists(), "signed without trainer_state.json"
     (first / "trainer_state.json").write_text('{"global_step": 10}')
     for i in range(6):  # still being written: every change restarts the quiet period
@@ -292,8 +292,8 @@ def test_unsigned_age_grows_for_a_refused_checkpoint_until_it_is_fixed(signer_ki
     svc.wait_for(ERRORS, lambda v: v == 1, kind="unsafe_path_error")
     assert svc.value("warden_signer_unsigned_checkpoints") == 1
     age = svc.wait_for("warden_signer_unsigned_checkpoint_age_seconds", lambda v: v > 0.5)
-    time.sleep(0.5)
-    assert svc.value("warden_signer_unsigned_checkpoint_age_seconds") > age
+    svc.wait_for("warden_signer_unsigned_checkpoint_age_seconds", lambda v: v > age + 0.5)
+    svc.checked_after(0.3 + 0.2)  # rescans past the quiet period happened: a retry would be counted
     assert svc.value(ERRORS, kind="unsafe_path_error") == 1, "the same refusal was retried"
     assert svc.value("warden_sidecar_violations_total", sidecar="signer") >= 1
     (bad / "linked.json").unlink()
