@@ -127,7 +127,8 @@ class Rollout:
     responses: torch.Tensor  # (B, T)
     mask: torch.Tensor  # (B, T)
     texts: list[str]
-    seconds: float
+    seconds: float  # generation (and the gather)
+    decode_seconds: float = 0.0
 
 
 @dataclass
@@ -462,9 +463,11 @@ class PPOTrainer:
         plan = SamplingPlan(seed, mine.start, len(ids), temperature)
         responses, mask = self.rollout.generate(prompt_ids[mine], prompt_mask[mine], plan)
         responses, mask = all_gather_rows(responses, self.dist), all_gather_rows(mask, self.dist)
+        seconds = time.perf_counter() - t0  # generation only, as verl's timing_s/gen; decoding is the score's
         pad = self.tokenizer.pad_token_id
         texts = self.tokenizer.batch_decode(responses * mask + pad * (1 - mask), skip_special_tokens=True)
-        return Rollout(prompt_ids, prompt_mask, responses, mask, texts, time.perf_counter() - t0)
+        decoded = time.perf_counter() - t0 - seconds
+        return Rollout(prompt_ids, prompt_mask, responses, mask, texts, seconds, decoded)
 
     def _rollout(self, batch: Batch, step: int) -> Rollout:
         seed = (self.cfg.run.seed * 1_000_003 + step) % 2**62
@@ -483,7 +486,7 @@ class PPOTrainer:
         return gathered[:, 0], {name: gathered[:, i + 1] for i, name in enumerate(names)}
 
     def _score(self, batch: Batch, rollout: Rollout) -> Scored:
-        t0 = time.perf_counter()
+        t0 = time.perf_counter() - rollout.decode_seconds
         scores, parts = self._score_rows(batch.rows, rollout.texts)
         return Scored(scores, parts, time.perf_counter() - t0)
 

@@ -88,9 +88,9 @@ def gumbel_noise(
     generator: torch.Generator, total: int, offset: int, rows: int, vocab: int, device: Any
 ) -> torch.Tensor:
     """``(rows, vocab)`` Gumbel(0, 1) noise: rows ``offset..offset+rows`` of one ``(total, vocab)`` draw."""
-    uniform = torch.rand((total, vocab), generator=generator, device=device, dtype=torch.float32)
-    u = uniform[offset : offset + rows].clamp(min=torch.finfo(torch.float32).tiny)
-    return -torch.log(-torch.log(u))
+    # -log(E) with E ~ Exp(1) is Gumbel(0, 1): one draw kernel and one log over the whole batch
+    exponential = torch.empty((total, vocab), device=device, dtype=torch.float32).exponential_(generator=generator)
+    return -torch.log(exponential[offset : offset + rows])
 
 
 class SeededSampling:
