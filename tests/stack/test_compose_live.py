@@ -20,7 +20,9 @@ This test then:
 6. tears the stack down, volumes included, always.
 
 Needs root, podman, runc and mmdebstrap (scripts/system-packages); skipped without them
-locally, failed under CI=true. Compose tests on one machine run one at a time (a lock).
+locally, failed under CI=true. Each run is its own compose project on free host ports; a
+machine-wide lock covers building and tagging the images until every container is created
+(a container keeps the image it was created from when another run re-tags them).
 """
 
 from __future__ import annotations
@@ -46,7 +48,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2700)]
 
 SCRIPT = os.path.join(ROOT, "scripts", "compose-stack")
 COMPOSE = os.path.join(ROOT, "docker-compose.yml")
-PROJECT = "wardenci"
+# One project per test process: stacks of concurrent runs (other checkouts) do not meet; ports are free ones.
+PROJECT = f"wardenci{os.getpid()}"
 NOT_STARTED = {"grafana"}  # no local image (not packaged in Debian or on PyPI)
 JOBS = {"trainer", "signer", "archiver", "tokenscan", "deps", "paths", "journal"}
 PORT_VARS = {
@@ -226,23 +229,35 @@ class Stack:
         )  # fmt: skip
         return out.stdout.strip()
 
-    def down(self) -> None:
-        self.compose("down", "-v", "-t", "10", timeout=300, check=False)
+    def down(self, project: str = PROJECT) -> None:
+        cmd = [self.compose_bin, "-p", project, "-f", COMPOSE, "down", "-v", "-t", "10"]
+        subprocess.run(cmd, cwd=ROOT, env=self.env, capture_output=True, text=True, timeout=300)
         # podman-compose leaves the project's volumes when a container was already gone
         vols = subprocess.run(
-            ["podman", "volume", "ls", "-q", "--filter", f"label=io.podman.compose.project={PROJECT}"],
+            ["podman", "volume", "ls", "-q", "--filter", f"label=io.podman.compose.project={project}"],
             capture_output=True, text=True,
         ).stdout.split()  # fmt: skip
         if vols:
             subprocess.run(["podman", "volume", "rm", "-f", *vols], capture_output=True)
 
+    def down_orphans(self) -> None:
+        """Stacks of earlier runs whose test process is gone (killed before its teardown)."""
+        labels = subprocess.run(
+            ["podman", "ps", "-a", "--format", '{{index .Labels "io.podman.compose.project"}}'],
+            capture_output=True, text=True,
+        ).stdout.split()  # fmt: skip
+        for project in sorted(set(labels)):
+            pid = project.removeprefix("wardenci")
+            if project.startswith("wardenci") and pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                self.down(project)
+
 
 @contextlib.contextmanager
-def machine_lock(timeout: float = 1800):
-    """One compose test per machine: the published ports and the project name are shared."""
+def image_lock(timeout: float = 1800):
+    """Held from building the images until every container exists: the image names are shared."""
     os.makedirs(cache_dir(), exist_ok=True)
-    with open(os.path.join(cache_dir(), "compose-test.lock"), "w") as fh:
-        poll("the compose test lock", lambda: _try_lock(fh), timeout, interval=5)
+    with open(os.path.join(cache_dir(), "compose-images.lock"), "w") as fh:
+        poll("the compose image lock", lambda: _try_lock(fh), timeout, interval=5)
         yield
 
 
@@ -282,62 +297,63 @@ def test_compose_stack_runs_for_real(tmp_path, capsys):
     requirements()
     timings: dict[str, float] = {}
     t0 = time.monotonic()
-    with machine_lock():
-        timings["wait for the machine lock"] = time.monotonic() - t0
-        started = time.monotonic()
-        build = subprocess.run(
-            [sys.executable, SCRIPT, "setup", "images"], capture_output=True, text=True, timeout=1800, cwd=ROOT
-        )
-        assert build.returncode == 0, build.stderr[-6000:]
-        timings["images (scripts/compose-stack)"] = time.monotonic() - started
-        compose_bin = subprocess.run(
-            [sys.executable, SCRIPT, "compose-bin"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-        keys, data = tmp_path / "keys", tmp_path / "data"
-        subprocess.run(warden_cmd("keys", "generate", "--out", str(keys)), check=True, capture_output=True, cwd=ROOT)
-        data.mkdir()
-        os.chmod(data, 0o755)
-        (data / "README").write_text("prompts and the compose test's trainer config\n")
-        os.chmod(data / "README", 0o644)
-        train_config(str(data / "train.yaml"))
-        access, secret = "ci" + secrets.token_hex(4), secrets.token_hex(16)
-        ports = {svc: free_port() for svc in PORT_VARS}
-        env = {
-            **os.environ,
-            "AWS_ACCESS_KEY_ID": access,
-            "AWS_SECRET_ACCESS_KEY": secret,
-            "WARDEN_SIGNING_KEY_FILE": str(keys / "signing.key"),
-            "WARDEN_DATA_DIR": str(data),
-            "WARDEN_TRAIN_CONFIG": "/data/train.yaml",
-            **{var: str(ports[svc]) for svc, var in PORT_VARS.items()},
-        }
-        stack = Stack(compose_bin, env)
-        stack.down()  # what a killed earlier run left
-        try:
-            run_checks(stack, ports, keys, data, access, secret, timings)
-        except BaseException:
+    keys, data = tmp_path / "keys", tmp_path / "data"
+    subprocess.run(warden_cmd("keys", "generate", "--out", str(keys)), check=True, capture_output=True, cwd=ROOT)
+    data.mkdir()
+    os.chmod(data, 0o755)
+    (data / "README").write_text("prompts and the compose test's trainer config\n")
+    os.chmod(data / "README", 0o644)
+    train_config(str(data / "train.yaml"))
+    access, secret = "ci" + secrets.token_hex(4), secrets.token_hex(16)
+    ports = {svc: free_port() for svc in PORT_VARS}
+    env = {
+        **os.environ,
+        "AWS_ACCESS_KEY_ID": access,
+        "AWS_SECRET_ACCESS_KEY": secret,
+        "WARDEN_SIGNING_KEY_FILE": str(keys / "signing.key"),
+        "WARDEN_DATA_DIR": str(data),
+        "WARDEN_TRAIN_CONFIG": "/data/train.yaml",
+        **{var: str(ports[svc]) for svc, var in PORT_VARS.items()},
+    }
+    stack: Stack | None = None
+    try:
+        with image_lock():
+            timings["wait for the image lock"] = time.monotonic() - t0
+            started = time.monotonic()
+            build = subprocess.run(
+                [sys.executable, SCRIPT, "setup", "images"], capture_output=True, text=True, timeout=1800, cwd=ROOT
+            )
+            assert build.returncode == 0, build.stderr[-6000:]
+            timings["images (scripts/compose-stack)"] = time.monotonic() - started
+            compose_bin = subprocess.run(
+                [sys.executable, SCRIPT, "compose-bin"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+            stack = Stack(compose_bin, env)
+            stack.down_orphans()
+            started = time.monotonic()
+            stack.up()
+            timings["up (all services started)"] = time.monotonic() - started
+        run_checks(stack, ports, keys, data, access, secret, timings)
+    except BaseException:
+        if stack is not None:
             print("\n".join(stack.logs(s) for s in stack.order()), file=sys.stderr)
-            raise
-        finally:
+        raise
+    finally:
+        if stack is not None:
             started = time.monotonic()
             stack.down()
             timings["down -v"] = time.monotonic() - started
             timings.update(stack.timings)
-            timings["total"] = time.monotonic() - t0
-            with capsys.disabled():
-                print("\ncompose test timings (s):")
-                for name, seconds in timings.items():
-                    print(f"  {name:<44} {seconds:7.1f}")
+        timings["total"] = time.monotonic() - t0
+        with capsys.disabled():
+            print("\ncompose test timings (s):")
+            for name, seconds in timings.items():
+                print(f"  {name:<48} {seconds:7.1f}")
 
 
 def run_checks(stack: Stack, ports, keys, data, access: str, secret: str, timings: dict[str, float]) -> None:
     prom = f"http://127.0.0.1:{ports['prometheus']}"
     webhook = f"http://127.0.0.1:{ports['webhook-logger']}"
-
-    started = time.monotonic()
-    stack.up()
-    timings["up (all services started)"] = time.monotonic() - started
 
     # Every service healthy (one-shots: completed), every Prometheus target up.
     started = time.monotonic()
