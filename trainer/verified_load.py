@@ -63,7 +63,7 @@ class Anchor:
     are None (the caller takes run id and step from the loaded ``trainer_state.json``).
     """
 
-    digests: Mapping[str, str]
+    digests: Mapping[str, str | tuple[tuple[int, int, str], ...]]  # per file: sha256 hex, or its signed shards
     how: str
     signed: bool
     run_id: str | None = None
@@ -165,7 +165,7 @@ def signed_anchor(path: str, trusted: Any) -> Anchor:
         )
     prov = statement.provenance
     return Anchor(
-        digests={r.name: r.hex for r in statement.manifest.resources},
+        digests=file_pieces(statement.manifest),
         how=f"signature verified (key {key[:16]})",
         signed=True,
         run_id=prov.run_id,
@@ -173,6 +173,42 @@ def signed_anchor(path: str, trusted: Any) -> Anchor:
         parent_root_digest=prov.parent_root_digest,
         root_digest=statement.subject_digest,
     )
+
+
+def file_pieces(manifest: Any) -> dict[str, str | tuple[tuple[int, int, str], ...]]:
+    """What the signature vouches for per file: a sha256 hex (``files``), or the file's shards as
+    ``(start, end, sha256 hex)`` in order (``shards``). Raises CheckpointRejected for a hash the
+    trainer cannot check (BLAKE3: sign run checkpoints with sha256)."""
+    from sidecars.signer.manifest import split_shard_name
+
+    serialization = manifest.serialization
+    if serialization.hash_type != "sha256":
+        raise CheckpointRejected(f"signed with {serialization.hash_type}; resume checks sha256 signatures only")
+    if not serialization.sharded:
+        return {r.name: r.hex for r in manifest.resources}
+    pieces: dict[str, list[tuple[int, int, str]]] = {}
+    for resource in manifest.resources:
+        path, start, end = split_shard_name(resource.name)
+        pieces.setdefault(path, []).append((start, end, resource.hex))
+    return {path: tuple(sorted(found)) for path, found in pieces.items()}
+
+
+def digest_problem(name: str, data: bytes, expected: str | tuple[tuple[int, int, str], ...]) -> str | None:
+    """Why ``data`` does not match what was vouched for ``name`` (pure); None when it does.
+
+    Shards must cover the file exactly, from 0 to its length, each matching its digest.
+    """
+    if isinstance(expected, str):
+        digest = hashlib.sha256(data).hexdigest()
+        return None if digest == expected else f"{name}: sha256 {digest} != {quote_untrusted(expected, 80)}"
+    position = 0
+    for start, end, hex_digest in expected:
+        if start != position:
+            return f"{name}: the signed shards do not cover bytes {position}..{start}"
+        if hashlib.sha256(data[start:end]).hexdigest() != hex_digest or end > len(data):
+            return f"{name}: bytes {start}..{end} differ from the signed shard"
+        position = end
+    return None if position == len(data) else f"{name}: {len(data) - position} bytes after the last signed shard"
 
 
 def integrity_anchor(path: str) -> Anchor:
@@ -219,11 +255,10 @@ def read_verified(path: str, step: int, anchor: Anchor, budget: int) -> Verified
             for name in sorted(anchor.digests):
                 data = _read_beneath(root, name, budget)
                 budget -= len(data)
-                digest = hashlib.sha256(data).hexdigest()
-                if digest != anchor.digests[name]:
+                problem = digest_problem(name, data, anchor.digests[name])
+                if problem is not None:
                     raise CheckpointRejected(
-                        f"files differ from the {'signature' if anchor.signed else ckpt.MANIFEST}: "
-                        f"{name}: sha256 {digest} != {quote_untrusted(anchor.digests[name], 80)}"
+                        f"files differ from the {'signature' if anchor.signed else ckpt.MANIFEST}: {problem}"
                     )
                 contents[name] = data
     except FileNotFoundError as exc:

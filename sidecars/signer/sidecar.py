@@ -266,9 +266,10 @@ class SignerSidecar(Sidecar):
             assert record is not None
             return self._refuse(candidate, record, NO_DIGEST, "a root_digest and file_count", "none announced")
         try:
-            if self._already_signed(candidate, announced):
-                if record is not None and announced is not None:
-                    self.announced.mark_signed(candidate.path, record, announced.root_digest)
+            signed_root = self._already_signed(candidate, announced)
+            if signed_root is not None:
+                if record is not None:
+                    self.announced.mark_signed(candidate.path, record, signed_root)
                 return Outcome.OK
             result = self._sign(candidate, event.run_id, trainer_version, expected=announced)
             if record is not None:
@@ -319,27 +320,26 @@ class SignerSidecar(Sidecar):
         layout, step = known if known else ("warden", event.step if event.step is not None else 0)
         return Candidate(path, step, layout)
 
-    def _already_signed(self, candidate: Candidate, announced: Announced | None = None) -> bool:
-        """True when a ``.sig`` exists, verifies and (if announced) signs the announced digest.
-
-        A mismatching one is about to be replaced (the same step saved again after a resume).
-        """
+    def _already_signed(self, candidate: Candidate, announced: Announced | None = None) -> str | None:
+        """The signed root digest when a ``.sig`` exists, verifies and (if announced) covers the
+        announced digest; None otherwise. A mismatching one is about to be replaced (the same
+        step saved again after a resume)."""
         if not os.path.lexists(candidate.signature_path):
             gone = gone_before_signing(candidate)
             if gone is not None:
                 raise CheckpointVanished(f"{candidate.path}: {gone} before it could be signed", candidate.path)
-            return False
+            return None
         try:
             result = self._verify(candidate)
         except (SignatureMissing, UnsupportedSignature):
-            return False
-        if result.ok and (announced is None or result.signed_root_digest == announced.root_digest):
+            return None
+        if result.ok and (announced is None or announced.root_digest in _announcement_digests(result)):
             self.ctx.log.info("already signed", extra=self._fields(candidate))
             self._unsigned.pop(candidate.path, None)
-            return True
+            return result.signed_root_digest
         why = result.summary() if not result.ok else f"it signs root {result.signed_root_digest}, not the announced one"
         self.ctx.log.warning(f"replacing a signature that does not match: {why}", extra=self._fields(candidate))
-        return False
+        return None
 
     # -- signing ---------------------------------------------------------------------------
     def _timed(self, operation: str, call: Callable[[Any], T]) -> T:
@@ -388,6 +388,7 @@ class SignerSidecar(Sidecar):
                 progress=progress,
                 cancel=self.ctx.stop,
                 expected=expected,
+                serialization=self.policy.signing_serialization(),
             ),
         )
         self._check_unchanged(candidate, result, before)
@@ -794,3 +795,10 @@ class RunRegistry:
         with contextlib.suppress(OSError):
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
             atomic_write_bytes(self.path, json.dumps(document, indent=1).encode("utf-8"))
+
+
+def _announcement_digests(result: VerifyResult) -> set[str | None]:
+    """The digests of a verified signature an announcement can equal: the signed root (files
+    serialization) and, for shards, the per-file root recorded beside it."""
+    files_root = result.provenance.files_root_digest if result.provenance is not None else None
+    return {result.signed_root_digest, files_root} - {None}

@@ -207,3 +207,39 @@ def test_reading_stops_at_the_budget(tmp_path):
     path = ckpt.write_checkpoint(str(tmp_path), 3, lambda d: (pathlib.Path(d) / "big").write_bytes(b"x" * 5000))
     with pytest.raises(CheckpointRejected, match="big: 5000 bytes, over the 4000 bytes left in the budget"):
         read_verified(path, 3, integrity_anchor(path), budget=4000)
+
+
+# -- shard-signed checkpoints (policy serialization: shards) ---------------------------------
+def _shard_signed(tmp_path, content: bytes):
+    from sidecars.signer import generate_keypair, load_trusted_keys, sign_checkpoint
+    from sidecars.signer.keys import load_private_key
+    from sidecars.signer.manifest import Serialization
+
+    ckpt_dir = tmp_path / "step-000000004"
+    (ckpt_dir / "actor").mkdir(parents=True)
+    (ckpt_dir / "actor" / "model.safetensors").write_bytes(content)
+    (ckpt_dir / "trainer_state.json").write_text('{"step": 4}')
+    keys = generate_keypair(str(tmp_path / "keys"))
+    sign_checkpoint(
+        str(ckpt_dir), load_private_key(str(keys.private_key)), serialization=Serialization("shards", "sha256", 1024)
+    )
+    return ckpt_dir, load_trusted_keys(str(keys.public_key))
+
+
+def test_a_shard_signed_checkpoint_loads_and_a_changed_shard_is_rejected(tmp_path):
+    from trainer.verified_load import CheckpointRejected, read_verified, signed_anchor
+
+    content = bytes(range(256)) * 20  # 5 shards of 1 KiB
+    ckpt_dir, trusted = _shard_signed(tmp_path, content)
+    anchor = signed_anchor(str(ckpt_dir), trusted)
+    assert len(anchor.digests["actor/model.safetensors"]) == 5
+    loaded = read_verified(str(ckpt_dir), 4, anchor, 1 << 20)
+    assert loaded.files["actor/model.safetensors"] == content
+    tampered = bytearray(content)
+    tampered[3000] ^= 1  # the third shard
+    (ckpt_dir / "actor" / "model.safetensors").write_bytes(bytes(tampered))
+    with pytest.raises(CheckpointRejected, match="bytes 2048..3072 differ from the signed shard"):
+        read_verified(str(ckpt_dir), 4, anchor, 1 << 20)
+    (ckpt_dir / "actor" / "model.safetensors").write_bytes(content + b"tail")
+    with pytest.raises(CheckpointRejected, match="after the last signed shard"):
+        read_verified(str(ckpt_dir), 4, anchor, 1 << 20)

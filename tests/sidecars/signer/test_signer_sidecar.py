@@ -301,3 +301,22 @@ def test_unsigned_age_grows_for_a_refused_checkpoint_until_it_is_fixed(signer_ki
     svc.wait_for("warden_signer_unsigned_checkpoints", lambda v: v == 0)
     assert svc.value("warden_signer_unsigned_checkpoint_age_seconds") == 0
     assert kit.verify(bad)
+
+
+def test_shards_policy_signs_announced_checkpoints_in_shard_mode_once(signer_kit):
+    """serialization: shards: the announcement (per-file sha256) is checked against the per-file
+    root signed beside the shards, and a replayed event finds the checkpoint already signed."""
+    kit = signer_kit
+    ckpt = kit.save_checkpoint(2, {"actor/model.safetensors": 3 * (1 << 20) + 5, "trainer_state.json": 0})
+    policy = kit.policy(serialization="shards", shard_size=1 << 20)
+    first = kit.once(policy)
+    assert first.returncode == 0, first.stderr
+    statement = kit.statement(ckpt)
+    assert statement.manifest.serialization.sharded and len(statement.manifest.resources) == 5
+    assert kit.verify(ckpt)
+    signed_at = os.stat(str(ckpt) + ".sig").st_mtime_ns
+    os.unlink(kit.run_dir / "state" / "signer" / "cursor.json")  # the event is delivered again
+    again = kit.once(policy)
+    assert again.returncode == 0, again.stderr
+    assert os.stat(str(ckpt) + ".sig").st_mtime_ns == signed_at, "re-signed on a replay"
+    assert '"msg": "already signed"' in again.stderr
