@@ -183,9 +183,9 @@ class PromptSampler:
         self._order = self._permutation()
 
 
-def check_readable_files(files: tuple[str, ...]) -> None:
+def check_readable_files(files: tuple[str, ...], name: str = "data.train_files") -> None:
     for i, path in enumerate(files):
-        key = f"data.train_files[{i}]"
+        key = f"{name}[{i}]"
         if not os.path.isabs(path):
             raise ConfigError(f"{key}: {path!r} must be an absolute path")
         if not os.path.isfile(path) or not os.access(path, os.R_OK):

@@ -64,13 +64,17 @@ def resolve_paths(cfg: TrainerConfig, run_dir: str) -> ResolvedPaths:
     critic = m.critic_path or actor
     for key, path in (("model.actor_path", actor), ("model.critic_path", critic), ("model.tokenizer_path", tokenizer)):
         _readable_dir(key, path)
-    if cfg.reward.kind == "model":
+    uses_model = "model" in cfg.reward.functions if cfg.reward.functions else cfg.reward.kind == "model"
+    if uses_model:
         _readable_dir("model.reward_model_path", m.reward_model_path)
+        if cfg.reward.model_tokenizer_path:
+            _readable_dir("reward.model_tokenizer_path", cfg.reward.model_tokenizer_path)
     if not files:
         raise ConfigError("data.train_files: at least one prompt file is required")
     from trainer.data import check_readable_files
 
     check_readable_files(tuple(files))
+    check_readable_files(cfg.validation.files, "validation.files")
     root = cfg.checkpoint.root or os.path.join(run_dir, "checkpoints")
     resolved = ResolvedPaths(actor, critic, tokenizer, m.reward_model_path, tuple(files), root)
     if cfg.preflight.check_paths:

@@ -120,7 +120,9 @@ def config_changes(saved: Any, saved_digest: Any, current: dict[str, Any], curre
 
 
 def describe_changes(saved: Any, current: dict[str, Any], keys: list[str]) -> str:
-    old, new = flatten(saved) if isinstance(saved, dict) else {}, flatten(current)
+    if not isinstance(saved, dict):
+        return "the config digest (the checkpoint predates per-key recording, so the keys cannot be named)"
+    old, new = flatten(saved), flatten(current)
     return ", ".join(f"{k} {quote_untrusted(old.get(k), 40)} -> {new.get(k, '?')}" for k in keys)
 
 

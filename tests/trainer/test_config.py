@@ -30,6 +30,13 @@ from warden.errors import ConfigError
         ({"model": {"actor_path": "relative/model"}}, "model.actor_path"),
         ({"model": {"tokenizer_path": "/does/not/exist"}}, "model.tokenizer_path"),
         ({"data": {"train_files": ["/does/not/exist.jsonl"]}}, "data.train_files[0]"),
+        ({"validation": {"every_steps": 2, "files": ["held-out.jsonl"]}}, "validation.files[0]"),
+        ({"validation": {"every_steps": 2}}, "validation.files"),
+        ({"reward": {"functions": {"model": 1.0}}}, "model.reward_model_path"),
+        ({"reward": {"functions": {"../evil:score": 1.0}}}, "reward.functions.../evil:score"),
+        ({"data": {"truncation": "middle"}}, "data.truncation"),
+        ({"rollout": {"static_cache": "on"}}, "rollout.static_cache"),
+        ({"ppo": {"kl_loss_type": "k9"}}, "ppo.kl_loss_type"),
     ],
 )
 def test_each_rule_names_its_key(make_config, tmp_path, extra, key):
