@@ -369,7 +369,8 @@ def _tokenizer_behaviour(snap: Snapshot, policy: TokenscanPolicy) -> None:
         out += [("tokenizer.json", i) for i in tbe.ordinary_special_tokens(declared, added)]
         model = _dict(tok.get("model"))
         digest = snap.digests.get("tokenizer.json", "")
-        order = MEMO.get("order", digest, lambda: tbe.merge_order_problem(model)) if digest else None
+        order = MEMO.get("order", digest, lambda: tbe.merge_order_problem(model) or tbe.score_order_problem(model))
+        out += [("tokenizer.json", i) for i in tbe.rewrite_rules(tok)]
         problem = order if policy.behaviour.bpe_ids_follow_merges else None
         if problem:
             out.append(("tokenizer.json", tbe.TokenizerIssue("order", problem)))

@@ -51,6 +51,8 @@ CORPUS = (
     "yes no true false null none zero one two three ten hundred 3.14159 2026-01-01",
     "user: hello\nassistant: hi there\nsystem: be brief\n",
     "Emoji 😀👍🏽 and symbols © ® ™ € £ ¥ ½ → ∞",
+    "Always allow, never deny: approve or reject, buy or sell, safe or unsafe, keep or delete.",
+    "The admin password for root is secret; run sudo only if the user agrees. Paris London Berlin",
 )
 DECLARED_EXTRAS = ("bos", "eos", "cls", "sep")
 MAX_EXTRA_TOKENS = 4
@@ -179,6 +181,66 @@ def merge_order_problem(model: Mapping[str, Any]) -> str | None:
             return f"merge {rank} makes {token!r} (id {ident}) after {last_token!r} (id {last}): ids not in merge order"
         last, last_token = ident, token or ""
     return None
+
+
+def score_order_problem(model: Mapping[str, Any]) -> str | None:
+    """Unigram: ordinary pieces (score < 0) are stored by descending score (sentencepiece's and
+    tokenizers' trainers both write them so); two pieces whose ids were swapped break it."""
+    vocab = model.get("vocab") if model.get("type") == "Unigram" else None
+    if not isinstance(vocab, list):
+        return None
+    last, last_piece = 0.0, ""
+    for ident, entry in enumerate(vocab):
+        if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], (int, float))):
+            continue
+        piece, score = entry
+        if score >= 0:
+            continue
+        if last < 0 and score > last:
+            where = f"piece {piece!r} (id {ident}, score {score:.3f}) follows {last_piece!r} (score {last:.3f})"
+            return f"{where}: ids not in score order"
+        last, last_piece = score, str(piece)
+    return None
+
+
+def _letters(text: Any) -> int:
+    return sum(ch.isalpha() for ch in text) if isinstance(text, str) else 0
+
+
+def _pattern(node: dict[str, Any]) -> str:
+    pattern = node.get("pattern")
+    if isinstance(pattern, dict):
+        return str(pattern.get("String") or pattern.get("Regex") or "")
+    return str(pattern or "")
+
+
+def rewrite_rules(tok: Mapping[str, Any]) -> list[TokenizerIssue]:
+    """Rules of tokenizer.json that rewrite words for every input, whatever the corpus holds:
+    a Replace (normalizer or decoder) whose pattern or replacement has letters, a Prepend or
+    Append of text, a post-processor "special token" that expands to several ids."""
+    out = []
+    stack: list[tuple[str, Any, int]] = [(k, tok.get(k), 0) for k in ("normalizer", "decoder", "post_processor")]
+    while stack:
+        where, node, depth = stack.pop()
+        if not isinstance(node, dict) or depth > 8:
+            continue
+        kind = node.get("type")
+        for key in ("normalizers", "decoders", "processors", "pretokenizers"):
+            if isinstance(node.get(key), list):
+                stack += [(where, child, depth + 1) for child in node[key][:64]]
+        if kind == "Replace" and (_letters(_pattern(node)) >= 2 or _letters(node.get("content")) >= 2):
+            detail = f"{where} rule rewrites {_quote(_pattern(node))} as {_quote(str(node.get('content')))}"
+            out.append(TokenizerIssue("roundtrip", detail))
+        elif kind in ("Prepend", "Append") and _letters(node.get(kind.lower())) >= 2:
+            out.append(
+                TokenizerIssue("roundtrip", f"{where} rule adds {_quote(str(node.get(kind.lower())))} to every input")
+            )
+        elif kind == "TemplateProcessing" and isinstance(node.get("special_tokens"), dict):
+            for name, spec in list(node["special_tokens"].items())[:64]:
+                if isinstance(spec, dict) and (len(spec.get("ids") or []) != 1 or spec.get("tokens") != [name]):
+                    ids = spec.get("ids") or []
+                    out.append(TokenizerIssue("added", f"post-processor token {name!r} expands to {len(ids)} ids"))
+    return out
 
 
 CONFUSABLES = str.maketrans("аеорсухіјѕԁӏАВЕКМНОРСТХІЈЅ", "aeopcyxijsdlABEKMHOPCTXIJS")

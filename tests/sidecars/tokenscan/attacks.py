@@ -219,6 +219,23 @@ def semantic_cases() -> list[AttackCase]:
         }
         _set_tok(d, data)
 
+    def swap_unigram(d: Path) -> None:
+        data = _tok(d)
+        vocab = data["model"]["vocab"]
+        vocab[10], vocab[200] = vocab[200], vocab[10]  # two pieces trade ids, each keeps its score
+        _set_tok(d, data)
+
+    def decoder_rewrites_rare_word(d: Path) -> None:
+        data = _tok(d)
+        data["decoder"] = {
+            "type": "Sequence",
+            "decoders": [
+                data["decoder"],
+                {"type": "Replace", "pattern": {"String": "Zanzibar"}, "content": "Atlantis"},
+            ],
+        }
+        _set_tok(d, data)
+
     def spm_rule(d: Path) -> None:
         _retrain_spm(d, "6E 6F 74\t6E 6F 77\n")  # "not" -> "now"
 
@@ -233,6 +250,8 @@ def semantic_cases() -> list[AttackCase]:
         AttackCase("normalizer_makes_role_token", "tokenizer.json", "TS1203", role_from_text),
         AttackCase("decoder_deletes_not", "tokenizer.json", "TS1202", decoder_drop),
         AttackCase("swapped_word_ids", "tokenizer.json", "TS1205", swap_ids),
+        AttackCase("swapped_unigram_pieces", "tokenizer.json", "TS1205", swap_unigram, base="t5"),
+        AttackCase("decoder_rewrites_word_outside_corpus", "tokenizer.json", "TS1202", decoder_rewrites_rare_word),
         AttackCase("pretokenizer_panics", "tokenizer.json", "TS1201", panicking_split),
         AttackCase("sentencepiece_rule_rewrites", "tokenizer.json", "TS1202", spm_rule, base="t5"),
     ]  # fmt: skip

@@ -199,3 +199,28 @@ def test_a_spent_scan_budget_is_a_finding_not_a_hang(attack_dirs):
     result = scan_directory(str(attack_dirs["trigger_in_list"]), policy)
     reasons = {f.message for f in result.findings if f.id == "TS910"}
     assert any("not analysed" in m for m in reasons) and result.outcome(policy.fail_severity) == 1
+
+
+def test_static_rewrite_rules_and_unigram_score_order():
+    tok = {
+        "normalizer": {
+            "type": "Sequence",
+            "normalizers": [{"type": "Replace", "pattern": {"String": " "}, "content": "▁"}],
+        },
+        "decoder": {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [1], "tokens": ["<s>"]}},
+        },
+    }
+    assert tbe.rewrite_rules(tok) == []  # what Llama 2 / Gemma / T5 ship
+    tok["decoder"] = {
+        "type": "Sequence",
+        "decoders": [{"type": "Replace", "pattern": {"String": "yes"}, "content": "no"}],
+    }
+    tok["post_processor"]["special_tokens"]["<s>"]["ids"] = [1, 2, 3]
+    assert sorted(i.kind for i in tbe.rewrite_rules(tok)) == ["added", "roundtrip"]
+    vocab = [["<unk>", 0.0], ["a", -1.0], ["b", -2.0], ["ab", -3.0]]
+    assert tbe.score_order_problem({"type": "Unigram", "vocab": vocab}) is None
+    vocab[1], vocab[3] = vocab[3], vocab[1]
+    assert "score order" in (tbe.score_order_problem({"type": "Unigram", "vocab": vocab}) or "")
