@@ -51,7 +51,6 @@ from sidecars.archiver.record import (  # noqa: E402
 from sidecars.archiver.signing import RecordSigner  # noqa: E402
 from sidecars.archiver.store import open_store  # noqa: E402
 from sidecars.runner import Runner  # noqa: E402
-from sidecars.signer.keys import load_private_key, load_trusted_keys  # noqa: E402
 from tests.sidecars.archiver.archiver_helpers import (  # noqa: E402
     CONFIG_DIGEST,
     Harness,
@@ -59,6 +58,7 @@ from tests.sidecars.archiver.archiver_helpers import (  # noqa: E402
     snapshot_data,
     start_seaweedfs,
 )
+from warden.signing.keys import load_private_key, load_trusted_keys  # noqa: E402
 
 LIMITS = Limits(top_k=4, min_reward=None, max_text_bytes=16384)
 

@@ -35,8 +35,8 @@ from sidecars.archiver.audit import fetch_snapshot, verify_run  # noqa: E402
 from sidecars.archiver.record import head_key, step_key, steps_prefix  # noqa: E402
 from sidecars.archiver.signing import RecordSigner  # noqa: E402
 from sidecars.archiver.store import Store, open_store  # noqa: E402
-from sidecars.signer.keys import TrustedKeys, load_private_key, load_trusted_keys  # noqa: E402
 from tests.sidecars.archiver.archiver_helpers import make_keys, start_seaweedfs  # noqa: E402
+from warden.signing.keys import TrustedKeys, load_private_key, load_trusted_keys  # noqa: E402
 
 RUN = "bench-audit"
 WORKERS = 16

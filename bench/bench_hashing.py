@@ -39,10 +39,10 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from sidecars.signer import load_private_key, load_trusted_keys, sign_checkpoint, verify_checkpoint
-from sidecars.signer.hashing import default_workers, hash_files, hash_shards, hash_tree, scan_tree
-from sidecars.signer.keys import generate_keypair
-from sidecars.signer.manifest import Serialization, announce_tree
+from warden.signing import load_private_key, load_trusted_keys, sign_checkpoint, verify_checkpoint
+from warden.signing.hashing import default_workers, hash_files, hash_shards, hash_tree, scan_tree
+from warden.signing.keys import generate_keypair
+from warden.signing.manifest import Serialization, announce_tree
 
 MIB = 1 << 20
 

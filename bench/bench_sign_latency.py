@@ -26,9 +26,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from sidecars.signer import load_private_key, sign_checkpoint
-from sidecars.signer.keys import generate_keypair
 from trainer.events import CHECKPOINT_SAVED, EventWriter, fsync_dir
+from warden.signing import load_private_key, sign_checkpoint
+from warden.signing.keys import generate_keypair
 
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parent.parent

@@ -31,7 +31,6 @@ from typing import Any
 
 import torch
 
-from sidecars.signer.manifest import announced_root
 from trainer import checkpoint as ckpt
 from trainer import events as ev
 from trainer.algorithm import Experience, Precision, Trainables, make_experience, ppo_update
@@ -56,6 +55,7 @@ from trainer.setup import ResolvedPaths, check_environment, resolve_paths
 from trainer.tokenizer import load_tokenizer
 from trainer.train_state import capture_rng, fill_checkpoint, restore_rng, seed_everything
 from warden.errors import ConfigError, IncompleteError
+from warden.signing.manifest import announced_root
 
 __all__ = ["PPOTrainer", "StepResult", "TrainingFailed", "capture_rng", "checkpoint_announcement", "restore_rng"]
 
@@ -67,7 +67,7 @@ def checkpoint_announcement(path: str) -> dict[str, Any]:
 
     Computed from the per-file SHA-256 the trainer already wrote to its manifest (no second
     hash of the tensors) plus the manifest file's own SHA-256, since it is signed too (see
-    :func:`sidecars.signer.manifest.announced_root`). Empty when the manifest cannot be
+    :func:`warden.signing.manifest.announced_root`). Empty when the manifest cannot be
     read; the signer then refuses the checkpoint (``no_digest``).
     """
     manifest = os.path.join(path, ckpt.MANIFEST)

@@ -123,7 +123,7 @@ def _refusal(mode: str, root: str, rejected: list[str]) -> str:
 def _trusted_keys(path: str) -> Any:
     if not path:
         return None
-    from sidecars.signer import load_trusted_keys
+    from warden.signing import load_trusted_keys
 
     return load_trusted_keys(path)
 

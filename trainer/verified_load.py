@@ -147,9 +147,9 @@ def signed_anchor(path: str, trusted: Any) -> Anchor:
     Rejects a missing, unreadable, malformed, untrusted or invalid signature, and one
     whose subject is another directory (a moved signature).
     """
-    from sidecars.signer.dsse import decode_bundle
-    from sidecars.signer.errors import SignerError
-    from sidecars.signer.verify import verified_statement
+    from warden.signing.dsse import decode_bundle
+    from warden.signing.errors import SignerError
+    from warden.signing.verify import verified_statement
 
     parent, name = os.path.split(os.path.abspath(path))
     try:
@@ -179,7 +179,7 @@ def file_pieces(manifest: Any) -> dict[str, str | tuple[tuple[int, int, str], ..
     """What the signature vouches for per file: a sha256 hex (``files``), or the file's shards as
     ``(start, end, sha256 hex)`` in order (``shards``). Raises CheckpointRejected for a hash the
     trainer cannot check (BLAKE3: sign run checkpoints with sha256)."""
-    from sidecars.signer.manifest import split_shard_name
+    from warden.signing.manifest import split_shard_name
 
     serialization = manifest.serialization
     if serialization.hash_type != "sha256":

@@ -77,8 +77,8 @@ from sidecars.archiver.record import (
 )
 from sidecars.archiver.signing import verify_head, verify_record
 from sidecars.archiver.store import DEFAULT_MAX_OBJECT_BYTES, Store, VersionEntry
-from sidecars.signer.keys import TrustedKeys
 from warden.errors import ConfigError
+from warden.signing.keys import TrustedKeys
 
 NEARBY = 5
 FETCH_WINDOW = 1000

@@ -29,10 +29,10 @@ from sidecars.archiver.errors import ChainBroken, StepNotFound
 from sidecars.archiver.policy import ArchiverPolicy
 from sidecars.archiver.record import valid_run_id
 from sidecars.archiver.store import DEFAULT_MAX_OBJECT_BYTES, Store, open_store
-from sidecars.signer.keys import TrustedKeys, load_trusted_keys
 from warden.cliutil import echo_json, format_option, option, trust_option
 from warden.errors import ConfigError
 from warden.policy import default_policy_path, load_policy
+from warden.signing.keys import TrustedKeys, load_trusted_keys
 
 
 def _run_id(_ctx: click.Context, _param: click.Parameter, value: str) -> str:

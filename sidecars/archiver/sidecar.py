@@ -41,10 +41,10 @@ from sidecars.archiver.spool import Spool
 from sidecars.archiver.store import Retention, Store, open_store
 from sidecars.archiver.uploader import Uploader
 from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext
-from sidecars.signer.keys import load_private_key
 from trainer.events import CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_STARTED, Event
 from warden.errors import ConfigError
 from warden.logs import log_fields
+from warden.signing.keys import load_private_key
 
 NOTE_REASONS = (
     ("dropped", "dropped_sample"),

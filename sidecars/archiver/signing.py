@@ -31,9 +31,9 @@ from sidecars.archiver.record import (
     statement,
     step_key,
 )
-from sidecars.signer.dsse import PAYLOAD_TYPE, decode_bundle, encode_bundle, sign_payload, verify_bundle
-from sidecars.signer.errors import SignatureRejected, WrongKey
-from sidecars.signer.keys import TrustedKeys, key_id, trusted_keys_from
+from warden.signing.dsse import PAYLOAD_TYPE, decode_bundle, encode_bundle, sign_payload, verify_bundle
+from warden.signing.errors import SignatureRejected, WrongKey
+from warden.signing.keys import TrustedKeys, key_id, trusted_keys_from
 
 
 class RecordSigner:

@@ -51,7 +51,6 @@ from sidecars.bridge.rollouts import (
 from sidecars.bridge.stability import Stability, tree_state
 from sidecars.bridge.state import MARKER_KEY, BridgeState, StateStore, apply_marker, marker
 from sidecars.bridge.verl_log import LogLine, open_regular, tail
-from sidecars.signer.manifest import announce_tree
 from trainer.events import (
     CHECKPOINT_SAVED,
     JOURNAL_NAME,
@@ -69,6 +68,7 @@ from trainer.events import (
 )
 from warden.errors import WardenError
 from warden.logs import log_fields
+from warden.signing.manifest import announce_tree
 
 SOURCE = "verl"
 TRAINING_PREFIXES = ("actor/", "critic/", "training/", "timing_s/", "perf/")

@@ -21,8 +21,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from sidecars.signer.manifest import Announced, SignedStatement
 from trainer.events import atomic_write_bytes
+from warden.signing.manifest import Announced, SignedStatement
 
 ANNOUNCED_FILE = "announced.json"
 MAX_RECORDS = 4096

@@ -16,13 +16,13 @@ from typing import Any
 
 import click
 
-from sidecars.signer.dsse import sign_checkpoint
-from sidecars.signer.keys import generate_keypair, load_private_key, load_trusted_keys
-from sidecars.signer.manifest import SERIALIZATION_METHOD, SHARDS_METHOD, Provenance, Serialization
 from sidecars.signer.policy import SHARD_SIZE
-from sidecars.signer.verify import verify_checkpoint
 from warden.cliutil import trust_option
 from warden.errors import WardenError
+from warden.signing.dsse import sign_checkpoint
+from warden.signing.keys import generate_keypair, load_private_key, load_trusted_keys
+from warden.signing.manifest import SERIALIZATION_METHOD, SHARDS_METHOD, Provenance, Serialization
+from warden.signing.verify import verify_checkpoint
 
 PROGRESS_THRESHOLD_BYTES = 1 << 30
 _FORMAT = click.Choice(["text", "json"])

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from sidecars.signer.announcements import REFUSAL_REASONS, SIGNATURE_MISSING, VIOLATION_REASONS
 from sidecars.signer.policy import LAYOUTS
-from sidecars.signer.verify import FILES_MISMATCH, SUBJECT_MISMATCH, UNSAFE_PATH
+from warden.signing.verify import FILES_MISMATCH, SUBJECT_MISMATCH, UNSAFE_PATH
 
 OPERATIONS = ("sign", "verify")
 ERROR_KINDS = (

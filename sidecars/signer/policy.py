@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from sidecars.signer.manifest import SERIALIZATION_METHOD, SHARDS_METHOD, Serialization
 from warden.errors import ConfigError
+from warden.signing.manifest import SERIALIZATION_METHOD, SHARDS_METHOD, Serialization
 
 SHARD_SIZE = 256 << 20
 """Default ``shard_size`` for ``serialization: shards`` (see policies/README.md for the measurement)."""

@@ -62,21 +62,8 @@ from sidecars.signer.announcements import (
     audit,
     statement_problem,
 )
-from sidecars.signer.dsse import SignResult, sign_checkpoint, signature_path_for
-from sidecars.signer.errors import (
-    AnnouncementMismatch,
-    CheckpointChanged,
-    CheckpointVanished,
-    HashingCancelled,
-    SignatureMissing,
-    SignerError,
-    UnsupportedSignature,
-)
-from sidecars.signer.keys import TrustedKeys, load_private_key, load_trusted_keys, trusted_keys_from
-from sidecars.signer.manifest import Announced, Provenance
 from sidecars.signer.metrics import SignerMetrics
 from sidecars.signer.policy import SIGNING_KEY_ENV, SignerPolicy
-from sidecars.signer.verify import FILES_MISMATCH, VerifyResult, read_signed_statement, verify_checkpoint
 from sidecars.signer.watch import (
     VERL_TRACKER,
     Candidate,
@@ -95,6 +82,19 @@ from sidecars.signer.watch import (
 from trainer.events import CHECKPOINT_SAVED, RUN_STARTED, Event, atomic_write_bytes
 from warden.errors import ConfigError, IncompleteError
 from warden.logs import log_fields
+from warden.signing.dsse import SignResult, sign_checkpoint, signature_path_for
+from warden.signing.errors import (
+    AnnouncementMismatch,
+    CheckpointChanged,
+    CheckpointVanished,
+    HashingCancelled,
+    SignatureMissing,
+    SignerError,
+    UnsupportedSignature,
+)
+from warden.signing.keys import TrustedKeys, load_private_key, load_trusted_keys, trusted_keys_from
+from warden.signing.manifest import Announced, Provenance
+from warden.signing.verify import FILES_MISMATCH, VerifyResult, read_signed_statement, verify_checkpoint
 
 T = TypeVar("T")
 RUN_CHECKPOINTS = "checkpoints"

@@ -34,8 +34,8 @@ from sidecars.bridge import checkpoints as verl_layout
 from sidecars.bridge.stability import Stability
 from sidecars.bridge.stability import TreeState as TreeState  # re-exported for the sidecar
 from sidecars.bridge.stability import tree_state as tree_state
-from sidecars.signer.dsse import SIGNATURE_SUFFIX, signature_path_for
 from sidecars.watching import write_events
+from warden.signing.dsse import SIGNATURE_SUFFIX, signature_path_for
 
 HF_STATE_FILE = "trainer_state.json"
 VERL_TRACKER = verl_layout.TRACKER

@@ -78,7 +78,7 @@ def default_policy(name: str) -> dict[str, Any]:
 
 def demo_key(run_dir: str) -> tuple[str, str]:
     """A signing key pair for this demo run only, in ``<run>/keys`` (private key mode 0600)."""
-    from sidecars.signer import generate_keypair
+    from warden.signing import generate_keypair
 
     key_dir = os.path.join(run_dir, "keys")
     if not os.path.exists(os.path.join(key_dir, "signing.key")):

@@ -256,7 +256,7 @@ def ensure_signing_key(opts: StackOptions) -> str:
     """The key to use; generates ``<run>/keys/signing.key`` (0600) when none is given."""
     if opts.signing_key:
         return os.path.abspath(opts.signing_key)
-    from sidecars.signer import generate_keypair
+    from warden.signing import generate_keypair
 
     key_dir = os.path.join(opts.run_dir, "keys")
     path = os.path.join(key_dir, "signing.key")

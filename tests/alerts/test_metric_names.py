@@ -80,9 +80,9 @@ def scrape_sidecar(name: str, run_dir, policy: dict | None) -> set[str]:
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory):
     """Sample names from a real scrape of the trainer and of every sidecar."""
-    from sidecars.signer import generate_keypair
     from trainer.config import load_config
     from trainer.core import PPOTrainer
+    from warden.signing import generate_keypair
 
     base = tmp_path_factory.mktemp("scrape")
     run_dir = base / "run"

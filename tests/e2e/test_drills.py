@@ -75,7 +75,7 @@ def test_drill_1_hung_path_pages_within_3_seconds(drill, tmp_path):
 
 
 def test_drill_2_modified_signed_checkpoint_pages_and_resume_skips_it(drill):
-    from sidecars.signer import generate_keypair
+    from warden.signing import generate_keypair
 
     keys = generate_keypair(os.path.join(drill.base, "keys"))
     drill.policy(
@@ -285,7 +285,7 @@ def weed_pid(drill) -> int:
 def test_drill_3_s3_outage_during_training_loses_nothing(drill):
     import signal as sig
 
-    from sidecars.signer import generate_keypair
+    from warden.signing import generate_keypair
 
     keys = generate_keypair(os.path.join(drill.base, "keys"))
     archiver_policy(drill, str(keys.private_key), "drill3")
@@ -328,7 +328,7 @@ def test_drill_3_s3_outage_during_training_loses_nothing(drill):
 def test_drill_6_trainer_killed_mid_checkpoint_resumes_without_loss(drill):
     import signal as sig
 
-    from sidecars.signer import generate_keypair
+    from warden.signing import generate_keypair
 
     keys = generate_keypair(os.path.join(drill.base, "keys"))
     archiver_policy(drill, str(keys.private_key), "drill6")

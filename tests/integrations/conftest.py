@@ -288,9 +288,9 @@ def clock():
 
 @pytest.fixture
 def signing_keys(tmp_path):
-    if not have_module("sidecars.signer.keys"):
-        pytest.skip("sidecars.signer.keys is not there yet (signer sidecar not landed)")
-    from sidecars.signer.keys import generate_keypair
+    if not have_module("warden.signing.keys"):
+        pytest.skip("warden.signing.keys is not there yet (signer sidecar not landed)")
+    from warden.signing.keys import generate_keypair
 
     keys = Keys(tmp_path / "keys")
     generate_keypair(keys.dir)

@@ -40,7 +40,7 @@ def tiny(tmp_path_factory):
 
 
 def test_rank_zero_announces_only_after_every_rank_wrote_its_files(tiny, tmp_path, signer_policy, signing_keys):
-    from sidecars.signer.manifest import announce_tree
+    from warden.signing.manifest import announce_tree
 
     output_dir, run_dir = tmp_path / "out", tmp_path / "run"
     worker = os.path.join(os.path.dirname(__file__), "hf_torchrun_worker.py")

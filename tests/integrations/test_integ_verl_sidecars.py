@@ -40,7 +40,7 @@ def sidecar_once(name, run_dir, policy):
 
 
 def test_the_signer_signs_exactly_the_completed_checkpoints(run_dir, verl_run, signer_policy, signing_keys, verl_kit):
-    from sidecars.signer import load_trusted_keys, verify_checkpoint
+    from warden.signing import load_trusted_keys, verify_checkpoint
 
     verl_run.start()
     for step in range(1, 7):

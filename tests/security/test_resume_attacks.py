@@ -19,13 +19,13 @@ from support import TEST_CONFIG, merge, run_warden
 
 torch = pytest.importorskip("torch")
 
-from sidecars.signer import Provenance, generate_keypair, load_private_key, sign_checkpoint  # noqa: E402
 from trainer import events as ev  # noqa: E402
 from trainer.config import load_config  # noqa: E402
 from trainer.core import PPOTrainer  # noqa: E402
 from trainer.models import unwrap  # noqa: E402
 from trainer.resume import ResumeRefused, find_resume_point  # noqa: E402
 from warden.errors import EXIT_VIOLATION  # noqa: E402
+from warden.signing import Provenance, generate_keypair, load_private_key, sign_checkpoint  # noqa: E402
 
 STEP2, STEP4 = "step-000000002", "step-000000004"
 ACTOR = os.path.join("actor", "model.safetensors")

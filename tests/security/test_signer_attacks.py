@@ -22,16 +22,16 @@ import pytest
 
 from sidecars.runner import Runner
 from sidecars.runtime import Outcome, SidecarContext
-from sidecars.signer.dsse import sign_checkpoint
-from sidecars.signer.errors import InsecureKeyPermissions
-from sidecars.signer.keys import generate_keypair, load_private_key, load_trusted_keys
-from sidecars.signer.manifest import Provenance, announced_root
 from sidecars.signer.policy import SignerPolicy
 from sidecars.signer.sidecar import SignerSidecar
-from sidecars.signer.verify import verify_checkpoint
 from trainer.events import CHECKPOINT_SAVED, RUN_STARTED, EventWriter
 from warden.errors import ConfigError
 from warden.policy import policy_from_mapping
+from warden.signing.dsse import sign_checkpoint
+from warden.signing.errors import InsecureKeyPermissions
+from warden.signing.keys import generate_keypair, load_private_key, load_trusted_keys
+from warden.signing.manifest import Provenance, announced_root
+from warden.signing.verify import verify_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 STABLE = 30.0

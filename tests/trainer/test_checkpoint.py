@@ -211,9 +211,9 @@ def test_reading_stops_at_the_budget(tmp_path):
 
 # -- shard-signed checkpoints (policy serialization: shards) ---------------------------------
 def _shard_signed(tmp_path, content: bytes):
-    from sidecars.signer import generate_keypair, load_trusted_keys, sign_checkpoint
-    from sidecars.signer.keys import load_private_key
-    from sidecars.signer.manifest import Serialization
+    from warden.signing import generate_keypair, load_trusted_keys, sign_checkpoint
+    from warden.signing.keys import load_private_key
+    from warden.signing.manifest import Serialization
 
     ckpt_dir = tmp_path / "step-000000004"
     (ckpt_dir / "actor").mkdir(parents=True)
@@ -238,7 +238,7 @@ def test_a_shard_signed_checkpoint_loads_and_a_changed_shard_is_rejected(tmp_pat
     tampered = bytearray(content)
     tampered[3000] ^= 1  # the third shard
     (ckpt_dir / "actor" / "model.safetensors").write_bytes(bytes(tampered))
-    with pytest.raises(CheckpointRejected, match="bytes 2048..3072 differ from the signed shard"):
+    with pytest.raises(CheckpointRejected, match=r"bytes 2048\.\.3072 differ from the signed shard"):
         read_verified(str(ckpt_dir), 4, anchor, 1 << 20)
     (ckpt_dir / "actor" / "model.safetensors").write_bytes(content + b"tail")
     with pytest.raises(CheckpointRejected, match="after the last signed shard"):

@@ -59,9 +59,9 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from sidecars.bridge.names import HF_ALIASES, map_metrics, warden_aliases
 from sidecars.bridge.runid import journal_run_id, sanitize_run_id
 from sidecars.bridge.stability import Stability, tree_state
-from sidecars.signer.manifest import DEFAULT_IGNORE_PATHS, announce_tree
 from trainer import events as ev
 from warden.errors import WardenError
+from warden.signing.manifest import DEFAULT_IGNORE_PATHS, announce_tree
 
 log = logging.getLogger("warden.hf")
 SOURCE = "hf"

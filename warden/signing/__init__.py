@@ -15,8 +15,8 @@ The API other parts of Warden call::
     result.ok, result.report(), result.raise_for_problems()
 """
 
-from sidecars.signer.dsse import SignResult, sign_checkpoint, signature_path_for
-from sidecars.signer.errors import (
+from warden.signing.dsse import SignResult, sign_checkpoint, signature_path_for
+from warden.signing.errors import (
     CheckpointChanged,
     CheckpointUnreadable,
     CheckpointVanished,
@@ -27,7 +27,7 @@ from sidecars.signer.errors import (
     UnsupportedSignature,
     VerificationFailed,
 )
-from sidecars.signer.keys import (
+from warden.signing.keys import (
     TrustedKeys,
     generate_keypair,
     key_id,
@@ -35,8 +35,8 @@ from sidecars.signer.keys import (
     load_trusted_keys,
     trusted_keys_from,
 )
-from sidecars.signer.manifest import Provenance
-from sidecars.signer.verify import VerifyResult, read_signed_statement, verify_checkpoint
+from warden.signing.manifest import Provenance
+from warden.signing.verify import VerifyResult, read_signed_statement, verify_checkpoint
 
 __all__ = [
     "CheckpointChanged",

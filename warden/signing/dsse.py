@@ -28,7 +28,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from sidecars.signer.errors import (
+from trainer.events import atomic_write_bytes
+from warden.signing.errors import (
     AnnouncementMismatch,
     BadSignature,
     MalformedBundle,
@@ -38,7 +39,7 @@ from sidecars.signer.errors import (
     clipped,
     quoted,
 )
-from sidecars.signer.hashing import (
+from warden.signing.hashing import (
     FileEntry,
     ProgressCallback,
     hash_files,
@@ -46,8 +47,8 @@ from sidecars.signer.hashing import (
     refuse_unsafe,
     scan_tree,
 )
-from sidecars.signer.keys import TrustedKey, TrustedKeys, key_id
-from sidecars.signer.manifest import (
+from warden.signing.keys import TrustedKey, TrustedKeys, key_id
+from warden.signing.manifest import (
     DEFAULT_IGNORE_PATHS,
     FILES_SHA256,
     Announced,
@@ -61,7 +62,6 @@ from sidecars.signer.manifest import (
     parse_json,
     shard_resources,
 )
-from trainer.events import atomic_write_bytes
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"

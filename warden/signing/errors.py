@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from warden.errors import ConfigError, IncompleteError, ViolationError, WardenError
 
 if TYPE_CHECKING:
-    from sidecars.signer.verify import VerifyResult
+    from warden.signing.verify import VerifyResult
 
 
 QUOTE_LIMIT = 200
@@ -32,7 +32,7 @@ def clipped(text: str, limit: int = QUOTE_LIMIT) -> str:
 
 
 class SignerError(WardenError):
-    """Base of every error raised by :mod:`sidecars.signer` (exit code 3 unless a subclass says)."""
+    """Base of every error raised by :mod:`warden.signing` (exit code 3 unless a subclass says)."""
 
 
 # --- the checkpoint directory -------------------------------------------------------------

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Protocol, cast
 
-from sidecars.signer.errors import (
+from warden.signing.errors import (
     CheckpointChanged,
     CheckpointUnreadable,
     CheckpointVanished,

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from sidecars.signer.errors import InsecureKeyPermissions, KeyExistsError, KeyFileError
 from trainer.events import atomic_write_bytes
+from warden.signing.errors import InsecureKeyPermissions, KeyExistsError, KeyFileError
 
 PRIVATE_KEY_NAME = "signing.key"
 PUBLIC_KEY_NAME = "signing.pub"

@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from sidecars.signer.errors import PayloadMismatch, UnsupportedSignature, quoted
-from sidecars.signer.hashing import hash_tree, is_ignored, normalize_ignore_path
+from warden.signing.errors import PayloadMismatch, UnsupportedSignature, quoted
+from warden.signing.hashing import hash_tree, is_ignored, normalize_ignore_path
 
 HASH_ALGORITHM = "sha256"
 """The subject (root) digest is always SHA-256, whatever hashes the files."""
@@ -166,7 +166,7 @@ class Announced:
 
 
 def announced_root(hex_digests: Mapping[str, str], ignore_paths: Iterable[str] = DEFAULT_IGNORE_PATHS) -> Announced:
-    """The root digest :func:`sidecars.signer.dsse.sign_checkpoint` would sign, from ``{relpath: sha256 hex}``.
+    """The root digest :func:`warden.signing.dsse.sign_checkpoint` would sign, from ``{relpath: sha256 hex}``.
 
     ``hex_digests`` must list every regular file of the checkpoint (POSIX relative names,
     e.g. from the trainer's own manifest plus the manifest file itself). Paths under
@@ -189,11 +189,11 @@ def announce_tree(
     max_workers: int | None = None,
     cancel: threading.Event | None = None,
 ) -> Announced:
-    """Hashes the directory ``path`` as :func:`sidecars.signer.dsse.sign_checkpoint` will and
+    """Hashes the directory ``path`` as :func:`warden.signing.dsse.sign_checkpoint` will and
     returns the root digest and file count to announce in ``checkpoint.saved``.
 
     For trainer-side processes that have no manifest of their own (the HF callback, the verl
-    bridge). Raises like :func:`sidecars.signer.hashing.hash_tree` (UnsafePathError for a
+    bridge). Raises like :func:`warden.signing.hashing.hash_tree` (UnsafePathError for a
     symlink or special file inside, CheckpointVanished, CheckpointChanged, ...).
     """
     digests = hash_tree(path, ignore_paths, max_workers=max_workers, cancel=cancel)

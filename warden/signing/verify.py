@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecars.signer.dsse import (
+from warden.signing.dsse import (
     PAYLOAD_TYPE,
     Bundle,
     checkpoint_name,
@@ -32,7 +32,7 @@ from sidecars.signer.dsse import (
     signature_path_for,
     verify_bundle,
 )
-from sidecars.signer.errors import (
+from warden.signing.errors import (
     MalformedBundle,
     PayloadMismatch,
     SignatureMissing,
@@ -40,9 +40,9 @@ from sidecars.signer.errors import (
     SignatureUnreadable,
     VerificationFailed,
 )
-from sidecars.signer.hashing import ProgressCallback, hash_files, hash_shards, refusal_reason, scan_tree
-from sidecars.signer.keys import TrustedKeys
-from sidecars.signer.manifest import (
+from warden.signing.hashing import ProgressCallback, hash_files, hash_shards, refusal_reason, scan_tree
+from warden.signing.keys import TrustedKeys
+from warden.signing.manifest import (
     Provenance,
     SignedStatement,
     build_manifest,

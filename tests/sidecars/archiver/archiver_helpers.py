@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 from support import IN_CI, free_port, stop_process
 
-from sidecars.signer.keys import generate_keypair
+from warden.signing.keys import generate_keypair
 
 ACCESS_KEY = "wardentestkey"
 SECRET_KEY = "wardentestsecret0123456789"
@@ -287,7 +287,7 @@ class Harness:
         from sidecars.archiver.sidecar import ArchiverSidecar
         from sidecars.archiver.signing import RecordSigner
         from sidecars.runtime import SidecarContext
-        from sidecars.signer.keys import load_private_key
+        from warden.signing.keys import load_private_key
 
         ctx = SidecarContext(
             name="archiver", state_dir=str(self.state_dir), run_dir=str(self.run_dir), policy=self.policy()

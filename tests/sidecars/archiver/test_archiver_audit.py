@@ -11,8 +11,8 @@ from support import free_port, run_warden
 from sidecars.archiver.record import canonical_json, step_key
 from sidecars.archiver.signing import RecordSigner
 from sidecars.runtime import Outcome
-from sidecars.signer.keys import load_private_key
 from tests.sidecars.archiver.archiver_helpers import Harness, audit_cli, make_keys
+from warden.signing.keys import load_private_key
 
 STEPS = [*range(1, 6), *range(10, 13)]  # a gap: 6..9 never archived
 

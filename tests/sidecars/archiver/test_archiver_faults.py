@@ -23,9 +23,9 @@ from support import free_port, run_warden, scrape, spawn, stop_process, wait_htt
 from sidecars.archiver.audit import verify_run
 from sidecars.archiver.record import step_key
 from sidecars.archiver.store import open_store
-from sidecars.signer.keys import load_trusted_keys
 from tests.sidecars.archiver.archiver_helpers import CONFIG_DIGEST, S3Server, snapshot_data, spooled_files, write_policy
 from trainer.events import EventWriter
+from warden.signing.keys import load_trusted_keys
 
 pytestmark = pytest.mark.slow  # real servers, faults and kills: minutes (make test-fast skips)
 

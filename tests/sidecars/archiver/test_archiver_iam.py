@@ -11,8 +11,8 @@ import pytest
 from sidecars.archiver.audit import fetch_snapshot, list_steps, verify_run
 from sidecars.archiver.store import open_store
 from sidecars.runtime import Outcome
-from sidecars.signer.keys import load_trusted_keys
 from tests.sidecars.archiver.archiver_helpers import Harness
+from warden.signing.keys import load_trusted_keys
 
 IAM = pathlib.Path(__file__).resolve().parents[3] / "policies" / "iam"
 BUCKET = "arn:aws:s3:::warden-archive"

@@ -27,8 +27,8 @@ from sidecars.archiver.record import (
     valid_run_id,
 )
 from sidecars.archiver.signing import RecordSigner, verify_head, verify_record
-from sidecars.signer.keys import load_private_key, load_trusted_keys
 from tests.sidecars.archiver.archiver_helpers import make_keys
+from warden.signing.keys import load_private_key, load_trusted_keys
 
 LIMITS = Limits(top_k=2, min_reward=None, max_text_bytes=64)
 

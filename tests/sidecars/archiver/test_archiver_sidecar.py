@@ -16,8 +16,8 @@ from sidecars.archiver.record import head_key, step_key
 from sidecars.archiver.spool import Spool
 from sidecars.archiver.store import FileStore, S3Store, open_store
 from sidecars.runtime import Outcome
-from sidecars.signer.keys import load_trusted_keys
 from tests.sidecars.archiver.archiver_helpers import CONFIG_DIGEST, Harness, metric, snapshot_data
+from warden.signing.keys import load_trusted_keys
 
 
 class Crash(BaseException):

@@ -21,10 +21,10 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from support import free_port, http_get, run_warden, spawn, stop_process, wait_http, warden_cmd
 
-from sidecars.signer import load_trusted_keys, read_signed_statement, verify_checkpoint
-from sidecars.signer.keys import generate_keypair
-from sidecars.signer.manifest import announced_root
 from trainer.events import CHECKPOINT_SAVED, EventWriter
+from warden.signing import load_trusted_keys, read_signed_statement, verify_checkpoint
+from warden.signing.keys import generate_keypair
+from warden.signing.manifest import announced_root
 
 MIB = 1 << 20
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

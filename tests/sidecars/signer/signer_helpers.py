@@ -20,8 +20,8 @@ from click.testing import CliRunner
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from sidecars.signer.commands import checkpoint_group, keys_group
-from sidecars.signer.keys import TrustedKeys, generate_keypair, load_private_key, load_trusted_keys
 from warden.errors import WardenError
+from warden.signing.keys import TrustedKeys, generate_keypair, load_private_key, load_trusted_keys
 
 # A checkpoint shaped like the trainer's: nested dirs, a multi-chunk tensor file, an empty file.
 CHECKPOINT_FILES: dict[str, bytes] = {

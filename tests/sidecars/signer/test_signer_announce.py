@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from sidecars.signer.announcements import Record, announcement_of, audit, statement_problem
-from sidecars.signer.dsse import sign_checkpoint
-from sidecars.signer.errors import AnnouncementMismatch
-from sidecars.signer.manifest import Announced, Manifest, Provenance, SignedStatement, announced_root
 from tests.sidecars.signer.signer_helpers import CHECKPOINT_FILES, make_keys, write_tree
+from warden.signing.dsse import sign_checkpoint
+from warden.signing.errors import AnnouncementMismatch
+from warden.signing.manifest import Announced, Manifest, Provenance, SignedStatement, announced_root
 
 
 def test_trainer_announcement_equals_what_sign_checkpoint_signs(tmp_path: Path) -> None:

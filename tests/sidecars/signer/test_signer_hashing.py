@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from sidecars.signer.errors import (
+from tests.sidecars.signer.signer_helpers import CHECKPOINT_FILES, write_tree
+from warden.errors import EXIT_INCOMPLETE, EXIT_VIOLATION
+from warden.signing.errors import (
     CheckpointChanged,
     CheckpointVanished,
     HashingCancelled,
     UnsafePathError,
 )
-from sidecars.signer.hashing import hash_files, hash_tree, scan_tree
-from tests.sidecars.signer.signer_helpers import CHECKPOINT_FILES, write_tree
-from warden.errors import EXIT_INCOMPLETE, EXIT_VIOLATION
+from warden.signing.hashing import hash_files, hash_tree, scan_tree
 
 
 def expected_digests(files: dict[str, bytes]) -> dict[str, bytes]:
@@ -160,7 +160,7 @@ def test_cancel_event_stops_hashing(tmp_path: Path) -> None:
 
 def test_importing_the_signer_does_not_import_torch() -> None:
     code = (
-        "import sys, sidecars.signer, sidecars.signer.commands, sidecars.signer.verify;"
+        "import sys, sidecars.signer, sidecars.signer.commands, warden.signing.verify;"
         "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from sidecars.signer import Provenance, sign_checkpoint, verify_checkpoint
-from sidecars.signer.dsse import decode_bundle
-from sidecars.signer.hashing import hash_tree
-from sidecars.signer.manifest import DEFAULT_IGNORE_PATHS, Serialization, build_manifest, build_statement
 from tests.sidecars.signer.signer_helpers import Keys, make_keys, model_signing_cli, run_model_signing, write_tree
+from warden.signing import Provenance, sign_checkpoint, verify_checkpoint
+from warden.signing.dsse import decode_bundle
+from warden.signing.hashing import hash_tree
+from warden.signing.manifest import DEFAULT_IGNORE_PATHS, Serialization, build_manifest, build_statement
 
 FILES = {
     "actor/model.safetensors": bytes(range(256)) * 4096,

@@ -11,9 +11,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from sidecars.signer.errors import InsecureKeyPermissions, KeyExistsError, KeyFileError
-from sidecars.signer.keys import generate_keypair, key_id, load_private_key, load_public_key, load_trusted_keys
 from warden.errors import EXIT_USAGE
+from warden.signing.errors import InsecureKeyPermissions, KeyExistsError, KeyFileError
+from warden.signing.keys import generate_keypair, key_id, load_private_key, load_public_key, load_trusted_keys
 
 
 def test_generate_writes_pkcs8_private_0600_and_public(tmp_path: Path) -> None:

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from sidecars.signer.dsse import decode_bundle, encode_bundle, pae, sign_payload, verify_bundle
-from sidecars.signer.errors import MalformedBundle, PayloadMismatch
-from sidecars.signer.keys import key_id, trusted_keys_from
-from sidecars.signer.manifest import (
+from warden.signing.dsse import decode_bundle, encode_bundle, pae, sign_payload, verify_bundle
+from warden.signing.errors import MalformedBundle, PayloadMismatch
+from warden.signing.keys import key_id, trusted_keys_from
+from warden.signing.manifest import (
     Provenance,
     build_manifest,
     build_statement,

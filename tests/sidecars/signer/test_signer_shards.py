@@ -11,17 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from sidecars.signer import Provenance, sign_checkpoint, verify_checkpoint
-from sidecars.signer.dsse import decode_bundle, encode_bundle, sign_payload
-from sidecars.signer.errors import (
+from sidecars.signer.policy import SignerPolicy
+from tests.sidecars.signer.signer_helpers import CHECKPOINT_FILES, Keys, copy_checkpoint, make_keys, write_tree
+from warden.signing import Provenance, sign_checkpoint, verify_checkpoint
+from warden.signing.dsse import decode_bundle, encode_bundle, sign_payload
+from warden.signing.errors import (
     AnnouncementMismatch,
     CheckpointChanged,
     PayloadMismatch,
     UnsafePathError,
     UnsupportedSignature,
 )
-from sidecars.signer.hashing import FileEntry, hash_files, hash_shards, plan_jobs, scan_tree, shard_bounds
-from sidecars.signer.manifest import (
+from warden.signing.hashing import FileEntry, hash_files, hash_shards, plan_jobs, scan_tree, shard_bounds
+from warden.signing.manifest import (
     Serialization,
     announce_tree,
     announced_root,
@@ -29,8 +31,6 @@ from sidecars.signer.manifest import (
     parse_statement,
     shard_resources,
 )
-from sidecars.signer.policy import SignerPolicy
-from tests.sidecars.signer.signer_helpers import CHECKPOINT_FILES, Keys, copy_checkpoint, make_keys, write_tree
 
 SHARD = 1 << 20
 SHARDS = Serialization("shards", "sha256", SHARD)
@@ -52,6 +52,14 @@ def template(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
 @pytest.fixture()
 def ckpt(tmp_path: Path, template: Path) -> Path:
     return copy_checkpoint(template, tmp_path / "step-000000050")
+
+
+@pytest.fixture()
+def shard_ckpt(tmp_path: Path, keys: Keys) -> Path:
+    """A checkpoint signed in shards mode only (for the tests about shard statements)."""
+    root = write_tree(tmp_path / "step-000000050", CHECKPOINT_FILES)
+    sign_checkpoint(root, keys.private, Provenance(run_id="r", step=50), serialization=SHARDS)
+    return root
 
 
 def statement_of(path: Path) -> dict:
@@ -175,10 +183,8 @@ def test_symlink_is_refused_in_shard_mode(ckpt: Path, keys: Keys, tmp_path: Path
         sign_checkpoint(ckpt, keys.private, serialization=SHARDS)
 
 
-def test_a_shard_name_off_the_shard_grid_is_a_payload_mismatch(ckpt: Path, keys: Keys) -> None:
-    statement = statement_of(ckpt)
-    if statement["predicate"]["serialization"]["method"] != "shards":
-        pytest.skip("shards only")
+def test_a_shard_name_off_the_shard_grid_is_a_payload_mismatch(shard_ckpt: Path, keys: Keys) -> None:
+    statement = statement_of(shard_ckpt)
     resources = statement["predicate"]["resources"]
     index = next(i for i, r in enumerate(resources) if r["name"].endswith(f":{SHARD}:{2 * SHARD}"))
     resources[index]["name"] = resources[index]["name"].replace(f":{SHARD}:{2 * SHARD}", f":{SHARD + 7}:{2 * SHARD}")
@@ -186,10 +192,9 @@ def test_a_shard_name_off_the_shard_grid_is_a_payload_mismatch(ckpt: Path, keys:
         parse_statement(json.dumps(statement).encode())
 
 
-def test_model_signings_float_shard_size_is_read_and_a_bad_one_is_unsupported(ckpt: Path, keys: Keys) -> None:
+def test_model_signings_float_shard_size_is_read_and_a_bad_one_is_unsupported(shard_ckpt: Path, keys: Keys) -> None:
+    ckpt = shard_ckpt
     statement = statement_of(ckpt)
-    if statement["predicate"]["serialization"]["method"] != "shards":
-        pytest.skip("shards only")
     statement["predicate"]["serialization"]["shard_size"] = float(SHARD)
     assert parse_statement(json.dumps(statement).encode()).manifest.serialization == SHARDS
     for bad in (0, 1.5, "1048576", True):

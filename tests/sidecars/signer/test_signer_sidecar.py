@@ -11,9 +11,9 @@ from pathlib import Path
 
 from support import http_get, run_warden
 
-from sidecars.signer import load_trusted_keys, read_signed_statement, verify_checkpoint
 from tests.sidecars.signer.signer_helpers import run_model_signing
 from trainer.events import RUN_STARTED
+from warden.signing import load_trusted_keys, read_signed_statement, verify_checkpoint
 
 SIGNED = "warden_signer_signed_total"
 HASHED = "warden_signer_hashed_bytes_total"

@@ -14,12 +14,6 @@ from typing import Any
 
 import pytest
 
-from sidecars.signer import Provenance, VerificationFailed, sign_checkpoint, verify_checkpoint
-from sidecars.signer.dsse import decode_bundle, encode_bundle, sign_payload
-from sidecars.signer.errors import SignatureMissing, UnsupportedSignature
-from sidecars.signer.keys import load_trusted_keys, trusted_keys_from
-from sidecars.signer.manifest import parse_statement
-from sidecars.signer.verify import read_signed_statement
 from tests.sidecars.signer.signer_helpers import (
     CHECKPOINT_FILES,
     Keys,
@@ -29,6 +23,12 @@ from tests.sidecars.signer.signer_helpers import (
     write_tree,
 )
 from warden.errors import EXIT_INCOMPLETE, EXIT_VIOLATION
+from warden.signing import Provenance, VerificationFailed, sign_checkpoint, verify_checkpoint
+from warden.signing.dsse import decode_bundle, encode_bundle, sign_payload
+from warden.signing.errors import SignatureMissing, UnsupportedSignature
+from warden.signing.keys import load_trusted_keys, trusted_keys_from
+from warden.signing.manifest import parse_statement
+from warden.signing.verify import read_signed_statement
 
 
 @pytest.fixture(scope="module")
