@@ -24,6 +24,7 @@ dtype (the trained actor keeps float32 master weights), refreshed in place after
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import sys
 import time
@@ -187,15 +188,17 @@ class HFRollout:
         from transformers import StoppingCriteriaList
 
         progress = _Progress(self.cfg.max_new_tokens, self.cfg.progress)
+        if progress.enabled:
+            kwargs = {**kwargs, "stopping_criteria": StoppingCriteriaList([progress])}
+        # No cyclic garbage is made while decoding, but a collection of the whole heap (models,
+        # compiled graphs) can land inside it: hundreds of milliseconds at a time on a GPU step.
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             if self.static and not self.static_failed:
                 try:
                     return self.model.generate(
-                        input_ids=prompt_ids,
-                        attention_mask=prompt_mask,
-                        cache_implementation="static",
-                        stopping_criteria=StoppingCriteriaList([progress]),
-                        **kwargs,
+                        input_ids=prompt_ids, attention_mask=prompt_mask, cache_implementation="static", **kwargs
                     )
                 except Exception as exc:  # any failure of the compiled path: the dynamic cache still works
                     self.static_failed = True
@@ -204,13 +207,10 @@ class HFRollout:
                         type(exc).__name__,
                         str(exc)[:300],
                     )
-            return self.model.generate(
-                input_ids=prompt_ids,
-                attention_mask=prompt_mask,
-                stopping_criteria=StoppingCriteriaList([progress]),
-                **kwargs,
-            )
+            return self.model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, **kwargs)
         finally:
+            if collecting:
+                gc.enable()
             progress.close()
 
     @torch.no_grad()
