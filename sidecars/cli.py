@@ -35,6 +35,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "demo": "sidecars.stack.commands:demo",
     "stack": "sidecars.stack.commands:stack",
     "init": "sidecars.commands.init:init",
+    "compare": "sidecars.commands.compare:compare",
 }
 
 

@@ -1,0 +1,57 @@
+"""Follows a baseline and a candidate journal and exports how far they diverge (``warden_shadow_*``).
+
+Both journals are read incrementally at each periodic check (the runner follows one journal
+only; this sidecar handles no events of its own). A divergence is a violation of the check.
+"""
+
+from __future__ import annotations
+
+import os
+
+from sidecars.runtime import Outcome, Sidecar, SidecarContext
+from sidecars.shadow.compare import compare_series
+from sidecars.shadow.errors import ShadowConfigError
+from sidecars.shadow.journals import FollowedJournal, journal_path
+from sidecars.shadow.metrics import ShadowMetrics, reading_of
+from sidecars.shadow.policy import ShadowPolicy
+
+
+def resolve_run(value: str | None, policy_path: str | None) -> str | None:
+    """A run named in the policy; relative paths resolve against the policy file, never the cwd."""
+    if not value:
+        return None
+    if os.path.isabs(value) or policy_path is None:
+        return value
+    return os.path.join(os.path.dirname(os.path.abspath(policy_path)), value)
+
+
+class ShadowSidecar(Sidecar):
+    name = "shadow"
+    description = "follows a baseline and a candidate journal and exports their step-by-step divergence"
+    default_port = 9468
+    policy_schema = ShadowPolicy
+
+    def __init__(self, ctx: SidecarContext) -> None:
+        super().__init__(ctx)
+        self.policy: ShadowPolicy = ctx.policy or ShadowPolicy()
+        baseline = resolve_run(self.policy.baseline, ctx.policy_path)
+        candidate = resolve_run(self.policy.candidate, ctx.policy_path) or ctx.run_dir
+        if baseline is None or candidate is None:
+            raise ShadowConfigError(
+                f"{ctx.policy_path or 'shadow policy'}: baseline: name the reference run"
+                + ("" if candidate else "; and candidate, or pass --run-dir")
+            )
+        self.baseline = FollowedJournal(journal_path(baseline))
+        self.candidate = FollowedJournal(journal_path(candidate))
+        self.metrics = ShadowMetrics(ctx.registry)
+
+    @property
+    def check_interval_seconds(self) -> float:
+        return self.policy.check_interval_seconds
+
+    def check(self) -> Outcome:
+        self.baseline.poll()
+        self.candidate.poll()
+        comparison = compare_series(self.baseline.series, self.candidate.series, self.policy)
+        self.metrics.show(reading_of(comparison, self.baseline.series, self.candidate.series))
+        return Outcome.OK if comparison.ok else Outcome.VIOLATION
