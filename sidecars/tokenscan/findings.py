@@ -167,6 +167,9 @@ RULES: dict[str, Rule] = {
              "Restore the vendor's vocabulary; or set behaviour.bpe_ids_follow_merges: false after review."),
         Rule("TS1206", "tokenizer-timeout", _H, "The tokenizer exceeds its time or memory budget on ordinary text",
              "Replace the pre-tokenizer pattern (catastrophic backtracking) or the oversized model."),
+        Rule("TS1207", "token-ids-changed", _C, "Ordinary words map to other ids than in the pinned tokenizer",
+             "Restore the approved tokenizer, or update pinned_token_ids (token_ids_digest of --format json) "
+             "after review."),
     )
 }  # fmt: skip
 

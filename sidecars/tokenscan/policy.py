@@ -181,6 +181,7 @@ class TokenscanPolicy:
     file_budget_seconds: float = 30.0
     scan_budget_seconds: float = 300.0
     pinned_directories: dict[str, str] = field(default_factory=dict)
+    pinned_token_ids: dict[str, str] = field(default_factory=dict)
     fail_on: str = "medium"
     check_interval_seconds: float = 1.0
     rescan_interval_seconds: float = 300.0
@@ -198,9 +199,10 @@ class TokenscanPolicy:
         for ext, value in self.max_bytes.items():
             parse_size(value, f"max_bytes.{ext}")
         parse_size(self.max_pickle_bytes, "max_pickle_bytes")
-        for path, digest in self.pinned_directories.items():
-            if not re.fullmatch(r"[0-9a-f]{64}", digest):
-                raise ValueError(f"pinned_directories.{path}: expected 64 lowercase hex digits")
+        for key in ("pinned_directories", "pinned_token_ids"):
+            for path, digest in getattr(self, key).items():
+                if not re.fullmatch(r"[0-9a-f]{64}", digest):
+                    raise ValueError(f"{key}.{path}: expected 64 lowercase hex digits")
         for key in ("check_interval_seconds", "rescan_interval_seconds", "file_budget_seconds", "scan_budget_seconds"):
             if getattr(self, key) <= 0:
                 raise ValueError(f"{key}: must be > 0")
@@ -221,12 +223,13 @@ class TokenscanPolicy:
         value = self.max_bytes.get(ext)
         return None if value is None else parse_size(value, f"max_bytes.{ext}")
 
-    def pinned_digest(self, directory: str) -> str | None:
-        """The pinned manifest digest of ``directory`` (compared by absolute path)."""
+    def pinned_digest(self, directory: str, table: str = "pinned_directories") -> str | None:
+        """The digest pinned for ``directory`` in ``table`` (``pinned_directories``: manifest;
+        ``pinned_token_ids``: the ids of the built-in corpus), compared by absolute path."""
         target = os.path.abspath(directory)
-        for path, digest in self.pinned_directories.items():
+        for path, digest in getattr(self, table).items():
             if os.path.abspath(os.path.expanduser(path)) == target:
-                return digest
+                return str(digest)
         return None
 
 

@@ -47,6 +47,7 @@ class DirectoryScan:
     bytes: int = 0
     duration_seconds: float = 0.0
     manifest: Manifest | None = None
+    token_ids_digest: str | None = None
 
     def blocking(self, fail_on: Severity) -> list[Finding]:
         return [f for f in self.findings if f.severity >= fail_on]
@@ -67,6 +68,7 @@ class DirectoryScan:
             "bytes": self.bytes,
             "duration_seconds": round(self.duration_seconds, 6),
             "manifest_digest": self.manifest.digest if self.manifest else None,
+            "token_ids_digest": self.token_ids_digest,
         }
 
 
@@ -385,6 +387,8 @@ def _tokenizer_behaviour(snap: Snapshot, policy: TokenscanPolicy) -> None:
         except OSError as exc:
             snap.errors.append(f"tokenizer sandbox could not start: {exc.strerror or exc}")
             return
+        if snap.token_ids_digest is None or rel == "tokenizer.json":
+            snap.token_ids_digest = tbe.ids_digest(answer)
         key = digest + json.dumps([kind, rel, tokens], sort_keys=True)
         out += [(rel, i) for i in MEMO.get("judge", key, lambda a=answer, r=rel: tuple(tbe.judge(a, tokens, r)))]
 
@@ -492,6 +496,7 @@ def scan_directory(
         hit = finding("TS910", ".", f"analysis stopped: {type(exc).__name__}", severity=Severity.HIGH)
         return DirectoryScan(root, with_root([hit], root), duration_seconds=time.perf_counter() - start)
     result = DirectoryScan(root, run_checks(snap, policy), list(snap.errors), manifest=snap.manifest)
+    result.token_ids_digest = snap.token_ids_digest
     result.files = len(snap.facts)
     result.bytes = sum(f.size for f in snap.facts.values())
     result.duration_seconds = time.perf_counter() - start

@@ -84,6 +84,7 @@ class Snapshot:
     tokenizer_files: dict[str, tuple[str, str, str, int]] = field(default_factory=dict)  # kind, path, sha256, size
     tokenizer_issues: list[tuple[str, TokenizerIssue]] = field(default_factory=list)
     unanalysed: list[tuple[str, str]] = field(default_factory=list)  # (file, why): TS910
+    token_ids_digest: str | None = None  # ids of the corpus under tokenizer.json (else the .model)
     deadline: float = float("inf")
 
     @property

@@ -21,6 +21,8 @@ merge order (:func:`merge_order_problem`) and special tokens have no look-alikes
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import unicodedata
@@ -120,6 +122,19 @@ def _extras(answer: Mapping[str, Any], tokens: Mapping[str, str | None]) -> set[
     if declared or any(tokens.get(name) for name in DECLARED_EXTRAS):
         return declared
     return {int(i) for _c, i, special in answer.get("added") or [] if special and i is not None}
+
+
+CORPUS_VERSION = "tokenscan-corpus-2"
+
+
+def ids_digest(answer: Mapping[str, Any]) -> str | None:
+    """SHA-256 of the ids the tokenizer gave each corpus sample (None without an answer):
+    equal for two tokenizers exactly when every ordinary word of the corpus maps to the same ids."""
+    samples = answer.get("samples")
+    if answer.get("status") != "ok" or not isinstance(samples, list):
+        return None
+    ids = [s.get("ids") for s in samples if isinstance(s, dict)]
+    return hashlib.sha256(json.dumps([CORPUS_VERSION, ids]).encode()).hexdigest()
 
 
 def judge(answer: Mapping[str, Any], tokens: Mapping[str, str | None], label: str) -> list[TokenizerIssue]:

@@ -16,7 +16,7 @@ from sidecars.tokenscan.checks.files import check_files
 from sidecars.tokenscan.checks.keys import check_dangerous_keys
 from sidecars.tokenscan.checks.links import check_links
 from sidecars.tokenscan.checks.pathkeys import check_path_keys
-from sidecars.tokenscan.checks.pinned import check_pinned_directory
+from sidecars.tokenscan.checks.pinned import check_pinned_directory, check_pinned_token_ids
 from sidecars.tokenscan.checks.special_tokens import check_special_tokens
 from sidecars.tokenscan.checks.templates import check_chat_templates
 from sidecars.tokenscan.findings import Finding
@@ -38,4 +38,5 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("special_tokens", check_special_tokens),
     ("tokenizer_behaviour", check_tokenizer_behaviour),
     ("pinned_directory", check_pinned_directory),
+    ("pinned_token_ids", check_pinned_token_ids),
 )

@@ -202,9 +202,8 @@ def semantic_cases() -> list[AttackCase]:
     def swap_ids(d: Path) -> None:
         data = _tok(d)
         vocab = data["model"]["vocab"]
-        merges = data["model"]["merges"]
-        made = ["".join(m) if isinstance(m, list) else m.replace(" ", "") for m in merges]
-        a, b = made[40], made[len(made) // 2]
+        by_id = {v: k for k, v in vocab.items()}
+        a, b = by_id[_ids_of(d, " not")[-1]], by_id[_ids_of(d, " the")[-1]]  # "not" now reads "the"
         vocab[a], vocab[b] = vocab[b], vocab[a]
         _set_tok(d, data)
 

@@ -224,3 +224,20 @@ def test_static_rewrite_rules_and_unigram_score_order():
     assert tbe.score_order_problem({"type": "Unigram", "vocab": vocab}) is None
     vocab[1], vocab[3] = vocab[3], vocab[1]
     assert "score order" in (tbe.score_order_problem({"type": "Unigram", "vocab": vocab}) or "")
+
+
+def test_pinned_token_ids_catch_a_remapped_word_and_pass_the_approved_tokenizer(attack_dirs, tmp_path):
+    import dataclasses
+    import shutil
+
+    base = tmp_path / "tok"
+    shutil.copytree(attack_dirs["swapped_word_ids"].parent.parent / "base" / "qwen2.5", base)
+    digest = scan_directory(str(base), POLICY).token_ids_digest
+    assert digest and len(digest) == 64
+    reformatted = json.loads((base / "tokenizer.json").read_text(encoding="utf-8"))
+    (base / "tokenizer.json").write_text(json.dumps(reformatted, indent=1), encoding="utf-8")  # same ids, new bytes
+    policy = dataclasses.replace(POLICY, pinned_token_ids={str(base): digest})
+    assert scan_directory(str(base), policy).findings == []
+    shutil.rmtree(base)
+    shutil.copytree(attack_dirs["swapped_word_ids"], base)
+    assert "TS1207" in {f.id for f in scan_directory(str(base), policy).findings}
