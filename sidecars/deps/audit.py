@@ -145,7 +145,7 @@ def _integrity(report: AuditReport, settings: AuditSettings, cancel: threading.E
     report.stats["integrity"] = {**stats.to_dict(), "full_pass": full, "cache": bool(cache.path)}
     report.stats["integrity"].pop("notes", None)
     if full and not incomplete:
-        cache.last_full_pass = now
+        cache.mark_full_pass(now)
     try:
         cache.save()
     except OSError as exc:

@@ -5,6 +5,12 @@ digest; ctime is kept beside the issue's size+mtime+inode because ``touch -d`` c
 an mtime back but nothing in user space can set ctime. A periodic full pass re-hashes
 everything anyway. The cache lives in the state dir, one file per target, written
 atomically; a missing or corrupt cache only costs a full pass.
+
+``.pyc`` verdicts are kept twice: by path with the stat identities of the pyc and its source
+(an incremental audit only stats), and by content (``verdicts``: keys of
+:func:`sidecars.deps.pyccheck.verdict_key` over both files' digests, the interpreter and the
+optimisation level), so a full pass re-hashes every file but compiles only pairs it has not
+seen. Nothing is written when nothing changed.
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from typing import Any
 
 from trainer.events import atomic_write_bytes
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 StatKey = tuple[int, int, int, int]
 
 
@@ -31,8 +37,11 @@ class IntegrityCache:
         self.path = path
         self.files: dict[str, list[Any]] = {}
         self.pyc: dict[str, list[int]] = {}
+        self.verdicts: set[str] = set()
         self.last_full_pass = 0.0
         self.loaded = False
+        self.dirty = False
+        self._verdicts_used: set[str] = set()
 
     @staticmethod
     def for_target(state_dir: str | None, site_packages: tuple[str, ...]) -> IntegrityCache:
@@ -50,18 +59,30 @@ class IntegrityCache:
             if raw.get("version") == CACHE_VERSION:
                 self.files = dict(raw.get("files") or {})
                 self.pyc = dict(raw.get("pyc") or {})
+                self.verdicts = {str(k) for k in raw.get("verdicts") or ()}
                 self.last_full_pass = float(raw.get("last_full_pass") or 0.0)
                 self.loaded = True
         except (OSError, ValueError, TypeError, AttributeError):
-            self.files, self.pyc, self.last_full_pass = {}, {}, 0.0
+            self.files, self.pyc, self.verdicts, self.last_full_pass = {}, {}, set(), 0.0
         return self
 
     def save(self) -> None:
-        if not self.path:
+        if not self.path or not self.dirty:
             return
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        body = {"version": CACHE_VERSION, "last_full_pass": self.last_full_pass, "files": self.files, "pyc": self.pyc}
+        body = {
+            "version": CACHE_VERSION,
+            "last_full_pass": self.last_full_pass,
+            "files": self.files,
+            "pyc": self.pyc,
+            "verdicts": sorted(self.verdicts),
+        }
         atomic_write_bytes(self.path, json.dumps(body, separators=(",", ":")).encode())
+        self.dirty = False
+
+    def mark_full_pass(self, now: float) -> None:
+        self.last_full_pass = now
+        self.dirty = True
 
     def digest(self, path: str, key: StatKey, algo: str) -> str | None:
         entry = self.files.get(path)
@@ -70,15 +91,37 @@ class IntegrityCache:
         return None
 
     def put_digest(self, path: str, key: StatKey, digest: str) -> None:
-        self.files[path] = [*key, digest]
+        entry = [*key, digest]
+        if self.files.get(path) != entry:
+            self.files[path] = entry
+            self.dirty = True
 
     def pyc_ok(self, pyc_path: str, key: list[int]) -> bool:
         return self.pyc.get(pyc_path) == key
 
     def put_pyc_ok(self, pyc_path: str, key: list[int]) -> None:
-        self.pyc[pyc_path] = key
+        if self.pyc.get(pyc_path) != key:
+            self.pyc[pyc_path] = key
+            self.dirty = True
 
-    def prune(self, live: set[str]) -> None:
-        """Forgets files that no longer exist, so the cache does not grow forever."""
-        self.files = {p: v for p, v in self.files.items() if p in live}
-        self.pyc = {p: v for p, v in self.pyc.items() if p in live}
+    def verdict_ok(self, key: str) -> bool:
+        """Whether this exact (pyc bytes, source bytes, interpreter, optimisation) was verified ``ok``."""
+        if key in self.verdicts:
+            self._verdicts_used.add(key)
+            return True
+        return False
+
+    def put_verdict_ok(self, key: str) -> None:
+        self._verdicts_used.add(key)
+        if key not in self.verdicts:
+            self.verdicts.add(key)
+            self.dirty = True
+
+    def prune(self, live: set[str], full_pass: bool = False) -> None:
+        """Forgets files that no longer exist (and, after a full pass, verdicts no pair used),
+        so the cache does not grow forever."""
+        files = {p: v for p, v in self.files.items() if p in live}
+        pyc = {p: v for p, v in self.pyc.items() if p in live}
+        verdicts = self.verdicts & self._verdicts_used if full_pass else self.verdicts
+        if len(files) != len(self.files) or len(pyc) != len(self.pyc) or len(verdicts) != len(self.verdicts):
+            self.files, self.pyc, self.verdicts, self.dirty = files, pyc, verdicts, True

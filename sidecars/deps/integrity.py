@@ -31,6 +31,7 @@ from sidecars.deps.model import Finding
 from sidecars.deps.pyccheck import MISMATCH, OK
 from sidecars.deps.walk import kind_of, link_escapes, read_small, safe_digest, sha256_hex, walk_tree
 from warden.errors import quote_untrusted
+from warden.safeio import open_regular
 
 INTEGRITY_KINDS = (
     "tampered",
@@ -87,6 +88,7 @@ class IntegrityStats:
     outside_missing: int = 0
     pyc_checked: int = 0
     pyc_cached: int = 0
+    pyc_verdict_cached: int = 0
     pyc_stale: int = 0
     pyc_not_verifiable: int = 0
     notes: list[str] = field(default_factory=list)
@@ -298,8 +300,8 @@ def _pyc_pairs(pyc_sources: dict[str, str], cache_tag: str | None) -> list[tuple
     return pairs
 
 
-def _worker_batch(pairs: list[tuple[str, str]], timeout: float) -> list[tuple[str, str, str]]:
-    """Verifies ``pairs`` in a fresh interpreter running pyccheck.py as a script (stdlib only).
+def _worker_batch(pairs: list[tuple[str, str]], timeout: float) -> list[tuple[str, str, str, str, str]]:
+    """Verifies ``pairs`` in a fresh interpreter running pyccheck.py as a script.
 
     A process, not a thread or multiprocessing: hostile bytecode that crashes ``marshal``
     kills that worker only, and nothing of the caller's ``__main__`` is re-imported.
@@ -308,27 +310,65 @@ def _worker_batch(pairs: list[tuple[str, str]], timeout: float) -> list[tuple[st
     try:
         proc = subprocess.run(cmd, input=json.dumps(pairs), capture_output=True, text=True, timeout=timeout)
         rows = json.loads(proc.stdout)
-        return [(str(p), str(v), str(r)) for p, v, r in rows]
+        return [(str(p), str(v), str(r), str(dp), str(ds)) for p, v, r, dp, ds in rows]
     except subprocess.TimeoutExpired:
         why = f"the .pyc checker did not finish within {timeout:.0f}s"
     except (ValueError, TypeError):
         why = f"the .pyc checker died (exit {proc.returncode}) on this batch: {proc.stderr.strip()[-200:]}"
-    return [(p, MISMATCH, why) for p, _ in pairs]
+    return [(p, MISMATCH, why, "", "") for p, _ in pairs]
+
+
+def _batches(pairs: list[tuple[str, str]], workers: int) -> list[list[tuple[str, str]]]:
+    """About four batches per worker (so one slow batch does not hold the rest), at least CHUNK pairs each."""
+    if not pairs:
+        return []
+    size = max(CHUNK, -(-len(pairs) // (4 * workers)))
+    return [pairs[i : i + size] for i in range(0, len(pairs), size)]
 
 
 def _run_pyc_batches(
     pairs: list[tuple[str, str]], workers: int, cancel: threading.Event
-) -> Iterable[tuple[str, str, str]]:
-    if not pairs:
+) -> Iterable[tuple[str, str, str, str, str]]:
+    batches = _batches(pairs, _workers(workers))
+    if not batches:
         return
-    count = min(_workers(workers), max(1, len(pairs) // CHUNK))
-    parts = [pairs[i::count] for i in range(count)]
-    with cf.ThreadPoolExecutor(count, thread_name_prefix="deps-pyc") as pool:
-        futures = [pool.submit(_worker_batch, part, PYC_TIMEOUT) for part in parts]
-        for fut in cf.as_completed(futures):
-            if cancel.is_set():
-                return
-            yield from fut.result()
+    with cf.ThreadPoolExecutor(min(_workers(workers), len(batches)), thread_name_prefix="deps-pyc") as pool:
+        futures = [pool.submit(_worker_batch, batch, PYC_TIMEOUT) for batch in batches]
+        try:
+            for fut in cf.as_completed(futures):
+                if cancel.is_set():
+                    return
+                yield from fut.result()
+        finally:
+            for fut in futures:
+                fut.cancel()
+
+
+def pair_key(header: bytes, pyc_digest: str, source_digest: str, source_st: os.stat_result, pyc: str) -> str | None:
+    """Pure: None when the header says the import system would not load the pyc (stale), else the
+    key of its verdict. A checked-hash header is not judged here: the worker compares its hash
+    with the source bytes (and the body with a compile all the same)."""
+    if pyccheck.is_loaded(header, None, int(source_st.st_mtime), source_st.st_size) is False:
+        return None
+    return pyccheck.verdict_key(pyc_digest, source_digest, pyccheck.interpreter_id(), pyccheck.optimize_level(pyc))
+
+
+def _pair_digests(
+    pyc: str, source: str, walked: dict[str, os.stat_result], cache: IntegrityCache
+) -> tuple[bytes, str, str]:
+    """(pyc header, pyc digest, source digest) read here without following links; the source's
+    digest comes from the RECORD hashing of this audit when its stat is unchanged. Raises OSError."""
+    with open_regular(pyc, max_bytes=pyccheck.MAX_BYTES) as fh:
+        data = fh.read(pyccheck.MAX_BYTES)
+    source_digest = cache.digest(source, stat_key(walked[source]), "sha256")
+    if source_digest is None:
+        with open_regular(source, max_bytes=pyccheck.MAX_BYTES) as fh:
+            source_digest = pyccheck.record_form(fh.read(pyccheck.MAX_BYTES))
+    return data[:16], pyccheck.record_form(data), source_digest
+
+
+def _pyc_finding(pyc: str, reason: str) -> Finding:
+    return Finding("integrity", "pyc_mismatch", pyc, f"{pyc}: {reason}; Python would run this bytecode")
 
 
 def _check_pycs(
@@ -340,6 +380,9 @@ def _check_pycs(
     stats: IntegrityStats,
     cancel: threading.Event,
 ) -> list[Finding]:
+    """Every pyc the target would load equals a fresh compile of its source. Incremental: a pair
+    whose two stat identities are unchanged keeps its verdict; otherwise (and on a full pass) both
+    files are hashed and a pair whose exact bytes were verified before is not compiled again."""
     if not options.check_pyc:
         return []
     if target.magic != auditor_magic() or not target.cache_tag:
@@ -351,28 +394,66 @@ def _check_pycs(
                 "run the auditor with the target's Python version"
             )
         return []
+    findings: list[Finding] = []
     keys: dict[str, list[int]] = {}
-    todo = []
+    todo: list[tuple[str, str]] = []
     for pyc, source in _pyc_pairs(pyc_sources, target.cache_tag):
+        kinds = (kind_of(walked[pyc].st_mode), kind_of(walked[source].st_mode))
+        if kinds != ("file", "file"):
+            what = "the .pyc" if kinds[0] != "file" else "its source"
+            reason = f"{what} is a {kinds[0] if kinds[0] != 'file' else kinds[1]}, never read by the auditor"
+            findings.append(_pyc_finding(pyc, reason))
+            continue
         keys[pyc] = [*stat_key(walked[pyc]), *stat_key(walked[source])]
         if not options.full_pass and cache.pyc_ok(pyc, keys[pyc]):
             stats.pyc_cached += 1
         else:
             todo.append((pyc, source))
-    findings = []
-    for pyc, verdict, reason in _run_pyc_batches(todo, options.workers, cancel):
+    compile_todo = _triage_all(todo, walked, cache, options, stats, keys)
+    for pyc, verdict, reason, pyc_digest, source_digest in _run_pyc_batches(compile_todo, options.workers, cancel):
         stats.pyc_checked += 1
         if verdict == OK:
             cache.put_pyc_ok(pyc, keys[pyc])
+            opt = pyccheck.optimize_level(pyc)
+            cache.put_verdict_ok(pyccheck.verdict_key(pyc_digest, source_digest, pyccheck.interpreter_id(), opt))
         elif verdict == MISMATCH:
-            findings.append(
-                Finding("integrity", "pyc_mismatch", pyc, f"{pyc}: {reason}; Python would run this bytecode")
-            )
-        elif verdict == "error":
+            findings.append(_pyc_finding(pyc, reason))
+        elif verdict == pyccheck.ERROR:
             stats.notes.append(f"{pyc}: {reason}")
         else:
             stats.pyc_stale += 1
     return findings
+
+
+def _triage_all(
+    todo: list[tuple[str, str]],
+    walked: dict[str, os.stat_result],
+    cache: IntegrityCache,
+    options: IntegrityOptions,
+    stats: IntegrityStats,
+    keys: dict[str, list[int]],
+) -> list[tuple[str, str]]:
+    """The pairs a worker must compile: hashed here in threads, known-``ok`` bytes and stale headers dropped."""
+
+    def one(pair: tuple[str, str]) -> tuple[str, str, str | bool | None]:
+        pyc, source = pair
+        try:
+            header, pyc_digest, source_digest = _pair_digests(pyc, source, walked, cache)
+        except OSError:
+            return pyc, source, False  # the worker reads it again and reports why
+        return pyc, source, pair_key(header, pyc_digest, source_digest, walked[source], pyc)
+
+    out = []
+    with cf.ThreadPoolExecutor(_workers(options.workers), thread_name_prefix="deps-pyc-hash") as pool:
+        for pyc, source, key in pool.map(one, todo, chunksize=64):
+            if key is None:
+                stats.pyc_stale += 1
+            elif isinstance(key, str) and cache.verdict_ok(key):
+                stats.pyc_verdict_cached += 1
+                cache.put_pyc_ok(pyc, keys[pyc])
+            else:
+                out.append((pyc, source))
+    return out
 
 
 def _pth_findings(root: str, walked: dict[str, os.stat_result], rules: Sequence[PthRule]) -> list[Finding]:
@@ -502,7 +583,7 @@ def check_integrity(
     findings.extend(_interpreter(target, walked, options, unreadable))
     findings.extend(_check_pycs(walked, pyc_sources, target, cache, options, stats, cancel))
     environment = _environment_digests(target, walked, cache, unreadable)
-    cache.prune(set(walked) | {j.path for j in jobs} | set(environment))
+    cache.prune(set(walked) | {j.path for j in jobs} | set(environment), options.full_pass and not cancel.is_set())
     incomplete = [f"unreadable: {u}" for u in unreadable]
     if cancel.is_set():
         incomplete.append("integrity check cancelled")

@@ -31,7 +31,7 @@ import sys
 if not __package__:  # run as a script by the auditor (python -I): put the package root on sys.path
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from warden.safeio import open_regular  # noqa: E402
+from warden.safeio import open_regular
 
 _OPT = re.compile(r"\.opt-(\d)\.pyc$")
 MAX_BYTES = 64 * 1024 * 1024

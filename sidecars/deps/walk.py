@@ -6,22 +6,22 @@
   skipped silently.
 - :func:`safe_digest` never follows a link and never blocks: a symlink is hashed as its
   target *string* (so the incremental cache, keyed by the link's ``lstat``, and the hash
-  describe the same object), a regular file is opened ``O_NOFOLLOW | O_NONBLOCK`` and
-  checked again with ``fstat``, anything else raises.
+  describe the same object), a regular file is opened with ``warden.safeio`` (``O_NOFOLLOW |
+  O_NONBLOCK``, checked again with ``fstat``), anything else raises.
 - :func:`read_small` reads at most ``limit`` bytes of a regular file the same way.
 """
 
 from __future__ import annotations
 
 import base64
-import errno
 import hashlib
 import os
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+from warden.safeio import open_regular_fd
+
 READ_LIMIT = 16 * 1024 * 1024
 
 
@@ -80,22 +80,9 @@ def kind_of(mode: int) -> str:
     return "other"
 
 
-def open_regular(path: str) -> int:
-    """A read-only descriptor of ``path`` if it is (still) a regular file; never follows a
-    final symlink, never blocks on a FIFO swapped in after the listing. Raises OSError."""
-    fd = os.open(path, _OPEN_FLAGS)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", path)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
 def read_small(path: str, limit: int = READ_LIMIT) -> bytes:
     """At most ``limit`` bytes of the regular file ``path``. Raises OSError (links, FIFOs too)."""
-    fd = open_regular(path)
+    fd = open_regular_fd(path)
     with os.fdopen(fd, "rb") as fh:
         return fh.read(limit)
 
@@ -110,7 +97,7 @@ def safe_digest(path: str, algo: str) -> str:
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         return _encode(algo, hashlib.new(algo, os.readlink(path).encode("utf-8", "surrogateescape")).digest())
-    fd = open_regular(path)
+    fd = open_regular_fd(path)
     with os.fdopen(fd, "rb") as fh:
         return _encode(algo, hashlib.file_digest(fh, algo).digest())
 
@@ -120,7 +107,7 @@ def sha256_hex(path: str) -> str:
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         return "link:" + os.readlink(path)
-    fd = open_regular(path)
+    fd = open_regular_fd(path)
     with os.fdopen(fd, "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
