@@ -642,6 +642,32 @@ def journal_row() -> Row:
     return component_row("journal", "Journal", sidecar_success("journal", 300, 900), figures)
 
 
+def shadow_row() -> Row:
+    figures = [
+        sidecar_errors("shadow"),
+        count_stat(
+            "Diverged",
+            "max(warden_shadow_diverged)",
+            description="1: the candidate run left the tolerances of policies/shadow.yaml at a common step.",
+        ),
+        stat(
+            "First divergent step",
+            "max(warden_shadow_first_divergent_step)",
+            "none",
+            description="Lowest step with a divergence; -1 while none (`warden compare` names the metric).",
+        ),
+        stat("Common steps", "max(warden_shadow_common_steps)", "none", description="Steps both runs have completed."),
+        stat(
+            "Reward KS p-value",
+            "min(warden_shadow_reward_ks_p_value)",
+            "none",
+            description="Two-sample KS test of the newest judged step's reward snapshots (low: distributions differ).",
+            steps=((None, RED), (0.01, GREEN)),
+        ),
+    ]
+    return component_row("shadow", "Shadow", sidecar_success("shadow", 300, 900), figures)
+
+
 def alerts_row() -> Row:
     return Row(
         "Alerts",
@@ -714,6 +740,7 @@ def overview() -> Json:
         deps_row(),
         paths_row(),
         journal_row(),
+        shadow_row(),
         hosts_row(),
     ]
     return dashboard(

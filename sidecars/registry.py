@@ -19,6 +19,7 @@ SIDECARS: dict[str, str] = {
     "archiver": "sidecars.archiver.sidecar:ArchiverSidecar",
     "tokenscan": "sidecars.tokenscan.sidecar:TokenscanSidecar",
     "deps": "sidecars.deps.sidecar:DepsSidecar",
+    "shadow": "sidecars.shadow.sidecar:ShadowSidecar",
 }
 
 

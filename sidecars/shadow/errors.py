@@ -11,3 +11,7 @@ class ShadowConfigError(ConfigError):
 
 class NothingToCompare(IncompleteError):
     """The runs share no step with a judged metric or reward snapshot (exit 3)."""
+
+
+class ShadowInputError(IncompleteError):
+    """A followed journal cannot be read (not a regular file); the check is incomplete."""

@@ -12,7 +12,7 @@ import stat
 from dataclasses import dataclass, field
 
 from sidecars.shadow.align import RunSeries
-from sidecars.shadow.errors import ShadowConfigError
+from sidecars.shadow.errors import ShadowConfigError, ShadowInputError
 from trainer.events import JOURNAL_NAME, JournalReader
 
 
@@ -28,6 +28,12 @@ def journal_path(run: str) -> str:
     return path
 
 
+def journal_location(run: str) -> str:
+    """Where the journal of ``run`` is or will be: ``run`` itself when it names a ``.jsonl`` file
+    or an existing file, else ``<run>/events.jsonl`` (a run the sidecar may see before it starts)."""
+    return run if run.endswith(".jsonl") or os.path.isfile(run) else os.path.join(run, JOURNAL_NAME)
+
+
 @dataclass
 class FollowedJournal:
     """A journal read incrementally into a :class:`RunSeries` (the sidecar calls :meth:`poll`)."""
@@ -38,7 +44,16 @@ class FollowedJournal:
     _reader: JournalReader | None = None
 
     def poll(self) -> int:
-        """Folds in every complete event written since the last poll; returns how many were read."""
+        """Folds in every complete event written since the last poll; returns how many were read.
+
+        A journal not written yet reads as empty; anything but a regular file raises ShadowInputError.
+        """
+        try:
+            mode = os.stat(self.path).st_mode
+        except FileNotFoundError:
+            return 0
+        if not stat.S_ISREG(mode):
+            raise ShadowInputError(f"{self.path}: not a regular file, so not a journal")
         if self._reader is None:
             self._reader = JournalReader(self.path, on_problem=self._problem)
         count = 0

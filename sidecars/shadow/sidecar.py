@@ -11,9 +11,11 @@ import os
 from sidecars.runtime import Outcome, Sidecar, SidecarContext
 from sidecars.shadow.compare import compare_series
 from sidecars.shadow.errors import ShadowConfigError
-from sidecars.shadow.journals import FollowedJournal, journal_path
+from sidecars.shadow.journals import FollowedJournal, journal_location
 from sidecars.shadow.metrics import ShadowMetrics, reading_of
 from sidecars.shadow.policy import ShadowPolicy
+
+BASELINE_ENV = "WARDEN_SHADOW_BASELINE"  # the baseline when the policy names none (compose sets it)
 
 
 def resolve_run(value: str | None, policy_path: str | None) -> str | None:
@@ -34,15 +36,15 @@ class ShadowSidecar(Sidecar):
     def __init__(self, ctx: SidecarContext) -> None:
         super().__init__(ctx)
         self.policy: ShadowPolicy = ctx.policy or ShadowPolicy()
-        baseline = resolve_run(self.policy.baseline, ctx.policy_path)
+        baseline = resolve_run(self.policy.baseline, ctx.policy_path) or os.environ.get(BASELINE_ENV) or None
         candidate = resolve_run(self.policy.candidate, ctx.policy_path) or ctx.run_dir
         if baseline is None or candidate is None:
             raise ShadowConfigError(
-                f"{ctx.policy_path or 'shadow policy'}: baseline: name the reference run"
+                f"{ctx.policy_path or 'shadow policy'}: baseline: name the reference run (or set {BASELINE_ENV})"
                 + ("" if candidate else "; and candidate, or pass --run-dir")
             )
-        self.baseline = FollowedJournal(journal_path(baseline))
-        self.candidate = FollowedJournal(journal_path(candidate))
+        self.baseline = FollowedJournal(journal_location(baseline))
+        self.candidate = FollowedJournal(journal_location(candidate))
         self.metrics = ShadowMetrics(ctx.registry)
 
     @property
