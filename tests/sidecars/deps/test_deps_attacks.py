@@ -11,8 +11,11 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import hashlib
+import importlib.util
 import json
+import marshal
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -181,6 +184,104 @@ def base_interpreter_link_changed(env, tmp_path):
     return "environment_changed", str(python3)
 
 
+# ---- .pyc: the body Python would load differs from its source (cached verdicts must not hide it) --
+
+EVIL = "import os\nos.system('true')\n"
+
+
+def _pyc(env, rel_source: str, optimize: int = 0) -> str:
+    return importlib.util.cache_from_source(str(env.site / rel_source), optimization=optimize or "")
+
+
+def _timestamp_header(source) -> bytes:
+    st = os.stat(source)
+    fields = (int(st.st_mtime) & 0xFFFFFFFF).to_bytes(4, "little") + (st.st_size & 0xFFFFFFFF).to_bytes(4, "little")
+    return importlib.util.MAGIC_NUMBER + (0).to_bytes(4, "little") + fields
+
+
+def _hash_header(source, checked: bool) -> bytes:
+    flags = 0b11 if checked else 0b01
+    digest = importlib.util.source_hash(source.read_bytes())
+    return importlib.util.MAGIC_NUMBER + flags.to_bytes(4, "little") + digest
+
+
+def pyc_edited_source_unchanged(env):
+    pyc = _pyc(env, "six.py")
+    header = pathlib.Path(pyc).read_bytes()[:16]  # the header Python checks is left as it was
+    with open(pyc, "wb") as fh:
+        fh.write(header + marshal.dumps(compile(EVIL, str(env.site / "six.py"), "exec")))
+    return "pyc_mismatch", pyc
+
+
+def pyc_whose_source_changed(env):
+    """The source gains a line, RECORD is rewritten to match, the pyc keeps the old code under a
+    header made current for the new source: Python loads the old code, not the new source."""
+    source = env.site / "idna" / "core.py"
+    pyc = _pyc(env, "idna/core.py")
+    body = pathlib.Path(pyc).read_bytes()[16:]
+    data = source.read_bytes() + b"\nPATCHED = True\n"
+    source.write_bytes(data)
+    _rewrite_row(env, "idna", "idna/core.py", data)
+    with open(pyc, "wb") as fh:
+        fh.write(_timestamp_header(source) + body)
+    return "pyc_mismatch", pyc
+
+
+def checked_hash_pyc_with_evil_body(env):
+    """The PEP 552 source hash is right (so Python loads it), the body is not the source's."""
+    source = env.site / "idna" / "idnadata.py"
+    pyc = _pyc(env, "idna/idnadata.py")
+    with open(pyc, "wb") as fh:
+        fh.write(_hash_header(source, checked=True) + marshal.dumps(compile(EVIL, str(source), "exec")))
+    return "pyc_mismatch", pyc
+
+
+def unchecked_hash_pyc_with_evil_body(env):
+    source = env.site / "idna" / "codec.py"
+    pyc = _pyc(env, "idna/codec.py")
+    with open(pyc, "wb") as fh:
+        fh.write(_hash_header(source, checked=False) + marshal.dumps(compile(EVIL, str(source), "exec")))
+    return "pyc_mismatch", pyc
+
+
+def optimized_pyc_planted(env):
+    """An ``.opt-1.pyc`` (what ``python -O`` loads) with a current header and foreign code."""
+    source = env.site / "six.py"
+    pyc = _pyc(env, "six.py", optimize=1)
+    with open(pyc, "wb") as fh:
+        fh.write(_timestamp_header(source) + marshal.dumps(compile(EVIL, str(source), "exec", optimize=1)))
+    return "pyc_mismatch", pyc
+
+
+def pyc_replaced_by_link(env, tmp_path):
+    """The pyc becomes a link to bytecode elsewhere (Python follows it; the auditor never does)."""
+    source = env.site / "six.py"
+    pyc = _pyc(env, "six.py")
+    elsewhere = tmp_path / "evil.pyc"
+    elsewhere.write_bytes(_timestamp_header(source) + marshal.dumps(compile(EVIL, str(source), "exec")))
+    os.remove(pyc)
+    os.symlink(elsewhere, pyc)
+    return "pyc_mismatch", pyc
+
+
+def pyc_replaced_by_fifo(env):
+    """A FIFO where a pyc was: it must be reported without the audit blocking on it."""
+    pyc = _pyc(env, "idna/core.py")
+    os.remove(pyc)
+    os.mkfifo(pyc)
+    return "special_file", pyc
+
+
+PYC_ATTACKS: dict[str, Callable] = {
+    "pyc_edited_source_unchanged": pyc_edited_source_unchanged,
+    "pyc_whose_source_changed": pyc_whose_source_changed,
+    "checked_hash_pyc_with_evil_body": checked_hash_pyc_with_evil_body,
+    "unchecked_hash_pyc_with_evil_body": unchecked_hash_pyc_with_evil_body,
+    "optimized_pyc_planted": optimized_pyc_planted,
+    "pyc_replaced_by_link": pyc_replaced_by_link,
+    "pyc_replaced_by_fifo": pyc_replaced_by_fifo,
+}
+
 ATTACKS: dict[str, Callable] = {
     "unhashed_row": unhashed_row,
     "weak_hash_row": weak_hash_row,
@@ -198,6 +299,7 @@ ATTACKS: dict[str, Callable] = {
     "activate_exports_pythonpath": activate_exports_pythonpath,
     "unowned_bin_script": unowned_bin_script,
     "base_interpreter_link_changed": base_interpreter_link_changed,
+    **PYC_ATTACKS,
 }
 
 
@@ -215,6 +317,23 @@ def test_attack_is_caught(name, test_env, tmp_path):
     report = run_audit(test_env.settings(), discover_python(test_env.python))
     assert expected in kinds(report, "integrity"), sorted(kinds(report))
     assert report.exit_code == 1
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", sorted(PYC_ATTACKS))
+def test_pyc_attack_is_caught_by_a_full_pass_with_warm_verdicts(name, test_env, tmp_path):
+    """The approval pass filled the content-keyed verdict cache; a full pass re-hashes and must
+    still compile (and flag) the attacked pair while taking every other verdict from the cache."""
+    approved = test_env.audit(approve=True, full_pass=True)
+    assert approved.exit_code == 0, approved.findings
+    assert approved.stats["integrity"]["pyc_checked"] > 0
+    expected = _run(PYC_ATTACKS[name], test_env, tmp_path)
+    report = test_env.audit(full_pass=True)
+    assert expected in kinds(report, "integrity"), sorted(kinds(report))
+    assert report.exit_code == 1
+    stats = report.stats["integrity"]
+    assert stats["pyc_verdict_cached"] >= approved.stats["integrity"]["pyc_checked"] - 2
+    assert stats["pyc_checked"] <= 2
 
 
 def test_unreadable_directory_makes_the_audit_incomplete(test_env, monkeypatch):

@@ -138,3 +138,33 @@ def test_broken_distributions_do_not_stop_the_audit(test_env):
     report = test_env.audit()
     assert ("no_record", "idna") in kinds(report)
     assert report.exit_code == 1
+
+
+def test_pyc_verdict_key_covers_every_input_of_the_comparison():
+    from sidecars.deps.pyccheck import verdict_key
+
+    base = ("sha256=pyc", "sha256=src", "3.11.9|cpython-311|a70d0d0a", 0)
+    variants = [
+        ("sha256=other", *base[1:]),
+        (base[0], "sha256=other", *base[2:]),
+        (*base[:2], "3.11.10|cpython-311|a70d0d0a", base[3]),
+        (*base[:3], 1),
+    ]
+    keys = {verdict_key(*v) for v in variants}
+    assert len(keys) == 4 and verdict_key(*base) not in keys
+
+
+def test_pyc_header_says_whether_python_loads_it():
+    from sidecars.deps.pyccheck import is_loaded
+
+    magic = importlib.util.MAGIC_NUMBER
+    stamp = magic + bytes(4) + (1000).to_bytes(4, "little") + (42).to_bytes(4, "little")
+    assert is_loaded(stamp, None, 1000, 42) is True
+    assert is_loaded(stamp, None, 1001, 42) is False
+    source = b"x = 1\n"
+    checked = magic + (3).to_bytes(4, "little") + importlib.util.source_hash(source)
+    assert is_loaded(checked, None, 0, 0) is None  # needs the source bytes
+    assert is_loaded(checked, source, 0, 0) is True
+    assert is_loaded(checked, b"x = 2\n", 0, 0) is False
+    assert is_loaded(magic + (1).to_bytes(4, "little") + bytes(8), None, 0, 0) is True  # unchecked
+    assert is_loaded(b"\0\0\0\0" + stamp[4:], None, 1000, 42) is False  # another magic
