@@ -3,4 +3,4 @@
 Importing anything here must never import torch or transformers.
 """
 
-__version__ = "0.1.0"
+from warden import __version__ as __version__  # the one source is warden/__init__.py

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from sidecars import __version__
+from warden import __version__
 from warden.errors import EXIT_INCOMPLETE, ConfigError, WardenError, quote_untrusted
 
 # Command groups that live in other modules: name -> "module:attribute". Imported lazily

@@ -95,7 +95,7 @@ class StepResult:
 def _versions() -> dict[str, str]:
     import transformers
 
-    from sidecars import __version__
+    from warden import __version__
 
     return {
         "warden": __version__,

@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from sidecars.bridge.verl_log import open_regular
+from warden.safeio import open_regular_fd
 
 TRACKER = "latest_checkpointed_iteration.txt"
 STEP_DIR_PREFIX = "global_step_"
@@ -87,7 +87,7 @@ def read_tracker(root: str) -> Tracker | None:
     """
     path = os.path.join(root, TRACKER)
     try:
-        fd = open_regular(path)
+        fd = open_regular_fd(path)
     except FileNotFoundError:
         return None
     try:

@@ -2,7 +2,7 @@
 
 Bridge health: ``warden_bridge_*`` (labels bounded: event type, source, error kind).
 verl's latest value of each numeric metric: ``warden_verl_<name>`` gauges, ``<name>``
-from :func:`sidecars.bridge.names.prometheus_name` (``actor/pg_loss`` ->
+from :func:`warden.metric_names.prometheus_name` (``actor/pg_loss`` ->
 ``warden_verl_actor_pg_loss``); at most :data:`MAX_VERL_METRICS` distinct names.
 """
 

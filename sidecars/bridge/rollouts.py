@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sidecars.bridge.names import finite_number
+from warden.metric_names import finite_number
 
 DUMP_NAME = re.compile(r"^(\d+)\.jsonl$")
 

@@ -33,12 +33,11 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from sidecars import __version__
-from sidecars.bridge import checkpoints as ckpt
-from sidecars.bridge import runid
+import warden.layouts as ckpt
+import warden.runid as runid
+from warden import __version__
 from sidecars.bridge.errors import BridgeConfigError, BridgeError, BridgeIncomplete
 from sidecars.bridge.metrics import BridgeMetrics
-from sidecars.bridge.names import map_metrics, prometheus_name, warden_aliases
 from sidecars.bridge.rollouts import (
     DumpFile,
     Evidence,
@@ -48,9 +47,8 @@ from sidecars.bridge.rollouts import (
     snapshot_payload,
     waiting_reason,
 )
-from sidecars.bridge.stability import Stability, tree_state
 from sidecars.bridge.state import MARKER_KEY, BridgeState, StateStore, apply_marker, marker
-from sidecars.bridge.verl_log import LogLine, open_regular, tail
+from sidecars.bridge.verl_log import LogLine, tail
 from trainer.events import (
     CHECKPOINT_SAVED,
     JOURNAL_NAME,
@@ -68,7 +66,10 @@ from trainer.events import (
 )
 from warden.errors import WardenError
 from warden.logs import log_fields
+from warden.metric_names import map_metrics, prometheus_name, warden_aliases
+from warden.safeio import open_regular_fd
 from warden.signing.manifest import announce_tree
+from warden.stability import Stability, tree_state
 
 SOURCE = "verl"
 TRAINING_PREFIXES = ("actor/", "critic/", "training/", "timing_s/", "perf/")
@@ -499,7 +500,7 @@ class VerlBridge:
     def _snapshot(self, dump: DumpFile) -> str | None:
         """Emits ``reward.snapshot`` for a dump whose writer is done; else says why it waits."""
         try:
-            fd = open_regular(dump.path)
+            fd = open_regular_fd(dump.path)
             with open(fd, "rb") as fh:
                 content = fh.read()
                 after = os.fstat(fh.fileno())
@@ -526,7 +527,7 @@ class VerlBridge:
     # -- checkpoints ------------------------------------------------------------------------
     def _pass_checkpoints(self, root: str, now: float) -> None:
         """Emits ``checkpoint.saved`` for each ``global_step_N/`` that became complete and stable
-        (:func:`sidecars.bridge.checkpoints.completion_blocker`: named by the tracker, or
+        (:func:`warden.layouts.completion_blocker`: named by the tracker, or
         finished per verl's manifests with ``async_save``), once per save."""
         try:
             tracker = ckpt.read_tracker(root)

@@ -18,16 +18,15 @@ as ``null``; Python's json as ``NaN``) becomes ``None``.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
-import stat
 from dataclasses import dataclass
 from typing import Any
 
 from sidecars.bridge.state import LogPosition
 from trainer.events import MAX_LINE_BYTES
+from warden.safeio import open_regular_fd
 
 CHUNK_BYTES = 1 << 20
 
@@ -72,15 +71,6 @@ def parse_log_line(raw: bytes) -> tuple[int, dict[str, Any]] | str:
 def line_digest(raw: bytes) -> str:
     """Hex SHA-256 of a line without its newline."""
     return hashlib.sha256(raw).hexdigest()
-
-
-def open_regular(path: str) -> int:
-    """A read-only descriptor of ``path``; never blocks on a FIFO. Raises OSError for anything but a file."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", path)
-    return fd
 
 
 def file_id(st: os.stat_result) -> tuple[int, int]:
@@ -176,7 +166,7 @@ def tail(path: str, pos: LogPosition, max_line: int = MAX_LINE_BYTES) -> TailRea
     file exists but cannot be read.
     """
     try:
-        fd = open_regular(path)
+        fd = open_regular_fd(path)
     except FileNotFoundError:
         return TailRead(False, None, None, [])
     try:

@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 from urllib.parse import quote
 
-from sidecars import __version__
+from warden import __version__
 from sidecars.deps.audit import AuditReport
 from sidecars.deps.drift import same_version
 from trainer.events import utc_timestamp

@@ -21,9 +21,9 @@ from sidecars.deps.metrics import DepsMetrics
 from sidecars.deps.policy import DepsPolicy, resolve
 from sidecars.deps.report import summary_counts
 from sidecars.runtime import Outcome, Sidecar, SidecarContext
-from sidecars.watching import write_events
 from warden.errors import WardenError
 from warden.logs import log_fields
+from warden.watching import write_events
 
 MAX_LOGGED_FINDINGS = 50
 # Events a reader causes (open, close without write) must not trigger audits: the audit reads every file.

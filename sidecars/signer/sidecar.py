@@ -48,7 +48,7 @@ from typing import Any, TypeVar
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from sidecars.bridge import checkpoints as verl_layout
+import warden.layouts as verl_layout
 from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext, error_kind
 from sidecars.signer.announcements import (
     ANNOUNCED_FILE,
@@ -135,7 +135,7 @@ class Unsigned:
 
 def pruned_by_retention(candidate: Candidate, result: VerifyResult) -> tuple[str, ...] | None:
     """The role directories verl's retention removed, when that alone explains ``result``'s
-    failure (:func:`sidecars.bridge.checkpoints.pruned_roles`); None for every other failure
+    failure (:func:`warden.layouts.pruned_roles`); None for every other failure
     and every other layout."""
     if candidate.layout != "verl" or result.codes != [FILES_MISMATCH]:
         return None

@@ -11,7 +11,7 @@ Layouts (the trainer that writes the root decides):
   (``N``, not written atomically) beside them. The step that file names is complete, and
   so is one whose role directories hold verl's ``ckpt_contents.json`` (``async_save``),
   once the file and the directory have both been stable for ``stable_seconds``; the rule
-  lives in :mod:`sidecars.bridge.checkpoints`, shared with the bridge.
+  lives in :mod:`warden.layouts`, shared with the bridge.
 
 Stability is judged twice, so it works both for a service and for one ``--once`` pass:
 the same fingerprint seen ``stable_seconds`` ago, or no entry's mtime/ctime newer than
@@ -30,12 +30,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sidecars.bridge import checkpoints as verl_layout
-from sidecars.bridge.stability import Stability
-from sidecars.bridge.stability import TreeState as TreeState  # re-exported for the sidecar
-from sidecars.bridge.stability import tree_state as tree_state
-from sidecars.watching import write_events
+import warden.layouts as verl_layout
 from warden.signing.dsse import SIGNATURE_SUFFIX, signature_path_for
+from warden.stability import Stability
+from warden.stability import TreeState as TreeState  # re-exported for the sidecar
+from warden.stability import tree_state as tree_state
+from warden.watching import write_events
 
 HF_STATE_FILE = "trainer_state.json"
 VERL_TRACKER = verl_layout.TRACKER
@@ -143,7 +143,7 @@ def completion_blocker(candidate: Candidate, tracker_step: int | None) -> str | 
     """Why ``candidate`` is not complete yet, or None when it is (stability aside).
 
     verl's rule (the tracker, or verl's own manifests for ``async_save``) is
-    :func:`sidecars.bridge.checkpoints.completion_blocker`, shared with the bridge.
+    :func:`warden.layouts.completion_blocker`, shared with the bridge.
     """
     if candidate.layout == "hf" and not os.path.isfile(os.path.join(candidate.path, HF_STATE_FILE)):
         return f"no {HF_STATE_FILE} yet"
@@ -153,7 +153,7 @@ def completion_blocker(candidate: Candidate, tracker_step: int | None) -> str | 
 
 
 class StabilityTracker:
-    """How long each checkpoint path has been quiet (:class:`sidecars.bridge.stability.Stability`)."""
+    """How long each checkpoint path has been quiet (:class:`warden.stability.Stability`)."""
 
     def __init__(self, stable_seconds: float) -> None:
         self.stable_seconds = stable_seconds

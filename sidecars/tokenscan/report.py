@@ -14,7 +14,7 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
-from sidecars import __version__
+from warden import __version__
 from sidecars.tokenscan.findings import RULES, Finding, Severity, count_by_severity, sort_findings
 from sidecars.tokenscan.scanner import DirectoryScan, worst_outcome
 

@@ -10,7 +10,7 @@ import threading
 import time
 from typing import Any
 
-from sidecars.watching import write_events
+from warden.watching import write_events
 
 IGNORED_EVENTS = frozenset({"opened", "closed_no_write"})
 

@@ -8,7 +8,7 @@ import re
 import pytest
 from prometheus_client import CollectorRegistry, Gauge
 
-from sidecars.bridge.names import HF_ALIASES, map_metrics, mapping_table, prometheus_name, warden_aliases
+from warden.metric_names import HF_ALIASES, map_metrics, mapping_table, prometheus_name, warden_aliases
 
 PROM = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 

@@ -7,15 +7,6 @@ import os
 
 import pytest
 
-from sidecars.bridge.checkpoints import (
-    StepContents,
-    completion_blocker,
-    list_steps,
-    observe,
-    parse_tracker,
-    pruned_roles,
-    read_tracker,
-)
 from sidecars.bridge.rollouts import (
     DumpFile,
     Evidence,
@@ -24,10 +15,19 @@ from sidecars.bridge.rollouts import (
     snapshot_payload,
     waiting_reason,
 )
-from sidecars.bridge.stability import tree_state
 from sidecars.bridge.state import BridgeState, LogPosition, StateStore, StepSet, apply_marker, marker
 from sidecars.bridge.verl import derive_run_id
 from sidecars.bridge.verl_log import parse_log_line, tail
+from warden.layouts import (
+    StepContents,
+    completion_blocker,
+    list_steps,
+    observe,
+    parse_tracker,
+    pruned_roles,
+    read_tracker,
+)
+from warden.stability import tree_state
 
 
 def test_parse_log_line():

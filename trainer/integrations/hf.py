@@ -56,12 +56,12 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from sidecars.bridge.names import HF_ALIASES, map_metrics, warden_aliases
-from sidecars.bridge.runid import journal_run_id, sanitize_run_id
-from sidecars.bridge.stability import Stability, tree_state
 from trainer import events as ev
 from warden.errors import WardenError
+from warden.metric_names import HF_ALIASES, map_metrics, warden_aliases
+from warden.runid import journal_run_id, sanitize_run_id
 from warden.signing.manifest import DEFAULT_IGNORE_PATHS, announce_tree
+from warden.stability import Stability, tree_state
 
 log = logging.getLogger("warden.hf")
 SOURCE = "hf"
@@ -168,7 +168,7 @@ def _versions() -> dict[str, str]:
     import torch
     import transformers
 
-    from sidecars import __version__
+    from warden import __version__
 
     return {
         "warden": __version__,
