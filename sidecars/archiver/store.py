@@ -379,28 +379,9 @@ class S3Store(Store):
     def _key(self, key: str) -> str:
         return f"{self.prefix}{key}"
 
-    def _put_if_absent(self, key: str, body: bytes, retention: Retention | None) -> bool:
-        args: dict[str, Any] = {
-            "Bucket": self.bucket,
-            "Key": self._key(key),
-            "Body": body,
-            "IfNoneMatch": "*",
-            "ContentType": "application/json",
-            "ChecksumAlgorithm": "SHA256",  # also the header S3 demands with Object Lock headers
-            "ChecksumSHA256": base64.b64encode(hashlib.sha256(body).digest()).decode("ascii"),
-        }
-        if retention is not None:
-            args["ObjectLockMode"] = retention.mode
-            args["ObjectLockRetainUntilDate"] = retention.until()
-        try:
-            self.client.put_object(**args)
-        except Exception as exc:
-            if _status(exc) == 412 or _error_code(exc) == "PreconditionFailed":
-                return False
-            raise _classify(exc, self.url, f"put {key}") from None
-        return True
-
-    def put(self, key: str, body: bytes, retention: Retention | None = None) -> None:
+    def _put_args(self, key: str, body: bytes, retention: Retention | None) -> dict[str, Any]:
+        """PutObject arguments: JSON, a SHA-256 checksum (also the header S3 demands with Object Lock
+        headers) and, with ``retention``, the Object Lock mode and date."""
         args: dict[str, Any] = {
             "Bucket": self.bucket,
             "Key": self._key(key),
@@ -412,8 +393,20 @@ class S3Store(Store):
         if retention is not None:
             args["ObjectLockMode"] = retention.mode
             args["ObjectLockRetainUntilDate"] = retention.until()
+        return args
+
+    def _put_if_absent(self, key: str, body: bytes, retention: Retention | None) -> bool:
         try:
-            self.client.put_object(**args)
+            self.client.put_object(IfNoneMatch="*", **self._put_args(key, body, retention))
+        except Exception as exc:
+            if _status(exc) == 412 or _error_code(exc) == "PreconditionFailed":
+                return False
+            raise _classify(exc, self.url, f"put {key}") from None
+        return True
+
+    def put(self, key: str, body: bytes, retention: Retention | None = None) -> None:
+        try:
+            self.client.put_object(**self._put_args(key, body, retention))
         except Exception as exc:
             raise _classify(exc, self.url, f"put {key}") from None
 
