@@ -10,7 +10,16 @@ import time
 from types import FrameType
 
 from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarMetrics, error_kind
-from trainer.events import Cursor, CursorStore, Event, JournalError, JournalFollower, JournalReader, read_last_seq
+from trainer.events import (
+    Cursor,
+    CursorStore,
+    Event,
+    JournalError,
+    JournalFollower,
+    JournalProblem,
+    JournalReader,
+    read_last_seq,
+)
 from warden.errors import WardenError
 from warden.httpserve import MetricsServer
 from warden.logs import log_fields
@@ -69,9 +78,7 @@ class Runner:
         return self._reader
 
     def _journal_problem(self, message: str) -> None:
-        kind = "journal_gap" if "seq gap" in message else "journal_corrupt_line"
-        if "over the" in message:
-            kind = "journal_oversized_line"
+        kind = message.kind if isinstance(message, JournalProblem) else "journal_corrupt_line"
         self.metrics.error(kind)
         self.ctx.log.warning(message, extra=log_fields(sidecar=self.ctx.name, kind=kind))
 

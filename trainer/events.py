@@ -344,6 +344,19 @@ class ReaderStats:
     last_problem: str = ""
 
 
+class JournalProblem(str):
+    """A problem found while reading the journal: the message, with a bounded ``kind`` for
+    metric labels (journal_corrupt_line, journal_oversized_line, journal_gap), so that no
+    reader parses the wording."""
+
+    kind: str
+
+    def __new__(cls, kind: str, message: str) -> JournalProblem:
+        problem = super().__new__(cls, message)
+        problem.kind = kind
+        return problem
+
+
 class JournalReader:
     """Reads complete events after a cursor.
 
@@ -372,10 +385,11 @@ class JournalReader:
         # Offset up to which an oversized line has been skipped without finding its end.
         self._skip_until: int | None = None
 
-    def _problem(self, message: str) -> None:
-        self.stats.last_problem = message
+    def _problem(self, kind: str, message: str) -> None:
+        problem = JournalProblem(kind, message)
+        self.stats.last_problem = problem
         if self._on_problem is not None:
-            self._on_problem(message)
+            self._on_problem(problem)
 
     def read_available(self) -> Iterator[tuple[Event, Cursor]]:
         """Yields events after the cursor. Raises JournalTruncated, OSError."""
@@ -432,8 +446,9 @@ class JournalReader:
         self.stats.oversized += 1
         self.cursor = Cursor(offset=line_end, seq=self.cursor.seq)
         self._problem(
+            "journal_oversized_line",
             f"{self.path}: line at byte {line_start} is {line_end - line_start} bytes, over the "
-            f"{self._max}-byte limit; skipped"
+            f"{self._max}-byte limit; skipped",
         )
 
     def _parse(self, line: bytes, end_offset: int) -> Event | None:
@@ -451,14 +466,16 @@ class JournalReader:
         except ValueError as exc:
             self.stats.corrupt += 1
             self.cursor = Cursor(offset=end_offset, seq=self.cursor.seq)
-            self._problem(f"{self.path}: corrupt line at byte {line_start} skipped ({exc})")
+            self._problem("journal_corrupt_line", f"{self.path}: corrupt line at byte {line_start} skipped ({exc})")
             return None
         expected = self.cursor.seq + 1
         if event.seq != expected:
             self.stats.gaps += 1
             if event.seq > expected:
                 self.stats.missing_seqs += event.seq - expected
-            self._problem(f"{self.path}: seq gap at byte {line_start}: expected {expected}, found {event.seq}")
+            self._problem(
+                "journal_gap", f"{self.path}: seq gap at byte {line_start}: expected {expected}, found {event.seq}"
+            )
         self.cursor = Cursor(offset=end_offset, seq=event.seq)
         if event.type not in self._known:
             self.stats.unknown_type += 1

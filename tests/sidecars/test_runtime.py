@@ -257,3 +257,16 @@ def test_sigkill_at_random_points_gives_exactly_once_effects(run_dir, journal):
     assert sorted(seqs) == list(range(1, total + 1)), "every event exactly once in the index"
     cursor = json.loads((run_dir / "state" / "journal" / "cursor.json").read_text())
     assert cursor["seq"] == total and cursor["offset"] == os.path.getsize(run_dir / "events.jsonl")
+
+
+def test_journal_problems_are_counted_by_their_kind_not_their_wording(run_dir, journal):
+    journal.emit(ev.STEP_COMPLETED, {}, step=1)
+    with open(run_dir / "events.jsonl", "ab") as fh:
+        fh.write(b"{not json\n")
+        fh.write(b'{"v": 1, "seq": 9, "run_id": "test-run", "type": "step.completed", "time": "t", "data": {}}\n')
+    runner, _sidecar, _ = run_scripted(run_dir, [Outcome.OK, Outcome.OK])
+    for kind in ("journal_corrupt_line", "journal_gap"):
+        value = runner.ctx.registry.get_sample_value(
+            "warden_sidecar_errors_total", {"sidecar": "scripted", "kind": kind}
+        )
+        assert value == 1, kind
