@@ -26,7 +26,16 @@ from sidecars.stack.supervisor import Service
 from warden.errors import ConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SIDECAR_PORTS = {"trainer": 9460, "signer": 9461, "archiver": 9462, "tokenscan": 9463, "deps": 9464, "paths": 9465}
+TRAINER_PORT = 9460
+
+
+def default_port(name: str) -> int:
+    """The registry's port of sidecar ``name`` (the trainer's for ``trainer``); 9470 for others."""
+    from sidecars.registry import SIDECARS, sidecar_class
+
+    if name == "trainer":
+        return TRAINER_PORT
+    return sidecar_class(name).default_port if name in SIDECARS else 9470
 
 
 @dataclass
@@ -132,7 +141,7 @@ def plan_local_stack(opts: StackOptions) -> LocalStack:
     for name, command in warden_services(compose).items():
         if name == "trainer" or (opts.only and name not in opts.only):
             continue
-        port = free_port(SIDECAR_PORTS.get(name, 9470))
+        port = free_port(default_port(name))
         stack.ports[name] = port
         argv = [sys.executable, "-m", "sidecars.cli", *local_command(name, command, opts), "--port", str(port)]
         env = local_env(name, compose["services"][name], opts, s3_port, stack.s3_credentials)
@@ -235,7 +244,7 @@ def _runs_here(job: dict[str, Any], ports: dict[str, int]) -> bool:
 
 def _local_target(target: str, ports: dict[str, int]) -> str:
     host = target.split(":", 1)[0]
-    return f"127.0.0.1:{ports.get(host, ports.get('trainer', SIDECAR_PORTS.get(host, 9460)))}"
+    return f"127.0.0.1:{ports.get(host, ports.get('trainer', default_port(host)))}"
 
 
 def write_alertmanager_config(opts: StackOptions, conf_dir: str) -> str:
