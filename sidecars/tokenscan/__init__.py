@@ -1,9 +1,12 @@
 """Tokenizer and model directory scanner: whitelists and supply-chain checks.
 
-Layers: :mod:`.tree` (listing, links), :mod:`.sniff` / :mod:`.pickle_scan` / :mod:`.spm`
-(content), :mod:`.chat_template` (+ ``sandbox_child.py``), :mod:`.manifest` (SHA-256
-manifests, approvals, drift) feed :mod:`.scanner`, which builds a :mod:`.snapshot` and
-runs the pure checks of :mod:`.checks`; :mod:`.report` renders text / JSON / SARIF;
+Layers: :mod:`.tree` (listing, links), :mod:`.sniff` / :mod:`.pickle_scan` / :mod:`.spm` /
+:mod:`.gguf` (content, by bytes not names), :mod:`.chat_template` and :mod:`.template_battery`
+(+ ``sandbox_child.py``: static analysis, then a battery of renders with run-time taint),
+:mod:`.tokenizer_behaviour` (+ ``tokenizer_child.py``: the tokenizer loaded with ``tokenizers``
+/ ``sentencepiece`` and run on a built-in corpus), :mod:`.manifest` (SHA-256 manifests,
+approvals, drift) feed :mod:`.scanner`, which builds a :mod:`.snapshot` and runs the pure
+checks of :mod:`.checks`; :mod:`.report` renders text / JSON / SARIF;
 :mod:`.sidecar` and :mod:`.commands` are the service and the CLI. Never imports torch.
 
 The API other parts of Warden call::
