@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from warden.cliutil import option
+from warden.cliutil import option, run_dir_option
 
 
 @click.command("train")
@@ -28,12 +28,7 @@ from warden.cliutil import option
     help="Override a config key, e.g. --set ppo.actor_lr=1e-5 (repeatable).",
 )
 @option("--max-steps", type=int, help="Stop after this step (overrides max_steps).")
-@option(
-    "--run-dir",
-    required=True,
-    type=click.Path(file_okay=False),
-    help="Run directory: events.jsonl, checkpoints/, state/.",
-)
+@run_dir_option("Run directory: events.jsonl, checkpoints/, state/.")
 @option(
     "--resume",
     default="auto",

@@ -45,3 +45,10 @@ def trust_option() -> Callable[[Any], Any]:
         help="Trusted public key (a PEM .pub file) or a directory whose *.pub files are all trusted. "
         "Required: there is no default location.",
     )
+
+
+def run_dir_option(
+    help_text: str = "Run directory holding events.jsonl.", *, required: bool = True
+) -> Callable[[Any], Any]:
+    """``--run-dir DIR`` (or ``WARDEN_RUN_DIR``): the run directory a command reads or writes."""
+    return option("--run-dir", required=required, type=click.Path(file_okay=False), help=help_text)

@@ -29,7 +29,7 @@ from sidecars.archiver.errors import ChainBroken, StepNotFound
 from sidecars.archiver.policy import ArchiverPolicy
 from sidecars.archiver.record import valid_run_id
 from sidecars.archiver.store import DEFAULT_MAX_OBJECT_BYTES, Store, open_store
-from warden.cliutil import echo_json, format_option, option, trust_option
+from warden.cliutil import echo_json, format_option, option, run_dir_option, trust_option
 from warden.errors import ConfigError
 from warden.policy import default_policy_path, load_policy
 from warden.signing.keys import TrustedKeys, load_trusted_keys
@@ -203,11 +203,10 @@ def _report_text(report: RunReport) -> str:
 @_trust_option
 @option("--workers", type=click.IntRange(1, 128), default=16, show_default=True, help="Concurrent reads.")
 @_max_bytes_option
-@option(
-    "--run-dir",
-    type=click.Path(file_okay=False),
-    help="The run directory: its journal (events.jsonl) is the anchor that the store's newest record is checked "
+@run_dir_option(
+    "The run directory: its journal (events.jsonl) is the anchor that the store's newest record is checked "
     "against (see docs/threat-model.md); needed to detect a rolled-back file:// store.",
+    required=False,
 )
 @option(
     "--grace",

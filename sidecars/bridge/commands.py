@@ -10,7 +10,7 @@ from types import FrameType
 import click
 
 from sidecars.bridge.verl import BridgeConfig, PassReport, VerlBridge
-from warden.cliutil import echo_json, format_option, option
+from warden.cliutil import echo_json, format_option, option, run_dir_option
 from warden.errors import ConfigError
 from warden.httpserve import MetricsServer
 from warden.logs import configure_json_logging, log_fields
@@ -37,7 +37,7 @@ def _print_report(report: PassReport, output_format: str) -> None:
 
 
 @bridge.command("verl")
-@option("--run-dir", required=True, type=click.Path(file_okay=False), help="Run directory: the journal goes here.")
+@run_dir_option("Run directory: the journal goes here.")
 @option("--verl-log", type=click.Path(dir_okay=False), help="verl's file logger JSONL ($VERL_FILE_LOGGER_PATH).")
 @option("--rollout-dir", type=click.Path(file_okay=False), help="verl's trainer.rollout_data_dir ({step}.jsonl dumps).")
 @option(

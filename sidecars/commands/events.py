@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from trainer.events import JOURNAL_NAME, Cursor, Event, JournalFollower, JournalReader
-from warden.cliutil import format_option, option
+from warden.cliutil import format_option, option, run_dir_option
 from warden.errors import IncompleteError
 
 
@@ -39,7 +39,7 @@ def format_event_text(event: Event) -> str:
 
 
 @events.command("tail")
-@option("--run-dir", required=True, type=click.Path(file_okay=False), help="Run directory holding events.jsonl.")
+@run_dir_option()
 @option("--follow", "-f", is_flag=True, help="Keep waiting for new events until Ctrl-C.")
 @option("--type", "types", multiple=True, help="Only events of this type (repeatable).")
 @option("--last", type=int, default=0, help="Show only the last N events (0: all).")

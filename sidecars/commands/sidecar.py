@@ -10,7 +10,7 @@ import click
 from sidecars.registry import SIDECARS, sidecar_class
 from sidecars.runner import Runner
 from sidecars.runtime import Sidecar, SidecarContext
-from warden.cliutil import echo_json, format_option, option
+from warden.cliutil import echo_json, format_option, option, run_dir_option
 from warden.errors import ConfigError
 from warden.httpserve import MetricsServer
 from warden.logs import configure_json_logging, log_fields
@@ -53,7 +53,7 @@ def _resolve_policy(cls: type[Sidecar], policy: str | None, policy_dir: str) -> 
 
 @sidecar.command("run")
 @click.argument("name")
-@option("--run-dir", type=click.Path(file_okay=False), help="Run directory holding events.jsonl.")
+@run_dir_option(required=False)
 @option(
     "--state-dir",
     type=click.Path(file_okay=False),

@@ -7,11 +7,11 @@ import time
 
 import click
 
-from warden.cliutil import option
+from warden.cliutil import option, run_dir_option
 
 
 @click.command("demo")
-@option("--run-dir", type=click.Path(file_okay=False), help="Where the demo run goes. Default: ./runs/demo-<UTC time>.")
+@run_dir_option("Where the demo run goes. Default: ./runs/demo-<UTC time>.", required=False)
 @option("--steps", type=int, default=30, show_default=True, help="PPO steps to train.")
 def demo(run_dir: str | None, steps: int) -> None:
     """Train a tiny model with PPO while every sidecar watches, then explain what happened.
@@ -33,7 +33,7 @@ def stack() -> None:
 
 
 @stack.command("up")
-@option("--run-dir", required=True, type=click.Path(file_okay=False), help="Run directory the sidecars watch.")
+@run_dir_option("Run directory the sidecars watch.")
 @option(
     "--compose-file",
     default=None,
