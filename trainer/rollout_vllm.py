@@ -23,11 +23,12 @@ so a resumed run, which restores that generator, samples the same tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -90,7 +91,7 @@ def engine_kwargs(cfg: TrainerConfig, model_dir: str, model_config: Any, on_cpu:
         "gpu_memory_utilization": roll.gpu_memory_utilization,
         "enforce_eager": roll.enforce_eager,
         "logprobs_mode": "processed_logprobs",  # after temperature: what the PPO ratio needs
-        "disable_log_stats": True,
+        "disable_log_stats": False,  # the scheduler stats feed warden_rollout_* (SchedulerState)
     }
     if roll.max_num_batched_tokens:
         kwargs["max_num_batched_tokens"] = roll.max_num_batched_tokens
@@ -181,6 +182,10 @@ class VLLMRollout:
             torch.set_num_threads = set_threads
             torch.set_num_threads(threads)
         self._sampling_params = vllm.SamplingParams
+        self.scheduler = SchedulerState(
+            max_num_seqs=self.kwargs["max_num_seqs"], max_num_batched_tokens=_batched_tokens(self.llm, self.kwargs)
+        )
+        _tap_stats(self.llm, self._on_stats)
         self.stale = True  # the engine holds the weights on disk until the first sync
         self.last_logprobs: torch.Tensor | None = None
         self.last_sync_s = 0.0
@@ -224,6 +229,7 @@ class VLLMRollout:
         rows = prompt_rows(prompt_ids, prompt_mask)
         seeds = torch.randint(0, 2**31 - 1, (len(rows),)).tolist()
         prompts = [{"prompt_token_ids": row} for row in rows]
+        self.scheduler = rollout_started(self.scheduler)
         outputs = self.llm.generate(prompts, [self._params(s) for s in seeds], use_tqdm=False)
         tokens, logprobs = [], []
         for out in outputs:
@@ -240,8 +246,143 @@ class VLLMRollout:
         responses, mask, self.last_logprobs = self.generate_with_logprobs(prompt_ids, prompt_mask)
         return responses, mask
 
+    def _on_stats(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        self.scheduler = scheduler_state(self.scheduler, scheduler_stats, iteration_stats)
+
+    def register_metrics(self, registry: Any) -> None:
+        """Exports ``warden_rollout_*`` from this engine's scheduler state in ``registry`` (the trainer's)."""
+        registry.register(RolloutCollector(lambda: self.scheduler))
+
     def close(self) -> None:
         """Drops the engine (its weights and KV cache); the object cannot generate afterwards."""
         if hasattr(self, "llm"):
             del self.llm
             gc.collect()
+
+
+# -- scheduler state as warden_rollout_* (issue 22, part 3) -----------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SchedulerState:
+    """vLLM's scheduler as the alerts see it. ``*_max``: the most seen at any engine step of the
+    current (or last) rollout, so a scrape between rollouts still shows what happened in one."""
+
+    running: int = 0
+    waiting: int = 0
+    running_max: int = 0
+    waiting_max: int = 0
+    kv_cache_usage: float = 0.0  # 0..1
+    kv_cache_usage_max: float = 0.0
+    preemptions: int = 0  # since the engine started
+    max_num_seqs: int = 0
+    max_num_batched_tokens: int = 0
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _ratio(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return min(max(float(value), 0.0), 1.0) if ok else None
+
+
+def scheduler_state(previous: SchedulerState, scheduler_stats: Any, iteration_stats: Any) -> SchedulerState:
+    """Folds one engine step's stats into ``previous`` (pure).
+
+    ``scheduler_stats`` has vLLM's ``SchedulerStats`` attributes (``num_running_reqs``,
+    ``num_waiting_reqs``, ``kv_cache_usage``; ``gpu_cache_usage`` in older releases),
+    ``iteration_stats`` ``IterationStats``' ``num_preempted_reqs``; either may be None. A value
+    missing or of the wrong type leaves the previous one.
+    """
+    state = previous
+    if scheduler_stats is not None:
+        running = _count(getattr(scheduler_stats, "num_running_reqs", None))
+        waiting = _count(getattr(scheduler_stats, "num_waiting_reqs", None))
+        usage = _ratio(getattr(scheduler_stats, "kv_cache_usage", getattr(scheduler_stats, "gpu_cache_usage", None)))
+        running = state.running if running is None else running
+        waiting = state.waiting if waiting is None else waiting
+        usage = state.kv_cache_usage if usage is None else usage
+        state = dataclasses.replace(
+            state,
+            running=running,
+            waiting=waiting,
+            kv_cache_usage=usage,
+            running_max=max(state.running_max, running),
+            waiting_max=max(state.waiting_max, waiting),
+            kv_cache_usage_max=max(state.kv_cache_usage_max, usage),
+        )
+    preempted = _count(getattr(iteration_stats, "num_preempted_reqs", None)) if iteration_stats is not None else None
+    if preempted:
+        state = dataclasses.replace(state, preemptions=state.preemptions + preempted)
+    return state
+
+
+def rollout_started(state: SchedulerState) -> SchedulerState:
+    """The state at the start of a rollout: the per-rollout peaks start over (pure)."""
+    return dataclasses.replace(state, running_max=0, waiting_max=0, kv_cache_usage_max=0.0)
+
+
+ROLLOUT_GAUGES: dict[str, tuple[str, str]] = {
+    "requests_running": ("running", "Requests the vLLM scheduler is running now."),
+    "requests_waiting": ("waiting", "Requests waiting in the vLLM scheduler's queue now."),
+    "requests_running_max": ("running_max", "Most requests running at one engine step of the last rollout."),
+    "requests_waiting_max": ("waiting_max", "Most requests waiting at one engine step of the last rollout."),
+    "kv_cache_usage_ratio": ("kv_cache_usage", "Share of the KV cache in use now (0-1)."),
+    "kv_cache_usage_max_ratio": ("kv_cache_usage_max", "Highest KV-cache usage in the last rollout (0-1)."),
+    "max_num_seqs": ("max_num_seqs", "max_num_seqs the engine runs with."),
+    "max_num_batched_tokens": ("max_num_batched_tokens", "max_num_batched_tokens the engine runs with."),
+}
+
+
+def rollout_families(state: SchedulerState) -> list[Any]:
+    """The ``warden_rollout_*`` metric families of ``state`` (pure)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    families: list[Any] = [
+        GaugeMetricFamily(f"warden_rollout_{name}", doc, value=float(getattr(state, attr)))
+        for name, (attr, doc) in ROLLOUT_GAUGES.items()
+    ]
+    families.append(
+        CounterMetricFamily(
+            "warden_rollout_preemptions", "Requests vLLM preempted (KV cache full).", value=state.preemptions
+        )
+    )
+    return families
+
+
+class RolloutCollector:
+    """A Prometheus collector reading the engine's :class:`SchedulerState` at scrape time."""
+
+    def __init__(self, source: Callable[[], SchedulerState]) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Any]:
+        yield from rollout_families(self._source())
+
+
+def _batched_tokens(llm: Any, kwargs: dict[str, Any]) -> int:
+    """max_num_batched_tokens in use: the engine's own (vLLM picks a default), else what was asked."""
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    value = _count(getattr(getattr(config, "scheduler_config", None), "max_num_batched_tokens", None))
+    return value if value is not None else int(kwargs.get("max_num_batched_tokens", 0))
+
+
+def _tap_stats(llm: Any, sink: Callable[[Any, Any], None]) -> bool:
+    """Passes every engine step's (scheduler stats, iteration stats) to ``sink`` as well as to
+    vLLM's own stat loggers (the engine's ``logger_manager.record``, shadowed on the instance).
+    False when this vLLM has no such hook (the gauges then keep their limits only)."""
+    manager = getattr(getattr(llm, "llm_engine", None), "logger_manager", None)
+    record = getattr(manager, "record", None)
+    if record is None:
+        return False
+
+    def tapped(*args: Any, **kwargs: Any) -> Any:
+        scheduler_stats = kwargs.get("scheduler_stats", args[0] if args else None)
+        iteration_stats = kwargs.get("iteration_stats", args[1] if len(args) > 1 else None)
+        sink(scheduler_stats, iteration_stats)
+        return record(*args, **kwargs)
+
+    manager.record = tapped
+    return True
