@@ -35,7 +35,6 @@ from prometheus_client import CollectorRegistry
 
 import warden.layouts as ckpt
 import warden.runid as runid
-from warden import __version__
 from sidecars.bridge.errors import BridgeConfigError, BridgeError, BridgeIncomplete
 from sidecars.bridge.metrics import BridgeMetrics
 from sidecars.bridge.rollouts import (
@@ -64,6 +63,7 @@ from trainer.events import (
     JournalReader,
     JournalTruncated,
 )
+from warden import __version__
 from warden.errors import WardenError
 from warden.logs import log_fields
 from warden.metric_names import map_metrics, prometheus_name, warden_aliases

@@ -13,10 +13,10 @@ import uuid
 from typing import Any
 from urllib.parse import quote
 
-from warden import __version__
 from sidecars.deps.audit import AuditReport
 from sidecars.deps.drift import same_version
 from trainer.events import utc_timestamp
+from warden import __version__
 
 _METHODS = {"CVSS:3.1": "CVSSv31", "CVSS:3.0": "CVSSv3"}
 
