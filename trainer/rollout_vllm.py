@@ -373,9 +373,9 @@ def _tap_stats(llm: Any, sink: Callable[[Any, Any], None]) -> bool:
     """Passes every engine step's (scheduler stats, iteration stats) to ``sink`` as well as to
     vLLM's own stat loggers (the engine's ``logger_manager.record``, shadowed on the instance).
     False when this vLLM has no such hook (the gauges then keep their limits only)."""
-    manager = getattr(getattr(llm, "llm_engine", None), "logger_manager", None)
+    manager: Any = getattr(getattr(llm, "llm_engine", None), "logger_manager", None)
     record = getattr(manager, "record", None)
-    if record is None:
+    if manager is None or record is None:
         return False
 
     def tapped(*args: Any, **kwargs: Any) -> Any:
