@@ -232,3 +232,21 @@ def test_validation_loop_events_and_metric(make_config, tmp_path, tiny_cache):
     ):
         assert key in steps[0].data, key
     assert steps[0].data["critic/score/mean"] == steps[0].data["reward_mean"]
+
+
+def test_response_length_metrics_and_stop_ids():
+    from trainer.core import response_length_stats, stop_token_ids
+
+    responses = torch.tensor([[5, 2, 0, 0], [5, 6, 7, 8], [5, 6, 7, 9], [3, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 1, 1], [1, 0, 0, 0]])
+    stats = response_length_stats(mask, (2, 9), responses)
+    # row 1 ran to the limit without a stop token (clipped); row 2 stopped on its last token (9)
+    assert stats == {
+        "response_length/mean": 2.75,
+        "response_length/max": 4.0,
+        "response_length/min": 1.0,
+        "response_length/clip_ratio": 0.25,
+    }
+    assert stop_token_ids(2, (9, 2, 11)) == (2, 9, 11)
+    with pytest.raises(ConfigError, match="rollout.stop_token_ids"):
+        stop_token_ids(None, ())
