@@ -2,12 +2,19 @@
 
 Targets:
 
-* ``own``: this project's environment (``.venv``, with torch): every RECORD file re-hashed
-  and every loadable ``.pyc`` compared with a fresh compile (full pass), then again from
-  the incremental cache (stat only).
+* ``own``: this project's environment (``.venv``, with torch).
 * ``synthetic``: a generated site-packages of ``--dists`` x ``--modules`` modules with RECORDs
   and byte-compiled ``.pyc`` files (about 25,000 files by default), audited as
-  ``--site-packages`` (read only), full and incremental.
+  ``--site-packages`` (read only).
+
+Per target, one state directory, in this order (issue 21):
+
+* ``cold``: the first audit ever (empty cache): every RECORD file re-hashed and every loadable
+  ``.pyc`` compiled and compared (the cost the content-keyed verdict cache removes later);
+* ``full``: the periodic full pass with the cache of the cold run: every file re-hashed (pycs
+  too), a pair compiled only if its exact bytes were never verified;
+* ``incremental``: stat only; files whose stat identity changed are re-hashed.
+``--repeat`` repeats full and incremental; every figure is printed.
 
 Anchors measured in the same run: ``walk+stat`` (listing and stat-ing every file: the floor
 of an incremental audit) and ``read+sha256`` (one thread reading and hashing every file: the
@@ -18,6 +25,7 @@ is served by ``osv-serve``; ``pip-audit --disable-pip --no-deps -r <installed pi
 it is timed beside our offline matcher over the same packages and the same database.
 
     python bench/bench_deps.py [--target own|synthetic|both] [--dists 250] [--modules 50] [--records 5000]
+                               [--repeat 2]
 """
 
 from __future__ import annotations
@@ -129,35 +137,36 @@ def anchors(target: Target) -> tuple[float, float, int, int]:
     return walk, time.perf_counter() - start, len(walked), total
 
 
-def audit_pair(target: Target, state: str) -> tuple[dict, dict]:
+def audit_once(target: Target, state: str, full: bool) -> dict:
     policy = DepsPolicy(integrity=IntegrityRules(workers=0), vulnerabilities=VulnRules(pip_audit_crosscheck=False))
     settings = AuditSettings(policy, None, None, state, None, checks=frozenset({"integrity"}), pip_audit=False)
-    out = []
-    for full in (True, False):
-        rep = run_audit(AuditSettings(**{**settings.__dict__, "full_pass": full}), target)
-        out.append({"seconds": rep.duration, **rep.stats["integrity"], "findings": len(rep.findings)})
-    return out[0], out[1]
+    rep = run_audit(AuditSettings(**{**settings.__dict__, "full_pass": full}), target)
+    return {"seconds": rep.duration, **rep.stats["integrity"], "findings": len(rep.findings)}
 
 
-def bench_target(label: str, target: Target, records: int) -> None:
+def _line(label: str, run: dict, anchor: float, anchor_name: str) -> str:
+    return (
+        f"   {label:<18}{run['seconds']:7.2f}s = {run['seconds'] / anchor:5.2f}x {anchor_name}; "
+        f"{run['files_hashed']} hashed, {run['files_cached']} cached; .pyc: {run['pyc_checked']} compiled, "
+        f"{run['pyc_verdict_cached']} by verdict, {run['pyc_cached']} by stat; {run['findings']} findings"
+    )
+
+
+def bench_target(label: str, target: Target, records: int, repeat: int) -> None:
     walk, hashing, files, size = anchors(target)
-    with tempfile.TemporaryDirectory(prefix="bench-deps-") as state:
-        full, incr = audit_pair(target, state)
     print(f"\n== {label}: {target.description}")
     print(
         f"   {files} files, {size / 2**20:.0f} MiB; anchors: walk+stat {walk:.2f}s, "
         f"read+sha256 (1 thread) {hashing:.2f}s"
     )
-    print(
-        f"   full audit        {full['seconds']:7.2f}s  ({full['files_hashed']} hashed, "
-        f"{full['pyc_checked']} .pyc compiled)"
-        f"  = {full['seconds'] / hashing:.2f}x read+sha256"
-    )
-    print(
-        f"   incremental audit {incr['seconds']:7.2f}s  ({incr['files_cached']} cached, "
-        f"{incr['pyc_cached']} .pyc cached)"
-        f"  = {incr['seconds'] / walk:.2f}x walk+stat, {full['seconds'] / incr['seconds']:.1f}x faster than full"
-    )
+    with tempfile.TemporaryDirectory(prefix="bench-deps-") as state:
+        cold = audit_once(target, state, True)
+        print(_line("cold (no cache)", cold, hashing, "read+sha256"))
+        for n in range(repeat):
+            full = audit_once(target, state, True)
+            print(_line(f"full #{n + 1}", full, hashing, "read+sha256"))
+            incr = audit_once(target, state, False)
+            print(_line(f"incremental #{n + 1}", incr, walk, "walk+stat"))
     bench_vulns(target, records)
 
 
@@ -194,10 +203,11 @@ def main() -> None:
     parser.add_argument("--dists", type=int, default=250)
     parser.add_argument("--modules", type=int, default=50)
     parser.add_argument("--records", type=int, default=5000)
+    parser.add_argument("--repeat", type=int, default=2, help="full + incremental rounds after the cold audit")
     args = parser.parse_args()
     print(f"bench_deps: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
     if args.target in ("own", "both"):
-        bench_target("own environment", discover_python(args.python), args.records)
+        bench_target("own environment", discover_python(args.python), args.records, args.repeat)
     if args.target in ("synthetic", "both"):
         tmp = tempfile.mkdtemp(prefix="bench-site-")
         try:
@@ -206,7 +216,7 @@ def main() -> None:
             count = make_site_packages(site, args.dists, args.modules)
             print(f"\n(generated {count} files in {time.perf_counter() - start:.1f}s)")
             subprocess.run(["sync"], check=False)
-            bench_target("synthetic site-packages", discover_site_packages(site), args.records)
+            bench_target("synthetic site-packages", discover_site_packages(site), args.records, args.repeat)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import fnmatch
+import functools
 import hashlib
 import json
 import os
@@ -136,8 +137,27 @@ def _legacy_findings(dist: InstalledDist, walked: dict[str, os.stat_result], all
     return [Finding("integrity", kind, dist.canonical, message, True, {"meta_dir": dist.meta_dir})]
 
 
+def _relative(path: str, root: str) -> str:
+    """``path`` relative to ``root`` (a slice when it lies below, as nearly every path does)."""
+    prefix = root.rstrip(os.sep) + os.sep
+    return path[len(prefix) :] if path.startswith(prefix) else os.path.relpath(path, root)
+
+
+@functools.lru_cache(maxsize=64)
+def _is_normal(root: str) -> bool:
+    return os.sep == "/" and root == os.path.normpath(root)
+
+
+def _joined(root: str, rel: str) -> str:
+    """``normpath(join(root, rel))``, without the cost for a plain relative RECORD path."""
+    plain = rel and rel[0] not in "./" and "/." not in rel and "//" not in rel and not rel.endswith("/")
+    if plain and _is_normal(root):
+        return f"{root}/{rel}"
+    return os.path.normpath(os.path.join(root, rel))
+
+
 def _unhashed_ok(dist: InstalledDist, path: str, allow: Sequence[str]) -> bool:
-    rel = os.path.relpath(path, dist.site_packages)
+    rel = _relative(path, dist.site_packages)
     if rel.endswith(".pyc") and os.path.basename(os.path.dirname(path)) != "__pycache__":
         return False  # a sourceless .pyc beside the package is imported: it needs a hash
     return any(fnmatch.fnmatchcase(rel, pattern) for pattern in allow)
@@ -166,7 +186,7 @@ def _record_jobs(
                 owned.update(os.path.normpath(os.path.join(dist.site_packages, e.path)) for e in dist.record or ())
             continue
         for entry in dist.record:
-            path = os.path.normpath(os.path.join(dist.site_packages, entry.path))
+            path = _joined(dist.site_packages, entry.path)
             job, finding = _row(dist, entry, path, walked, roots, options, stats)
             if finding is not None:
                 findings.append(finding)
@@ -492,7 +512,7 @@ def _unowned_findings(
     for path in sorted(walked):
         if path in owned or path in derived or exempt(path) or kind_of(walked[path].st_mode) not in ("file", "symlink"):
             continue  # special files are reported as such, never as unowned
-        rel = os.path.relpath(path, root)
+        rel = _relative(path, root)
         if any(fnmatch.fnmatchcase(rel, pattern) for pattern in allow):
             continue
         if os.path.basename(os.path.dirname(path)) == "__pycache__" and path.endswith(".pyc"):

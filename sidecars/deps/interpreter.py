@@ -226,7 +226,10 @@ def check_venv_scripts(target: Target, walked: Mapping[str, object]) -> tuple[li
 
 def venv_made(venv: str, path: str) -> bool:
     """Whether ``path`` is a file ``python -m venv`` creates (owned by no RECORD; checked here and by the baseline)."""
-    rel = os.path.relpath(path, venv)
+    prefix = venv.rstrip(os.sep) + os.sep
+    if not path.startswith(prefix):
+        return False
+    rel = os.path.normpath(path[len(prefix) :])
     if rel in ("pyvenv.cfg", "lib64", ".gitignore"):
         return True
     head, _, name = rel.partition(os.sep)
