@@ -122,7 +122,20 @@ class _HashJob:
 
 
 def _inside(path: str, roots: Sequence[str]) -> bool:
-    return any(path.startswith(root + os.sep) for root in roots)
+    return path.startswith(_prefixes(tuple(roots)))
+
+
+@functools.lru_cache(maxsize=16)
+def _prefixes(roots: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(root + os.sep for root in roots)
+
+
+@functools.lru_cache(maxsize=16)
+def _glob_matcher(patterns: tuple[str, ...]) -> Callable[[str], object]:
+    """One compiled regex for a policy's glob list (``fnmatchcase`` semantics, matched at once)."""
+    if not patterns:
+        return lambda _rel: None
+    return re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in patterns)).match
 
 
 def _legacy_findings(dist: InstalledDist, walked: dict[str, os.stat_result], allow: Sequence[str]) -> list[Finding]:
@@ -160,7 +173,7 @@ def _unhashed_ok(dist: InstalledDist, path: str, allow: Sequence[str]) -> bool:
     rel = _relative(path, dist.site_packages)
     if rel.endswith(".pyc") and os.path.basename(os.path.dirname(path)) != "__pycache__":
         return False  # a sourceless .pyc beside the package is imported: it needs a hash
-    return any(fnmatch.fnmatchcase(rel, pattern) for pattern in allow)
+    return _glob_matcher(tuple(allow))(rel) is not None
 
 
 def _record_jobs(
@@ -513,7 +526,7 @@ def _unowned_findings(
         if path in owned or path in derived or exempt(path) or kind_of(walked[path].st_mode) not in ("file", "symlink"):
             continue  # special files are reported as such, never as unowned
         rel = _relative(path, root)
-        if any(fnmatch.fnmatchcase(rel, pattern) for pattern in allow):
+        if _glob_matcher(tuple(allow))(rel) is not None:
             continue
         if os.path.basename(os.path.dirname(path)) == "__pycache__" and path.endswith(".pyc"):
             message = f"{path}: bytecode without a source file, owned by no distribution (never imported)"
@@ -602,7 +615,7 @@ def check_integrity(
         findings.extend(_unowned_findings(root, files, owned, pyc_sources, options.unowned_allow, exempt))
     findings.extend(_interpreter(target, walked, options, unreadable))
     findings.extend(_check_pycs(walked, pyc_sources, target, cache, options, stats, cancel))
-    environment = _environment_digests(target, walked, cache, unreadable)
+    environment = _environment_digests(target, per_root.get(target.venv or "", {}), cache, unreadable)
     cache.prune(set(walked) | {j.path for j in jobs} | set(environment), options.full_pass and not cancel.is_set())
     incomplete = [f"unreadable: {u}" for u in unreadable]
     if cancel.is_set():
