@@ -69,7 +69,7 @@ def to_text(report: AuditReport, max_per_kind: int = 20) -> str:
         head.append(
             f"  files    {integ['files_walked']} walked, {integ['files_hashed']} hashed, "
             f"{integ['files_cached']} cached, "
-            f"{integ['pyc_checked']} .pyc compiled, {integ['pyc_cached']} cached"
+            f"{integ['pyc_checked']} .pyc compiled, {integ['pyc_cached'] + integ.get('pyc_verdict_cached', 0)} cached"
             + (" (full pass)" if integ.get("full_pass") else "")
         )
     lines = head
