@@ -17,6 +17,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -339,6 +340,8 @@ def _declared_tokens(snap: Snapshot) -> dict[str, str | None]:
 
 
 _BEHAVIOUR_CACHE: OrderedDict[str, dict[str, Any]] = OrderedDict()
+_BEHAVIOUR_LOCK = threading.Lock()
+_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenscan-tokenizer")
 
 
 def _exercise(
@@ -347,20 +350,35 @@ def _exercise(
     """The tokenizer child's answer for the file at ``path`` (cached by its content ``digest``
     and the tokens; the child re-checks the digest)."""
     key = hashlib.sha256((digest + json.dumps([kind, tokens], sort_keys=True)).encode()).hexdigest()
-    if key in _BEHAVIOUR_CACHE:
-        _BEHAVIOUR_CACHE.move_to_end(key)
-        return _BEHAVIOUR_CACHE[key]
+    with _BEHAVIOUR_LOCK:
+        if key in _BEHAVIOUR_CACHE:
+            _BEHAVIOUR_CACHE.move_to_end(key)
+            return _BEHAVIOUR_CACHE[key]
     bp = policy.behaviour
     answer = tbe.run(tbe.request(kind, path, digest, size, tokens), bp.memory_cap, bp.timeout_seconds)
     if answer["status"] != "crashed":
-        _BEHAVIOUR_CACHE[key] = answer
-        while len(_BEHAVIOUR_CACHE) > 256:
-            _BEHAVIOUR_CACHE.popitem(last=False)
+        with _BEHAVIOUR_LOCK:
+            _BEHAVIOUR_CACHE[key] = answer
+            while len(_BEHAVIOUR_CACHE) > 256:
+                _BEHAVIOUR_CACHE.popitem(last=False)
     return answer
 
 
-def _tokenizer_behaviour(snap: Snapshot, policy: TokenscanPolicy) -> None:
-    """Static invariants of tokenizer.json and the behaviour of every tokenizer found."""
+def _start_exercises(snap: Snapshot, policy: TokenscanPolicy) -> dict[str, Future[dict[str, Any]]]:
+    """Sends every tokenizer to its child now, so the child works while this process analyses
+    and renders the templates; :func:`_tokenizer_behaviour` collects the answers."""
+    if not policy.behaviour.enabled or time.monotonic() > snap.deadline:
+        return {}
+    tokens = _declared_tokens(snap)
+    return {
+        rel: _POOL.submit(_exercise, kind, path, digest, size, tokens, policy)
+        for rel, (kind, path, digest, size) in sorted(snap.tokenizer_files.items())
+    }
+
+
+def _tokenizer_behaviour(snap: Snapshot, policy: TokenscanPolicy, running: dict[str, Future[dict[str, Any]]]) -> None:
+    """Static invariants of tokenizer.json and the behaviour of every tokenizer found
+    (``running``: the child requests :func:`_start_exercises` sent)."""
     tokens = _declared_tokens(snap)
     declared = {k: v for k, v in tokens.items() if v}
     tok = snap.top("tokenizer.json")
@@ -378,12 +396,12 @@ def _tokenizer_behaviour(snap: Snapshot, policy: TokenscanPolicy) -> None:
             out.append(("tokenizer.json", tbe.TokenizerIssue("order", problem)))
     if not policy.behaviour.enabled:
         return
-    for rel, (kind, path, digest, size) in sorted(snap.tokenizer_files.items()):
-        if time.monotonic() > snap.deadline:
+    for rel, (kind, _path, digest, _size) in sorted(snap.tokenizer_files.items()):
+        if rel not in running:
             snap.unanalysed.append((rel, "tokenizer not exercised: scan time budget spent"))
             continue
         try:
-            answer = _exercise(kind, path, digest, size, tokens, policy)
+            answer = running[rel].result()
         except OSError as exc:
             snap.errors.append(f"tokenizer sandbox could not start: {exc.strerror or exc}")
             return
@@ -422,10 +440,11 @@ def build_snapshot(
         reader.file(rel, open_at)
     _special_tokens(snap)
     _vocabulary(snap, reader.pieces)
-    _collect_templates(snap, reader, policy)
     snap.deadline = deadline
+    running = _start_exercises(snap, policy)
+    _collect_templates(snap, reader, policy)
     _render(snap, policy)
-    _tokenizer_behaviour(snap, policy)
+    _tokenizer_behaviour(snap, policy, running)
     return snap
 
 

@@ -21,6 +21,7 @@ merge order (:func:`merge_order_problem`) and special tokens have no look-alikes
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -305,6 +306,7 @@ def ordinary_special_tokens(declared: Mapping[str, str | None], added: Iterable[
 
 
 _WORKER = ct._Worker(CHILD, CHILD_ENV)
+atexit.register(_WORKER.stop)
 
 
 def stop_worker() -> None:
