@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from sidecars.shadow.align import RunSeries
 from sidecars.shadow.policy import RewardTest, ShadowPolicy, Tolerance
+from warden.errors import ConfigError
 
 REWARDS = "rewards"  # the pseudo-metric name of the reward-distribution test
 
@@ -115,7 +116,10 @@ def ks_row(step: int, a: list[float], b: list[float], test: RewardTest) -> Rewar
     """The KS test of one step's rewards; not judged when either side has too few samples."""
     if min(len(a), len(b)) < test.min_samples:
         return RewardRow(step, len(a), len(b), None, None, test.p_value_min)
-    from scipy.stats import ks_2samp  # scipy is imported only when there is something to test
+    try:
+        from scipy.stats import ks_2samp  # imported only when there is something to test
+    except ImportError:
+        raise ConfigError("the KS test of reward snapshots needs scipy: pip install 'warden[shadow]'") from None
 
     result = ks_2samp(a, b)
     statistic, p_value = float(result.statistic), float(result.pvalue)

@@ -8,6 +8,7 @@ import math
 from sidecars.shadow.align import RunSeries
 from sidecars.shadow.compare import Comparison
 from trainer.events import atomic_write_bytes
+from warden.errors import ConfigError
 
 
 def curve(series: RunSeries, metric: str) -> tuple[list[int], list[float]]:
@@ -18,7 +19,10 @@ def curve(series: RunSeries, metric: str) -> tuple[list[int], list[float]]:
 
 def write_png(path: str, a: RunSeries, b: RunSeries, comparison: Comparison, label_a: str, label_b: str) -> None:
     """Writes the figure to ``path`` (atomically): A and B per metric, the first divergence marked."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib: pip install 'warden[shadow]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

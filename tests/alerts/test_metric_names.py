@@ -122,6 +122,7 @@ def scraped(tmp_path_factory):
             "strict": False,
         },
         "paths": None,
+        "shadow": {"baseline": str(run_dir)},
     }
     for name, policy in policies.items():
         names |= scrape_sidecar(name, run_dir, policy)
