@@ -296,6 +296,7 @@ def host_warden(*args: str, env: dict[str, str], timeout: float = 120) -> subpro
 def test_compose_stack_runs_for_real(tmp_path, capsys):
     requirements()
     timings: dict[str, float] = {}
+    report: list[str] = []
     t0 = time.monotonic()
     keys, data = tmp_path / "keys", tmp_path / "data"
     subprocess.run(warden_cmd("keys", "generate", "--out", str(keys)), check=True, capture_output=True, cwd=ROOT)
@@ -333,7 +334,7 @@ def test_compose_stack_runs_for_real(tmp_path, capsys):
             started = time.monotonic()
             stack.up()
             timings["up (all services started)"] = time.monotonic() - started
-        run_checks(stack, ports, keys, data, access, secret, timings)
+        run_checks(stack, ports, keys, data, access, secret, timings, report)
     except BaseException:
         if stack is not None:
             print("\n".join(stack.logs(s) for s in stack.order()), file=sys.stderr)
@@ -349,9 +350,12 @@ def test_compose_stack_runs_for_real(tmp_path, capsys):
             print("\ncompose test timings (s):")
             for name, seconds in timings.items():
                 print(f"  {name:<48} {seconds:7.1f}")
+            print("\n".join(report))
 
 
-def run_checks(stack: Stack, ports, keys, data, access: str, secret: str, timings: dict[str, float]) -> None:
+def run_checks(
+    stack: Stack, ports, keys, data, access: str, secret: str, timings: dict[str, float], report: list[str]
+) -> None:
     prom = f"http://127.0.0.1:{ports['prometheus']}"
     webhook = f"http://127.0.0.1:{ports['webhook-logger']}"
 
@@ -471,13 +475,9 @@ def run_checks(stack: Stack, ports, keys, data, access: str, secret: str, timing
     firing = sorted(
         {a["labels"]["alertname"] + "/" + a["state"] for a in get_json(f"{prom}/api/v1/alerts")["data"]["alerts"]}
     )
-    rows = [(s, st, health.get(s, "")) for s, st in table]
-    with contextlib.suppress(Exception):
-        sys.__stdout__.write(
-            "\ncompose services (state / Prometheus target):\n"
-            + "".join(f"  {s:<16} {st:<20} {h}\n" for s, st, h in rows)
-            + "".join(f"  {job:<16} {'(no compose service)':<20} {health.get(job)}\n" for job in outside)
-            + f"alerts at the end: {', '.join(firing)}\n"
-        )
+    report.append("compose services (state / Prometheus target):")
+    report += [f"  {s:<16} {st:<20} {health.get(s, '')}" for s, st in table]
+    report += [f"  {job:<16} {'(no compose service)':<20} {health.get(job)}" for job in outside]
+    report.append(f"alerts at the end: {', '.join(firing)}")
     assert stat.S_IMODE(os.stat(data).st_mode) == 0o755
     assert shutil.which("podman")
