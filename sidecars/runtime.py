@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -62,23 +62,41 @@ class SidecarContext:
         return os.path.join(self.run_dir, JOURNAL_NAME) if self.run_dir else None
 
 
-class Sidecar:
-    """Base of every sidecar. Subclasses set the class attributes and override one or both hooks."""
+P = TypeVar("P")
+
+
+class Sidecar(Generic[P]):
+    """Base of every sidecar, generic over its policy type ``P`` (``policy_schema``).
+
+    Subclasses set the class attributes and override one or both hooks. ``self.policy`` is
+    the context's policy when it is a ``policy_schema`` instance, else :meth:`default_policy`
+    (the schema's defaults; a sidecar that cannot run without a policy file raises there).
+    ``check_interval_seconds`` comes from the policy's field of that name.
+    """
 
     name: ClassVar[str]
     description: ClassVar[str]
     default_port: ClassVar[int]
-    policy_schema: ClassVar[type | None] = None
+    policy_schema: ClassVar[type[Any] | None] = None
     handles: ClassVar[frozenset[str]] = frozenset()
     needs_run_dir: ClassVar[bool] = False
 
     def __init__(self, ctx: SidecarContext) -> None:
         self.ctx = ctx
+        schema = self.policy_schema
+        self.policy: P = ctx.policy if schema is not None and isinstance(ctx.policy, schema) else self.default_policy()
+
+    def default_policy(self) -> P:
+        """The policy used when none was loaded: the schema's defaults."""
+        if self.policy_schema is None:
+            return None  # type: ignore[return-value]  # a sidecar without a policy
+        return self.policy_schema()  # type: ignore[no-any-return]
 
     @property
     def check_interval_seconds(self) -> float | None:
-        """Seconds between periodic checks; None for sidecars without :meth:`check`."""
-        return None
+        """Seconds between periodic checks (the policy's ``check_interval_seconds``); None: no checks."""
+        value = getattr(self.policy, "check_interval_seconds", None)
+        return float(value) if value is not None else None
 
     def handle(self, event: Event) -> Outcome:
         """Acts on one event of a type in ``handles``. Must be idempotent.

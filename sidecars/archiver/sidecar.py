@@ -65,7 +65,7 @@ def load_signer(policy: ArchiverPolicy) -> RecordSigner:
     return RecordSigner(load_private_key(path))
 
 
-class ArchiverSidecar(Sidecar):
+class ArchiverSidecar(Sidecar[ArchiverPolicy]):
     name = "archiver"
     description = "signs a hash-chained record of each reward snapshot and archives it to S3 (spools while down)"
     default_port = 9462
@@ -75,7 +75,6 @@ class ArchiverSidecar(Sidecar):
 
     def __init__(self, ctx: SidecarContext, *, store: Store | None = None, signer: RecordSigner | None = None) -> None:
         super().__init__(ctx)
-        self.policy: ArchiverPolicy = ctx.policy if isinstance(ctx.policy, ArchiverPolicy) else ArchiverPolicy()
         self.signer = signer or load_signer(self.policy)
         self.store = store or open_store(
             self.policy.store_url(),
@@ -121,10 +120,6 @@ class ArchiverSidecar(Sidecar):
         if not ok:
             self.store.close()
             raise self.uploader.lock_missing_error()
-
-    @property
-    def check_interval_seconds(self) -> float:
-        return self.policy.check_interval_seconds
 
     # -- events -------------------------------------------------------------------------------
     def handle(self, event: Event) -> Outcome:

@@ -30,7 +30,7 @@ MAX_LOGGED_FINDINGS = 50
 _IGNORED_EVENTS = {"opened", "closed_no_write"}
 
 
-class DepsSidecar(Sidecar):
+class DepsSidecar(Sidecar[DepsPolicy]):
     name = "deps"
     description = "audits the Python environment: lock drift, installed-file integrity, known vulnerabilities (OSV)"
     default_port = 9464
@@ -40,7 +40,6 @@ class DepsSidecar(Sidecar):
 
     def __init__(self, ctx: SidecarContext) -> None:
         super().__init__(ctx)
-        self.policy: DepsPolicy = ctx.policy if isinstance(ctx.policy, DepsPolicy) else DepsPolicy()
         self.metrics = DepsMetrics(ctx.registry)
         self.dbs = DatabaseCache()
         self._first = True
@@ -52,10 +51,6 @@ class DepsSidecar(Sidecar):
         self._seen: set[tuple[str, str, str]] = set()
         self._observer: Any = None
         self._lock = threading.Lock()
-
-    @property
-    def check_interval_seconds(self) -> float:
-        return self.policy.check_interval_seconds
 
     # -- audits ------------------------------------------------------------------------
     def _target_args(self) -> tuple[str | None, str | None]:

@@ -21,7 +21,7 @@ def _event_unix_time(event: Event) -> float:
     return dt.datetime.strptime(event.time, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=dt.UTC).timestamp()
 
 
-class JournalSidecar(Sidecar):
+class JournalSidecar(Sidecar[JournalPolicy]):
     name = "journal"
     description = "indexes the event journal and reports a run that has gone quiet"
     default_port = 9466
@@ -31,7 +31,6 @@ class JournalSidecar(Sidecar):
 
     def __init__(self, ctx: SidecarContext) -> None:
         super().__init__(ctx)
-        self.policy: JournalPolicy = ctx.policy or JournalPolicy()
         os.makedirs(ctx.state_dir, exist_ok=True)
         self.index_path = os.path.join(ctx.state_dir, "index.jsonl")
         self._seen = self._load_index()
@@ -58,10 +57,6 @@ class JournalSidecar(Sidecar):
         except FileNotFoundError:
             pass
         return seen
-
-    @property
-    def check_interval_seconds(self) -> float:
-        return self.policy.check_interval_seconds
 
     def handle(self, event: Event) -> Outcome:
         if event.seq not in self._seen:

@@ -23,7 +23,7 @@ class ProbeIncomplete(IncompleteError):
     """A probe process could not be started or died without a result (exit code 3)."""
 
 
-class PathsSidecar(Sidecar):
+class PathsSidecar(Sidecar[PathsPolicy]):
     name = "paths"
     description = "probes data/model/checkpoint paths in child processes with deadlines (stuck, full, read-only)"
     default_port = 9465
@@ -31,19 +31,15 @@ class PathsSidecar(Sidecar):
     handles = frozenset()
     needs_run_dir = False
 
+    def default_policy(self) -> PathsPolicy:
+        raise ConfigError("the paths sidecar needs a policy: pass --policy FILE (see policies/paths.yaml)")
+
     def __init__(self, ctx: SidecarContext) -> None:
         super().__init__(ctx)
-        if not isinstance(ctx.policy, PathsPolicy):
-            raise ConfigError("the paths sidecar needs a policy: pass --policy FILE (see policies/paths.yaml)")
-        self.policy: PathsPolicy = ctx.policy
         self.metrics = PathMetrics(ctx.registry, [spec.name for spec in self.policy.paths])
         self.watcher = PathWatcher(self.policy.paths, wall=ctx.clock, on_verdict=self._on_verdict)
         self._first_round = True
         self._last: dict[str, tuple[bool, str | None]] = {}
-
-    @property
-    def check_interval_seconds(self) -> float:
-        return self.policy.check_interval_seconds
 
     def check(self) -> Outcome:
         if self._first_round:

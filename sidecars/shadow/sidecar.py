@@ -27,7 +27,7 @@ def resolve_run(value: str | None, policy_path: str | None) -> str | None:
     return os.path.join(os.path.dirname(os.path.abspath(policy_path)), value)
 
 
-class ShadowSidecar(Sidecar):
+class ShadowSidecar(Sidecar[ShadowPolicy]):
     name = "shadow"
     description = "follows a baseline and a candidate journal and exports their step-by-step divergence"
     default_port = 9468
@@ -35,7 +35,6 @@ class ShadowSidecar(Sidecar):
 
     def __init__(self, ctx: SidecarContext) -> None:
         super().__init__(ctx)
-        self.policy: ShadowPolicy = ctx.policy or ShadowPolicy()
         baseline = resolve_run(self.policy.baseline, ctx.policy_path) or os.environ.get(BASELINE_ENV) or None
         candidate = resolve_run(self.policy.candidate, ctx.policy_path) or ctx.run_dir
         if baseline is None or candidate is None:
@@ -46,10 +45,6 @@ class ShadowSidecar(Sidecar):
         self.baseline = FollowedJournal(journal_location(baseline))
         self.candidate = FollowedJournal(journal_location(candidate))
         self.metrics = ShadowMetrics(ctx.registry)
-
-    @property
-    def check_interval_seconds(self) -> float:
-        return self.policy.check_interval_seconds
 
     def check(self) -> Outcome:
         self.baseline.poll()

@@ -187,7 +187,7 @@ def trust_set(key: ec.EllipticCurvePrivateKey, extra: str | None) -> TrustedKeys
     return TrustedKeys({**loaded.by_id, **own.by_id}, f"{loaded.source} and the signing key")
 
 
-class SignerSidecar(Sidecar):
+class SignerSidecar(Sidecar[SignerPolicy]):
     name = "signer"
     description = "hashes and signs checkpoints (checkpoint.saved, HF and verl roots), re-verifies them"
     default_port = 9461
@@ -197,7 +197,6 @@ class SignerSidecar(Sidecar):
 
     def __init__(self, ctx: SidecarContext, use_watchdog: bool = True) -> None:
         super().__init__(ctx)
-        self.policy: SignerPolicy = ctx.policy if isinstance(ctx.policy, SignerPolicy) else SignerPolicy()
         self.key = signing_key(self.policy, ctx.policy_path)
         self.trusted = trust_set(self.key, self.policy.trusted_keys_path(policy_dir(ctx.policy_path)))
         self.metrics = SignerMetrics(ctx.registry)
@@ -229,10 +228,6 @@ class SignerSidecar(Sidecar):
             if spec.resolved not in {r.path for r in roots}:
                 roots.append(Root(spec.resolved, spec.layout, spec.run_id, spec.effective_run_id))
         return roots
-
-    @property
-    def check_interval_seconds(self) -> float:
-        return self.policy.check_interval_seconds
 
     # -- events ----------------------------------------------------------------------------
     def handle(self, event: Event) -> Outcome:

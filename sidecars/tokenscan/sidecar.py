@@ -42,7 +42,7 @@ class _Dir:
     summary: tuple[int, ...] | None = None
 
 
-class TokenscanSidecar(Sidecar):
+class TokenscanSidecar(Sidecar[TokenscanPolicy]):
     name = "tokenscan"
     description = "whitelist and supply-chain scan of tokenizer/model dirs (policy paths, model.loading events)"
     default_port = 9463
@@ -50,9 +50,11 @@ class TokenscanSidecar(Sidecar):
     handles = frozenset({MODEL_LOADING})
     needs_run_dir = False
 
+    def default_policy(self) -> TokenscanPolicy:
+        return default_policy()
+
     def __init__(self, ctx: SidecarContext) -> None:
         super().__init__(ctx)
-        self.policy: TokenscanPolicy = ctx.policy if isinstance(ctx.policy, TokenscanPolicy) else default_policy()
         self.store = ApprovalStore(ctx.state_dir)
         self.cache = HashCache()
         self.metrics = TokenscanMetrics(ctx.registry)
@@ -60,10 +62,6 @@ class TokenscanSidecar(Sidecar):
         self.dirs: dict[str, _Dir] = {}
         for path in self.policy.paths:
             self._track(os.path.abspath(os.path.expanduser(path)), "policy")
-
-    @property
-    def check_interval_seconds(self) -> float:
-        return self.policy.check_interval_seconds
 
     def _track(self, path: str, source: str) -> _Dir:
         known = self.dirs.get(path)
