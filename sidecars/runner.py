@@ -140,7 +140,7 @@ class Runner:
             return False
         except WardenError as exc:
             self._record_failure(exc, "handler", event)
-            outcome = Outcome(exc.exit_code) if exc.exit_code in (1, 3) else Outcome.INCOMPLETE
+            outcome = Outcome(exc.exit_code) if exc.exit_code != Outcome.USAGE else Outcome.INCOMPLETE
         except Exception as exc:  # a bug in a handler must not kill the sidecar
             self.ctx.log.exception(
                 "handler crashed", extra=log_fields(sidecar=self.ctx.name, seq=event.seq, type=event.type)

@@ -10,7 +10,6 @@ a crash between the two replays that event, and handlers must be idempotent.
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import threading
@@ -25,15 +24,10 @@ from trainer.events import (
     JOURNAL_NAME,
     Event,
 )
-from warden.errors import WardenError
+from warden.errors import ExitCode, WardenError
 
-
-class Outcome(enum.IntEnum):
-    """Result of one event or one check; values are the CLI exit codes."""
-
-    OK = 0
-    VIOLATION = 1
-    INCOMPLETE = 3
+# The result of one event or one check is an exit code: OK, VIOLATION or INCOMPLETE.
+Outcome = ExitCode
 
 
 class RetryLater(WardenError):

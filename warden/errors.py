@@ -7,10 +7,26 @@ the CLI prints the message (which names the file, key or step) and never a trace
 
 from __future__ import annotations
 
-EXIT_OK = 0
-EXIT_VIOLATION = 1
-EXIT_USAGE = 2
-EXIT_INCOMPLETE = 3
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    """The one set of exit codes (also a sidecar's :class:`~sidecars.runtime.Outcome`).
+
+    Ordered by severity for ``max()``: a check that could not complete (3) outranks a
+    violation (1), which outranks clean (0); 2 is only ever a CLI usage error.
+    """
+
+    OK = 0
+    VIOLATION = 1
+    USAGE = 2
+    INCOMPLETE = 3
+
+
+EXIT_OK = ExitCode.OK
+EXIT_VIOLATION = ExitCode.VIOLATION
+EXIT_USAGE = ExitCode.USAGE
+EXIT_INCOMPLETE = ExitCode.INCOMPLETE
 
 
 class WardenError(Exception):

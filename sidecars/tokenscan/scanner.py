@@ -33,8 +33,7 @@ from sidecars.tokenscan.snapshot import FileFacts, JsonDoc, Snapshot, TemplateSo
 from sidecars.tokenscan.sniff import Budget, open_regular, sniff_file
 from sidecars.tokenscan.spm import ProtobufError, parse_sentencepiece
 from sidecars.tokenscan.tree import Entry, TreeError, walk
-
-EXIT_OK, EXIT_VIOLATION, EXIT_INCOMPLETE = 0, 1, 3
+from warden.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_VIOLATION
 
 
 @dataclass
