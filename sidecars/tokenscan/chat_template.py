@@ -248,10 +248,13 @@ def _is_trigger_test(test: nodes.Node, aliases: set[str]) -> bool:
         return False
     if not _uses_content(test, aliases):
         return False
-    consts = [c.value for c in test.find_all(nodes.Const) if isinstance(c.value, str)]
+    consts = [c.value for c in test.find_all(nodes.Const) if isinstance(c.value, str) and c.value != "content"]
     markup = bool(consts) and all(not v.strip() or TAG_RE.fullmatch(v.strip()) for v in consts)
     if markup and isinstance(test, (nodes.Compare, nodes.Call)):
         return False
+    numbers = [c.value for c in test.find_all(nodes.Const) if type(c.value) in (int, float)]
+    if not consts and isinstance(test, nodes.Compare) and all(n in (0, 1) for n in numbers):
+        return False  # an emptiness test: content|length > 0
     return not (
         isinstance(test, (nodes.And, nodes.Or))
         and not any(_is_trigger_test(side, aliases) for side in (test.left, test.right))

@@ -241,3 +241,13 @@ def test_pinned_token_ids_catch_a_remapped_word_and_pass_the_approved_tokenizer(
     shutil.rmtree(base)
     shutil.copytree(attack_dirs["swapped_word_ids"], base)
     assert "TS1207" in {f.id for f in scan_directory(str(base), policy).findings}
+
+
+def test_an_emptiness_test_on_content_is_not_a_trigger_but_a_magic_length_is():
+    from sidecars.tokenscan import chat_template as ct
+
+    loop = (
+        "{% for message in messages %}{% if message['content']|length X %}{{ message.content }}{% endif %}{% endfor %}"
+    )
+    assert ct.analyze(loop.replace("X", "> 0")) == []
+    assert [i.kind for i in ct.analyze(loop.replace("X", "== 1337"))] == ["content_branch"]
