@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from safetensors.torch import load_file
 from support import ROOT
 
@@ -29,6 +30,7 @@ def _run(cmd, env=None):
     return result
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_match_one(make_config, tmp_path):
     _, config = make_config({"max_steps": 2, "checkpoint": {"every_steps": 1}})
     one, two = tmp_path / "one", tmp_path / "two"

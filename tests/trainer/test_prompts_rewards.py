@@ -248,5 +248,5 @@ def test_response_length_metrics_and_stop_ids():
         "response_length/clip_ratio": 0.25,
     }
     assert stop_token_ids(2, (9, 2, 11)) == (2, 9, 11)
-    with pytest.raises(ConfigError, match="rollout.stop_token_ids"):
+    with pytest.raises(ConfigError, match=r"rollout\.stop_token_ids"):
         stop_token_ids(None, ())

@@ -28,6 +28,7 @@ def params(trainer):
     return out
 
 
+@pytest.mark.slow
 def test_reward_rises_on_the_synthetic_task(make_config, tmp_path):
     cfg, _ = make_config({"max_steps": 30, "checkpoint": {"every_steps": 0}})
     trainer = PPOTrainer(cfg, str(tmp_path / "run"))
