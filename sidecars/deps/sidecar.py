@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
 
 from sidecars.deps.audit import AuditReport, DatabaseCache, run_audit
 from sidecars.deps.commands import build_settings, pick_target
@@ -23,11 +22,10 @@ from sidecars.deps.report import summary_counts
 from sidecars.runtime import Outcome, Sidecar, SidecarContext
 from warden.errors import WardenError
 from warden.logs import log_fields
-from warden.watching import write_events
+from warden.watching import Change, TreeWatcher
 
 MAX_LOGGED_FINDINGS = 50
 # Events a reader causes (open, close without write) must not trigger audits: the audit reads every file.
-_IGNORED_EVENTS = {"opened", "closed_no_write"}
 
 
 class DepsSidecar(Sidecar[DepsPolicy]):
@@ -49,7 +47,7 @@ class DepsSidecar(Sidecar[DepsPolicy]):
         self._result: tuple[Outcome, AuditReport | None] | None = None
         self._last_outcome = Outcome.OK
         self._seen: set[tuple[str, str, str]] = set()
-        self._observer: Any = None
+        self._watcher: TreeWatcher | None = None
         self._lock = threading.Lock()
 
     # -- audits ------------------------------------------------------------------------
@@ -145,38 +143,22 @@ class DepsSidecar(Sidecar[DepsPolicy]):
     def _start_watch(self) -> None:
         if not self.policy.watch:
             return
-        try:
-            from watchdog.events import FileSystemEvent, FileSystemEventHandler
-            from watchdog.observers import Observer
-        except ImportError:
+        self._watcher = TreeWatcher(self._on_change)
+        if not self._watcher.active:
             self.ctx.log.warning("watchdog missing: auditing on the period only", extra=log_fields(sidecar=self.name))
             return
-        sidecar = self
-
-        class Handler(FileSystemEventHandler):
-            def on_any_event(self, event: FileSystemEvent) -> None:
-                if event.event_type not in _IGNORED_EVENTS:
-                    sidecar._changed_at = time.monotonic()
-
-        try:
-            observer = Observer()
-            for path in self._watch_paths():
-                observer.schedule(Handler(), path, recursive=True, event_filter=write_events())
-            observer.daemon = True
-            observer.start()
-            self._observer = observer
-        except (OSError, RuntimeError) as exc:  # inotify limits, a vanished directory
+        failed = [path for path in self._watch_paths() if not self._watcher.watch(path)]
+        if failed:  # inotify limits, a vanished directory
             self.ctx.log.warning(
-                f"cannot watch site-packages ({exc}); auditing on the period only", extra=log_fields(sidecar=self.name)
+                f"cannot watch {', '.join(failed)[:300]}; auditing on the period only there",
+                extra=log_fields(sidecar=self.name),
             )
 
+    def _on_change(self, change: Change) -> None:
+        self._changed_at = time.monotonic()
+
     def close(self) -> None:
-        if self._observer is not None:
-            try:
-                self._observer.stop()
-                self._observer.join(timeout=2)
-            except RuntimeError:
-                pass
-            self._observer = None
+        if self._watcher is not None:
+            self._watcher.close()
         if self._worker is not None:
             self._worker.join(timeout=30)

@@ -28,14 +28,13 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import warden.layouts as verl_layout
 from warden.signing.dsse import SIGNATURE_SUFFIX, signature_path_for
 from warden.stability import Stability
 from warden.stability import TreeState as TreeState  # re-exported for the sidecar
 from warden.stability import tree_state as tree_state
-from warden.watching import write_events
+from warden.watching import Change, TreeWatcher
 
 HF_STATE_FILE = "trainer_state.json"
 VERL_TRACKER = verl_layout.TRACKER
@@ -46,7 +45,6 @@ DIR_PATTERNS: dict[str, re.Pattern[str]] = {
 }
 _TEMP_SIGNATURE = re.compile(r"^\.tmp-.+\.sig\.(\d+)\.(\d+)$")
 STALE_TEMP_SECONDS = 600.0
-_IGNORED_EVENTS = frozenset({"opened", "closed_no_write"})
 
 
 @dataclass(frozen=True)
@@ -211,60 +209,29 @@ class RootWatcher:
     Roots that do not exist yet are watched once they appear (:meth:`refresh`). Without
     watchdog, or when inotify fails (watch limit, NFS), nothing is marked and the caller's
     periodic rescan does the work. Events on signature files (our own writes), opens and
-    reads (our own hashing) are ignored.
+    reads (our own hashing) and directory mtime updates that echo a child's event are ignored.
     """
 
     def __init__(self, roots: Iterable[str], use_watchdog: bool = True) -> None:
         self.roots = list(dict.fromkeys(roots))
         self._dirty: set[str] = set()
         self._lock = threading.Lock()
-        self._watched: set[str] = set()
-        self._observer: Any = self._start() if use_watchdog else None
+        self._tree = TreeWatcher(self._changed, enabled=use_watchdog)
 
-    def _start(self) -> Any:
-        try:
-            from watchdog.observers import Observer
-        except ImportError:
-            return None
-        observer = Observer()
-        observer.daemon = True
-        try:
-            observer.start()
-        except OSError:
-            return None
-        return observer
+    def _changed(self, change: Change) -> None:
+        if change.is_directory and change.kind == "modified":
+            return
+        if all(_is_signature_file(p) for p in change.paths):
+            return
+        with self._lock:
+            self._dirty.add(change.root)
 
     def refresh(self) -> bool:
         """Starts watching roots that exist now; True when every existing root is watched."""
-        if self._observer is None:
+        if not self._tree.active:
             return False
-        complete = True
-        for root in self.roots:
-            if root in self._watched or not os.path.isdir(root):
-                continue
-            try:
-                self._observer.schedule(self._handler(root), root, recursive=True, event_filter=write_events())
-                self._watched.add(root)
-            except OSError:
-                complete = False
-        return complete
-
-    def _handler(self, root: str) -> Any:
-        from watchdog.events import FileSystemEventHandler
-
-        watcher = self
-
-        class _Handler(FileSystemEventHandler):  # type: ignore[misc]
-            def on_any_event(self, event: Any) -> None:
-                if event.event_type in _IGNORED_EVENTS or (event.is_directory and event.event_type == "modified"):
-                    return  # reads (our own hashing) and directory mtime updates that echo a child's event
-                paths = [str(event.src_path), str(getattr(event, "dest_path", "") or "")]
-                if all(not p or _is_signature_file(p) for p in paths):
-                    return
-                with watcher._lock:
-                    watcher._dirty.add(root)
-
-        return _Handler()
+        results = [self._tree.watch(root) for root in self.roots if os.path.isdir(root)]  # every root, no short cut
+        return all(results)
 
     def take_dirty(self) -> set[str]:
         """The roots changed since the last call (and clears them)."""
@@ -273,10 +240,7 @@ class RootWatcher:
         return dirty
 
     def close(self) -> None:
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer.join(timeout=2)
-            self._observer = None
+        self._tree.close()
 
 
 def _is_signature_file(path: str) -> bool:

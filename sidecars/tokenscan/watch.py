@@ -8,57 +8,34 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any
 
-from warden.watching import write_events
-
-IGNORED_EVENTS = frozenset({"opened", "closed_no_write"})
+from warden.watching import Change, TreeWatcher
 
 
 class DirWatcher:
-    """``changed(path)`` is called from watchdog's thread with the watched root that changed."""
+    """Remembers which watched paths changed (and when), from watchdog's thread."""
 
     def __init__(self) -> None:
-        self._observer: Any = None
         self._roots: dict[str, str] = {}  # real path -> watched path
-        self._scheduled: set[str] = set()
         self._dirty: dict[str, float] = {}
         self._lock = threading.Lock()
-        try:
-            from watchdog.observers import Observer
-
-            self._observer = Observer()
-            self._observer.daemon = True
-            self._observer.start()
-        except (ImportError, OSError):
-            self._observer = None
+        self._tree = TreeWatcher(self._changed)
 
     @property
     def active(self) -> bool:
-        return self._observer is not None
+        return self._tree.active
 
     def watch(self, path: str) -> bool:
         """Starts watching ``path`` recursively; False when it cannot (missing, no inotify)."""
         real = os.path.realpath(path)
-        if self._observer is None or real in self._scheduled or not os.path.isdir(real):
-            return real in self._scheduled
-        from watchdog.events import FileSystemEventHandler
-
-        watcher = self
-
-        class _Handler(FileSystemEventHandler):  # type: ignore[misc]
-            def on_any_event(self, event: Any) -> None:
-                if event.event_type not in IGNORED_EVENTS:
-                    watcher._mark(str(event.src_path), str(getattr(event, "dest_path", "") or ""))
-
-        try:
-            self._observer.schedule(_Handler(), real, recursive=True, event_filter=write_events())
-        except OSError:
+        if not self._tree.watch(real):
             return False
         with self._lock:
             self._roots[real] = path
-            self._scheduled.add(real)
         return True
+
+    def _changed(self, change: Change) -> None:
+        self._mark(*change.paths)
 
     def _mark(self, *paths: str) -> None:
         now = time.monotonic()
@@ -78,7 +55,4 @@ class DirWatcher:
         return ready
 
     def close(self) -> None:
-        if self._observer is not None:
-            self._observer.stop()
-            self._observer.join(timeout=2)
-            self._observer = None
+        self._tree.close()
