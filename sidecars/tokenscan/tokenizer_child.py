@@ -60,7 +60,10 @@ def _unk_chars(encode: Any, unk: int | None, sample: str, ids: list[int]) -> str
 
 
 def _hf(request: dict[str, Any]) -> dict[str, Any]:
-    from tokenizers import Tokenizer
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return {"status": "unavailable", "message": "tokenizers is not installed"}
 
     tok = Tokenizer.from_str(read_checked(request).decode("utf-8", "replace"))
     added = [[t.content, tok.token_to_id(t.content), bool(t.special)] for t in tok.get_added_tokens_decoder().values()]
