@@ -41,9 +41,9 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sidecars.paths import probe  # noqa: E402
-from sidecars.paths.policy import PathSpec  # noqa: E402
-from sidecars.paths.scheduler import PathWatcher  # noqa: E402
+from warden.paths import probe  # noqa: E402
+from warden.paths.policy import PathSpec  # noqa: E402
+from warden.paths.scheduler import PathWatcher  # noqa: E402
 
 FAULTFS = os.path.join(ROOT, "tests", "sidecars", "paths", "paths_faultfs.py")
 DEADLINE = 1.0

@@ -80,15 +80,16 @@ FRAMEWORK = {"sidecars", "sidecars.runtime", "sidecars.runner", "sidecars.regist
 # The composition layer wires sidecars together (the CLI, `sidecar run`, the local stack and demo).
 COMPOSITION = {"cli", "commands", "stack"}
 # Libraries the trainer still takes from a sidecar package. Each entry is a move still owed to
-# warden/ (the tokenizer scan library for the trainer's guard, the path probes for preflight).
-TRAINER_PENDING = {"sidecars.tokenscan", "sidecars.paths"}
+# warden/ (the tokenizer scan library for the trainer's guard).
+TRAINER_PENDING = {"sidecars.tokenscan"}
 # Old module paths kept as aliases of their new home in warden/ while callers move.
 ALIASES = {
     "sidecars/errors.py", "sidecars/policy.py", "sidecars/cliutil.py", "sidecars/httpserve.py", "sidecars/logs.py",
     "sidecars/watching.py", "sidecars/bridge/names.py", "sidecars/bridge/runid.py", "sidecars/bridge/stability.py",
     "sidecars/bridge/checkpoints.py", "sidecars/signer/dsse.py", "sidecars/signer/errors.py",
     "sidecars/signer/hashing.py", "sidecars/signer/keys.py", "sidecars/signer/manifest.py",
-    "sidecars/signer/verify.py",
+    "sidecars/signer/verify.py", "sidecars/paths/policy.py", "sidecars/paths/probe.py",
+    "sidecars/paths/scheduler.py", "sidecars/paths/mountinfo.py", "sidecars/paths/preflight.py",
 }  # fmt: skip
 
 

@@ -87,7 +87,7 @@ def resolve_paths(cfg: TrainerConfig, run_dir: str) -> ResolvedPaths:
 def probe_paths(paths: ResolvedPaths, deadline: float) -> None:
     """Probes every path in a child process with a deadline (a hung NFS mount cannot hang
     the trainer's start); raises ConfigError naming each unhealthy path and the reason."""
-    from sidecars.paths import preflight
+    from warden.paths import preflight
 
     root = paths.checkpoint_root
     while not os.path.isdir(root) and os.path.dirname(root) != root:

@@ -1,15 +1,2 @@
-"""The ``paths`` sidecar: path health probes in child processes with deadlines.
-
-Modules: ``policy`` (policies/paths.yaml schema), ``probe`` (the child side and the pure
-errno -> reason classification), ``scheduler`` (the parent side: one probe per path in
-flight, stuck detection, non-blocking reaping), ``mountinfo`` (a pure /proc/self/mountinfo
-parser), ``metrics`` (warden_path_*), ``sidecar`` (the Sidecar), ``commands``
-(``warden paths check``) and ``preflight`` (the trainer's one-shot check).
-
-The trainer's entry points, re-exported here: :func:`preflight`, :func:`require_healthy`,
-:class:`Problem`, :class:`PathsUnhealthy`. Importing this package never imports torch.
-"""
-
-from sidecars.paths.preflight import PathsUnhealthy, Problem, preflight, require_healthy
-
-__all__ = ["PathsUnhealthy", "Problem", "preflight", "require_healthy"]
+"""The ``paths`` sidecar: ``metrics`` (warden_path_*), ``sidecar`` (the Sidecar) and ``commands``
+(``warden paths check``). The probe library itself is :mod:`warden.paths`."""

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from sidecars.paths.policy import PathsPolicy
-from sidecars.paths.scheduler import PathState, PathWatcher, states_outcome
 from warden.cliutil import echo_json, format_option, option
+from warden.paths.policy import PathsPolicy
+from warden.paths.scheduler import PathState, PathWatcher, states_outcome
 from warden.policy import default_policy_path, load_policy
 
 

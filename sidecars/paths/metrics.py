@@ -1,8 +1,8 @@
 """The ``warden_path_*`` metric families, labelled ``path`` = the policy's name for it.
 
-Values are set from :class:`~sidecars.paths.scheduler.PathState` objects only, so a
+Values are set from :class:`~warden.paths.scheduler.PathState` objects only, so a
 scrape renders memory and never waits for a probe. Label values are bounded: path names
-come from the policy, reasons from the fixed set :data:`sidecars.paths.probe.REASONS`,
+come from the policy, reasons from the fixed set :data:`warden.paths.probe.REASONS`,
 mount labels from the mount table.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from sidecars.paths.probe import REASONS
-from sidecars.paths.scheduler import PathState
+from warden.paths.probe import REASONS
+from warden.paths.scheduler import PathState
 
 PROBE_RESULTS = ("ok", "failed", "stuck", "incomplete")
 

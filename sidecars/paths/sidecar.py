@@ -12,11 +12,11 @@ longest deadline), so ``warden sidecar run paths --once`` reports every path and
 from __future__ import annotations
 
 from sidecars.paths.metrics import PathMetrics
-from sidecars.paths.policy import PathsPolicy
-from sidecars.paths.scheduler import PathState, PathWatcher
 from sidecars.runtime import Outcome, Sidecar, SidecarContext
 from warden.errors import ConfigError, IncompleteError
 from warden.logs import log_fields
+from warden.paths.policy import PathsPolicy
+from warden.paths.scheduler import PathState, PathWatcher
 
 
 class ProbeIncomplete(IncompleteError):

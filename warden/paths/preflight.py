@@ -1,6 +1,6 @@
 """Preflight for the trainer: probe its paths once, in child processes, before training.
 
-    from sidecars.paths import preflight, require_healthy
+    from warden.paths import preflight, require_healthy
     problems = preflight({"data": (data_dir, False), "checkpoint_root": (ckpt_dir, True)}, deadline=10)
     for p in problems:
         print(p.message)   # "checkpoint root /x: read-only file system (EROFS) while ...; remount it ..."
@@ -17,9 +17,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from sidecars.paths.policy import PathSpec
-from sidecars.paths.scheduler import PathWatcher
 from warden.errors import ViolationError
+from warden.paths.policy import PathSpec
+from warden.paths.scheduler import PathWatcher
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ Contracts (issue 8):
 * Probes run in a fresh child process (``python -I -S probe.py SPEC``, started with
   ``subprocess``, i.e. fork+exec, safe beside the HTTP threads); this process never
   stats, opens or resolves a watched path. Mount information comes from parsing
-  ``/proc/self/mountinfo`` text (:mod:`sidecars.paths.mountinfo`).
+  ``/proc/self/mountinfo`` text (:mod:`warden.paths.mountinfo`).
 * At most one probe per path is alive. When its deadline passes the path is marked stuck
   at once, the child is sent SIGKILL (a child in uninterruptible sleep ignores it until
   its system call returns) and abandoned: it is only ever reaped with ``waitpid(WNOHANG)``
@@ -29,9 +29,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sidecars.paths import probe
-from sidecars.paths.mountinfo import Mount, find_mount, lexical_abspath, mount_fields, read_mountinfo
-from sidecars.paths.policy import PathSpec
+from warden.paths import probe
+from warden.paths.mountinfo import Mount, find_mount, lexical_abspath, mount_fields, read_mountinfo
+from warden.paths.policy import PathSpec
 
 PROBE_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "probe.py")
 PROBE_PYTHON_ENV = "WARDEN_PROBE_PYTHON"  # the interpreter of probe children; default: this one

@@ -76,7 +76,7 @@ def test_read_only_and_full_filesystems_in_a_mount_namespace(paths_kit, unshare,
 def test_preflight_message_for_a_read_only_checkpoint_root(unshare, tmp_path):
     base = str(tmp_path / "ns")
     code = (
-        "from sidecars.paths import preflight\n"
+        "from warden.paths import preflight\n"
         f"for p in preflight({{'checkpoint root': ({base + '/ro'!r}, True), 'model': ({base + '/ro'!r}, False)}}, 5):\n"
         "    print(p.reason, p.errno, p.message)\n"
     )

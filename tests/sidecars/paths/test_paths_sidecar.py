@@ -8,7 +8,7 @@ import time
 
 from support import http_get, need_binary, run_warden
 
-from sidecars.paths.probe import REASONS
+from warden.paths.probe import REASONS
 
 FAMILIES = (
     "warden_path_up",

@@ -12,9 +12,9 @@ import sys
 import pytest
 from support import ROOT
 
-from sidecars.paths import probe
-from sidecars.paths.mountinfo import find_mount, lexical_abspath, parse_mountinfo, unescape
-from sidecars.paths.policy import PathSpec, PathsPolicy, Threshold, parse_threshold
+from warden.paths import probe
+from warden.paths.mountinfo import find_mount, lexical_abspath, parse_mountinfo, unescape
+from warden.paths.policy import PathSpec, PathsPolicy, Threshold, parse_threshold
 from warden.policy import PolicyError, load_policy
 
 
@@ -85,7 +85,7 @@ def test_probe_child_script_runs_isolated(tmp_path):
     """The child runs as `python -I -S probe.py SPEC` (no site, no package imports)."""
     (tmp_path / "f.txt").write_text("x")
     done = subprocess.run(
-        [sys.executable, "-I", "-S", os.path.join(ROOT, "sidecars/paths/probe.py"), f"path={tmp_path}", "writable=1"],
+        [sys.executable, "-I", "-S", os.path.join(ROOT, "warden/paths/probe.py"), f"path={tmp_path}", "writable=1"],
         capture_output=True,
         text=True,
         cwd="/",
@@ -97,7 +97,7 @@ def test_probe_child_script_runs_isolated(tmp_path):
     assert result["reason"] is None and result["read_target"] == str(tmp_path / "f.txt")
     assert sorted(os.listdir(tmp_path)) == ["f.txt"], "the probe file is removed"
     bad = subprocess.run(
-        [sys.executable, "-I", "-S", os.path.join(ROOT, "sidecars/paths/probe.py"), "bogus=1"], capture_output=True
+        [sys.executable, "-I", "-S", os.path.join(ROOT, "warden/paths/probe.py"), "bogus=1"], capture_output=True
     )
     assert bad.returncode == 2
 

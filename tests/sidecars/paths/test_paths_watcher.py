@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from sidecars.paths import PathsUnhealthy, preflight, require_healthy
-from sidecars.paths.policy import PathSpec
-from sidecars.paths.scheduler import PathWatcher, states_outcome
 from warden.errors import EXIT_VIOLATION
+from warden.paths import PathsUnhealthy, preflight, require_healthy
+from warden.paths.policy import PathSpec
+from warden.paths.scheduler import PathWatcher, states_outcome
 
 
 @pytest.fixture
