@@ -141,8 +141,8 @@ def ids_digest(answer: Mapping[str, Any]) -> str | None:
 def judge(answer: Mapping[str, Any], tokens: Mapping[str, str | None], label: str) -> list[TokenizerIssue]:
     """Issues of one child answer (``tokens``: the declared bos/eos/pad/unk/cls/sep/...)."""
     status = answer.get("status")
-    if status == "unavailable":  # the library is not installed here: a documented dependency
-        return []
+    if status == "unavailable":  # the library is missing here: the behaviour was not checked, say so
+        return [TokenizerIssue("unavailable", f"{label}: {answer.get('message') or status}; behaviour not checked")]
     if status in ("load_error", "panic", "timeout", "crashed"):
         kind = {"load_error": "load", "crashed": "panic"}.get(str(status), str(status))
         return [TokenizerIssue(kind, f"{label}: {answer.get('message') or status}")]

@@ -251,3 +251,12 @@ def test_an_emptiness_test_on_content_is_not_a_trigger_but_a_magic_length_is():
     )
     assert ct.analyze(loop.replace("X", "> 0")) == []
     assert [i.kind for i in ct.analyze(loop.replace("X", "== 1337"))] == ["content_branch"]
+
+
+def test_a_missing_tokenizer_library_is_an_incomplete_analysis_not_a_pass():
+    """Where tokenizers or sentencepiece is missing the behaviour was not checked: fail closed (TS910)."""
+    from sidecars.tokenscan.checks.behaviour import RULE_OF_KIND
+
+    issues = tbe.judge({"status": "unavailable", "message": "tokenizers is not installed"}, {}, "tokenizer.json")
+    assert [(i.kind, RULE_OF_KIND[i.kind]) for i in issues] == [("unavailable", "TS910")]
+    assert "behaviour not checked" in issues[0].detail
