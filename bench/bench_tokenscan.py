@@ -46,8 +46,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sidecars.tokenscan import chat_template as ct  # noqa: E402
-from sidecars.tokenscan import default_policy, scan_directory  # noqa: E402
+from warden.tokenscan import chat_template as ct  # noqa: E402
+from warden.tokenscan import default_policy, scan_directory  # noqa: E402
 
 MIB = 1 << 20
 BIN = Path(sys.executable).parent
@@ -89,8 +89,8 @@ def detection(work: Path, corpus) -> None:
     corpus.build_benign_tokenizer(benign)
     outside.mkdir()
     (outside / "merges.txt").write_text("#version: 0.2\n")
-    from sidecars.tokenscan import TokenscanPolicy
     from warden.policy import policy_from_mapping
+    from warden.tokenscan import TokenscanPolicy
 
     policy = policy_from_mapping(corpus.TEST_POLICY, TokenscanPolicy)  # the tests' policy: .json cap 1 MiB
     ps, ms = tool("picklescan"), tool("modelscan")
@@ -375,8 +375,8 @@ def big_tokenizer(out: Path, vocab: int, seed: int) -> None:
 
 
 def speed_bench(work: Path, count: int, vocab: int, repeat: int) -> None:
-    from sidecars.tokenscan import scanner as sc
-    from sidecars.tokenscan import tokenizer_behaviour as tbe
+    from warden.tokenscan import scanner as sc
+    from warden.tokenscan import tokenizer_behaviour as tbe
 
     distinct = [work / f"base-{i}" for i in range(5)]
     for i, d in enumerate(distinct):

@@ -79,9 +79,6 @@ def test_events_module_is_stdlib_only():
 FRAMEWORK = {"sidecars", "sidecars.runtime", "sidecars.runner", "sidecars.registry"}
 # The composition layer wires sidecars together (the CLI, `sidecar run`, the local stack and demo).
 COMPOSITION = {"cli", "commands", "stack"}
-# Libraries the trainer still takes from a sidecar package. Each entry is a move still owed to
-# warden/ (the tokenizer scan library for the trainer's guard).
-TRAINER_PENDING = {"sidecars.tokenscan"}
 # Old module paths kept as aliases of their new home in warden/ while callers move.
 ALIASES = {
     "sidecars/errors.py", "sidecars/policy.py", "sidecars/cliutil.py", "sidecars/httpserve.py", "sidecars/logs.py",
@@ -107,12 +104,12 @@ def test_the_neutral_core_imports_neither_trainer_nor_sidecars():
     assert offenders == []
 
 
-def test_the_trainer_imports_no_sidecar_beyond_the_pending_moves():
+def test_the_trainer_imports_no_sidecar():
     offenders = [
         f"{path.relative_to(ROOT)}: {module}"
         for path in (ROOT / "trainer").rglob("*.py")
         for module in _imports(path)
-        if module.split(".")[0] == "sidecars" and _top(module, 2) not in TRAINER_PENDING
+        if module.split(".")[0] == "sidecars"
     ]
     assert offenders == []
 

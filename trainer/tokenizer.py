@@ -2,7 +2,7 @@
 
 :func:`load_tokenizer` refuses before anything is imported from the directory when
 ``TRUST_REMOTE_CODE`` is set in the environment, when the path is not absolute, or when
-the full tokenscan scan (``sidecars.tokenscan``: auto_map, code files, whitelists, path
+the full tokenscan scan (``warden.tokenscan``: auto_map, code files, whitelists, path
 keys, links, dangerous keys, chat templates, pickles, sentencepiece, special tokens...)
 reports a finding at or above the policy's ``fail_on`` severity or cannot complete. Then
 it loads with ``trust_remote_code=False``, ``local_files_only=True``, ``HF_HUB_OFFLINE=1``
@@ -18,12 +18,12 @@ from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
-from sidecars.tokenscan import Manifest, TokenscanPolicy, coerce_policy, scan_directory
-from sidecars.tokenscan.chat_template import stop_worker
-from sidecars.tokenscan.manifest import describe_diff
-from sidecars.tokenscan.scanner import directory_manifest
-from sidecars.tokenscan.tokenizer_behaviour import stop_worker as stop_tokenizer_worker
 from warden.errors import ViolationError, WardenError
+from warden.tokenscan import Manifest, TokenscanPolicy, coerce_policy, scan_directory
+from warden.tokenscan.chat_template import stop_worker
+from warden.tokenscan.manifest import describe_diff
+from warden.tokenscan.scanner import directory_manifest
+from warden.tokenscan.tokenizer_behaviour import stop_worker as stop_tokenizer_worker
 
 WEIGHT_EXTENSIONS = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".onnx", ".ckpt")
 MAX_LISTED = 8

@@ -15,12 +15,12 @@ from dataclasses import replace
 
 import click
 
-from sidecars.tokenscan.manifest import ApprovalStore, ManifestError, drift_finding
-from sidecars.tokenscan.policy import TokenscanPolicy, load_tokenscan_policy
-from sidecars.tokenscan.report import render_json, render_sarif, render_text
-from sidecars.tokenscan.scanner import DirectoryScan, scan_directory, worst_outcome
 from trainer.events import utc_timestamp
 from warden.cliutil import format_option, option
+from warden.tokenscan.manifest import ApprovalStore, ManifestError, drift_finding
+from warden.tokenscan.policy import TokenscanPolicy, load_tokenscan_policy
+from warden.tokenscan.report import render_json, render_sarif, render_text
+from warden.tokenscan.scanner import DirectoryScan, scan_directory, worst_outcome
 
 DEFAULT_POLICY = os.path.join("policies", "tokenscan.yaml")
 

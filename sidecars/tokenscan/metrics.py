@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from sidecars.tokenscan.findings import count_by_severity
-from sidecars.tokenscan.scanner import DirectoryScan
+from warden.tokenscan.findings import count_by_severity
+from warden.tokenscan.scanner import DirectoryScan
 
 RESULTS = ("clean", "violation", "incomplete")
 

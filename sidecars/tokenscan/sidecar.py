@@ -20,14 +20,14 @@ import time
 from dataclasses import dataclass, replace
 
 from sidecars.runtime import Outcome, Sidecar, SidecarContext
-from sidecars.tokenscan.findings import Finding, count_by_severity
-from sidecars.tokenscan.manifest import ApprovalStore, HashCache, ManifestError, drift_finding
 from sidecars.tokenscan.metrics import TokenscanMetrics
-from sidecars.tokenscan.policy import TokenscanPolicy, default_policy
-from sidecars.tokenscan.scanner import DirectoryScan, scan_directory
 from sidecars.tokenscan.watch import DirWatcher
 from trainer.events import MODEL_LOADING, Event, utc_timestamp
 from warden.logs import log_fields
+from warden.tokenscan.findings import Finding, count_by_severity
+from warden.tokenscan.manifest import ApprovalStore, HashCache, ManifestError, drift_finding
+from warden.tokenscan.policy import TokenscanPolicy, default_policy
+from warden.tokenscan.scanner import DirectoryScan, scan_directory
 
 SETTLE_SECONDS = 1.0
 MAX_LOGGED_FINDINGS = 20

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sidecars.tokenscan.policy import DEFAULT_MAX_BYTES
+from warden.tokenscan.policy import DEFAULT_MAX_BYTES
 
 SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>")
 CHATML = (
@@ -273,7 +273,7 @@ def tokenscan_corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
 
 @pytest.fixture(scope="session")
 def tokenscan_policy(tokenscan_corpus: Corpus):
-    from sidecars.tokenscan.policy import load_tokenscan_policy
+    from warden.tokenscan.policy import load_tokenscan_policy
 
     return load_tokenscan_policy(tokenscan_corpus.policy_file)
 

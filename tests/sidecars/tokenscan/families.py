@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from sidecars.tokenscan.tokenizer_behaviour import CORPUS
+from warden.tokenscan.tokenizer_behaviour import CORPUS
 
 TRAIN_TEXT = [*CORPUS, "hello world the quick brown fox jumps over the lazy dog _ __init__ snake_case 0123456789"] * 40
 

@@ -20,13 +20,13 @@ sys.path.insert(0, HERE)
 from attacks import AttackCase, all_cases, build_corpus  # noqa: E402
 from families import FAMILIES, build_family  # noqa: E402
 
-from sidecars.tokenscan import scan_directory  # noqa: E402
-from sidecars.tokenscan import template_battery as tb  # noqa: E402
-from sidecars.tokenscan import tokenizer_behaviour as tbe  # noqa: E402
-from sidecars.tokenscan.policy import BehaviourPolicy, default_policy  # noqa: E402
-from sidecars.tokenscan.report import render_sarif, render_text  # noqa: E402
-from sidecars.tokenscan.scanner import DirectoryScan  # noqa: E402
 from trainer.tokenizer import UnsafeTokenizer, load_tokenizer  # noqa: E402
+from warden.tokenscan import scan_directory  # noqa: E402
+from warden.tokenscan import template_battery as tb  # noqa: E402
+from warden.tokenscan import tokenizer_behaviour as tbe  # noqa: E402
+from warden.tokenscan.policy import BehaviourPolicy, default_policy  # noqa: E402
+from warden.tokenscan.report import render_sarif, render_text  # noqa: E402
+from warden.tokenscan.scanner import DirectoryScan  # noqa: E402
 
 CASES = {c.name: c for c in all_cases()}
 CRASH = [c.name for c in CASES.values() if c.klass == "crash"]
@@ -70,7 +70,7 @@ def test_benign_family_scans_without_any_finding(family_dirs, family):
 
 def test_benign_families_exercise_the_behavioural_checks(family_dirs):
     """The clean results above come from checks that ran: the child answered for each family."""
-    from sidecars.tokenscan.scanner import build_snapshot
+    from warden.tokenscan.scanner import build_snapshot
 
     for family, path in family_dirs.items():
         snap = build_snapshot(str(path), default_policy())
@@ -145,7 +145,7 @@ def test_battery_flags_a_render_that_depends_on_length_only():
 
 # -- output safety -----------------------------------------------------------------------------
 def test_text_output_escapes_control_characters_in_names_and_messages(tmp_path):
-    from sidecars.tokenscan.findings import Severity, finding
+    from warden.tokenscan.findings import Severity, finding
 
     evil = "x\x1b[2J\x1b[H\rtokenscan: 1 directory, no findings -> clean\nfake.json"
     hit = finding("TS203", evil, f"{evil!s} is odd")
@@ -156,7 +156,7 @@ def test_text_output_escapes_control_characters_in_names_and_messages(tmp_path):
 
 
 def test_sarif_uris_are_percent_encoded_and_results_have_regions(tmp_path):
-    from sidecars.tokenscan.findings import Severity
+    from warden.tokenscan.findings import Severity
 
     target = tmp_path / "tok"
     (target / "dir with space").mkdir(parents=True)
@@ -244,7 +244,7 @@ def test_pinned_token_ids_catch_a_remapped_word_and_pass_the_approved_tokenizer(
 
 
 def test_an_emptiness_test_on_content_is_not_a_trigger_but_a_magic_length_is():
-    from sidecars.tokenscan import chat_template as ct
+    from warden.tokenscan import chat_template as ct
 
     loop = (
         "{% for message in messages %}{% if message['content']|length X %}{{ message.content }}{% endif %}{% endfor %}"
@@ -255,7 +255,7 @@ def test_an_emptiness_test_on_content_is_not_a_trigger_but_a_magic_length_is():
 
 def test_a_missing_tokenizer_library_is_an_incomplete_analysis_not_a_pass():
     """Where tokenizers or sentencepiece is missing the behaviour was not checked: fail closed (TS910)."""
-    from sidecars.tokenscan.checks.behaviour import RULE_OF_KIND
+    from warden.tokenscan.checks.behaviour import RULE_OF_KIND
 
     issues = tbe.judge({"status": "unavailable", "message": "tokenizers is not installed"}, {}, "tokenizer.json")
     assert [(i.kind, RULE_OF_KIND[i.kind]) for i in issues] == [("unavailable", "TS910")]

@@ -11,9 +11,9 @@ import jsonschema
 import pytest
 from support import run_warden
 
-from sidecars.tokenscan import RULES, scan_directory
-from sidecars.tokenscan.findings import Severity
-from sidecars.tokenscan.policy import default_policy
+from warden.tokenscan import RULES, scan_directory
+from warden.tokenscan.findings import Severity
+from warden.tokenscan.policy import default_policy
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -127,7 +127,7 @@ def test_cli_exit_codes_clean_incomplete_and_usage(tokenscan_corpus, tmp_path):
 
 
 def test_default_policy_file_equals_the_built_in_policy():
-    from sidecars.tokenscan.policy import load_tokenscan_policy
+    from warden.tokenscan.policy import load_tokenscan_policy
 
     shipped = load_tokenscan_policy(os.path.join(HERE, "..", "..", "..", "policies", "tokenscan.yaml"))
     assert shipped == default_policy()

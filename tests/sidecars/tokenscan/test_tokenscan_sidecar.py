@@ -14,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import free_port, http_get, run_warden, spawn, stop_process, wait_http, warden_cmd
 
 from sidecars.runtime import Outcome, SidecarContext
-from sidecars.tokenscan.policy import default_policy
 from sidecars.tokenscan.sidecar import TokenscanSidecar
 from trainer import events as ev
+from warden.tokenscan.policy import default_policy
 
 
 def make_sidecar(tmp_path, **policy):

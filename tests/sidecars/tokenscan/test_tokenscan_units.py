@@ -15,20 +15,20 @@ import zipfile
 
 import pytest
 
-from sidecars.tokenscan import chat_template as ct
-from sidecars.tokenscan import scan_directory
-from sidecars.tokenscan.checks import CHECKS
-from sidecars.tokenscan.checks.automap import check_auto_map
-from sidecars.tokenscan.checks.pathkeys import path_problem
-from sidecars.tokenscan.findings import RULES, Severity, dedupe, finding
-from sidecars.tokenscan.manifest import ApprovalStore, drift_finding
-from sidecars.tokenscan.pickle_scan import classify, is_confirmed_pickle, scan_pickle_bytes
-from sidecars.tokenscan.policy import BehaviourPolicy, TokenscanPolicy, default_policy, parse_size
-from sidecars.tokenscan.scanner import directory_manifest, run_checks
-from sidecars.tokenscan.snapshot import JsonDoc, Snapshot
-from sidecars.tokenscan.sniff import descr_has_object, magic_kind, sniff_file
-from sidecars.tokenscan.spm import LEN, VARINT, ProtobufError, encode_field, parse_sentencepiece
 from warden.policy import PolicyError, policy_from_mapping
+from warden.tokenscan import chat_template as ct
+from warden.tokenscan import scan_directory
+from warden.tokenscan.checks import CHECKS
+from warden.tokenscan.checks.automap import check_auto_map
+from warden.tokenscan.checks.pathkeys import path_problem
+from warden.tokenscan.findings import RULES, Severity, dedupe, finding
+from warden.tokenscan.manifest import ApprovalStore, drift_finding
+from warden.tokenscan.pickle_scan import classify, is_confirmed_pickle, scan_pickle_bytes
+from warden.tokenscan.policy import BehaviourPolicy, TokenscanPolicy, default_policy, parse_size
+from warden.tokenscan.scanner import directory_manifest, run_checks
+from warden.tokenscan.snapshot import JsonDoc, Snapshot
+from warden.tokenscan.sniff import descr_has_object, magic_kind, sniff_file
+from warden.tokenscan.spm import LEN, VARINT, ProtobufError, encode_field, parse_sentencepiece
 
 
 class _Reduce:

@@ -22,9 +22,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecars.tokenscan.findings import Finding, finding
 from trainer.events import atomic_write_bytes
 from warden.errors import IncompleteError
+from warden.tokenscan.findings import Finding, finding
 
 CHUNK = 1 << 20
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)

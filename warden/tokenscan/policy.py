@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sidecars.tokenscan.findings import Severity
 from warden.errors import ConfigError
 from warden.policy import load_policy
+from warden.tokenscan.findings import Severity
 
 DEFAULT_TOKENIZER_CLASSES = (
     "LlamaTokenizer",

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecars.tokenscan.checks.common import named, short, walk_keys
-from sidecars.tokenscan.findings import Finding, finding
-from sidecars.tokenscan.policy import TokenscanPolicy
-from sidecars.tokenscan.snapshot import Snapshot
+from warden.tokenscan.checks.common import named, short, walk_keys
+from warden.tokenscan.findings import Finding, finding
+from warden.tokenscan.policy import TokenscanPolicy
+from warden.tokenscan.snapshot import Snapshot
 
 PROCESSOR_KEYS = ("processor_class", "image_processor_type", "feature_extractor_type", "video_processor_type")
 

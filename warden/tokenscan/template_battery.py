@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sidecars.tokenscan.chat_template import INJECTION_RE, INVISIBLE_RE, TAG_RE, URL_RE, residual_text
+from warden.tokenscan.chat_template import INJECTION_RE, INVISIBLE_RE, TAG_RE, URL_RE, residual_text
 
 DEFAULT_NOW = 1767225600  # 2026-01-01
 OTHER_NOWS = (1907366400, 1709164800)  # 2030-06-11, 2024-02-29

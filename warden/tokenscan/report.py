@@ -14,9 +14,9 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any
 
-from sidecars.tokenscan.findings import RULES, Finding, Severity, count_by_severity, sort_findings
-from sidecars.tokenscan.scanner import DirectoryScan, worst_outcome
 from warden import __version__
+from warden.tokenscan.findings import RULES, Finding, Severity, count_by_severity, sort_findings
+from warden.tokenscan.scanner import DirectoryScan, worst_outcome
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 TOOL_NAME = "warden-tokenscan"

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from sidecars.tokenscan.findings import Finding, finding
-from sidecars.tokenscan.policy import TokenscanPolicy
-from sidecars.tokenscan.snapshot import Snapshot
-from sidecars.tokenscan.tree import outside_hard_links
+from warden.tokenscan.findings import Finding, finding
+from warden.tokenscan.policy import TokenscanPolicy
+from warden.tokenscan.snapshot import Snapshot
+from warden.tokenscan.tree import outside_hard_links
 
 
 def check_links(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:

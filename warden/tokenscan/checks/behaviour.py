@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sidecars.tokenscan.findings import Finding, finding
-from sidecars.tokenscan.policy import TokenscanPolicy
-from sidecars.tokenscan.snapshot import Snapshot
+from warden.tokenscan.findings import Finding, finding
+from warden.tokenscan.policy import TokenscanPolicy
+from warden.tokenscan.snapshot import Snapshot
 
 RULE_OF_KIND = {
     "load": "TS1201",

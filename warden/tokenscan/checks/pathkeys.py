@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecars.tokenscan.checks.common import doc_keys, short
-from sidecars.tokenscan.findings import Finding, finding
-from sidecars.tokenscan.policy import TokenscanPolicy
-from sidecars.tokenscan.snapshot import Snapshot
+from warden.tokenscan.checks.common import doc_keys, short
+from warden.tokenscan.findings import Finding, finding
+from warden.tokenscan.policy import TokenscanPolicy
+from warden.tokenscan.snapshot import Snapshot
 
 PATH_KEYS = frozenset(
     {

@@ -6,7 +6,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from sidecars.tokenscan.snapshot import JsonDoc, Snapshot
+from warden.tokenscan.snapshot import JsonDoc, Snapshot
 
 MAX_DEPTH = 12
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from sidecars.tokenscan.checks.common import doc_keys, short, strings_in
-from sidecars.tokenscan.findings import Finding, Severity, finding
-from sidecars.tokenscan.policy import TokenscanPolicy
-from sidecars.tokenscan.snapshot import Snapshot
+from warden.tokenscan.checks.common import doc_keys, short, strings_in
+from warden.tokenscan.findings import Finding, Severity, finding
+from warden.tokenscan.policy import TokenscanPolicy
+from warden.tokenscan.snapshot import Snapshot
 
 RAG_KEYS = frozenset({"index_name", "index_path", "passages_path"})
 CUSTOM_CODE_KEYS = frozenset({"custom_pipelines"})

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sidecars.tokenscan.findings import Finding, finding
-from sidecars.tokenscan.policy import TokenscanPolicy
-from sidecars.tokenscan.snapshot import Snapshot
+from warden.tokenscan.findings import Finding, finding
+from warden.tokenscan.policy import TokenscanPolicy
+from warden.tokenscan.snapshot import Snapshot
 
 END_PROCESSORS = ("BertProcessing", "RobertaProcessing")
 

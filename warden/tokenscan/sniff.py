@@ -21,7 +21,7 @@ import zipfile
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from sidecars.tokenscan.pickle_scan import (
+from warden.tokenscan.pickle_scan import (
     PickleReport,
     is_confirmed_pickle,
     looks_like_pickle,

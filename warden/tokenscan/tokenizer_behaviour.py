@@ -32,7 +32,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sidecars.tokenscan import chat_template as ct
+from warden.tokenscan import chat_template as ct
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer_child.py")
 CHILD_ENV = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}

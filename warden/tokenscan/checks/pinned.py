@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from sidecars.tokenscan.findings import Finding, finding
-from sidecars.tokenscan.manifest import pin_finding
-from sidecars.tokenscan.policy import TokenscanPolicy
-from sidecars.tokenscan.snapshot import Snapshot
+from warden.tokenscan.findings import Finding, finding
+from warden.tokenscan.manifest import pin_finding
+from warden.tokenscan.policy import TokenscanPolicy
+from warden.tokenscan.snapshot import Snapshot
 
 
 def check_pinned_token_ids(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:

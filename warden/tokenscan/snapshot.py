@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecars.tokenscan.chat_template import RenderResult, TemplateIssue
-from sidecars.tokenscan.manifest import Manifest
-from sidecars.tokenscan.sniff import Sniff
-from sidecars.tokenscan.template_battery import BehaviourIssue
-from sidecars.tokenscan.tokenizer_behaviour import TokenizerIssue
-from sidecars.tokenscan.tree import Entry
+from warden.tokenscan.chat_template import RenderResult, TemplateIssue
+from warden.tokenscan.manifest import Manifest
+from warden.tokenscan.sniff import Sniff
+from warden.tokenscan.template_battery import BehaviourIssue
+from warden.tokenscan.tokenizer_behaviour import TokenizerIssue
+from warden.tokenscan.tree import Entry
 
 DATA_JSON_NAMES = frozenset({"tokenizer.json", "vocab.json", "added_tokens.json"})
 TOKENIZER_FILES = frozenset({"tokenizer_config.json", "tokenizer.json", "tokenizer.model", "special_tokens_map.json"})

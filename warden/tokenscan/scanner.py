@@ -21,19 +21,19 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sidecars.tokenscan import chat_template as ct
-from sidecars.tokenscan import template_battery as tb
-from sidecars.tokenscan import tokenizer_behaviour as tbe
-from sidecars.tokenscan.checks import CHECKS
-from sidecars.tokenscan.findings import Finding, Severity, dedupe, finding, sort_findings, with_root
-from sidecars.tokenscan.gguf import GGUFError, read_strings
-from sidecars.tokenscan.manifest import HashCache, Manifest, ManifestError, build_manifest
-from sidecars.tokenscan.policy import TokenscanPolicy
-from sidecars.tokenscan.snapshot import FileFacts, JsonDoc, Snapshot, TemplateSource
-from sidecars.tokenscan.sniff import Budget, open_regular, sniff_file
-from sidecars.tokenscan.spm import ProtobufError, parse_sentencepiece
-from sidecars.tokenscan.tree import Entry, TreeError, walk
 from warden.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_VIOLATION
+from warden.tokenscan import chat_template as ct
+from warden.tokenscan import template_battery as tb
+from warden.tokenscan import tokenizer_behaviour as tbe
+from warden.tokenscan.checks import CHECKS
+from warden.tokenscan.findings import Finding, Severity, dedupe, finding, sort_findings, with_root
+from warden.tokenscan.gguf import GGUFError, read_strings
+from warden.tokenscan.manifest import HashCache, Manifest, ManifestError, build_manifest
+from warden.tokenscan.policy import TokenscanPolicy
+from warden.tokenscan.snapshot import FileFacts, JsonDoc, Snapshot, TemplateSource
+from warden.tokenscan.sniff import Budget, open_regular, sniff_file
+from warden.tokenscan.spm import ProtobufError, parse_sentencepiece
+from warden.tokenscan.tree import Entry, TreeError, walk
 
 
 @dataclass

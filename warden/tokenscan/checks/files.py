@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import re
 
-from sidecars.tokenscan.findings import Finding, finding
-from sidecars.tokenscan.policy import TokenscanPolicy
-from sidecars.tokenscan.snapshot import Snapshot
-from sidecars.tokenscan.tree import Entry
+from warden.tokenscan.findings import Finding, finding
+from warden.tokenscan.policy import TokenscanPolicy
+from warden.tokenscan.snapshot import Snapshot
+from warden.tokenscan.tree import Entry
 
 CODE_EXTENSIONS = frozenset(
     {".py", ".pyc", ".pyo", ".pyd", ".pyw", ".pyx", ".pxd", ".so", ".dylib", ".dll", ".sh", ".bash", ".ipynb"}

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 
-from sidecars.tokenscan.findings import Finding, finding
-from sidecars.tokenscan.pickle_scan import classify
-from sidecars.tokenscan.policy import TokenscanPolicy
-from sidecars.tokenscan.snapshot import FileFacts, Snapshot
-from sidecars.tokenscan.sniff import PickleHit
+from warden.tokenscan.findings import Finding, finding
+from warden.tokenscan.pickle_scan import classify
+from warden.tokenscan.policy import TokenscanPolicy
+from warden.tokenscan.snapshot import FileFacts, Snapshot
+from warden.tokenscan.sniff import PickleHit
 
 TEXT_EXTENSIONS = frozenset({".json", ".txt", ".jinja", ".md", ".vocab", ".tiktoken", ".model"})
 FOREIGN_KINDS = frozenset({"pickle", "zip", "npy", "elf", "macho", "pe", "gguf"})
