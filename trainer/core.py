@@ -51,6 +51,7 @@ from trainer.models import DTYPES, load_causal_lm, load_critic, unwrap
 from trainer.resume import ResumeResult, find_resume_point
 from trainer.rewards import RewardSources, build_reward
 from trainer.rollout import SamplingPlan, build_rollout
+from trainer.rollout_vllm import RolloutCollector, SchedulerState
 from trainer.setup import ResolvedPaths, check_environment, resolve_paths
 from trainer.tokenizer import load_tokenizer
 from trainer.train_state import capture_rng, fill_checkpoint, restore_rng, seed_everything
@@ -273,6 +274,8 @@ class PPOTrainer:
                 "rollout: static KV cache with the compiled forward, prompts padded to %d tokens",
                 cfg.data.max_prompt_tokens,
             )
+        # warden_rollout_*: the vLLM scheduler's state at scrape time (zeros for the HF engine).
+        self.metrics.registry.register(RolloutCollector(lambda: getattr(self.rollout, "scheduler", SchedulerState())))
         self.reward = build_reward(cfg.reward, self._reward_sources())
 
     def _build_optimizers(self) -> None:

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import signal
 import sys
-import threading
-from types import FrameType
 
 import click
 
+from sidecars.bridge.service import DEFAULT_PORT, BridgeService
 from sidecars.bridge.verl import BridgeConfig, PassReport, VerlBridge
+from sidecars.runner import Runner
+from sidecars.runtime import SidecarContext
 from warden.cliutil import echo_json, format_option, option, run_dir_option
 from warden.errors import ConfigError
 from warden.httpserve import MetricsServer
 from warden.logs import configure_json_logging, log_fields
-
-DEFAULT_PORT = 9467
 
 
 @click.group()
@@ -116,18 +114,19 @@ def verl(
 
 
 def _follow(worker: VerlBridge, poll_interval: float, port: int, listen: str) -> None:
-    stop = threading.Event()
-
-    def _stop(signum: int, frame: FrameType | None) -> None:
-        worker.log.info("stop requested", extra=log_fields(signal=signum))
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    """Runs the bridge through the sidecars' Runner until SIGTERM (metrics on ``port``; 0: none)."""
+    ctx = SidecarContext(
+        name=BridgeService.name,
+        state_dir=worker.cfg.resolved_state_dir,
+        run_dir=None,  # the bridge writes the journal; it follows none
+        registry=worker.registry,
+        log=worker.log,
+    )
+    runner = Runner(BridgeService(ctx, worker, poll_interval), poll_seconds=poll_interval)
     server = None
     if port:
         try:
-            server = MetricsServer(worker.registry, listen, port, lambda: worker.health(poll_interval)).start()
+            server = MetricsServer(worker.registry, listen, port, runner.health).start()
         except OSError as exc:
             worker.close()
             raise ConfigError(f"cannot listen on {listen}:{port} ({exc.strerror}); pick another with --port") from None
@@ -136,9 +135,8 @@ def _follow(worker: VerlBridge, poll_interval: float, port: int, listen: str) ->
         extra=log_fields(run_dir=worker.cfg.run_dir, run_id=worker.run_id, port=server.port if server else None),
     )
     try:
-        worker.run_forever(stop, poll_interval)
+        runner.run_forever(server)
     finally:
-        worker.close()
         if server is not None:
             server.stop()
         worker.log.info("bridge stopped")

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import secrets
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -599,29 +598,6 @@ class VerlBridge:
         return None
 
     # -- service ----------------------------------------------------------------------------
-    def run_forever(self, stop: threading.Event, poll_seconds: float) -> None:
-        """Passes every ``poll_seconds`` until ``stop`` is set; a failed pass is logged and retried."""
-        while not stop.is_set():
-            try:
-                report = self.run_pass()
-                if report.emitted:
-                    self.log.info("pass", extra=log_fields(emitted=report.emitted, pending=len(report.pending)))
-            except BridgeError as exc:
-                self.metrics.errors.labels("pass_failed").inc()
-                self.log.error(str(exc))
-            except Exception:  # a bug must not stop the bridge: logged, counted, retried next pass
-                self.metrics.errors.labels("internal").inc()
-                self.log.exception("bridge pass crashed")
-            self.heartbeat = time.monotonic()
-            stop.wait(poll_seconds)
-
-    def health(self, poll_seconds: float) -> tuple[bool, str]:
-        idle = time.monotonic() - self.heartbeat
-        limit = max(300.0, 10 * poll_seconds)
-        if idle > limit:
-            return False, f"bridge loop silent for {idle:.0f}s (limit {limit:.0f}s)"
-        return True, f"ok (bridge, last pass {idle:.1f}s ago)"
-
     def close(self) -> None:
         """Saves the state (best effort) and closes the journal."""
         with contextlib.suppress(BridgeError):
