@@ -25,6 +25,7 @@ import yaml
 from trainer.ppo import KL_PENALTY_KINDS, LOSS_AGG_MODES
 from warden.errors import ConfigError
 from warden.policy import policy_from_mapping
+from warden.tokenscan.policy import DEFAULT_TOKENIZER_CLASSES
 
 
 @dataclass(frozen=True)
@@ -59,16 +60,8 @@ class ModelConfig:
     tokenizer_path: str = ""  # empty: actor_path
     reward_model_path: str = ""
     dtype: str = "float32"
-    allowed_tokenizer_classes: tuple[str, ...] = (
-        "LlamaTokenizer",
-        "LlamaTokenizerFast",
-        "Qwen2Tokenizer",
-        "Qwen2TokenizerFast",
-        "GemmaTokenizer",
-        "GemmaTokenizerFast",
-        "PreTrainedTokenizerFast",
-        "TokenizersBackend",
-    )
+    # One whitelist: the tokenizer scanner's (a config can narrow it; the guard takes both lists' intersection).
+    allowed_tokenizer_classes: tuple[str, ...] = DEFAULT_TOKENIZER_CLASSES
     tiny: TinyAssets | None = None
 
 

@@ -75,11 +75,9 @@ def layout_of(name: str) -> tuple[str, int] | None:
     return None
 
 
-def list_checkpoints(root: str, layout: str) -> list[Candidate]:
-    """Checkpoint directories of ``layout`` under ``root`` (not symlinks), by ascending step.
-
-    A missing or unreadable root yields an empty list.
-    """
+def _named_entries(root: str, layout: str, real_dirs: bool) -> list[Candidate]:
+    """Entries of ``root`` named like a checkpoint of ``layout`` that are (``real_dirs``) or are not
+    real directories (a symlink is never one), by ascending step; [] for a missing or unreadable root."""
     pattern = DIR_PATTERNS[layout]
     found = []
     try:
@@ -87,11 +85,16 @@ def list_checkpoints(root: str, layout: str) -> list[Candidate]:
             for entry in entries:
                 match = pattern.match(entry.name)
                 with contextlib.suppress(OSError):
-                    if match and entry.is_dir(follow_symlinks=False):
+                    if match and entry.is_dir(follow_symlinks=False) == real_dirs:
                         found.append(Candidate(os.path.join(root, entry.name), int(match.group(1)), layout))
     except OSError:
         return []
     return sorted(found, key=lambda c: c.step)
+
+
+def list_checkpoints(root: str, layout: str) -> list[Candidate]:
+    """Checkpoint directories of ``layout`` under ``root`` (not symlinks), by ascending step."""
+    return _named_entries(root, layout, real_dirs=True)
 
 
 def unsafe_entries(root: str, layout: str) -> list[Candidate]:
@@ -99,20 +102,9 @@ def unsafe_entries(root: str, layout: str) -> list[Candidate]:
     (a symlink, even one to a directory, a FIFO, a file...), by ascending step.
 
     :func:`list_checkpoints` never lists them, so they are never signed or verified; the
-    signer reports them as ``unsafe_path`` violations. A missing or unreadable root yields [].
+    signer reports them as ``unsafe_path`` violations.
     """
-    pattern = DIR_PATTERNS[layout]
-    found = []
-    try:
-        with os.scandir(root) as entries:
-            for entry in entries:
-                match = pattern.match(entry.name)
-                with contextlib.suppress(OSError):
-                    if match and not entry.is_dir(follow_symlinks=False):
-                        found.append(Candidate(os.path.join(root, entry.name), int(match.group(1)), layout))
-    except OSError:
-        return []
-    return sorted(found, key=lambda c: c.step)
+    return _named_entries(root, layout, real_dirs=False)
 
 
 def signed_steps_before(root: str, layout: str, step: int) -> list[tuple[int, str]]:
