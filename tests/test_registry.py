@@ -37,7 +37,7 @@ def _alert_names(rule_file: str) -> list[str]:
 
 def _scrape_jobs() -> dict[str, list[str]]:
     jobs = _yaml("alerts", "prometheus.yml")["scrape_configs"]
-    return {job["job_name"]: [t for sc in job["static_configs"] for t in sc["targets"]] for job in jobs}
+    return {job["job_name"]: [t for sc in job.get("static_configs", []) for t in sc["targets"]] for job in jobs}
 
 
 def test_ports_are_unique():

@@ -9,7 +9,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from sidecars.stack.components import Plan, run_quiet, scrape, staged_fault_path, total
+from sidecars.stack.components import STAGED_FAULT_NAME, Plan, run_quiet, scrape, staged_fault_path, total
 
 STAGED_ALERT = "WardenPathUnreachable"
 
@@ -196,7 +196,7 @@ def staged_alert(plan: Plan, deadline_s: float = 60.0) -> str:
     if not url:
         return "skipped: Alertmanager not running (Debian: prometheus prometheus-alertmanager)"
     path = staged_fault_path(plan.run_dir)
-    ours = (STAGED_ALERT, path)
+    ours = (STAGED_ALERT, STAGED_FAULT_NAME)  # the alert's path label is the watched path's name
     if _wait(lambda: ours not in _active_alerts(url), deadline_s) is None:
         return f"skipped: {STAGED_ALERT} for {path} was already firing"
     hidden = path + ".away"
