@@ -24,7 +24,7 @@ from trainer.config import load_config  # noqa: E402
 from trainer.core import PPOTrainer  # noqa: E402
 from trainer.models import unwrap  # noqa: E402
 from trainer.resume import ResumeRefused, find_resume_point  # noqa: E402
-from warden.errors import EXIT_VIOLATION  # noqa: E402
+from warden.errors import EXIT_VIOLATION, ConfigError  # noqa: E402
 from warden.signing import Provenance, generate_keypair, load_private_key, sign_checkpoint  # noqa: E402
 
 STEP2, STEP4 = "step-000000002", "step-000000004"
@@ -164,7 +164,11 @@ def test_cross_run_checkpoint_is_refused_in_auto_mode_and_accepted_when_named(ki
     assert len(events) == 2 and all("a checkpoint of run 'run-b'" in e.data["why"] for e in events)
 
     named = os.path.join(checkpoints(run_dir), STEP4)
-    trainer = PPOTrainer(load_config(kit.config), run_dir, resume=named)
+    # Run B was trained with another seed: naming its checkpoint is not enough, the changed
+    # training keys must be accepted too (the resume guard lists them, exit 2).
+    with pytest.raises(ConfigError, match=r"run\.seed 11 -> 3"):
+        PPOTrainer(load_config(kit.config), run_dir, resume=named).close()
+    trainer = PPOTrainer(load_config(kit.config), run_dir, resume=named, resume_with_changes=True)
     try:
         assert trainer.step == 4 and trainer.run_id == kit.run_a
         assert trainer.resumed is not None and trainer.resumed.cross_run

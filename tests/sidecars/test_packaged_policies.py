@@ -69,7 +69,7 @@ def test_a_built_wheel_carries_the_policies_and_runs_outside_the_checkout(tmp_pa
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
         for name in SIDECARS:
-            member = f"sidecars/defaults/{name}.yaml"
+            member = f"warden/defaults/{name}.yaml"
             assert member in names
             with open(os.path.join(ROOT, "policies", f"{name}.yaml"), "rb") as repo:
                 assert archive.read(member) == repo.read(), member  # the file itself, not a link
