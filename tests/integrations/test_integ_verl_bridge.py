@@ -16,8 +16,7 @@ import signal
 import subprocess
 import time
 
-from prometheus_client.parser import text_string_to_metric_families
-from support import free_port, http_get, run_warden, spawn, stop_process, wait_http, warden_cmd
+from support import free_port, run_warden, scrape, spawn, stop_process, wait_http, warden_cmd
 
 from sidecars.bridge.verl import BridgeConfig, VerlBridge
 from trainer.events import CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_RESUMED, RUN_STARTED, STEP_COMPLETED
@@ -261,15 +260,6 @@ def test_cli_once_json_and_exit_codes(run_dir, verl_run, tmp_path, verl_kit):
     assert done.returncode == 2 and "belongs to run" in done.stderr
 
 
-def scrape(port):
-    body = http_get(f"http://127.0.0.1:{port}/metrics")[1]
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(body)
-        for s in fam.samples
-    }
-
-
 def wait_events(run_dir, verl_kit, predicate, proc, timeout=20.0):
     deadline = time.monotonic() + timeout
     while True:
@@ -300,7 +290,11 @@ def test_follow_mode_metrics_and_sigterm(run_dir, verl_run, tmp_path, verl_kit):
         verl_run.start()  # restart: truncation noticed while following
         verl_run.log(2, {"val-core/openai/gsm8k/reward/mean@1": 0.1})
         wait_events(run_dir, verl_kit, lambda ev: RUN_RESUMED in {e.type for e in ev}, proc)
-        assert scrape(port)[("warden_bridge_log_restarts_total", ())] == 1
+        # The counter is bumped just after the event is written: wait for it rather than race it.
+        deadline = time.monotonic() + 20
+        while scrape(port).get(("warden_bridge_log_restarts_total", ()), 0.0) != 1:
+            assert time.monotonic() < deadline, "warden_bridge_log_restarts_total never reached 1"
+            time.sleep(0.05)
         started = time.monotonic()
         assert stop_process(proc, signal.SIGTERM) == 0
         assert time.monotonic() - started < 5

@@ -8,8 +8,7 @@ import struct
 
 import pytest
 import torch
-from prometheus_client.parser import text_string_to_metric_families
-from support import free_port, http_get
+from support import free_port, http_get, parse_samples
 
 from trainer import checkpoint as ckpt
 from trainer import events as ev
@@ -142,7 +141,7 @@ def test_metrics_endpoint_exposes_every_listed_metric(make_config, tmp_path):
     finally:
         trainer.close()
     assert status == 200
-    names = {s.name for fam in text_string_to_metric_families(body) for s in fam.samples}
+    names = {name for name, _labels in parse_samples(body)}
     for name in (
         "warden_trainer_steps_total",
         "warden_trainer_step_duration_seconds_bucket",

@@ -8,8 +8,7 @@ import subprocess
 import time
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
-from support import free_port, http_get, run_warden, spawn, stop_process, wait_http, warden_cmd
+from support import free_port, http_get, parse_samples, run_warden, spawn, stop_process, wait_http, warden_cmd
 
 from tests.sidecars.deps.deps_helpers import write_osv_zip
 
@@ -131,19 +130,11 @@ def test_bad_inputs_give_clear_errors_never_tracebacks(test_env, tmp_path):
         assert "Traceback" not in out.stderr
 
 
-def metric_values(body: str) -> dict[tuple[str, tuple], float]:
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(body)
-        for s in fam.samples
-    }
-
-
 def wait_metric(url: str, name: str, labels: tuple, predicate, proc, deadline_s: float = 60.0) -> dict:
     end = time.monotonic() + deadline_s
     while True:
         assert proc.poll() is None, "sidecar exited"
-        values = metric_values(http_get(url)[1])
+        values = parse_samples(http_get(url)[1])
         if name in {k[0] for k in values} and predicate(values.get((name, labels))):
             return values
         assert time.monotonic() < end, f"{name}{labels} never satisfied the condition: {values.get((name, labels))}"
@@ -175,7 +166,7 @@ def test_sidecar_once_and_live_with_watchdog(test_env, tmp_path):
         settled = time.time() + 1.0
         key = "warden_sidecar_last_success_timestamp_seconds"
         wait_metric(url, key, (("sidecar", "deps"),), lambda v: v is not None and v > settled, proc)
-        quiet = metric_values(http_get(url)[1])
+        quiet = parse_samples(http_get(url)[1])
         assert quiet[("warden_deps_audits_total", (("result", "clean"),))] == 1
         # An edit under site-packages triggers an audit without waiting for the hour-long period.
         target = test_env.site / "idna" / "core.py"

@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
-from support import free_port, http_get, run_warden, spawn, stop_process, wait_http, warden_cmd
+from support import free_port, run_warden, scrape, spawn, stop_process, wait_http, warden_cmd
 
 from trainer.events import CHECKPOINT_SAVED, EventWriter
 from warden.signing import load_trusted_keys, read_signed_statement, verify_checkpoint
@@ -27,18 +26,6 @@ from warden.signing.keys import generate_keypair
 from warden.signing.manifest import announced_root
 
 MIB = 1 << 20
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(port: int) -> Samples:
-    """Every sample of one /metrics scrape, keyed by (name, sorted labels)."""
-    status, body = http_get(f"http://127.0.0.1:{port}/metrics", timeout=5)
-    assert status == 200, body
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(body)
-        for s in fam.samples
-    }
 
 
 def write_file(path: Path, size: int, seed: int = 0) -> None:

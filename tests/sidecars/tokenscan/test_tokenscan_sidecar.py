@@ -10,8 +10,7 @@ import time
 
 import yaml
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
-from support import free_port, http_get, run_warden, spawn, stop_process, wait_http, warden_cmd
+from support import free_port, run_warden, scrape, spawn, stop_process, wait_http, warden_cmd
 
 from sidecars.runtime import Outcome, SidecarContext
 from sidecars.tokenscan.sidecar import TokenscanSidecar
@@ -91,16 +90,6 @@ def test_once_with_journal_events(run_dir, journal, tokenscan_corpus, tmp_path):
     logs = [json.loads(line) for line in dirty.stderr.splitlines() if line.startswith("{")]
     assert any(entry.get("id") == "TS802" and entry.get("severity") == "critical" for entry in logs)
     assert "Traceback" not in dirty.stderr
-
-
-def scrape(port):
-    status, body = http_get(f"http://127.0.0.1:{port}/metrics")
-    assert status == 200
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for fam in text_string_to_metric_families(body)
-        for s in fam.samples
-    }
 
 
 def wait_for(port, key, value, deadline=20.0):
