@@ -13,6 +13,9 @@ from sidecars.shadow.policy import ShadowPolicy
 from trainer.events import JournalReader
 from warden.policy import default_policy_path, load_policy
 
+# The trainer (torch, transformers) is the `train` extra; without it these tests skip, never error.
+pytest.importorskip("torch", reason="needs the train extra: pip install 'warden[train]'")
+
 STEPS = 3
 
 

@@ -4,6 +4,9 @@ import pytest
 import yaml
 from support import TEST_CONFIG, merge
 
+# The trainer (torch, transformers) is the `train` extra; without it these tests skip, never error.
+pytest.importorskip("torch", reason="needs the train extra: pip install 'warden[train]'")
+
 
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory):

@@ -16,6 +16,9 @@ from support import TEST_CONFIG, merge
 from sidecars import __version__
 from trainer import events as ev
 
+# The trainer (torch, transformers) is the `train` extra; without it these tests skip, never error.
+pytest.importorskip("torch", reason="needs the train extra: pip install 'warden[train]'")
+
 # The trainer tests' tiny config, with checkpoints every 2 steps.
 CONFIG = merge(TEST_CONFIG, {"checkpoint": {"every_steps": 2, "keep_last": 3}, "max_steps": 4})
 
