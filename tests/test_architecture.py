@@ -79,15 +79,6 @@ def test_events_module_is_stdlib_only():
 FRAMEWORK = {"sidecars", "sidecars.runtime", "sidecars.runner", "sidecars.registry"}
 # The composition layer wires sidecars together (the CLI, `sidecar run`, the local stack and demo).
 COMPOSITION = {"cli", "commands", "stack"}
-# Old module paths kept as aliases of their new home in warden/ while callers move.
-ALIASES = {
-    "sidecars/errors.py", "sidecars/policy.py", "sidecars/cliutil.py", "sidecars/httpserve.py", "sidecars/logs.py",
-    "sidecars/watching.py", "sidecars/bridge/names.py", "sidecars/bridge/runid.py", "sidecars/bridge/stability.py",
-    "sidecars/bridge/checkpoints.py", "sidecars/signer/dsse.py", "sidecars/signer/errors.py",
-    "sidecars/signer/hashing.py", "sidecars/signer/keys.py", "sidecars/signer/manifest.py",
-    "sidecars/signer/verify.py", "sidecars/paths/policy.py", "sidecars/paths/probe.py",
-    "sidecars/paths/scheduler.py", "sidecars/paths/mountinfo.py", "sidecars/paths/preflight.py",
-}  # fmt: skip
 
 
 def _top(module: str, depth: int) -> str:
@@ -119,8 +110,6 @@ def test_no_sidecar_imports_another_sidecars_internals():
     for package in sorted(p for p in (ROOT / "sidecars").iterdir() if p.is_dir() and p.name not in COMPOSITION):
         own = f"sidecars.{package.name}"
         for path in package.rglob("*.py"):
-            if str(path.relative_to(ROOT)) in ALIASES:
-                continue
             for module in _imports(path):
                 if module.split(".")[0] == "sidecars" and module not in FRAMEWORK and _top(module, 2) != own:
                     offenders.append(f"{path.relative_to(ROOT)}: {module}")

@@ -47,6 +47,9 @@ if confs:
     prefixes = [venv] + (base if system_site == "true" else [])
     config = {"base": venv, "platbase": venv}
 paths = sysconfig.get_paths(vars=config)
+# The base interpreter's own directories (before the venv step changed sys.prefix/exec_prefix).
+base_paths = sysconfig.get_paths(vars={"platbase": sys.base_exec_prefix, "installed_platbase": sys.base_exec_prefix})
+base_site = [p for p in site.getsitepackages([sys.base_prefix, sys.base_exec_prefix]) if os.path.isdir(p)]
 found = []
 for p in [paths.get("purelib"), paths.get("platlib"), *site.getsitepackages(prefixes)]:
     if p and os.path.isdir(p) and os.path.realpath(p) not in [os.path.realpath(f) for f in found]:
@@ -71,7 +74,8 @@ markers = {
     "sys_platform": sys.platform,
 }
 print(json.dumps({
-    "venv": venv if confs else None, "base_prefix": base_prefix, "stdlib": sysconfig.get_paths().get("stdlib"),
+    "venv": venv if confs else None, "base_prefix": base_prefix, "stdlib": base_paths.get("stdlib"),
+    "platstdlib": base_paths.get("platstdlib"), "base_site": base_site,
     "markers": markers, "site_packages": found, "sys_path": sys.path, "prefix": sys.prefix,
     "executable": sys.executable, "cache_tag": impl.cache_tag,
     "magic": importlib.util.MAGIC_NUMBER.hex(), "version": sys.version,
@@ -98,6 +102,8 @@ class Target:
     venv: str | None = None
     requested: str | None = None
     stdlib: str | None = None
+    platstdlib: str | None = None
+    base_site: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -158,6 +164,8 @@ def discover_python(python: str, timeout: float = 30.0, kind: str = "python") ->
         venv=venv_of(requested) or _realpath_or_none(info.get("venv")),
         requested=requested,
         stdlib=_realpath_or_none(info.get("stdlib")),
+        platstdlib=_realpath_or_none(info.get("platstdlib")),
+        base_site=tuple(os.path.realpath(str(p)) for p in info.get("base_site") or ()),
     )
 
 

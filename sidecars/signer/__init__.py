@@ -4,11 +4,3 @@ The signing library itself (hashing -> manifest -> DSSE bundle, verification, ke
 :mod:`warden.signing`, in the neutral core, so that the trainer, the archiver and the
 bridge use it without importing this sidecar.
 """
-
-
-def __getattr__(name: str) -> object:
-    """Old imports (``from warden.signing import sign_checkpoint``) reach :mod:`warden.signing`
-    until no caller is left."""
-    import warden.signing
-
-    return getattr(warden.signing, name)

@@ -146,7 +146,7 @@ def test_signing_key_is_copied_to_a_private_tmpfs_not_loosened():
         assert svc["environment"]["WARDEN_KEY_SECRET"] == "/run/secrets/signing_key", name
         assert any(str(t).startswith("/run/warden-key:") for t in svc["tmpfs"]), name
         assert svc["cap_drop"] == ["ALL"] and "SYS_ADMIN" not in svc["cap_add"], name
-    keys = importlib.import_module("sidecars.signer.keys")  # wherever the module now lives
+    keys = importlib.import_module("warden.signing.keys")
     assert "st.st_mode & 0o077" in inspect.getsource(keys)  # the key check itself is unchanged
 
 

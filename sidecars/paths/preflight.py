@@ -1,6 +1,0 @@
-"""Moved to :mod:`warden.paths.preflight` (the neutral core); this alias goes once no caller is left."""
-
-import importlib
-import sys
-
-sys.modules[__name__] = importlib.import_module("warden.paths.preflight")
