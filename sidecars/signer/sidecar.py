@@ -60,6 +60,7 @@ from sidecars.signer.announcements import (
     Record,
     announcement_of,
     audit,
+    removal_problem,
     statement_problem,
 )
 from sidecars.signer.metrics import SignerMetrics
@@ -575,7 +576,8 @@ class SignerSidecar(Sidecar[SignerPolicy]):
         (a ``step-N/`` no event named, after ``stable_seconds``), ``signature_missing`` (its
         ``.sig`` was deleted after signing), ``signature_replaced`` (a ``.sig`` that does
         not verify or names another run, step or digest), and refusals. A directory gone
-        together with its ``.sig`` was pruned: its record is dropped.
+        together with its ``.sig`` was pruned (its record is dropped), unless an older one is
+        still there: retention removes the oldest first, so that is ``removed_out_of_order``.
         """
         found: dict[str, str] = {}
         for root in self.roots:
@@ -588,8 +590,14 @@ class SignerSidecar(Sidecar[SignerPolicy]):
                 if reason is not None:
                     found[candidate.path] = reason
             present = {c.path for c in listed}
-            for path, _record in self.announced.under(root.path):
-                if path not in present and not os.path.lexists(signature_path_for(path)):
+            present_steps = [c.step for c in listed]
+            for path, record in self.announced.under(root.path):
+                if path in present or os.path.lexists(signature_path_for(path)):
+                    continue
+                problem = removal_problem(record.step, present_steps) if record.signed_digest else None
+                if problem is not None:
+                    found[path] = problem  # kept (and paging) while an older checkpoint remains
+                else:
                     self.announced.forget(path)  # pruned by retention: directory and .sig both gone
             for path in [p for p in self._unannounced_since if os.path.dirname(p) == root.path and p not in present]:
                 del self._unannounced_since[path]

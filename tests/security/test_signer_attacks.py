@@ -413,3 +413,19 @@ def test_verl_retention_is_pruned_but_any_other_removal_or_change_is_a_violation
         assert not any("global_step_10" in m and "signed checkpoint" in m for m in victim.log.messages()[2:])
     finally:
         victim.close()
+
+
+def test_deleting_the_newest_checkpoint_with_its_signature_is_not_retention(victim):
+    """Storage writer deletes step-4 and its .sig (a resume would fall back to step-2 silently):
+    retention removes the oldest first, so this is removed_out_of_order, and it pages."""
+    older, newest = victim.save(2), victim.save(4)
+    assert victim.step() is Outcome.OK
+    sig(newest).unlink()
+    shutil.rmtree(newest)
+    assert victim.step(STABLE + 10) is Outcome.VIOLATION
+    assert victim.value("warden_signer_violations_total", reason="removed_out_of_order") == 1
+    # The trainer's retention then removes the older one too: nothing older remains, so it clears.
+    sig(older).unlink()
+    shutil.rmtree(older)
+    assert victim.step(STABLE + 20) is Outcome.OK
+    assert victim.value("warden_signer_violating_checkpoints", reason="removed_out_of_order") == 0
