@@ -39,12 +39,10 @@ from typing import Any
 
 from trainer import checkpoint as ckpt
 from warden.errors import ViolationError, quote_untrusted
+from warden.safeio import DIR_FLAGS, FILE_FLAGS
 
 MAX_ANCHOR_BYTES = 64 * 1024 * 1024
 """Cap on a signature bundle or manifest (a resource line is ~150 bytes)."""
-
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-_DIR_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
 
 
 class CheckpointRejected(ViolationError):
@@ -277,7 +275,7 @@ def _summary(head: str, problems: list[str], shown: int = 3) -> str:
 def _open_dir(path: str, dir_fd: int | None = None) -> Iterator[int]:
     """A directory fd opened without following a symlink; CheckpointRejected if it is none."""
     try:
-        fd = os.open(path, _DIR_FLAGS, dir_fd=dir_fd)
+        fd = os.open(path, DIR_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             raise CheckpointRejected(f"{quote_untrusted(path)}: not a directory (a symlink?)") from None
@@ -333,7 +331,7 @@ def _read_regular(name: str, dir_fd: int, cap: int, shown: str | None = None) ->
     """All bytes of a regular file, at most ``cap``; never follows a link or blocks on a FIFO."""
     shown = shown or name
     try:
-        fd = os.open(name, _FILE_FLAGS, dir_fd=dir_fd)
+        fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise CheckpointRejected(f"{shown}: a symlink; a checkpoint holds only files") from None

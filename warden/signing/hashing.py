@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Protocol, cast
 
+from warden.safeio import FILE_FLAGS
 from warden.signing.errors import (
     CheckpointChanged,
     CheckpointUnreadable,
@@ -76,9 +77,6 @@ def hash_factory(algorithm: str) -> Callable[[], Hasher]:
             raise ValueError("hash algorithm blake3 needs the blake3 package (pip install blake3)") from None
         return cast(Callable[[], Hasher], blake3.blake3)
     raise ValueError(f"hash algorithm {algorithm!r}: expected one of {', '.join(HASH_ALGORITHMS)}")
-
-
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
 @dataclass(frozen=True)
@@ -301,7 +299,7 @@ class _Tracker:
 def _open_regular(path: str) -> tuple[int, int]:
     """Opens ``path`` without following links or blocking; returns (fd, size). Refuses non-files."""
     try:
-        fd = os.open(path, _OPEN_FLAGS)
+        fd = os.open(path, FILE_FLAGS)
     except FileNotFoundError:
         raise CheckpointVanished(f"{path}: deleted while the checkpoint was being hashed", path) from None
     except OSError as exc:

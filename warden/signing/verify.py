@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from warden.safeio import FILE_FLAGS
 from warden.signing.dsse import (
     PAYLOAD_TYPE,
     Bundle,
@@ -164,7 +165,6 @@ def compare_digests(
 
 MAX_BUNDLE_BYTES = 16 << 20
 """Largest signature file read; ours are a few KiB (the statement lists one digest per file)."""
-_SIG_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
 def read_bundle_bytes(signature_path: str, limit: int = MAX_BUNDLE_BYTES) -> bytes:
@@ -175,7 +175,7 @@ def read_bundle_bytes(signature_path: str, limit: int = MAX_BUNDLE_BYTES) -> byt
     the reader and a huge or sparse file is never read whole.
     """
     try:
-        fd = os.open(signature_path, _SIG_OPEN_FLAGS)
+        fd = os.open(signature_path, FILE_FLAGS)
     except FileNotFoundError:
         raise SignatureMissing(
             f"{signature_path}: no signature; sign the checkpoint with `warden checkpoint sign` "

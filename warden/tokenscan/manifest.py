@@ -24,10 +24,10 @@ from typing import Any
 
 from trainer.events import atomic_write_bytes
 from warden.errors import IncompleteError
+from warden.safeio import FILE_FLAGS
 from warden.tokenscan.findings import Finding, finding
 
 CHUNK = 1 << 20
-_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
 class ManifestError(IncompleteError):
@@ -91,7 +91,7 @@ class HashCache:
 
 def hash_file(path: str, cache: HashCache | None = None) -> tuple[str, int]:
     """(hex SHA-256, size) of the regular file at ``path`` (the last component is not followed)."""
-    fd = os.open(path, _OPEN_FLAGS)
+    fd = os.open(path, FILE_FLAGS)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

@@ -10,17 +10,15 @@ dtype's pickle payload analysed. Reads are bounded by the caller's ``pickle_cap`
 from __future__ import annotations
 
 import ast
-import errno
 import io
 import json
-import os
-import stat
 import struct
 import time
 import zipfile
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from warden.safeio import open_regular
 from warden.tokenscan.pickle_scan import (
     PickleReport,
     is_confirmed_pickle,
@@ -287,16 +285,3 @@ def _has_zip_tail(path: str) -> bool:
             return zipfile.is_zipfile(fh)
     except OSError:
         return False
-
-
-def open_regular(path: str) -> BinaryIO:
-    """Opens ``path`` for reading only if it is (still) a regular file: never follows a final
-    symlink and never blocks on a FIFO swapped in after the listing. Raises OSError."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file any more", path)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
