@@ -242,5 +242,5 @@ def build_rollout(
     if cfg.rollout.engine == "vllm":
         from trainer.rollout_vllm import VLLMRollout
 
-        return VLLMRollout(actor, cfg, model_dir, stop_ids[0], pad_id)
+        return VLLMRollout(actor, cfg, model_dir, list(stop_ids), pad_id)
     return HFRollout(actor, cfg.rollout, stop_ids, pad_id, dtype)

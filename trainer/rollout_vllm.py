@@ -113,11 +113,12 @@ def pack_outputs(
     logprobs: Sequence[Sequence[float]],
     width: int,
     pad_id: int,
-    eos_id: int,
+    eos_id: int | Sequence[int],
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-request token and log-prob lists -> ``(responses, mask, logprobs)`` of shape ``(B, width)``.
 
-    The mask is 1 up to and including the first EOS and only over tokens the engine returned;
+    The mask is 1 up to and including the first stop token (``eos_id``: one id or several) and
+    only over tokens the engine returned;
     other positions hold ``pad_id`` and log-prob 0.
     """
     responses = torch.full((len(tokens), width), pad_id, dtype=torch.long)
@@ -165,13 +166,17 @@ def _reload_from(worker: Any, named: list[tuple[str, torch.Tensor]]) -> list[str
 class VLLMRollout:
     """Sampling with an in-process ``vllm.LLM`` whose weights follow the actor's."""
 
-    def __init__(self, actor: Any, cfg: TrainerConfig, model_dir: str, eos_id: int, pad_id: int) -> None:
+    def __init__(
+        self, actor: Any, cfg: TrainerConfig, model_dir: str, eos_id: int | Sequence[int], pad_id: int
+    ) -> None:
         vllm = import_vllm()
         from transformers import AutoConfig
         from vllm.platforms import current_platform
 
         self.cfg, self.roll = cfg, cfg.rollout
-        self.actor, self.eos_id, self.pad_id = actor, eos_id, pad_id
+        # Every stop id (EOS and rollout.stop_token_ids) ends a response, as in the HF engine.
+        self.stop_ids = [eos_id] if isinstance(eos_id, int) else list(eos_id)
+        self.actor, self.eos_id, self.pad_id = actor, self.stop_ids[0], pad_id
         self.device = next(unwrap(actor).parameters()).device
         model_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False, local_files_only=True)
         self.kwargs = engine_kwargs(cfg, model_dir, model_config, current_platform.is_cpu())
@@ -214,7 +219,7 @@ class VLLMRollout:
             top_k=roll.top_k,
             max_tokens=roll.max_new_tokens,
             min_tokens=0,
-            stop_token_ids=[self.eos_id],
+            stop_token_ids=list(self.stop_ids),
             logprobs=0,  # the sampled token's log-prob only
             seed=seed,
             detokenize=False,
@@ -237,7 +242,7 @@ class VLLMRollout:
             tokens.append(list(sample.token_ids))
             steps = sample.logprobs or []  # one {token: Logprob} per sampled token (logprobs=0)
             logprobs.append([step[tok].logprob for step, tok in zip(steps, sample.token_ids, strict=True)])
-        responses, mask, lps = pack_outputs(tokens, logprobs, self.roll.max_new_tokens, self.pad_id, self.eos_id)
+        responses, mask, lps = pack_outputs(tokens, logprobs, self.roll.max_new_tokens, self.pad_id, self.stop_ids)
         return responses.to(self.device), mask.to(self.device), lps.to(self.device)
 
     def generate(

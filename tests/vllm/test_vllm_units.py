@@ -104,3 +104,13 @@ def test_a_missing_vllm_is_a_config_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
     with pytest.raises(ConfigError, match=r"rollout.engine: vllm cannot be imported .*warden\[vllm\]"):
         build_rollout(config(), torch.nn.Linear(1, 1), "/m", 1, 2)
+
+
+def test_every_stop_id_ends_a_vllm_response_like_the_hf_engine():
+    """rollout.stop_token_ids beside EOS: the mask stops at the first of any of them."""
+    pad = 2
+    tokens = [[5, 9, 7, 8], [5, 6, 1, 8], [5, 6, 7, 8]]  # a second stop id (9); EOS (1); none
+    lps = [[-1.0] * 4] * 3
+    responses, mask, _ = pack_outputs(tokens, lps, 4, pad, [1, 9])
+    assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]]
+    assert responses.tolist() == [[5, 9, 2, 2], [5, 6, 1, 2], [5, 6, 7, 8]]
