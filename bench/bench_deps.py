@@ -77,6 +77,7 @@ def make_site_packages(root: str, dists: int, modules: int) -> int:
             with open(path, "w") as fh:
                 fh.write(SOURCE.format(i=i, dist=name))
             pyc = py_compile.compile(path, doraise=True)
+            assert pyc is not None  # doraise: a failure raises
             for p in (path, pyc):
                 rel = os.path.relpath(p, root)
                 rows.append(f"{rel},{record_digest(p, 'sha256')},{os.path.getsize(p)}")
@@ -148,7 +149,8 @@ def _line(label: str, run: dict, anchor: float, anchor_name: str) -> str:
     return (
         f"   {label:<18}{run['seconds']:7.2f}s = {run['seconds'] / anchor:5.2f}x {anchor_name}; "
         f"{run['files_hashed']} hashed, {run['files_cached']} cached; .pyc: {run['pyc_checked']} compiled, "
-        f"{run['pyc_verdict_cached']} by verdict, {run['pyc_cached']} by stat; {run['findings']} findings"
+        f"{run['pyc_verdict_cached']} by verdict, {run['pyc_cached']} by stat; base stdlib: "
+        f"{run['stdlib_hashed']} hashed, {run['stdlib_cached']} cached; {run['findings']} findings"
     )
 
 

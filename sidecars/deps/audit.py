@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecars.deps.baseline import build_baseline, compare_baseline, load_baseline, save_baseline
+from sidecars.deps.baseline import build_baseline, compare_baseline, load_baseline, save_baseline, stdlib_approved
 from sidecars.deps.cache import IntegrityCache
 from sidecars.deps.drift import check_artifacts, check_drift
 from sidecars.deps.environment import Target
@@ -30,6 +30,7 @@ from sidecars.deps.osv.loader import OsvDatabase, load_database
 from sidecars.deps.osv.server import OsvServer
 from sidecars.deps.pipaudit import PipAuditError, compare, run_pip_audit
 from sidecars.deps.policy import DepsPolicy
+from sidecars.deps.stdlib import stdlib_document
 from sidecars.deps.vulns import check_vulnerabilities
 
 
@@ -151,18 +152,28 @@ def _integrity(report: AuditReport, settings: AuditSettings, cancel: threading.E
     except OSError as exc:
         report.notes.append(f"integrity cache not saved: {exc}")
     clean = not any(f.blocking for f in findings) and not incomplete
-    _baseline(report, settings, clean, now, result.environment)
+    stdlib = stdlib_document(report.target, result.stdlib) if result.stdlib.roots else {}
+    _baseline(report, settings, clean, now, result.environment, stdlib)
 
 
 def _baseline(
-    report: AuditReport, settings: AuditSettings, clean: bool, now: float, environment: dict[str, str]
+    report: AuditReport,
+    settings: AuditSettings,
+    clean: bool,
+    now: float,
+    environment: dict[str, str],
+    stdlib: dict[str, Any],
 ) -> None:
     path = settings.baseline_path
     if not path:
         return
     doc = load_baseline(path)
     if doc is not None and not settings.approve:
-        report.findings.extend(compare_baseline(report.dists, doc, environment))
+        report.findings.extend(compare_baseline(report.dists, doc, environment, stdlib))
+        if stdlib and not stdlib_approved(doc):
+            report.incomplete.append(
+                f"{path}: approved before the base interpreter's stdlib was covered; re-approve with --approve"
+            )
         report.stats["baseline"] = {"path": path, "approved_at": doc.get("approved_at")}
         return
     if not (settings.approve or settings.auto_approve):
@@ -171,7 +182,7 @@ def _baseline(
     if not clean:
         report.notes.append(f"baseline not approved: the integrity check found problems ({path} unchanged)")
         return
-    save_baseline(path, build_baseline(report.dists, now, environment))
+    save_baseline(path, build_baseline(report.dists, now, environment, stdlib))
     report.notes.append(f"baseline approved: {path}")
     report.stats["baseline"] = {"path": path, "approved_at": "now"}
 

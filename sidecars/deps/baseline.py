@@ -8,6 +8,10 @@ stored in the auditor's own state dir, out of the audited environment's reach. L
 audits compare each RECORD with the approved one: a changed row, an added or removed
 file is ``record_changed``, even when the file matches its (rewritten) RECORD. Trust is
 on first approval: a baseline taken of an already-tampered environment vouches for it.
+
+Version 3 adds ``stdlib``: the base interpreter's own files (stdlib.py), compared by
+:func:`sidecars.deps.stdlib.compare_stdlib`. A version 2 baseline is still read for its
+distributions, but it cannot vouch for the stdlib: the audit is incomplete until re-approved.
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ from packaging.version import InvalidVersion, Version
 from sidecars.deps.errors import DepsIncomplete
 from sidecars.deps.installed import InstalledDist
 from sidecars.deps.model import Finding
+from sidecars.deps.stdlib import compare_stdlib
 from trainer.events import atomic_write_bytes, utc_timestamp
 
-BASELINE_VERSION = 2
+BASELINE_VERSION = 3
+READABLE_VERSIONS = (2, 3)  # 2: no stdlib section (re-approve to cover the base interpreter)
 
 
 def dist_key(dist: InstalledDist) -> str:
@@ -37,8 +43,14 @@ def dist_key(dist: InstalledDist) -> str:
     return f"{dist.canonical}=={version}"
 
 
-def build_baseline(dists: Sequence[InstalledDist], now: float, environment: Mapping[str, str]) -> dict[str, Any]:
-    """The baseline document of ``dists`` and the environment's own files (pure)."""
+def build_baseline(
+    dists: Sequence[InstalledDist],
+    now: float,
+    environment: Mapping[str, str],
+    stdlib: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The baseline document of ``dists``, the environment's own files and the base interpreter's
+    (``stdlib``: :func:`sidecars.deps.stdlib.stdlib_document`) (pure)."""
     entries = {}
     for dist in dists:
         files = {e.path: e.digest for e in dist.record or () if e.digest}
@@ -54,6 +66,7 @@ def build_baseline(dists: Sequence[InstalledDist], now: float, environment: Mapp
         "approved_at": utc_timestamp(now),
         "distributions": entries,
         "environment": dict(environment),
+        "stdlib": dict(stdlib or {}),
     }
 
 
@@ -75,8 +88,9 @@ def load_baseline(path: str) -> dict[str, Any] | None:
         ) from None
     if (
         not isinstance(doc, dict)
-        or doc.get("version") != BASELINE_VERSION
+        or doc.get("version") not in READABLE_VERSIONS
         or not isinstance(doc.get("distributions"), dict)
+        or not isinstance(doc.get("stdlib", {}), dict)
     ):
         raise DepsIncomplete(f"{path}: not a version {BASELINE_VERSION} baseline; re-approve with --approve")
     return doc
@@ -107,11 +121,16 @@ def _dist_changes(dist: InstalledDist, approved: dict[str, Any]) -> list[Finding
 
 
 def compare_baseline(
-    dists: Sequence[InstalledDist], doc: dict[str, Any], environment: Mapping[str, str] | None = None
+    dists: Sequence[InstalledDist],
+    doc: dict[str, Any],
+    environment: Mapping[str, str] | None = None,
+    stdlib: Mapping[str, Any] | None = None,
 ) -> list[Finding]:
     """Blocking findings against ``doc`` (pure): ``record_changed`` (a RECORD or its folder differs),
     ``not_in_baseline`` (a distribution added since approval), ``removed_from_baseline`` (an
-    approved one gone), ``environment_changed`` (a venv file or the base interpreter differs)."""
+    approved one gone), ``environment_changed`` (a venv file or the base interpreter differs),
+    ``stdlib_changed``/``stdlib_added``/``stdlib_removed`` (the base interpreter's files, when
+    ``stdlib`` is given and ``doc`` has them: see :func:`stdlib_approved`)."""
     approved: dict[str, Any] = doc.get("distributions") or {}
     out: list[Finding] = []
     seen: set[str] = set()
@@ -137,7 +156,14 @@ def compare_baseline(
         out.append(Finding("integrity", "removed_from_baseline", key.partition("==")[0], message, True, {"key": key}))
     if environment is not None:
         out.extend(_environment_changes(doc.get("environment") or {}, environment))
+    if stdlib is not None and stdlib_approved(doc):
+        out.extend(compare_stdlib(doc["stdlib"], stdlib))
     return out
+
+
+def stdlib_approved(doc: Mapping[str, Any]) -> bool:
+    """Whether ``doc`` vouches for the base interpreter's files (a version 2 baseline does not)."""
+    return doc.get("version") == BASELINE_VERSION and bool(doc.get("stdlib"))
 
 
 def _environment_changes(before: Mapping[str, str], now: Mapping[str, str]) -> list[Finding]:

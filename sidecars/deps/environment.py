@@ -25,7 +25,10 @@ from packaging.markers import default_environment
 
 from sidecars.deps.errors import TargetError
 
-REPORT_SCRIPT = r"""
+REPORT_SENTINEL = "WARDEN-DEPS-REPORT "
+REPORT_SCRIPT = (
+    f"SENTINEL = {REPORT_SENTINEL!r}\n"
+    + r"""
 import importlib.util, json, os, platform, site, sys, sysconfig
 # -S skips site.main(), which is what makes a venv's prefix current; do its venv step by
 # hand, without site.addsitepackages (that would run the target's .pth files).
@@ -73,7 +76,7 @@ markers = {
     "python_version": ".".join(platform.python_version_tuple()[:2]),
     "sys_platform": sys.platform,
 }
-print(json.dumps({
+print(SENTINEL + json.dumps({
     "venv": venv if confs else None, "base_prefix": base_prefix, "stdlib": base_paths.get("stdlib"),
     "platstdlib": base_paths.get("platstdlib"), "base_site": base_site,
     "markers": markers, "site_packages": found, "sys_path": sys.path, "prefix": sys.prefix,
@@ -81,6 +84,7 @@ print(json.dumps({
     "magic": importlib.util.MAGIC_NUMBER.hex(), "version": sys.version,
 }))
 """
+)
 
 _PY_DIR = re.compile(r"python(\d+)\.(\d+)t?$")
 _PYC_TAG = re.compile(r"\.([a-z]+-\d+)(?:\.opt-\d)?\.pyc$")
@@ -141,7 +145,7 @@ def discover_python(python: str, timeout: float = 30.0, kind: str = "python") ->
     except OSError as exc:
         raise TargetError(f"--python {python}: cannot run it: {exc.strerror or exc}") from None
     try:
-        info = json.loads(proc.stdout)
+        info = json.loads(report_line(proc.stdout))
         markers = {str(k): str(v) for k, v in info["markers"].items()}
         site_packages = tuple(os.path.realpath(p) for p in info["site_packages"])
     except (ValueError, KeyError, TypeError, AttributeError):
@@ -167,6 +171,16 @@ def discover_python(python: str, timeout: float = 30.0, kind: str = "python") ->
         platstdlib=_realpath_or_none(info.get("platstdlib")),
         base_site=tuple(os.path.realpath(str(p)) for p in info.get("base_site") or ()),
     )
+
+
+def report_line(stdout: str) -> str:
+    """The report in the interpreter's output (pure): the last sentinel line. The target's own
+    stdlib runs before the report is printed and may print too (an edited module the report
+    imports); what it prints is not the report. Raises ValueError when there is none."""
+    lines = [line for line in stdout.splitlines() if line.startswith(REPORT_SENTINEL)]
+    if not lines:
+        raise ValueError("no report line")
+    return lines[-1][len(REPORT_SENTINEL) :]
 
 
 def _realpath_or_none(path: object) -> str | None:

@@ -30,6 +30,7 @@ from sidecars.deps.installed import InstalledDist, RecordEntry
 from sidecars.deps.interpreter import check_venv, check_venv_scripts, hook_dirs, startup_hooks, venv_made
 from sidecars.deps.model import Finding
 from sidecars.deps.pyccheck import MISMATCH, OK
+from sidecars.deps.stdlib import StdlibResult, collect_stdlib
 from sidecars.deps.walk import kind_of, link_escapes, read_small, safe_digest, sha256_hex, walk_tree
 from warden.errors import quote_untrusted
 from warden.safeio import open_regular
@@ -92,6 +93,9 @@ class IntegrityStats:
     pyc_verdict_cached: int = 0
     pyc_stale: int = 0
     pyc_not_verifiable: int = 0
+    stdlib_files: int = 0
+    stdlib_hashed: int = 0
+    stdlib_cached: int = 0
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
@@ -566,6 +570,7 @@ class IntegrityResult:
     stats: IntegrityStats
     incomplete: list[str]
     environment: dict[str, str] = field(default_factory=dict)
+    stdlib: StdlibResult = field(default_factory=StdlibResult)
 
 
 def _walk(target: Target) -> tuple[dict[str, dict[str, os.stat_result]], list[str]]:
@@ -616,11 +621,19 @@ def check_integrity(
     findings.extend(_interpreter(target, walked, options, unreadable))
     findings.extend(_check_pycs(walked, pyc_sources, target, cache, options, stats, cancel))
     environment = _environment_digests(target, per_root.get(target.venv or "", {}), cache, unreadable)
-    cache.prune(set(walked) | {j.path for j in jobs} | set(environment), options.full_pass and not cancel.is_set())
+    stdlib = collect_stdlib(
+        target, cache, options.full_pass, _workers(options.workers), options.startup_allow, unreadable
+    )
+    findings.extend(stdlib.findings)
+    stats.stdlib_files, stats.stdlib_hashed, stats.stdlib_cached = len(stdlib.files), stdlib.hashed, stdlib.cached
+    if not stdlib.roots:
+        stats.notes.append("the base interpreter's stdlib is not known for this target: not audited")
+    live = set(walked) | {j.path for j in jobs} | set(environment) | set(stdlib.files)
+    cache.prune(live, options.full_pass and not cancel.is_set())
     incomplete = [f"unreadable: {u}" for u in unreadable]
     if cancel.is_set():
         incomplete.append("integrity check cancelled")
-    return IntegrityResult(findings, stats, incomplete, environment)
+    return IntegrityResult(findings, stats, incomplete, environment, stdlib)
 
 
 def _interpreter(

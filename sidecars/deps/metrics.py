@@ -29,6 +29,9 @@ INTEGRITY_KINDS = (
     "venv_config",
     "interpreter_replaced",
     "venv_script_changed",
+    "stdlib_changed",
+    "stdlib_added",
+    "stdlib_removed",
 )
 # Everything that means "the environment is not what was installed and approved" pages as
 # tampering (WardenDepsTamperedFiles): start-up hooks and interpreter changes included.
@@ -47,6 +50,9 @@ TAMPER_KINDS = (
     "venv_config",
     "interpreter_replaced",
     "venv_script_changed",
+    "stdlib_changed",
+    "stdlib_added",
+    "stdlib_removed",
 )
 RESULTS = ("clean", "violation", "incomplete")
 

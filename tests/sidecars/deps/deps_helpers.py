@@ -233,3 +233,79 @@ def write_osv_zip(path, records=OSV_RECORDS, corrupt: bool = True, modified: str
 @pytest.fixture
 def osv_zip(tmp_path):
     return write_osv_zip(tmp_path / "all.zip")
+
+
+# ---- a base interpreter the tests own ------------------------------------------------------------
+
+PY_DIR = f"python{sys.version_info.major}.{sys.version_info.minor}"
+PY_ZIP = f"python{sys.version_info.major}{sys.version_info.minor}.zip"
+OWN_STDLIB = ("json", "site-packages")  # real copies (the rest: links to the real stdlib, never written)
+
+
+@pytest.fixture(scope="session")
+def fake_base_template(tmp_path_factory):
+    """A base interpreter whose stdlib directory the tests may write: the running interpreter's
+    binary copied to ``base/bin``, ``base/lib/pythonX.Y`` holding a link to each entry of the real
+    stdlib but ``json`` (copied, with its __pycache__) and an empty ``site-packages``. Python finds
+    its prefix from the binary's location, so this base reports ``base/lib/pythonX.Y`` as stdlib."""
+    import sysconfig
+
+    real_stdlib = sysconfig.get_paths()["stdlib"]
+    real_bin = os.path.realpath(os.path.join(sys.base_prefix, "bin", PY_DIR))
+    if not os.path.isfile(real_bin):
+        _fail_or_skip(f"no base interpreter binary at {real_bin}")
+    base = tmp_path_factory.mktemp("fake-base") / "base"
+    stdlib = base / "lib" / PY_DIR
+    stdlib.mkdir(parents=True)
+    (base / "bin").mkdir()
+    shutil.copy2(real_bin, base / "bin" / PY_DIR)
+    for lib in os.listdir(os.path.join(sys.base_prefix, "lib")):
+        if lib.startswith("libpython"):  # for an $ORIGIN-relative runpath
+            os.symlink(os.path.join(sys.base_prefix, "lib", lib), base / "lib" / lib)
+    for name in sorted(os.listdir(real_stdlib)):
+        if name not in OWN_STDLIB:
+            os.symlink(os.path.join(real_stdlib, name), stdlib / name)
+    shutil.copytree(os.path.join(real_stdlib, "json"), stdlib / "json", symlinks=True)
+    (stdlib / "site-packages").mkdir()
+    return base
+
+
+class BaseEnv:
+    """A venv (no pip, empty site-packages) of a copy of the fake base, audited for integrity only."""
+
+    def __init__(self, base, venv, state_dir) -> None:
+        self.base, self.venv, self.state_dir = base, venv, state_dir
+        self.stdlib = base / "lib" / PY_DIR
+        self.python = str(venv / "bin" / "python")
+
+    def settings(self, **kw) -> AuditSettings:
+        policy = DepsPolicy(integrity=IntegrityRules(workers=2, check_pyc=False), vulnerabilities=VulnRules())
+        base = AuditSettings(
+            policy=policy,
+            lock_path=None,
+            osv_db=None,
+            state_dir=str(self.state_dir),
+            baseline_path=str(self.state_dir / "baseline.json"),
+            checks=frozenset({"integrity"}),
+            pip_audit=False,
+        )
+        return replace(base, **kw)
+
+    def audit(self, **kw):
+        return run_audit(self.settings(**kw), discover_python(self.python))
+
+    def run_python(self, code: str = "") -> str:
+        """What the venv's Python prints running ``code`` (planted code shows here)."""
+        proc = subprocess.run([self.python, "-c", code], capture_output=True, text=True, timeout=60, env={})
+        return proc.stdout + proc.stderr
+
+
+@pytest.fixture
+def base_env(tmp_path, fake_base_template):
+    base = tmp_path / "base"
+    shutil.copytree(fake_base_template, base, symlinks=True)
+    venv = tmp_path / "venv"
+    subprocess.run([str(base / "bin" / PY_DIR), "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    state = tmp_path / "state"
+    state.mkdir()
+    return BaseEnv(base, venv, state)

@@ -352,16 +352,15 @@ def test_unreadable_directory_makes_the_audit_incomplete(test_env, monkeypatch):
     assert report.exit_code == 3
 
 
-def test_startup_hook_in_the_base_stdlib(test_env, tmp_path):
-    """A directory on the interpreter's own path (stands in for the shared base stdlib,
-    which a test must not write to) holding sitecustomize.py."""
-    stdlib = tmp_path / "stdlib"
-    stdlib.mkdir()
-    (stdlib / "sitecustomize.py").write_text("import os\n")
-    target = discover_python(test_env.python)
-    target = replace(target, sys_path=(*target.sys_path, str(stdlib)))
-    report = run_audit(test_env.settings(checks=frozenset({"integrity"})), target)
-    assert ("startup_hook", str(stdlib / "sitecustomize.py")) in kinds(report, "integrity")
+def test_startup_hook_in_the_base_stdlib(base_env):
+    """sitecustomize.py planted in the stdlib directory of a base interpreter the test owns (the
+    machine's stdlib is never written): it runs in the venv's Python, and is a finding without any
+    baseline (test_deps_stdlib.py has the baseline cases)."""
+    hook = base_env.stdlib / "sitecustomize.py"
+    hook.write_text("print('PLANTED-BY-TEST')\n")
+    assert "PLANTED-BY-TEST" in base_env.run_python()
+    report = base_env.audit(baseline_path=None)
+    assert kinds(report, "integrity") == {("startup_hook", str(hook))}
     assert report.exit_code == 1
 
 
