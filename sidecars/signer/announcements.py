@@ -128,6 +128,12 @@ class AnnouncementStore:
             if os.path.dirname(path) == root:
                 yield path, record
 
+    def signed(self) -> Iterator[tuple[str, Record]]:
+        """Records of checkpoints this signer signed (or adopted), oldest first."""
+        for path, record in list(self._records.items()):
+            if record.signed_digest is not None:
+                yield path, record
+
     def put(self, path: str, record: Record) -> Record:
         """Stores ``record`` as the newest entry (dropping the oldest beyond the limit) and saves."""
         if self._records.get(path) == record:

@@ -683,7 +683,7 @@ class SignerSidecar(Sidecar[SignerPolicy]):
                 for root in self.roots
                 for c in list_checkpoints(root.path, root.layout)
                 if os.path.lexists(c.signature_path) or self._was_signed(c)
-            ]
+            ] + self._signed_outside_roots()
             self._invalid &= {c.path for c in self._reverify_queue}
             self._pruned &= {c.path for c in self._reverify_queue}
             self._next_reverify = now + self.policy.reverify_interval_seconds
@@ -698,6 +698,17 @@ class SignerSidecar(Sidecar[SignerPolicy]):
                 self.metrics.last_reverify.set(self.ctx.clock())
         self.metrics.invalid.set(len(self._invalid))
         return outcome
+
+    def _signed_outside_roots(self) -> list[Candidate]:
+        """Checkpoints signed from an event (the verl bridge's ``checkpoint.saved``) in a directory
+        no root watches: re-verified too, so verl's retention there is counted as pruned."""
+        watched = {r.path for r in self.roots}
+        out = []
+        for path, _record in self.announced.signed():
+            known = layout_of(os.path.basename(path))
+            if known is not None and os.path.dirname(path) not in watched and os.path.isdir(path):
+                out.append(Candidate(path, known[1], known[0]))
+        return out
 
     def _was_signed(self, candidate: Candidate) -> bool:
         """True when the signer signed (or adopted) this checkpoint: it stays in re-verification."""
