@@ -151,13 +151,17 @@ def completion_blocker(step: int, named: int | None, contents: StepContents) -> 
     Complete when the tracker names it, or when verl's manifests say every role present
     finished (``async_save``): see the module docstring.
     """
+    pending = [role for role in contents.roles if role not in contents.manifests]
     if named == step:
+        # Megatron writes the tracker after each role's manifest: once one role has its manifest,
+        # the tracker may name the step while another role (async_save) is still writing.
+        if contents.manifests and pending:
+            return f"{TRACKER} names it, but {', '.join(pending)}/ has no {CONTENTS_MANIFEST} yet"
         return None
     if ACTOR not in contents.roles:
         return f"no {ACTOR}/ and not the step named by {TRACKER} ({named})"
-    missing = [role for role in contents.roles if role not in contents.manifests]
-    if missing:
-        return f"not the step named by {TRACKER} ({named}) and no {CONTENTS_MANIFEST} in {', '.join(missing)}/"
+    if pending:
+        return f"not the step named by {TRACKER} ({named}) and no {CONTENTS_MANIFEST} in {', '.join(pending)}/"
     if not contents.dataloader:
         return f"not the step named by {TRACKER} ({named}) and no {DATALOADER_STATE} yet"
     return None

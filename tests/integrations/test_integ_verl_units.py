@@ -258,3 +258,16 @@ def test_markers_rebuild_the_state_and_are_idempotent(tmp_path):
     (tmp_path / "state" / "verl.json").write_text("{not json")
     with pytest.raises(Exception, match="delete it"):
         store.load()
+
+
+def test_a_tracker_naming_a_step_whose_other_role_is_still_writing_is_not_complete():
+    """Megatron async_save: the actor's manifest and the tracker are written, the critic's not yet."""
+    from warden.layouts import StepContents, completion_blocker
+
+    writing = StepContents(roles=("actor", "critic"), manifests=("actor",), dataloader=True)
+    blocker = completion_blocker(6, 6, writing)
+    assert blocker is not None and "critic/ has no ckpt_contents.json yet" in blocker
+    done = StepContents(roles=("actor", "critic"), manifests=("actor", "critic"), dataloader=True)
+    assert completion_blocker(6, 6, done) is None
+    fsdp = StepContents(roles=("actor", "critic"), manifests=(), dataloader=True)  # no manifests at all
+    assert completion_blocker(6, 6, fsdp) is None
