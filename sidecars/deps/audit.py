@@ -8,7 +8,6 @@ cross-check that failed or disagrees), else 1 if a blocking finding remains, els
 from __future__ import annotations
 
 import datetime as dt
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from sidecars.deps.integrity import IntegrityOptions, check_integrity
 from sidecars.deps.locks import Lock, LockedPackage, load_lock
 from sidecars.deps.locks.hygiene import HygieneRules, applicable_packages, check_lock
 from sidecars.deps.model import CHECKS, Finding
-from sidecars.deps.osv.loader import OsvDatabase, load_database
+from sidecars.deps.osv.loader import OsvDatabase, database_signature, load_database
 from sidecars.deps.osv.server import OsvServer
 from sidecars.deps.pipaudit import PipAuditError, compare, run_pip_audit
 from sidecars.deps.policy import DepsPolicy
@@ -87,11 +86,7 @@ class DatabaseCache:
         self._db: OsvDatabase | None = None
 
     def get(self, path: str) -> OsvDatabase:
-        try:
-            st = os.stat(path)
-            signature = (st.st_mtime_ns, st.st_size)
-        except OSError:
-            signature = (0, 0)
+        signature = database_signature(path) or (0, 0)
         if self._db is None or self._db.path != path or self._db.signature != signature:
             self._db = load_database(path)
         return self._db
@@ -208,6 +203,7 @@ def _offline_vulns(report: AuditReport, settings: AuditSettings, db: OsvDatabase
         "future_records": db.future_records(now),
         "corrupt": len(db.errors),
         "age_seconds": report.osv_age_seconds,
+        "downloaded_at": db.meta.downloaded_at if db.meta else None,
     }
     _osv_sanity(report, db, rules.max_db_age_seconds, now)
     if settings.pip_audit:
@@ -227,13 +223,19 @@ def _osv_sanity(report: AuditReport, db: OsvDatabase, limit: float | None, now: 
         report.incomplete.append(f"OSV database {db.path} holds no PyPI record: nothing could be checked")
     if db.errors:
         report.degraded.append(f"OSV database has {len(db.errors)} unreadable records, e.g. {db.errors[0]}")
+    if db.meta_error:
+        report.degraded.append(f"OSV download metadata not used: {db.meta_error}")
+    elif db.meta is None:
+        report.notes.append(f"OSV database {db.path}: no download metadata (osv-import): age from record dates only")
+    elif db.meta_in_future(now):
+        report.degraded.append(f"OSV download metadata of {db.path} is dated in the future: not used for its age")
     future = db.future_records(now)
     if future:
         report.notes.append(f"OSV database: {future} records dated in the future were not counted for its age")
     age = report.osv_age_seconds
     if limit is not None and (age is None or age > limit):
         report.degraded.append(
-            f"OSV database {db.path}: newest record modified {'never' if age is None else f'{age:.0f}s ago'}, "
+            f"OSV database {db.path}: downloaded or last modified {'never' if age is None else f'{age:.0f}s ago'}, "
             f"older than vulnerabilities.max_db_age_seconds ({limit:.0f}s)"
         )
 

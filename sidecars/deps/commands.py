@@ -14,6 +14,7 @@ from sidecars.deps.audit import AuditSettings, run_audit
 from sidecars.deps.environment import Target, discover_python, discover_self, discover_site_packages
 from sidecars.deps.errors import DepsConfigError
 from sidecars.deps.model import CHECKS
+from sidecars.deps.osv.importer import import_export, server_date
 from sidecars.deps.osv.loader import load_database
 from sidecars.deps.osv.server import OsvServer
 from sidecars.deps.policy import DepsPolicy, as_dict, resolve
@@ -160,6 +161,30 @@ def audit(
     else:
         click.echo(to_text(report))
     ctx.exit(report.exit_code)
+
+
+@deps.command("osv-import")
+@click.argument("source")
+@click.argument("dest", type=click.Path())
+@option("--date", default=None, help="The download's server Date (RFC 1123 or ISO 8601) for a local SOURCE.")
+def osv_import(source: str, dest: str, date: str | None) -> None:
+    """Copy or download (https) an OSV export to DEST and record its download time in DEST.meta.json."""
+    when = None
+    if date:
+        when = server_date({"Date": date}) or _iso_time(date)
+        if when is None:
+            raise DepsConfigError(f"--date {date!r}: not an RFC 1123 or ISO 8601 date")
+    click.echo(import_export(source, dest, when).decode())
+
+
+def _iso_time(value: str) -> float | None:
+    import datetime as dt
+
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed.timestamp() if parsed.tzinfo else None
 
 
 @deps.command("osv-serve")

@@ -28,6 +28,8 @@ import pytest
 from sidecars.deps.audit import run_audit
 from sidecars.deps.environment import discover_python
 from sidecars.deps.ignores import IgnoreRule
+from sidecars.deps.osv.importer import import_export, server_date
+from sidecars.deps.osv.loader import load_database
 from sidecars.deps.policy import LockRules
 from tests.sidecars.deps.deps_helpers import kinds, pip_install, record_hash, sha256_file
 
@@ -542,3 +544,76 @@ def test_cvss_v4_only_advisory_is_scored_and_fails_a_critical_high_policy(test_e
     (finding,) = [f for f in report.findings if f.kind == "vulnerable"]
     assert (finding.details["severity"], finding.details["score"], finding.blocking) == ("critical", 9.3, True)
     assert report.exit_code == 1
+
+
+# ---- OSV freshness from the download's own time (osv-import metadata) --------------------------
+
+OLD_DOWNLOAD = dt.datetime(2020, 1, 1, tzinfo=dt.UTC).timestamp()
+
+
+def _imported(tmp_path, modified: str, downloaded: float, extra=()):
+    """An export imported with osv-import (a local file and the download's Date), as the audit reads it."""
+    src = _osv(tmp_path, [_six("OSV-1"), _six("OSV-2"), *extra], modified=modified)
+    dest = tmp_path / "volume" / "all.zip"
+    import_export(src, str(dest), downloaded)
+    return str(dest)
+
+
+def test_fresh_record_dates_in_an_old_download_are_not_fresh(test_env, tmp_path):
+    """Records re-dated yesterday, downloaded in 2020, then copied (new mtimes): the download's time wins."""
+    db = _imported(tmp_path, "2026-11-30T00:00:00Z", OLD_DOWNLOAD)
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    shutil.copy(db, copy / "all.zip")
+    shutil.copy(db + ".meta.json", copy / "all.zip.meta.json")
+    report = _vuln_audit(test_env, str(copy / "all.zip"))
+    assert report.osv_age_seconds == CLOCK - OLD_DOWNLOAD
+    assert report.stats["osv"]["downloaded_at"] == OLD_DOWNLOAD
+    assert [d for d in report.degraded if "older than vulnerabilities.max_db_age_seconds" in d] != []
+    assert report.exit_code == 3
+
+
+def test_future_dated_download_and_record_do_not_make_an_old_export_fresh(test_env, tmp_path):
+    future = {**_six("OSV-FUTURE"), "modified": "2099-01-01T00:00:00Z"}
+    db = _imported(tmp_path, "2020-01-01T00:00:00Z", dt.datetime(2099, 1, 1, tzinfo=dt.UTC).timestamp(), [future])
+    report = _vuln_audit(test_env, db)
+    assert report.osv_age_seconds == CLOCK - OLD_DOWNLOAD
+    assert report.stats["osv"]["future_records"] == 1
+    assert f"OSV download metadata of {db} is dated in the future: not used for its age" in report.degraded
+    assert report.exit_code == 3
+
+
+def test_metadata_of_another_export_is_not_used(test_env, tmp_path):
+    db = _imported(tmp_path, "2026-11-30T00:00:00Z", CLOCK - 3600)
+    with zipfile.ZipFile(db, "a") as zf:  # the export replaced after the import
+        zf.writestr("OSV-3.json", json.dumps({**_six("OSV-3"), "modified": "2026-11-30T00:00:00Z"}))
+    report = _vuln_audit(test_env, db)
+    assert [d for d in report.degraded if d.startswith("OSV download metadata not used: ") and "another export" in d]
+    assert report.exit_code == 3
+
+
+def test_recent_download_of_recent_records_is_fresh(test_env, tmp_path):
+    db = _imported(tmp_path, "2026-11-29T00:00:00Z", CLOCK - 3600)
+    report = _vuln_audit(test_env, db)
+    assert report.osv_age_seconds == CLOCK - dt.datetime(2026, 11, 29, tzinfo=dt.UTC).timestamp()
+    assert report.degraded == [] and report.incomplete == []
+    assert {f.details["id"] for f in report.findings} == {"OSV-1", "OSV-2"}
+
+
+def test_a_download_records_the_server_date():
+    date = "Tue, 01 Dec 2026 00:00:00 GMT"
+    assert server_date({"date": date}) == CLOCK
+    assert server_date({"Date": "yesterday"}) is None
+
+
+def test_osv_import_of_a_url_keeps_the_server_date(tmp_path):
+    data = pathlib.Path(_osv(tmp_path, [_six("OSV-1")])).read_bytes()
+
+    def fetch(url, timeout):
+        return data, {"Content-Type": "application/zip", "Date": "Tue, 01 Dec 2026 00:00:00 GMT"}
+
+    dest = tmp_path / "v" / "all.zip"
+    meta = json.loads(import_export("https://osv.invalid/PyPI/all.zip", str(dest), None, lambda: 0.0, fetch))
+    assert (meta["downloaded_at"], meta["date_source"]) == ("2026-12-01T00:00:00Z", "server-date")
+    assert meta["export_sha256"] == hashlib.sha256(data).hexdigest() == sha256_file(dest)
+    assert load_database(str(dest)).meta.downloaded_at == CLOCK
