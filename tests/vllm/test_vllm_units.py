@@ -27,8 +27,8 @@ def config(**rollout):
         ({"gpu_memory_utilization": 1.5}, "rollout.gpu_memory_utilization", "must be in (0, 1]"),
         ({"max_num_batched_tokens": 8}, "rollout.max_num_batched_tokens", "at least max_num_seqs (16)"),
         ({"max_num_seqs": 32, "max_num_batched_tokens": 16}, "rollout.max_num_batched_tokens", "(32)"),
-        ({"kv_cache_gib": -1.0}, "rollout.kv_cache_gib", ">= 0"),
-        ({"temperature": 0.0}, "rollout.temperature", "must be > 0"),
+        ({"kv_cache_gib": -1.0}, "rollout.kv_cache_gib", "must be in [0, inf)"),
+        ({"temperature": 0.0}, "rollout.temperature", "must be in (0, inf)"),
     ],
 )
 def test_vllm_memory_settings_are_validated(rollout, key, text):
@@ -103,7 +103,7 @@ def test_a_missing_vllm_is_a_config_error(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm raises ImportError
     with pytest.raises(ConfigError, match=r"rollout.engine: vllm cannot be imported .*warden\[vllm\]"):
-        build_rollout(config(), torch.nn.Linear(1, 1), "/m", 1, 2)
+        build_rollout(config(), torch.nn.Linear(1, 1), "/m", [1], 2)
 
 
 def test_every_stop_id_ends_a_vllm_response_like_the_hf_engine():
