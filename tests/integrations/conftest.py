@@ -354,3 +354,21 @@ def verl_kit():
         experiment = EXPERIMENT
 
     return Kit
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A ~100k-parameter Llama and its byte-level BPE tokenizer, built offline once (HF tests)."""
+    from trainer.assets import ensure_tiny_assets
+    from trainer.config import TinyAssets
+
+    spec = TinyAssets(
+        cache_dir=str(tmp_path_factory.mktemp("tiny")),
+        vocab_size=300,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        intermediate_size=64,
+        num_prompts=16,
+    )
+    return ensure_tiny_assets(spec)

@@ -13,22 +13,10 @@ import sys
 import time
 
 import torch
+from hf_data import TinyText  # beside this script, which torchrun runs by path
 from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
 
 from trainer.integrations.hf import WardenCallback
-
-
-class TinyText:
-    def __init__(self, tokenizer, n=16):
-        lines = [f"the model learns to add {i} and {i + 1}" for i in range(n)]
-        self.items = [tokenizer(line, truncation=True, max_length=16, padding="max_length") for line in lines]
-
-    def __len__(self):
-        return len(self.items)
-
-    def __getitem__(self, i):
-        item = self.items[i]
-        return {"input_ids": item["input_ids"], "attention_mask": item["attention_mask"], "labels": item["input_ids"]}
 
 
 def main() -> None:

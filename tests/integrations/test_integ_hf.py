@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+from integrations.hf_data import TinyText
 from support import ROOT, run_warden
 
 from trainer.events import CHECKPOINT_SAVED, RUN_FINISHED, RUN_RESUMED, RUN_STARTED, STEP_COMPLETED
@@ -22,39 +23,6 @@ pytestmark = [
         reason="transformers.Trainer needs accelerate (pip install accelerate)",
     ),
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A ~100k-parameter Llama and its byte-level BPE tokenizer, built offline once."""
-    from trainer.assets import ensure_tiny_assets
-    from trainer.config import TinyAssets
-
-    spec = TinyAssets(
-        cache_dir=str(tmp_path_factory.mktemp("tiny")),
-        vocab_size=300,
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        intermediate_size=64,
-        num_prompts=16,
-    )
-    return ensure_tiny_assets(spec)
-
-
-class TinyText:
-    """A causal-LM dataset of a few short lines: input_ids = labels."""
-
-    def __init__(self, tokenizer, n=16):
-        lines = [f"the model learns to add {i} and {i + 1}" for i in range(n)]
-        self.items = [tokenizer(line, truncation=True, max_length=16, padding="max_length") for line in lines]
-
-    def __len__(self):
-        return len(self.items)
-
-    def __getitem__(self, i):
-        item = self.items[i]
-        return {"input_ids": item["input_ids"], "attention_mask": item["attention_mask"], "labels": item["input_ids"]}
 
 
 def make_trainer(tiny, output_dir, callback, max_steps):

@@ -22,23 +22,6 @@ pytestmark = [
 DELAY_SECONDS = 4.0
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from trainer.assets import ensure_tiny_assets
-    from trainer.config import TinyAssets
-
-    spec = TinyAssets(
-        cache_dir=str(tmp_path_factory.mktemp("tiny")),
-        vocab_size=300,
-        hidden_size=32,
-        num_layers=1,
-        num_heads=2,
-        intermediate_size=64,
-        num_prompts=16,
-    )
-    return ensure_tiny_assets(spec)
-
-
 def test_rank_zero_announces_only_after_every_rank_wrote_its_files(tiny, tmp_path, signer_policy, signing_keys):
     from warden.signing.manifest import announce_tree
 
