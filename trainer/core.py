@@ -32,10 +32,11 @@ from typing import Any
 import torch
 
 from trainer import checkpoint as ckpt
+from trainer import elastic
 from trainer import events as ev
 from trainer.algorithm import Experience, Precision, Trainables, make_experience, ppo_update
 from trainer.config import TrainerConfig
-from trainer.data import PromptRow, PromptSampler, encode_prompts, left_pad, load_prompts
+from trainer.data import PromptRow, PromptSampler, batch_digest, encode_prompts, left_pad, load_prompts
 from trainer.distributed import (
     DistInfo,
     all_gather_rows,
@@ -113,6 +114,7 @@ class Batch:
     rows: list[PromptRow]
     ids: list[list[int]]
     groups: torch.Tensor  # (B,) prompt index within the step
+    index: tuple[int, ...] = ()  # the sampler's prompt indices (train_batch_size of them, before the n copies)
 
     @property
     def prompts(self) -> list[str]:
@@ -231,6 +233,7 @@ class PPOTrainer:
         self.phase = "rollout"
         self._oom_hook_fired = False
         self.resumed: ResumeResult | None = None
+        self.checkpoint_world_size: int | None = None  # set by a resume: the world size that wrote it
         self._announce(resume)
         self._server = self._serve_metrics() if serve_metrics and self.dist.is_main else None
 
@@ -342,6 +345,7 @@ class PPOTrainer:
                     "verification": self.resumed.verification,
                     **self.resumed.event_fields(),
                     **changed,
+                    **self._elastic_fields(),
                 },
                 step=self.step,
             )
@@ -373,6 +377,30 @@ class PPOTrainer:
                 f"run.metrics_port: cannot listen on {self.cfg.run.metrics_port} ({exc.strerror}); "
                 "set another port or 0 to disable"
             ) from None
+
+    def _elastic_fields(self) -> dict[str, Any]:
+        """World size before and after, the lost steps and torchrun's restart count (rank 0 reads the journal)."""
+        if self.journal is None:
+            return {}
+        history = elastic.read_step_history(self.journal.path)
+        fields = elastic.resume_fields(
+            history,
+            self.step,
+            self.checkpoint_world_size,
+            self.dist.world_size,
+            elastic.restart_count(os.environ),
+        )
+        if fields["world_size_changed"] or fields["lost_steps"]:
+            log.warning(
+                "resumed at step %d with world size %s (was %s); %d completed step(s) after the checkpoint "
+                "are trained again (restart %s)",
+                self.step,
+                fields["new_world_size"],
+                fields["old_world_size"],
+                fields["lost_steps"],
+                fields["restart_count"],
+            )
+        return fields
 
     # -- the loop ------------------------------------------------------------------------
     def train(self, max_steps: int | None = None) -> list[StepResult]:
@@ -454,7 +482,7 @@ class PPOTrainer:
         n = self.cfg.rollout.n
         rows = [self.prompts[i] for i in index for _ in range(n)]
         ids = [self.prompt_ids[i] for i in index for _ in range(n)]
-        return Batch(rows, ids, torch.arange(len(index)).repeat_interleave(n))
+        return Batch(rows, ids, torch.arange(len(index)).repeat_interleave(n), tuple(index))
 
     def _generate(self, ids: list[list[int]], seed: int, temperature: float) -> Rollout:
         """Generates this rank's share of ``ids`` (left-padded for the whole batch) and gathers every rank's."""
@@ -559,6 +587,10 @@ class PPOTrainer:
             **{f"reward/{name}/mean": float(v.mean()) for name, v in scored.parts.items()},
             **response_length_stats(rollout.mask, self.stop_ids, rollout.responses),
             "timings": timings,
+            # Audit: the ranks that trained the step, and which prompts it drew (the global batch,
+            # whatever the world size): a resumed run's digests match an uninterrupted run's.
+            "world_size": self.dist.world_size,
+            "batch_digest": batch_digest(batch.index),
         }
         metrics.update(verl_names(metrics))
         self._report(step, metrics, batch.prompts, rollout.texts, scores)

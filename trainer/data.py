@@ -10,8 +10,10 @@ question usually is) or the ``right``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,6 +141,13 @@ def _rows(path: str) -> list[tuple[str, dict[str, Any]]]:
                 raise ConfigError(f"{path}: line {number}: expected a JSON object")
             out.append((f"{path}: line {number}", row))
     return out
+
+
+def batch_digest(index: Sequence[int]) -> str:
+    """SHA-256 (first 16 hex digits) of a step's prompt indices in order: the audit of which prompts
+    a step drew, comparable across runs and world sizes. Pure."""
+    text = ",".join(str(int(i)) for i in index)
+    return hashlib.sha256(text.encode("ascii")).hexdigest()[:16]
 
 
 class PromptSampler:

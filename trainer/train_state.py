@@ -218,6 +218,10 @@ def load_into(trainer: Any, checkpoint: VerifiedCheckpoint) -> None:
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise CheckpointRejected(f"cannot restore the training state: {quote_untrusted(exc)}") from None
     trainer.step = checkpoint.step
+    # Not part of the config guard: a resume at another world size (an elastic restart after a
+    # node loss) is allowed; the global batch stays and each rank's share follows WORLD_SIZE.
+    saved_world = state.get("world_size")
+    trainer.checkpoint_world_size = saved_world if isinstance(saved_world, int) and saved_world > 0 else None
     trainer.config_changes = changed
     apply_changes(trainer, changed)
     trainer.rollout.sync_weights(unwrap(trainer.actor))
