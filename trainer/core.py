@@ -41,6 +41,7 @@ from trainer.distributed import (
     DistInfo,
     all_gather_rows,
     barrier,
+    broadcast_object,
     init_distributed,
     pick_device,
     pin_gpus,
@@ -224,6 +225,8 @@ class PPOTrainer:
         self.journal: ev.EventWriter | None = None
         journal_path = os.path.join(self.run_dir, ev.JOURNAL_NAME)
         self.run_id = cfg.run.run_id or _existing_run_id(journal_path) or _new_run_id(config_name)
+        # Rank 0's: another rank may look before the journal exists, or a second later (the id has the time).
+        self.run_id = str(broadcast_object(self.run_id, self.dist))
         if self.dist.is_main and emit_events:
             self.journal = ev.EventWriter(journal_path, self.run_id)
         seed_everything(cfg.run.seed)

@@ -104,3 +104,14 @@ def all_gather_objects(items: list, info: DistInfo) -> list:  # type: ignore[typ
     parts: list = [None] * info.world_size  # type: ignore[type-arg]
     dist.all_gather_object(parts, items)
     return [x for part in parts for x in part]
+
+
+def broadcast_object(obj: object, info: DistInfo) -> object:
+    """Rank 0's ``obj`` on every rank (pickled by torch; only our own small values: strings, ints, tuples)."""
+    if info.world_size <= 1:
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -33,6 +33,7 @@ from typing import Any
 
 from trainer import checkpoint as ckpt
 from trainer import events as ev
+from trainer.distributed import broadcast_object
 from trainer.models import unwrap
 from trainer.verified_load import (
     Anchor,
@@ -72,17 +73,58 @@ class ResumeResult:
 def find_resume_point(trainer: Any, mode: str) -> ResumeResult | None:
     """Loads the checkpoint to resume from into ``trainer``; None for a fresh start.
 
-    Raises ResumeRefused (exit 1) as the module doc says, ConfigError for a bad
-    ``--resume`` value or unreadable trusted keys.
+    Under torchrun rank 0 chooses (as the module doc says) and every other rank loads
+    exactly that checkpoint, checked the same way: ranks checking on their own could
+    disagree when the signer signs the newest checkpoint between their looks (an elastic
+    restart right after a save does that). Raises ResumeRefused (exit 1) as the module doc
+    says, or when a rank refuses rank 0's choice; ConfigError for a bad ``--resume`` value
+    or unreadable trusted keys.
     """
     if mode == "never":
         return None
     root = trainer.paths.checkpoint_root
+    explicit = mode != "auto"
+    # Every rank checks what can fail as a config error, so no rank is left waiting for rank 0.
+    trusted = _trusted_keys(trainer.cfg.checkpoint.trusted_keys)
+    explicit_ref = ckpt.CheckpointRef(_step_of(mode), os.path.abspath(mode)) if explicit else None
+    result: ResumeResult | None = None
+    rejected: list[str] = []
     if trainer.dist.is_main:
         ckpt.remove_stale_temporaries(root)
-    explicit = mode != "auto"
-    candidates = [ckpt.CheckpointRef(_step_of(mode), os.path.abspath(mode))] if explicit else ckpt.list_complete(root)
-    trusted = _trusted_keys(trainer.cfg.checkpoint.trusted_keys)
+        candidates = [explicit_ref] if explicit_ref is not None else ckpt.list_complete(root)
+        result, rejected = _first_accepted(trainer, candidates, trusted, explicit)
+    choice = broadcast_object(_choice(result, rejected), trainer.dist)
+    if not trainer.dist.is_main:
+        result, rejected = _follow(trainer, choice, trusted, explicit)
+    if result is None and rejected:
+        raise ResumeRefused(_refusal(mode, root, rejected))
+    return result
+
+
+def _choice(result: ResumeResult | None, rejected: list[str]) -> tuple[Any, ...]:
+    """What rank 0 tells the others: ("resume", step, path), ("refused", first reason) or ("fresh",). Pure."""
+    if result is not None:
+        return ("resume", result.step, result.path)
+    if rejected:
+        return ("refused", rejected[0])
+    return ("fresh",)
+
+
+def _follow(trainer: Any, choice: Any, trusted: Any, explicit: bool) -> tuple[ResumeResult | None, list[str]]:
+    """A rank other than 0 loads rank 0's choice (checked again here) or starts as rank 0 does."""
+    if choice[0] == "fresh":
+        return None, []
+    if choice[0] == "refused":
+        return None, [f"rank 0: {choice[1]}"]
+    ref = ckpt.CheckpointRef(int(choice[1]), str(choice[2]))
+    result, rejected = _first_accepted(trainer, [ref], trusted, explicit)
+    return result, [f"rank {trainer.dist.rank}: {r}" for r in rejected]
+
+
+def _first_accepted(
+    trainer: Any, candidates: list[ckpt.CheckpointRef], trusted: Any, explicit: bool
+) -> tuple[ResumeResult | None, list[str]]:
+    """Loads the first candidate that is accepted: (its result, the refusals before it)."""
     budget = checkpoint_budget(trainer)
     rejected: list[str] = []
     for ref in candidates:
@@ -103,10 +145,8 @@ def find_resume_point(trainer: Any, mode: str) -> ResumeResult | None:
                 quote_untrusted(source_run),
                 trainer.run_id,
             )
-        return ResumeResult(trainer.step, ref.path, verified.anchor.how, source_run, cross)
-    if rejected:
-        raise ResumeRefused(_refusal(mode, root, rejected))
-    return None
+        return ResumeResult(trainer.step, ref.path, verified.anchor.how, source_run, cross), rejected
+    return None, rejected
 
 
 def _refusal(mode: str, root: str, rejected: list[str]) -> str:
