@@ -18,12 +18,15 @@
    and fickling (``fickling.is_likely_safe`` on every file, in a child process): cases caught
    by class, false positives on the families, seconds.
 5. Speed (issue 18): ``--dirs`` tokenizer directories of ``--vocab``-sized byte-level BPE
-   tokenizers (5 distinct, copied), scanned cold (fresh caches and workers) against the
-   anchor of hashing their bytes with threaded SHA-256 (page cache warm).
+   tokenizers (``--distinct`` of them, copied round-robin) and a node's ``--dirs`` checkpoints
+   sharing one tokenizer, scanned cold (fresh caches, sandbox workers stopped) and warm with
+   ``scan_paths`` (the CLI's path) against the anchor of hashing their bytes with threaded
+   SHA-256 (page cache warm); and the floor: one sandboxed ``tokenizers`` load per distinct
+   tokenizer against hashing it.
 
 Not a test: absolute numbers depend on the machine; the ratios are the result.
 
-    .venv/bin/python bench/bench_tokenscan.py [--size-mb 500] [--dirs 50] [--repeat 3] [--vocab 32000]
+    .venv/bin/python bench/bench_tokenscan.py [--size-mb 500] [--dirs 50] [--repeat 3] [--vocab 32000] [--distinct 5]
 """
 
 from __future__ import annotations
@@ -374,43 +377,70 @@ def big_tokenizer(out: Path, vocab: int, seed: int) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def speed_bench(work: Path, count: int, vocab: int, repeat: int) -> None:
+def speed_bench(work: Path, count: int, vocab: int, repeat: int, distinct_count: int) -> None:
+    """Cold = a fresh scanner: no cached parse, load, render or judgement, both sandbox workers
+    stopped (their interpreter start is counted). ``scan_paths`` is what the CLI runs."""
     from warden.tokenscan import scanner as sc
     from warden.tokenscan import tokenizer_behaviour as tbe
 
-    distinct = [work / f"base-{i}" for i in range(5)]
+    distinct = [work / f"base-{i}" for i in range(distinct_count)]
     for i, d in enumerate(distinct):
         big_tokenizer(d, vocab, i)
-    dirs = [work / "dirs" / f"tok-{i:03d}" for i in range(count)]
-    for i, d in enumerate(dirs):
-        shutil.copytree(distinct[i % len(distinct)], d)
-    total = sum(p.stat().st_size for d in dirs for p in d.iterdir())
+    mixed = [work / "mixed" / f"tok-{i:03d}" for i in range(count)]  # the distinct ones, copied round-robin
+    node = [work / "node" / f"ckpt-{i:03d}" for i in range(count)]  # one tokenizer in every checkpoint
+    for i, (m, n) in enumerate(zip(mixed, node, strict=True)):
+        shutil.copytree(distinct[i % len(distinct)], m)
+        shutil.copytree(distinct[0], n)
     policy = default_policy()
 
     def cold() -> None:
         ct._CACHE.items.clear()
-        sc.MEMO.items.clear()
-        sc._BEHAVIOUR_CACHE.clear()
+        sc.MEMO.clear()
+        sc.BEHAVIOUR.clear()
         ct.stop_worker()
         tbe.stop_worker()
 
-    def scan_all(manifest: bool) -> None:
-        for d in dirs:
-            assert scan_directory(str(d), policy, with_manifest=manifest).findings == [], d
+    def scan_all(dirs: list[Path], manifest: bool) -> None:
+        for result in sc.scan_paths([str(d) for d in dirs], policy, with_manifest=manifest):
+            assert result.findings == [], result.root
 
-    threaded_sha256(work / "dirs")
-    anchor = best_of(repeat, lambda: threaded_sha256(work / "dirs"))
-    scan_all(False)  # warm the page cache and the interpreter
-    rows = [("anchor: threaded hashlib sha256 of every file", anchor)]
-    rows.append(("warden: cold (caches cleared, workers restarted), no manifest",
-                 best_of(repeat, lambda: (cold(), scan_all(False)))))  # fmt: skip
-    rows.append(("warden: cold, with the SHA-256 manifest (sidecar, guard)",
-                 best_of(repeat, lambda: (cold(), scan_all(True)))))  # fmt: skip
-    rows.append(("warden: warm (sidecar rescans)", best_of(repeat, lambda: scan_all(False))))
-    print(f"\n## Speed: {count} tokenizers ({vocab}-token byte-level BPE, 5 distinct, {total / MIB:.0f} MiB)\n")
-    print("| what | seconds | ms per directory | ratio to hashing |")
+    def load_alone() -> None:  # the floor: a sandboxed `tokenizers` load of each distinct file
+        for d in distinct:
+            path = d / "tokenizer.json"
+            data = path.read_bytes()
+            answer = tbe.run(tbe.request("tokenizer", str(path), hashlib.sha256(data).hexdigest(), len(data), {}),
+                             policy.behaviour.memory_cap, policy.behaviour.timeout_seconds)  # fmt: skip
+            assert answer["status"] == "ok", answer
+
+    rows: list[tuple[str, float, float]] = []
+    for label, dirs in ((f"{len(distinct)} distinct tokenizers, copied", mixed), ("node: one tokenizer", node)):
+        root = dirs[0].parent
+        total = sum(p.stat().st_size for d in dirs for p in d.iterdir())
+        threaded_sha256(root)
+        anchor = best_of(repeat, lambda root=root: threaded_sha256(root))
+        scan_all(dirs, False)  # warm the page cache and the interpreter
+        rows.append((f"{label}: anchor, threaded sha256 of every file ({total / MIB:.0f} MiB)", anchor, anchor))
+        rows.append((f"{label}: warden cold, no manifest (CLI default)",
+                     best_of(repeat, lambda dirs=dirs: (cold(), scan_all(dirs, False))), anchor))  # fmt: skip
+        rows.append((f"{label}: warden cold, with the SHA-256 manifest (sidecar, --state-dir)",
+                     best_of(repeat, lambda dirs=dirs: (cold(), scan_all(dirs, True))), anchor))  # fmt: skip
+        rows.append((f"{label}: warden warm (sidecar rescans)",
+                     best_of(repeat, lambda dirs=dirs: scan_all(dirs, False)), anchor))  # fmt: skip
+    one = sum((d / "tokenizer.json").stat().st_size for d in distinct)
+    hash_distinct = best_of(repeat, lambda: [hashlib.sha256((d / "tokenizer.json").read_bytes()) for d in distinct])
+    load_alone()
+    rows.append((f"floor: sha256 of the {len(distinct)} distinct tokenizer.json ({one / MIB:.1f} MiB, one thread)",
+                 hash_distinct, hash_distinct))  # fmt: skip
+    rows.append(("floor: their sandboxed tokenizers load + corpus (worker warm)",
+                 best_of(repeat, load_alone), hash_distinct))  # fmt: skip
+    tbe.stop_worker()
+    rows.append(("floor: the same, worker cold (interpreter start counted once)",
+                 best_of(repeat, lambda: (tbe.stop_worker(), load_alone())), hash_distinct))  # fmt: skip
+    load = os.getloadavg()[0]
+    print(f"\n## Speed: {count} tokenizers ({vocab}-token byte-level BPE), scan_paths, load average {load:.2f}\n")
+    print("| what | seconds | ms per directory | ratio to its hashing anchor |")
     print("|---|---|---|---|")
-    for label, secs in rows:
+    for label, secs, anchor in rows:
         print(f"| {label} | {secs:.3f} | {1000 * secs / count:.1f} | {secs / anchor:.2f} |")
 
 
@@ -420,6 +450,7 @@ def main() -> None:
     parser.add_argument("--dirs", type=int, default=50)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--distinct", type=int, default=5, help="distinct tokenizers among --dirs (speed)")
     parser.add_argument("--skip", nargs="*", default=(), choices=("detection", "model", "dirs", "behaviour", "speed"))
     args = parser.parse_args()
     corpus = load_corpus_module()
@@ -437,7 +468,7 @@ def main() -> None:
         if "behaviour" not in args.skip:
             behaviour_bench(work / "behaviour")
         if "speed" not in args.skip:
-            speed_bench(work / "speed", args.dirs, args.vocab, args.repeat)
+            speed_bench(work / "speed", args.dirs, args.vocab, args.repeat, args.distinct)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from warden.cliutil import format_option, option
 from warden.tokenscan.manifest import ApprovalStore, ManifestError, drift_finding
 from warden.tokenscan.policy import TokenscanPolicy, load_tokenscan_policy
 from warden.tokenscan.report import render_json, render_sarif, render_text
-from warden.tokenscan.scanner import DirectoryScan, scan_directory, worst_outcome
+from warden.tokenscan.scanner import DirectoryScan, scan_paths, worst_outcome
 
 DEFAULT_POLICY = os.path.join("policies", "tokenscan.yaml")
 
@@ -84,7 +84,7 @@ def tokenizer(
     if approve and not state_dir:
         raise click.UsageError("--approve needs --state-dir DIR (where approved manifests are kept)")
     loaded, policy_path = _policy(policy)
-    scans = [scan_directory(p, loaded, with_manifest=bool(state_dir)) for p in paths]
+    scans = scan_paths(paths, loaded, with_manifest=bool(state_dir))
     if state_dir:
         store = ApprovalStore(state_dir)
         for s in scans:

@@ -24,6 +24,7 @@ import atexit
 import contextlib
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -428,13 +429,29 @@ def _cache_key(text: str, context: dict[str, Any], limits: RenderLimits) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
+@functools.lru_cache(maxsize=8)
+def import_dirs(modules: tuple[str, ...]) -> tuple[str, ...]:
+    """The directories the sandbox children import ``modules`` from. The children start with
+    ``-I -S`` (no site: no ``.pth`` file runs in them, and start-up is ~20 ms shorter) and put
+    only these directories on ``sys.path``."""
+    out: list[str] = []
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        origin = spec.submodule_search_locations[0] if spec and spec.submodule_search_locations else None
+        if origin and os.path.dirname(origin) not in out:
+            out.append(os.path.dirname(origin))
+    return tuple(out)
+
+
 class _Worker:
     """A long-lived sandbox process running ``script``; one request at a time. Restarted after
     a request that timed out, ran out of memory or crashed it, when the memory limit changes,
     and every :data:`WORKER_MAX_RENDERS` requests."""
 
-    def __init__(self, script: str = CHILD, env: dict[str, str] | None = None) -> None:
-        self.script, self.extra_env = script, dict(env or {})
+    def __init__(
+        self, script: str = CHILD, env: dict[str, str] | None = None, modules: Sequence[str] = ("jinja2",)
+    ) -> None:
+        self.script, self.extra_env, self.modules = script, dict(env or {}), tuple(modules)
         self.proc: subprocess.Popen[bytes] | None = None
         self.memory = 0
         self.served = 0
@@ -445,7 +462,7 @@ class _Worker:
         self.stop()
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8", **self.extra_env}
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", self.script, str(memory)],
+            [sys.executable, "-I", "-S", self.script, str(memory), *import_dirs(self.modules)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -453,6 +470,17 @@ class _Worker:
         )
         self.memory, self.served, self.buffer = memory, 0, b""
         return self.proc
+
+    def prestart(self, memory: int) -> None:
+        """Starts the worker now, without waiting for it, so its interpreter start and imports
+        overlap the caller's own work; a no-op while a worker with this limit is running or
+        another thread is using it."""
+        if self.lock.acquire(blocking=False):
+            try:
+                if self.proc is None or self.proc.poll() is not None or self.memory != memory:
+                    self._start(memory)
+            finally:
+                self.lock.release()
 
     def stop(self) -> None:
         if self.proc is not None:
@@ -532,6 +560,11 @@ class _Worker:
 
 _WORKER = _Worker()
 atexit.register(_WORKER.stop)
+
+
+def prestart_worker(memory: int) -> None:
+    """Starts the sandbox worker in the background (see :meth:`_Worker.prestart`)."""
+    _WORKER.prestart(memory)
 
 
 def stop_worker() -> None:

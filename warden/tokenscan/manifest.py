@@ -110,6 +110,17 @@ def hash_file(path: str, cache: HashCache | None = None) -> tuple[str, int]:
         os.close(fd)
 
 
+THREADED_HASH_BYTES = 32 << 20  # below this, starting hashing threads costs more than it saves
+
+
+def _total_size(items: Iterable[tuple[str, str, str | None]]) -> int:
+    total = 0
+    for _rel, path, _link in items:
+        with contextlib.suppress(OSError):
+            total += os.lstat(path).st_size
+    return total
+
+
 def build_manifest(
     root: str, files: Iterable[tuple[str, str, str | None]], cache: HashCache | None = None, workers: int = 0
 ) -> Manifest:
@@ -125,7 +136,7 @@ def build_manifest(
             raise ManifestError(f"{path}: cannot hash ({exc.strerror})") from None
         return rel, FileDigest(sha, size, link)
 
-    if len(items) > 1 and workers > 1:
+    if len(items) > 1 and workers > 1 and _total_size(items) > THREADED_HASH_BYTES:
         with ThreadPoolExecutor(workers) as pool:
             pairs = list(pool.map(one, items))
     else:

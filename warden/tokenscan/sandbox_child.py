@@ -328,6 +328,7 @@ def serve_one(env: Any, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> int:
+    sys.path.extend(sys.argv[2:])  # started with -I -S: the parent names where its libraries live
     _limit_process(int(sys.argv[1]))
     env = _environment()
     signal.signal(signal.SIGALRM, _on_alarm)

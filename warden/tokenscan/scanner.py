@@ -98,25 +98,61 @@ def _parse_json(rel: str, data: bytes) -> JsonDoc:
 
 class _Memo:
     """Results keyed by content digest (parse once: 50 copies of a tokenizer cost one parse).
-    Values are shared between snapshots and never mutated by the checks."""
+    Values are shared between snapshots and never mutated by the checks. Single flight:
+    concurrent scans asking for the same key wait for the one computing it, so directories
+    scanned in parallel (:func:`scan_paths`) still parse, load and render each content once.
+    Bounded by count and by ``weight`` (the source bytes of parsed documents: a parsed
+    tokenizer.json takes several times its size in memory)."""
 
-    def __init__(self, size: int = 128) -> None:
-        self.items: OrderedDict[tuple[str, str], Any] = OrderedDict()
-        self.size = size
+    def __init__(self, size: int = 128, max_weight: int = 48 << 20) -> None:
+        self.items: OrderedDict[tuple[str, str], tuple[Any, int]] = OrderedDict()
+        self.size, self.max_weight, self.weight = size, max_weight, 0
         self.lock = threading.Lock()
+        self.pending: dict[tuple[str, str], threading.Event] = {}
 
-    def get(self, kind: str, digest: str, make: Any) -> Any:
+    def get(self, kind: str, digest: str, make: Any, keep: Any = None, weight: int = 0) -> Any:
+        """The value for (kind, digest), made by ``make()`` once; ``keep(value)`` False means it
+        is returned but not remembered (a crashed sandbox: the next scan retries)."""
         key = (kind, digest)
-        with self.lock:
-            if key in self.items:
-                self.items.move_to_end(key)
-                return self.items[key]
-        value = make()
-        with self.lock:
-            self.items[key] = value
-            while len(self.items) > self.size:
-                self.items.popitem(last=False)
+        while True:
+            with self.lock:
+                if key in self.items:
+                    self.items.move_to_end(key)
+                    return self.items[key][0]
+                waiting = self.pending.get(key)
+                if waiting is None:
+                    self.pending[key] = threading.Event()
+                    break
+            waiting.wait()  # the maker stored it, or failed: then this caller makes it
+        stored = False
+        try:
+            value = make()
+            stored = keep is None or bool(keep(value))
+        finally:
+            with self.lock:
+                if stored and weight <= self.max_weight:
+                    self.items[key] = (value, weight)
+                    self.weight += weight
+                    while len(self.items) > self.size or self.weight > self.max_weight:
+                        self.weight -= self.items.popitem(last=False)[1][1]
+                self.pending.pop(key).set()
         return value
+
+    def peek(self, kind: str, digest: str) -> Any:
+        """The stored value, or None (never waits, never makes)."""
+        with self.lock:
+            item = self.items.get((kind, digest))
+        return None if item is None else item[0]
+
+    def drop(self, kind: str, digest: str) -> None:
+        with self.lock:
+            item = self.items.pop((kind, digest), None)
+            self.weight -= item[1] if item else 0
+
+    def clear(self) -> None:
+        with self.lock:
+            self.items.clear()
+            self.weight = 0
 
 
 MEMO = _Memo()
@@ -127,7 +163,7 @@ def _parse_json_cached(rel: str, data: bytes) -> tuple[JsonDoc, str]:
     digest = hashlib.sha256(data).hexdigest()
     if len(data) < MEMO_MIN_BYTES:
         return _parse_json(rel, data), digest
-    doc = MEMO.get("json", digest, lambda: _parse_json(rel, data))
+    doc = MEMO.get("json", digest, lambda: _parse_json(rel, data), weight=len(data))
     return JsonDoc(rel, doc.data, doc.error), digest
 
 
@@ -168,8 +204,9 @@ class _Reader:
         ext = os.path.splitext(rel)[1].lower()
         kind = facts.sniff.kind if facts.sniff else None
         if ext == ".json" or (ext != ".jinja" and kind == "text" and _starts_like_json(path)):
-            data = _read(path, size + 1)
-            doc, self.snap.digests[rel] = _parse_json_cached(rel, data)
+            doc = self._known_json(rel, size)
+            if doc is None:
+                doc, self.snap.digests[rel] = _parse_json_cached(rel, _read(path, size + 1))
             if ext == ".json" or doc.error is None:
                 self.snap.json[rel] = doc
                 if os.path.basename(rel) == "tokenizer.json" and doc.error is None:
@@ -188,6 +225,18 @@ class _Reader:
             except ProtobufError as exc:
                 return replace(facts, spm_error=str(exc))
         return facts
+
+    def _known_json(self, rel: str, size: int) -> JsonDoc | None:
+        """The parse of a large JSON file whose digest the manifest just computed, when a scan
+        already parsed that content (no second read and hash of a multi-MiB tokenizer.json)."""
+        known = self.snap.manifest.files.get(rel) if self.snap.manifest else None
+        if known is None or known.size != size or size < MEMO_MIN_BYTES:
+            return None
+        doc = MEMO.peek("json", known.sha256)
+        if doc is None:
+            return None
+        self.snap.digests[rel] = known.sha256
+        return JsonDoc(rel, doc.data, doc.error)
 
     def _gguf(self, rel: str, path: str, size: int, facts: FileFacts) -> FileFacts:
         try:
@@ -321,7 +370,9 @@ def _render(snap: Snapshot, policy: TokenscanPolicy) -> None:
         if not t.text or t.pinned or any(x.kind in ("syntax", "introspection", "complexity") for x in t.issues):
             continue
         try:
-            answer = ct.run_battery(t.text, renders, limits)
+            rkey = hashlib.sha256(json.dumps([t.digest, context, limits.__dict__], sort_keys=True).encode()).hexdigest()
+            battery = lambda text=t.text: ct.run_battery(text, renders, limits)  # noqa: E731
+            answer = MEMO.get("render", rkey, battery, keep=lambda a: a["status"] != "crashed")
         except OSError as exc:
             snap.errors.append(f"chat template sandbox could not start: {exc.strerror or exc}")
             return
@@ -338,29 +389,25 @@ def _declared_tokens(snap: Snapshot) -> dict[str, str | None]:
     return tokens
 
 
-_BEHAVIOUR_CACHE: OrderedDict[str, dict[str, Any]] = OrderedDict()
-_BEHAVIOUR_LOCK = threading.Lock()
+BEHAVIOUR = _Memo(256)  # tokenizer child answers (futures: in flight or done), by content and tokens
 _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenscan-tokenizer")
+
+
+def _exercise_key(kind: str, digest: str, tokens: dict[str, str | None]) -> str:
+    return hashlib.sha256((digest + json.dumps([kind, tokens], sort_keys=True)).encode()).hexdigest()
 
 
 def _exercise(
     kind: str, path: str, digest: str, size: int, tokens: dict[str, str | None], policy: TokenscanPolicy
-) -> dict[str, Any]:
-    """The tokenizer child's answer for the file at ``path`` (cached by its content ``digest``
-    and the tokens; the child re-checks the digest)."""
-    key = hashlib.sha256((digest + json.dumps([kind, tokens], sort_keys=True)).encode()).hexdigest()
-    with _BEHAVIOUR_LOCK:
-        if key in _BEHAVIOUR_CACHE:
-            _BEHAVIOUR_CACHE.move_to_end(key)
-            return _BEHAVIOUR_CACHE[key]
+) -> Future[dict[str, Any]]:
+    """The tokenizer child's answer for the file at ``path``, as a future shared by every scan
+    of the same content (``digest``) and tokens; the child re-checks the digest."""
     bp = policy.behaviour
-    answer = tbe.run(tbe.request(kind, path, digest, size, tokens), bp.memory_cap, bp.timeout_seconds)
-    if answer["status"] != "crashed":
-        with _BEHAVIOUR_LOCK:
-            _BEHAVIOUR_CACHE[key] = answer
-            while len(_BEHAVIOUR_CACHE) > 256:
-                _BEHAVIOUR_CACHE.popitem(last=False)
-    return answer
+
+    def send() -> Future[dict[str, Any]]:
+        return _POOL.submit(tbe.run, tbe.request(kind, path, digest, size, tokens), bp.memory_cap, bp.timeout_seconds)
+
+    return BEHAVIOUR.get(kind, _exercise_key(kind, digest, tokens), send)  # type: ignore[no-any-return]
 
 
 def _start_exercises(snap: Snapshot, policy: TokenscanPolicy) -> dict[str, Future[dict[str, Any]]]:
@@ -370,7 +417,7 @@ def _start_exercises(snap: Snapshot, policy: TokenscanPolicy) -> dict[str, Futur
         return {}
     tokens = _declared_tokens(snap)
     return {
-        rel: _POOL.submit(_exercise, kind, path, digest, size, tokens, policy)
+        rel: _exercise(kind, path, digest, size, tokens, policy)
         for rel, (kind, path, digest, size) in sorted(snap.tokenizer_files.items())
     }
 
@@ -402,8 +449,11 @@ def _tokenizer_behaviour(snap: Snapshot, policy: TokenscanPolicy, running: dict[
         try:
             answer = running[rel].result()
         except OSError as exc:
+            BEHAVIOUR.drop(kind, _exercise_key(kind, digest, tokens))
             snap.errors.append(f"tokenizer sandbox could not start: {exc.strerror or exc}")
             return
+        if answer.get("status") == "crashed":  # reported now, retried by the next scan
+            BEHAVIOUR.drop(kind, _exercise_key(kind, digest, tokens))
         if snap.token_ids_digest is None or rel == "tokenizer.json":
             snap.token_ids_digest = tbe.ids_digest(answer)
         key = digest + json.dumps([kind, rel, tokens], sort_keys=True)
@@ -429,6 +479,10 @@ def build_snapshot(
     snap = Snapshot(root, root_real, entries)
     snap.errors += [f"{root}/{e.rel}: {e.error}" for e in entries if e.error]
     files = _manifest_files(snap, policy)
+    if files:  # the sandbox interpreters start while this process hashes, reads and parses
+        ct.prestart_worker(policy.chat_template.memory_cap)
+        if policy.behaviour.enabled:
+            tbe.prestart_worker(policy.behaviour.memory_cap)
     if with_manifest or policy.pinned_digest(root) or policy.pinned_digest(root_real):
         try:
             snap.manifest = build_manifest(root, files, hash_cache)
@@ -521,8 +575,20 @@ def scan_directory(
     return result
 
 
-def scan_paths(paths: Iterable[str], policy: TokenscanPolicy, with_manifest: bool = True) -> list[DirectoryScan]:
-    return [scan_directory(p, policy, with_manifest) for p in paths]
+SCAN_THREADS = 8
+
+
+def scan_paths(
+    paths: Iterable[str], policy: TokenscanPolicy, with_manifest: bool = True, hash_cache: HashCache | None = None
+) -> list[DirectoryScan]:
+    """Scans each of ``paths`` (results in order). Up to :data:`SCAN_THREADS` directories are
+    scanned at once, so one directory's wait for a sandbox child overlaps the hashing and
+    parsing of the next; identical contents are still parsed, loaded and rendered once."""
+    items = list(paths)
+    if len(items) < 2:
+        return [scan_directory(p, policy, with_manifest, hash_cache) for p in items]
+    with ThreadPoolExecutor(min(SCAN_THREADS, len(items)), thread_name_prefix="tokenscan-scan") as pool:
+        return list(pool.map(lambda p: scan_directory(p, policy, with_manifest, hash_cache), items))
 
 
 def worst_outcome(scans: Iterable[DirectoryScan], fail_on: Severity) -> int:

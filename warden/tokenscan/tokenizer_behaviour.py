@@ -307,8 +307,13 @@ def ordinary_special_tokens(declared: Mapping[str, str | None], added: Iterable[
     ]
 
 
-_WORKER = ct._Worker(CHILD, CHILD_ENV)
+_WORKER = ct._Worker(CHILD, CHILD_ENV, ("tokenizers", "sentencepiece"))
 atexit.register(_WORKER.stop)
+
+
+def prestart_worker(memory: int) -> None:
+    """Starts the tokenizer worker in the background (no wait; see ``_Worker.prestart``)."""
+    _WORKER.prestart(memory)
 
 
 def stop_worker() -> None:

@@ -139,6 +139,7 @@ def serve_one(request: dict[str, Any]) -> dict[str, Any]:
 
 
 def main() -> int:
+    sys.path.extend(sys.argv[2:])  # started with -I -S: the parent names where its libraries live
     _limit_process(int(sys.argv[1]))
     for line in sys.stdin:
         result = serve_one(json.loads(line))

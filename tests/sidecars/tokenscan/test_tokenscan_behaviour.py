@@ -260,3 +260,44 @@ def test_a_missing_tokenizer_library_is_an_incomplete_analysis_not_a_pass():
     issues = tbe.judge({"status": "unavailable", "message": "tokenizers is not installed"}, {}, "tokenizer.json")
     assert [(i.kind, RULE_OF_KIND[i.kind]) for i in issues] == [("unavailable", "TS910")]
     assert "behaviour not checked" in issues[0].detail
+
+
+# -- speed without losing findings: parallel scans, single-flight caches ------------------------
+def test_memo_makes_each_key_once_under_concurrency_and_is_bounded_by_weight():
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from warden.tokenscan.scanner import _Memo
+
+    memo, made, gate = _Memo(size=8, max_weight=100), [], threading.Event()
+
+    def make():
+        gate.wait(5)
+        made.append(1)
+        return "parsed"
+
+    with ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(memo.get, "json", "d1", make) for _ in range(6)]
+        gate.set()
+        assert [f.result() for f in futures] == ["parsed"] * 6
+    assert made == [1]  # one parse for six concurrent scans of the same content
+    memo.get("json", "big", lambda: "x", weight=60)
+    memo.get("json", "big2", lambda: "y", weight=60)  # over the weight: the oldest goes
+    assert memo.peek("json", "big") is None and memo.peek("json", "big2") == "y"
+    assert memo.get("render", "r", lambda: {"status": "crashed"}, keep=lambda a: a["status"] != "crashed")
+    assert memo.peek("render", "r") is None  # a crashed sandbox is retried by the next scan
+
+
+def test_parallel_scan_paths_finds_what_sequential_scans_find(attack_dirs, family_dirs):
+    """scan_paths scans directories concurrently (one directory's wait on a sandbox overlaps the
+    next one's hashing); the findings of every directory are those of a scan on its own."""
+    from warden.tokenscan import scanner as sc
+
+    names = ["swapped_word_ids", "normalizer_makes_role_token", "gated_on_tools", "post_processor_appends_instruction"]
+    paths = [str(attack_dirs[n]) for n in names] + [str(p) for p in family_dirs.values()]
+    alone = [{f.id for f in scan_directory(p, POLICY).findings} for p in paths]
+    sc.MEMO.clear()
+    sc.BEHAVIOUR.clear()
+    together = [{f.id for f in s.findings} for s in sc.scan_paths(paths + paths, POLICY)]
+    assert together == alone + alone
+    assert all(alone[: len(names)]) and not any(alone[len(names) :])
