@@ -31,6 +31,7 @@ from sidecars.deps.pipaudit import PipAuditError, compare, run_pip_audit
 from sidecars.deps.policy import DepsPolicy
 from sidecars.deps.stdlib import stdlib_document
 from sidecars.deps.vulns import check_vulnerabilities
+from sidecars.deps.wheels import WheelOptions, check_wheels
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class AuditSettings:
     strict: bool = True
     approve: bool = False
     auto_approve: bool = False
+    wheel_dirs: tuple[str, ...] = ()  # lock.wheel_dirs, resolved
 
 
 @dataclass
@@ -135,6 +137,7 @@ def _integrity(report: AuditReport, settings: AuditSettings, cancel: threading.E
     )
     result = check_integrity(report.target, report.dists, options, cache, cancel)
     findings, stats, incomplete = result.findings, result.stats, result.incomplete
+    findings.extend(_locked_wheels(report, settings, cache))
     report.findings.extend(findings)
     report.incomplete.extend(incomplete)
     report.notes.extend(stats.notes)
@@ -149,6 +152,24 @@ def _integrity(report: AuditReport, settings: AuditSettings, cancel: threading.E
     clean = not any(f.blocking for f in findings) and not incomplete
     stdlib = stdlib_document(report.target, result.stdlib) if result.stdlib.roots else {}
     _baseline(report, settings, clean, now, result.environment, stdlib)
+
+
+def _locked_wheels(report: AuditReport, settings: AuditSettings, cache: IntegrityCache) -> list[Finding]:
+    """Installed RECORDs vs the locked wheels in ``lock.wheel_dirs`` (wheels.py)."""
+    if not settings.wheel_dirs:
+        return []
+    if not settings.lock_path:
+        report.notes.append("lock.wheel_dirs is set but no lock is: installed files not compared with locked wheels")
+        return []
+    lock = report.lock or load_lock(settings.lock_path)
+    locked: dict[str, LockedPackage] = {}
+    for pkg in applicable_packages(lock, dict(report.target.markers)):
+        locked.setdefault(pkg.canonical, pkg)
+    options = WheelOptions(settings.wheel_dirs, settings.policy.lock.require_wheels)
+    findings, stats = check_wheels(report.dists, locked, options, cache)
+    report.notes.extend(stats.notes)
+    report.stats["wheels"] = stats.to_dict()
+    return findings
 
 
 def _baseline(

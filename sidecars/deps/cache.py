@@ -11,6 +11,10 @@ atomically; a missing or corrupt cache only costs a full pass.
 :func:`sidecars.deps.pyccheck.verdict_key` over both files' digests, the interpreter and the
 optimisation level), so a full pass re-hashes every file but compiles only pairs it has not
 seen. Nothing is written when nothing changed.
+
+Locked wheels (wheels.py): each wheel file's sha256 by path and stat identity (``wheels``), and
+the (installed RECORD, wheel sha256) pairs verified equal (``wheel_verdicts``), so a re-audit
+opens no wheel; both are pruned to what the last audit saw or used.
 """
 
 from __future__ import annotations
@@ -42,6 +46,9 @@ class IntegrityCache:
         self.loaded = False
         self.dirty = False
         self._verdicts_used: set[str] = set()
+        self.wheels: dict[str, list[Any]] = {}
+        self.wheel_verdicts: set[str] = set()
+        self._wheel_verdicts_used: set[str] = set()
 
     @staticmethod
     def for_target(state_dir: str | None, site_packages: tuple[str, ...]) -> IntegrityCache:
@@ -61,9 +68,12 @@ class IntegrityCache:
                 self.pyc = dict(raw.get("pyc") or {})
                 self.verdicts = {str(k) for k in raw.get("verdicts") or ()}
                 self.last_full_pass = float(raw.get("last_full_pass") or 0.0)
+                self.wheels = dict(raw.get("wheels") or {})
+                self.wheel_verdicts = {str(k) for k in raw.get("wheel_verdicts") or ()}
                 self.loaded = True
         except (OSError, ValueError, TypeError, AttributeError):
             self.files, self.pyc, self.verdicts, self.last_full_pass = {}, {}, set(), 0.0
+            self.wheels, self.wheel_verdicts = {}, set()
         return self
 
     def save(self) -> None:
@@ -76,6 +86,8 @@ class IntegrityCache:
             "files": self.files,
             "pyc": self.pyc,
             "verdicts": sorted(self.verdicts),
+            "wheels": self.wheels,
+            "wheel_verdicts": sorted(self.wheel_verdicts),
         }
         atomic_write_bytes(self.path, json.dumps(body, separators=(",", ":")).encode())
         self.dirty = False
@@ -125,3 +137,37 @@ class IntegrityCache:
         verdicts = self.verdicts & self._verdicts_used if full_pass else self.verdicts
         if len(files) != len(self.files) or len(pyc) != len(self.pyc) or len(verdicts) != len(self.verdicts):
             self.files, self.pyc, self.verdicts, self.dirty = files, pyc, verdicts, True
+
+    def wheel_sha(self, path: str, key: StatKey) -> str | None:
+        """The hex sha256 of the wheel file ``path`` if its stat identity is still ``key``."""
+        entry = self.wheels.get(path)
+        if entry and len(entry) == 5 and tuple(entry[:4]) == key and isinstance(entry[4], str):
+            return entry[4]
+        return None
+
+    def put_wheel_sha(self, path: str, key: StatKey, sha256: str) -> None:
+        entry = [*key, sha256]
+        if self.wheels.get(path) != entry:
+            self.wheels[path] = entry
+            self.dirty = True
+
+    def wheel_ok(self, key: str) -> bool:
+        """Whether this (installed RECORD, locked wheel) pair was verified equal (wheels.verdict_key)."""
+        if key in self.wheel_verdicts:
+            self._wheel_verdicts_used.add(key)
+            return True
+        return False
+
+    def put_wheel_ok(self, key: str) -> None:
+        self._wheel_verdicts_used.add(key)
+        if key not in self.wheel_verdicts:
+            self.wheel_verdicts.add(key)
+            self.dirty = True
+
+    def prune_wheels(self, live: set[str]) -> None:
+        """Forgets wheel files no longer listed and verdicts this audit did not use (a changed
+        RECORD or wheel makes a new key; the old one would never match again)."""
+        wheels = {p: v for p, v in self.wheels.items() if p in live}
+        verdicts = self.wheel_verdicts & self._wheel_verdicts_used
+        if len(wheels) != len(self.wheels) or len(verdicts) != len(self.wheel_verdicts):
+            self.wheels, self.wheel_verdicts, self.dirty = wheels, verdicts, True

@@ -68,6 +68,7 @@ def build_settings(
     if base is None and state_dir:
         base = os.path.join(os.path.abspath(state_dir), "baseline.json")
     values: dict[str, object] = {
+        "wheel_dirs": tuple(str(resolve(d, policy_path)) for d in policy.lock.wheel_dirs),
         "pip_audit": policy.vulnerabilities.pip_audit_crosscheck,
         "online": policy.vulnerabilities.online,
         "strict": policy.strict,

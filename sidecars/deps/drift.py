@@ -71,7 +71,7 @@ def check_drift(
     return out
 
 
-def _normal_hash(value: str) -> str:
+def normal_hash(value: str) -> str:
     algo, _, digest = value.replace("=", ":", 1).partition(":")
     return f"{algo.lower()}:{digest.lower()}"
 
@@ -87,8 +87,8 @@ def check_artifacts(expected: Sequence[LockedPackage], installed: Sequence[Insta
         pin = locked.get(dist.canonical)
         if pin is None or not dist.archive_hashes or not pin.hashes:
             continue
-        ours = {_normal_hash(h) for h in dist.archive_hashes}
-        if ours & {_normal_hash(h) for h in pin.hashes}:
+        ours = {normal_hash(h) for h in dist.archive_hashes}
+        if ours & {normal_hash(h) for h in pin.hashes}:
             continue
         message = (
             f"{dist.name} {dist.version} was installed from {dist.direct_url} whose hash "

@@ -32,6 +32,9 @@ INTEGRITY_KINDS = (
     "stdlib_changed",
     "stdlib_added",
     "stdlib_removed",
+    "record_mismatch",
+    "wheel_missing",
+    "wheel_unusable",
 )
 # Everything that means "the environment is not what was installed and approved" pages as
 # tampering (WardenDepsTamperedFiles): start-up hooks and interpreter changes included.
@@ -53,6 +56,7 @@ TAMPER_KINDS = (
     "stdlib_changed",
     "stdlib_added",
     "stdlib_removed",
+    "record_mismatch",
 )
 RESULTS = ("clean", "violation", "incomplete")
 

@@ -31,6 +31,10 @@ class LockRules:
     # --index-url / --extra-index-url / --find-links / --trusted-host values a lock may name.
     allowed_indexes: tuple[str, ...] = ("https://pypi.org/simple",)
     allow_http: bool = False  # plain-http index or artifact URLs
+    # Directories holding the locked wheel files (a wheelhouse, `pip download -d`): each installed
+    # dist's RECORD is compared with the RECORD of the wheel whose sha256 the lock lists (wheels.py).
+    wheel_dirs: tuple[str, ...] = ()
+    require_wheels: bool = False  # a locked dist without its wheel there: fail (else a warning)
 
 
 @dataclass(frozen=True)

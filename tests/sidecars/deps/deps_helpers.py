@@ -112,8 +112,14 @@ class TestEnv:
             state_dir=str(self.state_dir),
             baseline_path=str(self.state_dir / "baseline.json"),
             pip_audit=False,
+            wheel_dirs=self.wheel_dirs,
         )
         return replace(base, **kw)
+
+    @property
+    def wheel_dirs(self) -> tuple[str, ...]:
+        """Where every locked wheel of the template lies (lock.wheel_dirs): PyPI's and ensurepip's."""
+        return (str(self.wheel_dir), os.path.dirname(_bundled_wheels()[0]))
 
     def audit(self, policy: DepsPolicy | None = None, **kw):
         return run_audit(self.settings(policy, **kw), discover_python(self.python))
@@ -143,6 +149,30 @@ def kinds(report, check: str | None = None, blocking_only: bool = True) -> set[t
 
 def record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def rebuilt_six(env, tmp_path) -> str:
+    """six 1.16.0 rebuilt with one changed line (its RECORD consistent), under the original's file name."""
+    original = next(env.wheel_dir.glob("six-1.16.0-*.whl"))
+    out = tmp_path / "rebuilt" / original.name
+    out.parent.mkdir(exist_ok=True)
+    with zipfile.ZipFile(original) as src, zipfile.ZipFile(out, "w") as dst:
+        members = {n: src.read(n) for n in src.namelist()}
+        members["six.py"] += b"\nimport os  # rebuilt\n"
+        record = next(n for n in members if n.endswith(".dist-info/RECORD"))
+        rows = [f"{n},{record_hash(d)},{len(d)}" if not n.endswith("RECORD") else f"{n},," for n, d in members.items()]
+        members[record] = ("\n".join(rows) + "\n").encode()
+        for name, data in members.items():
+            dst.writestr(name, data)
+    return str(out)
+
+
+def install_rebuilt_six_from_an_index(env, tmp_path) -> None:
+    """pip resolves ``six==1.16.0`` from a find-links index holding only the rebuilt wheel: no direct_url.json."""
+    wheel = rebuilt_six(env, tmp_path)
+    cmd = ["--force-reinstall", "--no-deps", "six==1.16.0"]
+    pip_install(env.venv, os.path.dirname(wheel), *cmd)
+    assert not list(env.site.glob("six-1.16.0.dist-info/direct_url.json"))
 
 
 def _affected(name: str, events=None, versions=None) -> dict:

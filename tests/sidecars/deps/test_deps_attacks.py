@@ -31,7 +31,14 @@ from sidecars.deps.ignores import IgnoreRule
 from sidecars.deps.osv.importer import import_export, server_date
 from sidecars.deps.osv.loader import load_database
 from sidecars.deps.policy import LockRules
-from tests.sidecars.deps.deps_helpers import kinds, pip_install, record_hash, sha256_file
+from tests.sidecars.deps.deps_helpers import (
+    install_rebuilt_six_from_an_index,
+    kinds,
+    pip_install,
+    rebuilt_six,
+    record_hash,
+    sha256_file,
+)
 
 
 def _info(env, name: str):
@@ -186,6 +193,13 @@ def base_interpreter_link_changed(env, tmp_path):
     return "environment_changed", str(python3)
 
 
+def rebuilt_wheel_from_index(env, tmp_path):
+    """six 1.16.0 rebuilt with one changed module, resolved by name from an index (no direct_url.json):
+    the lock's hash is the original's, lock.wheel_dirs holds the original."""
+    install_rebuilt_six_from_an_index(env, tmp_path)
+    return "record_mismatch", "six"
+
+
 # ---- .pyc: the body Python would load differs from its source (cached verdicts must not hide it) --
 
 EVIL = "import os\nos.system('true')\n"
@@ -301,6 +315,7 @@ ATTACKS: dict[str, Callable] = {
     "activate_exports_pythonpath": activate_exports_pythonpath,
     "unowned_bin_script": unowned_bin_script,
     "base_interpreter_link_changed": base_interpreter_link_changed,
+    "rebuilt_wheel_from_index": rebuilt_wheel_from_index,
     **PYC_ATTACKS,
 }
 
@@ -403,6 +418,9 @@ def test_benign_change_stays_clean(name, test_env, tmp_path):
     report = test_env.audit(full_pass=True)
     assert report.findings == [] and report.exit_code == 0, report.findings
     assert report.stats["integrity"]["pyc_checked"] > 0
+    assert (
+        report.stats["wheels"]["dists"] == 4 and report.stats["wheels"]["missing"] == 0
+    )  # compared with the locked wheels
 
 
 def test_unnormalised_lock_names_stay_clean(test_env, tmp_path):
@@ -416,24 +434,8 @@ def test_unnormalised_lock_names_stay_clean(test_env, tmp_path):
 # ---- installed vs locked, lock index options ---------------------------------------------------
 
 
-def _rebuilt_six(env, tmp_path) -> str:
-    """six 1.16.0 rebuilt with one changed line (RECORD consistent): right name and version, other bytes."""
-    original = next(env.wheel_dir.glob("six-1.16.0-*.whl"))
-    out = tmp_path / "rebuilt" / original.name
-    out.parent.mkdir()
-    with zipfile.ZipFile(original) as src, zipfile.ZipFile(out, "w") as dst:
-        members = {n: src.read(n) for n in src.namelist()}
-        members["six.py"] += b"\nimport os  # rebuilt\n"
-        record = next(n for n in members if n.endswith(".dist-info/RECORD"))
-        rows = [f"{n},{record_hash(d)},{len(d)}" if not n.endswith("RECORD") else f"{n},," for n, d in members.items()]
-        members[record] = ("\n".join(rows) + "\n").encode()
-        for name, data in members.items():
-            dst.writestr(name, data)
-    return str(out)
-
-
 def test_rebuilt_wheel_of_the_locked_version_is_not_the_locked_artifact(test_env, tmp_path):
-    wheel = _rebuilt_six(test_env, tmp_path)
+    wheel = rebuilt_six(test_env, tmp_path)
     pip_install(test_env.venv, test_env.wheel_dir, "--force-reinstall", "--no-deps", wheel)
     report = test_env.audit(checks=frozenset({"lock", "drift"}))
     assert kinds(report) == {("not_locked_artifact", "six")}

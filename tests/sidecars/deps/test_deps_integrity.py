@@ -52,8 +52,10 @@ def test_rewritten_record_is_caught_by_the_approved_baseline(test_env):
             row = f"idna/core.py,{record_hash(new)},{len(new)}"
         rows.append(row)
     record.write_text("\n".join(rows) + "\n")
-    without_baseline = test_env.audit(baseline_path=None)
+    without_baseline = test_env.audit(baseline_path=None, wheel_dirs=())
     assert not [f for f in without_baseline.findings if f.check == "integrity"]  # RECORD alone is fooled
+    with_wheels = test_env.audit(baseline_path=None)  # the locked wheel's RECORD is not fooled either
+    assert kinds(with_wheels, "integrity") == {("record_mismatch", "idna")}
     report = test_env.audit()
     assert ("record_changed", str(target)) in kinds(report, "integrity")
     assert report.exit_code == 1
