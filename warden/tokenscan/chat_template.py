@@ -36,7 +36,7 @@ import threading
 import time
 import unicodedata
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -507,26 +507,45 @@ class _Worker:
         line, _, self.buffer = self.buffer.partition(b"\n")
         return line
 
-    def call(self, request: dict[str, Any], memory: int, timeout: float) -> dict[str, Any]:
+    def call(
+        self, request: dict[str, Any], memory: int, timeout: float, on_sent: Callable[[], None] | None = None
+    ) -> dict[str, Any]:
         """Sends one request and returns the child's answer, or ``{"status": "timeout" | "crashed"}``
-        when it gave none in time (the child is then killed and restarted next time)."""
-        with self.lock:
-            proc = self.proc
-            if proc is None or proc.poll() is not None or self.memory != memory:
-                proc = self._start(memory)
-            try:
-                assert proc.stdin is not None
-                proc.stdin.write(json.dumps(request).encode() + b"\n")
-                proc.stdin.flush()
-            except OSError as exc:
-                self.stop()
-                return {"status": "crashed", "message": f"sandbox worker unreachable: {exc}"}
-            line = self._readline(time.monotonic() + timeout + WORKER_GRACE_SECONDS)
-            answer = self._decode(line, timeout)
-            self.served += 1
-            if answer["status"] not in ("ok", "error", "syntax", "security") or self.served >= WORKER_MAX_RENDERS:
-                self.stop()
-            return answer
+        when it gave none in time (the child is then killed and restarted next time).
+        ``on_sent`` is called once the request is written, or at once when the worker is busy
+        (a caller about to hold the GIL in a long parse waits for it, so the child starts first)."""
+        if not self.lock.acquire(blocking=False):
+            if on_sent is not None:
+                on_sent()
+                on_sent = None
+            self.lock.acquire()
+        try:
+            return self._call(request, memory, timeout, on_sent)
+        finally:
+            self.lock.release()
+
+    def _call(
+        self, request: dict[str, Any], memory: int, timeout: float, on_sent: Callable[[], None] | None
+    ) -> dict[str, Any]:
+        proc = self.proc
+        if proc is None or proc.poll() is not None or self.memory != memory:
+            proc = self._start(memory)
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(request).encode() + b"\n")
+            proc.stdin.flush()
+        except OSError as exc:
+            self.stop()
+            return {"status": "crashed", "message": f"sandbox worker unreachable: {exc}"}
+        finally:
+            if on_sent is not None:
+                on_sent()
+        line = self._readline(time.monotonic() + timeout + WORKER_GRACE_SECONDS)
+        answer = self._decode(line, timeout)
+        self.served += 1
+        if answer["status"] not in ("ok", "error", "syntax", "security") or self.served >= WORKER_MAX_RENDERS:
+            self.stop()
+        return answer
 
     def render(self, text: str, context: dict[str, Any], limits: RenderLimits) -> RenderResult:
         request = {

@@ -159,12 +159,12 @@ MEMO = _Memo()
 MEMO_MIN_BYTES = 64 << 10  # smaller files parse faster than they hash
 
 
-def _parse_json_cached(rel: str, data: bytes) -> tuple[JsonDoc, str]:
-    digest = hashlib.sha256(data).hexdigest()
+def _parse_json_cached(rel: str, data: bytes, digest: str) -> JsonDoc:
+    """The parse of ``data`` (whose SHA-256 is ``digest``), shared by every copy of a large file."""
     if len(data) < MEMO_MIN_BYTES:
-        return _parse_json(rel, data), digest
+        return _parse_json(rel, data)
     doc = MEMO.get("json", digest, lambda: _parse_json(rel, data), weight=len(data))
-    return JsonDoc(rel, doc.data, doc.error), digest
+    return JsonDoc(rel, doc.data, doc.error)
 
 
 ANALYSIS_ERRORS = (ValueError, RecursionError, MemoryError, struct.error, EOFError, LookupError, TypeError)
@@ -206,7 +206,11 @@ class _Reader:
         if ext == ".json" or (ext != ".jinja" and kind == "text" and _starts_like_json(path)):
             doc = self._known_json(rel, size)
             if doc is None:
-                doc, self.snap.digests[rel] = _parse_json_cached(rel, _read(path, size + 1))
+                data = _read(path, size + 1)
+                self.snap.digests[rel] = digest = hashlib.sha256(data).hexdigest()
+                if os.path.basename(rel) == "tokenizer.json":  # the child loads it while this parses it
+                    self._exercise_early("tokenizer", path, digest, size)
+                doc = _parse_json_cached(rel, data, digest)
             if ext == ".json" or doc.error is None:
                 self.snap.json[rel] = doc
                 if os.path.basename(rel) == "tokenizer.json" and doc.error is None:
@@ -225,6 +229,12 @@ class _Reader:
             except ProtobufError as exc:
                 return replace(facts, spm_error=str(exc))
         return facts
+
+    def _exercise_early(self, kind: str, path: str, digest: str, size: int) -> None:
+        """Sends the tokenizer child its request now (the config files were read first, see
+        :func:`_read_order`); :func:`_start_exercises` later gets the same request's future."""
+        if self.policy.behaviour.enabled and time.monotonic() <= self.deadline:
+            _exercise(kind, path, digest, size, _config_tokens(self.snap), self.policy)
 
     def _known_json(self, rel: str, size: int) -> JsonDoc | None:
         """The parse of a large JSON file whose digest the manifest just computed, when a scan
@@ -291,10 +301,24 @@ def _dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+SPECIAL_NAMES = ("bos", "eos", "pad", "unk", "cls", "sep")
+
+
+def _config_tokens(snap: Snapshot) -> dict[str, str | None]:
+    """The special tokens the config files declare (tokenizer_config.json, then
+    special_tokens_map.json): what the tokenizer child is asked about. Known before
+    tokenizer.json is parsed, so the child can load it while this process parses it."""
+    config = snap.top("tokenizer_config.json") or {}
+    smap = snap.top("special_tokens_map.json") or {}
+    tokens = {n: _token(config.get(f"{n}_token")) or _token(smap.get(f"{n}_token")) for n in SPECIAL_NAMES}
+    extra = [t for t in (_token(t) for t in _list(config.get("additional_special_tokens"))) if t]
+    return tokens | {f"additional[{i}]": t for i, t in enumerate(extra)}
+
+
 def _special_tokens(snap: Snapshot) -> None:
     config = snap.top("tokenizer_config.json") or {}
     smap = snap.top("special_tokens_map.json") or {}
-    for name in ("bos", "eos", "pad", "unk", "cls", "sep"):
+    for name in SPECIAL_NAMES:
         snap.special_tokens[name] = _token(config.get(f"{name}_token")) or _token(smap.get(f"{name}_token"))
     extra = [_token(t) for t in _list(config.get("additional_special_tokens"))]
     tok = snap.top("tokenizer.json") or {}
@@ -390,7 +414,8 @@ def _declared_tokens(snap: Snapshot) -> dict[str, str | None]:
 
 
 BEHAVIOUR = _Memo(256)  # tokenizer child answers (futures: in flight or done), by content and tokens
-_POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenscan-tokenizer")
+_POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tokenscan-tokenizer")  # most wait on the worker
+SEND_WAIT_SECONDS = 0.2  # bounded: a saturated pool only delays the overlap
 
 
 def _exercise_key(kind: str, digest: str, tokens: dict[str, str | None]) -> str:
@@ -405,7 +430,13 @@ def _exercise(
     bp = policy.behaviour
 
     def send() -> Future[dict[str, Any]]:
-        return _POOL.submit(tbe.run, tbe.request(kind, path, digest, size, tokens), bp.memory_cap, bp.timeout_seconds)
+        sent = threading.Event()
+        req = tbe.request(kind, path, digest, size, tokens)
+        future = _POOL.submit(tbe.run, req, bp.memory_cap, bp.timeout_seconds, sent.set)
+        # the caller goes on to json.loads, which holds the GIL for its whole parse: let the
+        # pool thread write the request first, so the child loads while this process parses
+        sent.wait(SEND_WAIT_SECONDS)
+        return future
 
     return BEHAVIOUR.get(kind, _exercise_key(kind, digest, tokens), send)  # type: ignore[no-any-return]
 
@@ -415,7 +446,7 @@ def _start_exercises(snap: Snapshot, policy: TokenscanPolicy) -> dict[str, Futur
     and renders the templates; :func:`_tokenizer_behaviour` collects the answers."""
     if not policy.behaviour.enabled or time.monotonic() > snap.deadline:
         return {}
-    tokens = _declared_tokens(snap)
+    tokens = _config_tokens(snap)
     return {
         rel: _exercise(kind, path, digest, size, tokens, policy)
         for rel, (kind, path, digest, size) in sorted(snap.tokenizer_files.items())
@@ -449,11 +480,11 @@ def _tokenizer_behaviour(snap: Snapshot, policy: TokenscanPolicy, running: dict[
         try:
             answer = running[rel].result()
         except OSError as exc:
-            BEHAVIOUR.drop(kind, _exercise_key(kind, digest, tokens))
+            BEHAVIOUR.drop(kind, _exercise_key(kind, digest, _config_tokens(snap)))
             snap.errors.append(f"tokenizer sandbox could not start: {exc.strerror or exc}")
             return
         if answer.get("status") == "crashed":  # reported now, retried by the next scan
-            BEHAVIOUR.drop(kind, _exercise_key(kind, digest, tokens))
+            BEHAVIOUR.drop(kind, _exercise_key(kind, digest, _config_tokens(snap)))
         if snap.token_ids_digest is None or rel == "tokenizer.json":
             snap.token_ids_digest = tbe.ids_digest(answer)
         key = digest + json.dumps([kind, rel, tokens], sort_keys=True)
@@ -489,7 +520,7 @@ def build_snapshot(
         except ManifestError as exc:
             snap.errors.append(str(exc))
     reader = _Reader(snap, policy, deadline)
-    for rel, open_at, _link in files:
+    for rel, open_at, _link in sorted(files, key=_read_order):
         reader.file(rel, open_at)
     _special_tokens(snap)
     _vocabulary(snap, reader.pieces)
@@ -499,6 +530,12 @@ def build_snapshot(
     _render(snap, policy)
     _tokenizer_behaviour(snap, policy, running)
     return snap
+
+
+def _read_order(item: tuple[str, str, str | None]) -> tuple[bool, str]:
+    """Tokenizer files last: the configs that declare the special tokens are read first."""
+    name = os.path.basename(item[0])
+    return name == "tokenizer.json" or name.endswith(".model"), item[0]
 
 
 def directory_manifest(

@@ -28,7 +28,7 @@ import os
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,14 +103,22 @@ def _roundtrip(index: int, sample: Mapping[str, Any]) -> TokenizerIssue | None:
     )
 
 
+def _token_ids(answer: Mapping[str, Any]) -> dict[str, Any]:
+    """Token -> id for the tokens the request named and every added token (the request names
+    the tokens of the config files; tokenizer.json's own special tokens are among the added)."""
+    ids: dict[str, Any] = {str(c): i for c, i, _special in answer.get("added") or [] if i is not None}
+    return ids | dict(answer.get("token_ids") or {})
+
+
 def _special_ids(answer: Mapping[str, Any], tokens: Mapping[str, str | None]) -> dict[int, str]:
     out = {int(i): str(c) for c, i, special in answer.get("added") or [] if special and i is not None}
+    ids = _token_ids(answer)
     for name, token in tokens.items():
-        ident = (answer.get("token_ids") or {}).get(token) if token else None
+        ident = ids.get(token) if token else None
         if ident is not None and name != "unk":
             out[int(ident)] = str(token)
     unk = tokens.get("unk")
-    unk_id = (answer.get("token_ids") or {}).get(unk) if unk else None
+    unk_id = ids.get(unk) if unk else None
     out.pop(unk_id, None)  # type: ignore[arg-type]
     return out
 
@@ -118,7 +126,7 @@ def _special_ids(answer: Mapping[str, Any], tokens: Mapping[str, str | None]) ->
 def _extras(answer: Mapping[str, Any], tokens: Mapping[str, str | None]) -> set[int]:
     """Ids encode may add: the declared bos/eos/cls/sep; with none declared (a bare BERT
     config), the tokenizer's own special added tokens (never ordinary words)."""
-    ids = answer.get("token_ids") or {}
+    ids = _token_ids(answer)
     declared = {int(ids[t]) for name in DECLARED_EXTRAS if (t := tokens.get(name)) and ids.get(t) is not None}
     if declared or any(tokens.get(name) for name in DECLARED_EXTRAS):
         return declared
@@ -321,7 +329,8 @@ def stop_worker() -> None:
         _WORKER.stop()
 
 
-def run(req: dict[str, Any], memory: int, timeout: float) -> dict[str, Any]:
-    """The child's answer to ``req`` (``{"status": "timeout" | "crashed"}`` when it gave none)."""
+def run(req: dict[str, Any], memory: int, timeout: float, on_sent: Callable[[], None] | None = None) -> dict[str, Any]:
+    """The child's answer to ``req`` (``{"status": "timeout" | "crashed"}`` when it gave none);
+    ``on_sent`` as in ``_Worker.call``."""
     req = {**req, "timeout": timeout}
-    return _WORKER.call(req, memory, timeout)
+    return _WORKER.call(req, memory, timeout, on_sent)
