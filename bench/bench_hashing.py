@@ -184,6 +184,9 @@ def model_signing_entries(
     cli = shutil.which("model_signing", path=os.path.dirname(sys.executable)) or shutil.which("model_signing")
     entries: dict[str, Callable[[], object]] = {}
     sig = work / "ms.sig"
+    if cli and subprocess.run([cli, "--help"], capture_output=True, check=False).returncode != 0:
+        print(f"  {cli} does not start (a dependency missing?): its CLI rows are left out", file=sys.stderr)
+        cli = None
     if cli:
         entries["model_signing sign key (CLI, files)"] = lambda: run(
             [cli, "sign", "key", str(ckpt), "--private_key", str(key), "--signature", str(sig)]

@@ -29,8 +29,8 @@ import hashlib
 import os
 import stat
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Protocol, cast
@@ -368,7 +368,8 @@ class JobDigests:
 
 
 def plan_jobs(files: Sequence[FileEntry], shard_size: int | None, *, whole_files: bool = False) -> list[HashJob]:
-    """The hashing tasks for ``files``, largest first (so the threads finish together).
+    """The hashing tasks for ``files``, largest first (so the threads finish together), the
+    small ones spread between them (:func:`spread_small_jobs`).
 
     ``shard_size`` None: one task per file hashing it whole (the ``files`` serialization).
     Otherwise one task per shard, so a multi-GB file is hashed by many threads at once; with
@@ -382,7 +383,29 @@ def plan_jobs(files: Sequence[FileEntry], shard_size: int | None, *, whole_files
         jobs = [HashJob(f, (bound,)) for f in files for bound in shard_bounds(f.size, shard_size)]
         if whole_files:
             jobs += [HashJob(f, (), whole_file=True) for f in files]
-    return sorted(jobs, key=lambda j: (-j.size, j.entry.name, j.bounds[:1]))
+    return spread_small_jobs(sorted(jobs, key=lambda j: (-j.size, j.entry.name, j.bounds[:1])), CHUNK_SIZE)
+
+
+def spread_small_jobs(jobs: Sequence[HashJob], small_bytes: int) -> list[HashJob]:
+    """``jobs`` with those of at most ``small_bytes`` spread evenly between the larger ones. Pure.
+
+    Both groups keep their order. Why: a small file costs mostly Python and system calls
+    under the GIL, a large one mostly SHA-256 without it; small files left for the end were
+    hashed by 16 threads at nearly one thread's speed, while between large ones they fill
+    the gaps of threads that are busy hashing.
+    """
+    large = [job for job in jobs if job.size > small_bytes]
+    small = [job for job in jobs if job.size <= small_bytes]
+    if not large or not small:
+        return list(jobs)
+    spread: list[HashJob] = []
+    taken = 0
+    for index, job in enumerate(large, 1):
+        spread.append(job)
+        upto = len(small) * index // len(large)
+        spread.extend(small[taken:upto])
+        taken = upto
+    return spread
 
 
 def _changed(path: str, listed: int, opened: int, detail: str) -> CheckpointChanged:
@@ -402,7 +425,7 @@ def _read_range(
     advised = start
     while pos < end:
         tracker.check(path)
-        if advised < min(end, pos + READ_AHEAD):
+        if advised < min(end, pos + READ_AHEAD) and end - start > len(buf):  # one read needs no hint
             ahead = min(end, pos + 2 * READ_AHEAD) - advised
             _advise(fd, advised, ahead, getattr(os, "POSIX_FADV_WILLNEED", 3))
             advised += ahead
@@ -419,6 +442,32 @@ def _read_range(
         tracker.advance(count)
 
 
+def _hash_whole_small(fd: int, path: str, size: int, tracker: _Tracker) -> bytes:
+    """The digest of a file smaller than the read buffer, from reads of up to ``size + 1`` bytes.
+
+    The extra byte shows growth and a short total shows truncation, so a small file costs an
+    open, an fstat, one read and a close: with thousands of small files, every system call
+    that hands the GIL to another thread showed in the wall time.
+    """
+    tracker.check(path)
+    view = memoryview(tracker.buffer())
+    got = 0
+    while got <= size:
+        try:
+            count = os.preadv(fd, [view[got : size + 1]], got)
+        except OSError as exc:
+            raise CheckpointUnreadable(f"{path}: read failed after {got} bytes: {exc.strerror}") from None
+        if count == 0:
+            break
+        got += count
+    if got != size:
+        raise _changed(path, size, size, f"read {got} bytes")
+    hasher = tracker.new_hash()
+    hasher.update(view[:size])
+    tracker.advance(size)
+    return hasher.digest()
+
+
 def run_job(root: str, job: HashJob, tracker: _Tracker) -> JobDigests:
     """Hashes one job: opens the file safely (no link followed, regular files only), reads each
     bound once and checks the file still has its listed size afterwards (no growth, no truncation)."""
@@ -427,7 +476,10 @@ def run_job(root: str, job: HashJob, tracker: _Tracker) -> JobDigests:
     try:
         if size != job.entry.size:
             raise _changed(path, job.entry.size, size, "before reading")
-        _advise(fd, 0, 0, getattr(os, "POSIX_FADV_SEQUENTIAL", 2))
+        if job.bounds == ((0, size),) and size < tracker.chunk_size:
+            return JobDigests(job.entry.name, ((0, size, _hash_whole_small(fd, path, size, tracker)),), None)
+        if job.size > tracker.chunk_size:  # a file read in one call gains nothing from the hint
+            _advise(fd, 0, 0, getattr(os, "POSIX_FADV_SEQUENTIAL", 2))
         whole = tracker.new_hash() if job.whole_file else None
         pieces = []
         for start, end in job.bounds:
@@ -469,17 +521,45 @@ def run_jobs(
     workers = min(len(jobs), max_workers or default_workers())
     if workers <= 1:
         return [run_job(top, job, tracker) for job in jobs]
+    return _run_threads(top, jobs, tracker, workers)
+
+
+def _run_threads(top: str, jobs: Sequence[HashJob], tracker: _Tracker, workers: int) -> list[JobDigests]:
+    """``workers`` threads pull ``jobs`` in order from one shared iterator until none is left.
+
+    Why not an executor: one future per job woke the caller and handed the GIL around
+    after every file, so thousands of small files were hashed at one thread's speed even
+    with 16 threads (measured on a 16-core host: 4k files of <1 MiB took 0.37 s on the
+    executor, 0.10 s pulled like this). The first error stops the others and is raised.
+    """
+    pending = deque(jobs)  # popleft is atomic: no lock to hand over
     results: list[JobDigests] = []
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="warden-hash") as pool:
-        futures = [pool.submit(run_job, top, job, tracker) for job in jobs]
-        try:
-            for future in as_completed(futures):
-                results.append(future.result())
-        except BaseException:
-            tracker.stop.set()
-            for future in futures:
-                future.cancel()
-            raise
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        while not tracker.stop.is_set():
+            try:
+                job = pending.popleft()
+            except IndexError:
+                return
+            try:
+                results.append(run_job(top, job, tracker))
+            except BaseException as exc:  # handed to the caller below
+                errors.append(exc)
+                tracker.stop.set()
+                return
+
+    threads = [threading.Thread(target=work, name=f"warden-hash-{i}", daemon=True) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.join()
+    except BaseException:
+        tracker.stop.set()  # e.g. KeyboardInterrupt: the threads stop within one read
+        raise
+    if errors:
+        raise errors[0]
     return results
 
 

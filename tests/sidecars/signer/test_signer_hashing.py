@@ -21,7 +21,7 @@ from warden.signing.errors import (
     HashingCancelled,
     UnsafePathError,
 )
-from warden.signing.hashing import hash_files, hash_tree, scan_tree
+from warden.signing.hashing import FileEntry, hash_files, hash_tree, scan_tree
 
 
 def expected_digests(files: dict[str, bytes]) -> dict[str, bytes]:
@@ -151,6 +151,43 @@ def test_file_growing_while_hashing_raises_changed(tmp_path: Path) -> None:
         hash_tree(root, max_workers=1, progress=append)
 
 
+@pytest.mark.parametrize("listed_delta", [-1, +1])
+def test_small_file_whose_size_changed_after_listing_raises_changed(tmp_path: Path, listed_delta: int) -> None:
+    # A file smaller than the read buffer is read in one call (the fast path): a size that differs
+    # from the listed one (grown or truncated after the scan) must still be named, never hashed.
+    root = write_tree(tmp_path / "ckpt", {"small.json": b"x" * 1000, "other": b"y"})
+    listed = [FileEntry("small.json", 1000 + listed_delta), FileEntry("other", 1)]
+    with pytest.raises(CheckpointChanged, match=r"small\.json: changed while hashing"):
+        hash_files(root, listed, max_workers=2)
+
+
+@pytest.mark.parametrize("extra", [b"", b"grown"])
+def test_single_read_path_sees_growth_after_the_size_check(tmp_path: Path, extra: bytes) -> None:
+    # The fast path's own guard: bytes beyond the size checked at open (appended between the
+    # fstat and the read) are seen by the one extra byte it asks for.
+    from warden.signing.hashing import _hash_whole_small, _Tracker
+
+    path = tmp_path / "f"
+    path.write_bytes(b"z" * 100 + extra)
+    tracker = _Tracker(100, 1 << 20, None, None, hashlib.sha256)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if extra:
+            with pytest.raises(CheckpointChanged, match="read 101 bytes"):
+                _hash_whole_small(fd, str(path), 100, tracker)
+        else:
+            assert _hash_whole_small(fd, str(path), 100, tracker) == hashlib.sha256(b"z" * 100).digest()
+    finally:
+        os.close(fd)
+
+
+def test_many_small_files_on_many_threads_match_hashlib(tmp_path: Path) -> None:
+    files = {f"meta/{i:04d}/config.json": os.urandom(i * 37 % 5000) for i in range(400)}
+    files["big.bin"] = os.urandom(3 << 20)
+    root = write_tree(tmp_path / "ckpt", files)
+    assert hash_tree(root, max_workers=8) == expected_digests(files)
+
+
 def test_cancel_event_stops_hashing(tmp_path: Path) -> None:
     root = _three_files(tmp_path)
     cancel = threading.Event()
@@ -164,3 +201,17 @@ def test_importing_the_signer_does_not_import_torch() -> None:
         "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_small_jobs_are_spread_between_large_ones_and_none_is_lost() -> None:
+    from warden.signing.hashing import HashJob, spread_small_jobs
+
+    large = [HashJob(FileEntry(f"big{i}", 100 - i), ((0, 100 - i),)) for i in range(3)]
+    small = [HashJob(FileEntry(f"s{i}", 5), ((0, 5),)) for i in range(7)]
+    spread = spread_small_jobs(large + small, small_bytes=10)
+    assert sorted(j.entry.name for j in spread) == sorted(j.entry.name for j in large + small)
+    assert [j.entry.name for j in spread if j.size > 10] == ["big0", "big1", "big2"]  # order kept
+    assert [j.entry.name for j in spread if j.size <= 10] == [f"s{i}" for i in range(7)]
+    positions = [i for i, j in enumerate(spread) if j.size > 10]
+    assert positions == [0, 3, 6]  # 7 small jobs: 2, 2, 3 after each large one
+    assert spread_small_jobs(small, 10) == small
