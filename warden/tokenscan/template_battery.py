@@ -1,18 +1,23 @@
 """Behavioural test of a chat template: render a battery of conversations, compare the renders.
 
 :func:`battery_renders` builds the conversations (short and long, system prompt present or
-absent, with and without tools, several dates); the sandbox child
+absent, with and without tools, a tool exchange (an assistant ``tool_calls`` message and a
+``tool`` response), with ``documents`` (RAG), several dates); the sandbox child
 (``sandbox_child.py``, op ``battery``) renders them all with message content and the date
 wrapped in recording strings. :func:`judge` is pure: it reads the renders back and reports
 
 - ``order``: a message's content missing, repeated or out of order; a system prompt dropped;
-- ``role``: a user message rendered under the system (or assistant) role;
+- ``role``: a user message rendered under the system (or assistant) role; a tool response
+  rendered under the system, developer or user role with no tool marker (tool output that
+  passes for instructions or for the user's own words);
 - ``varies``: markup between two messages that changes with conversation length, position
-  or the date (a conditional injection shows up as a difference between two renders that
-  differ in one input);
+  or the date, or text that appears only when tools or documents are passed (a conditional
+  injection shows up as a difference between two renders that differ in one input);
 - ``text``: instruction-like text, invisible characters, URLs or long literal text the
   template adds beyond its role markup (vendor default system prompts and date headers,
-  which sit before the first message, are allowed);
+  which sit before the first message, are allowed; so is the tool-definition block of a
+  tool exchange, between the system prompt and the first question); around a tool call or
+  a tool response only role markup and the call itself may appear;
 - ``taint``: the template compared message content or the date with a constant at run
   time (a trigger, however the value reached the comparison);
 - ``private``: the template looked up a private/dunder attribute at run time.
@@ -46,6 +51,15 @@ TOOL = {
         "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
     },
 }
+
+
+TOOL_ARG = "QARGPROBE"
+DOCUMENT = {"title": "QDOCTITLE", "text": "QDOCPROBE"}
+PROBE_WORDS = ("lookup_QTOOLPROBE", "QTOOLDESC", TOOL_ARG, "QDOCTITLE", "QDOCPROBE")
+# a tool response must sit under a tool-like role or marker (Qwen: user + <tool_response>,
+# Llama 3.1: ipython, Mistral: [TOOL_RESULTS], Command-R: system + <results>)
+TOOLISH_RE = re.compile(r"tool|ipython|function|result|response|observation|output", re.I)
+TOOL_AUTHORITY = ("system", "developer", "user", "human")
 
 
 @dataclass(frozen=True)
@@ -86,7 +100,29 @@ def battery_renders(context: dict[str, Any]) -> list[dict[str, Any]]:
     out.append({"name": "nogen", "messages": conversation(shapes["suau"]), "context": nogen, "now": DEFAULT_NOW})
     tools = {**context, "tools": [TOOL]}
     out.append({"name": "tools", "messages": conversation(shapes["suau"]), "context": tools, "now": DEFAULT_NOW})
+    out.append({"name": "toolconv", "messages": tool_conversation(), "context": tools, "now": DEFAULT_NOW})
+    docs = {**context, "tools": None, "documents": [DOCUMENT]}
+    out.append({"name": "docs", "messages": conversation(shapes["suau"]), "context": docs, "now": DEFAULT_NOW})
     return out
+
+
+def tool_conversation() -> list[dict[str, Any]]:
+    """A tool exchange in the shape HF templates take: the assistant's ``tool_calls`` (content
+    empty), the ``tool`` role's response, then the answer and a next question."""
+    call = {"type": "function", "function": {"name": "lookup_QTOOLPROBE", "arguments": {"q": TOOL_ARG}}}
+    return [
+        {"role": "system", "content": canary(0)},
+        {"role": "user", "content": canary(1)},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_QTOOLPROBE", **call}]},
+        {"role": "tool", "name": "lookup_QTOOLPROBE", "tool_call_id": "call_QTOOLPROBE", "content": canary(3)},
+        {"role": "assistant", "content": canary(4)},
+        {"role": "user", "content": canary(5)},
+    ]
+
+
+def _shown(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages whose content a render must show (a tool call's empty content is not)."""
+    return [m for m in messages if isinstance(m.get("content"), str) and m["content"]]
 
 
 def _positions(output: str, messages: list[dict[str, Any]]) -> list[list[int]]:
@@ -99,6 +135,8 @@ def _order_issues(name: str, output: str, messages: list[dict[str, Any]]) -> lis
     last = -1
     for i, (msg, pos) in enumerate(zip(messages, found, strict=True)):
         role = msg["role"]
+        if not pos and role == "tool":  # a template without tool support may leave responses out
+            continue
         if len(pos) != 1:
             what = "dropped" if not pos else f"repeated {len(pos)} times"
             label = "the system prompt" if role == "system" else f"message {i} ({role})"
@@ -132,13 +170,29 @@ def _role_issues(name: str, segs: list[tuple[str, str, str]]) -> list[BehaviourI
     return out
 
 
+def _tool_role_issues(name: str, segs: list[tuple[str, str, str]]) -> list[BehaviourIssue]:
+    """A tool response rendered under the system, developer or user role with no tool marker
+    after it: tool output (a web page, a file) would pass for instructions or the user's words."""
+    out = []
+    for _before, role, text in segs:
+        if role != "tool":
+            continue
+        hits = list(ROLE_RE.finditer(text))
+        last = hits[-1] if hits else None
+        if last is not None and last.group(1).lower() in TOOL_AUTHORITY and not TOOLISH_RE.search(text[last.end() :]):
+            detail = f"a tool response is rendered as a {last.group(1)!r} message in the {name!r} render"
+            out.append(BehaviourIssue("role", detail))
+    return out
+
+
 def _text_issues(
     name: str, output: str, messages: list[dict[str, Any]], specials: tuple[str, ...]
 ) -> list[BehaviourIssue]:
     added = output
     for msg in messages:
         added = added.replace(str(msg["content"]), " ")
-    added = added.replace("lookup_QTOOLPROBE", " ").replace("QTOOLDESC", " ")
+    for word in PROBE_WORDS:
+        added = added.replace(word, " ")
     out = []
     if INVISIBLE_RE.search(added):
         out.append(BehaviourIssue("invisible", f"the {name!r} render contains invisible or bidi characters"))
@@ -166,7 +220,7 @@ HEADER_LINE_RE = re.compile(r"^.*\b(?:date|environment)\b.*$", re.I | re.M)
 
 
 def _residual_issues(
-    name: str, segs: list[tuple[str, str, str]], specials: tuple[str, ...], limit: int
+    name: str, segs: list[tuple[str, str, str]], specials: tuple[str, ...], limit: int, skip: tuple[str, str] = ("", "")
 ) -> list[BehaviourIssue]:
     """Long literal text between messages, after the last one, or before a given system prompt
     (date and environment header lines allowed). The text before the first message when no
@@ -174,9 +228,11 @@ def _residual_issues(
     text there is still reported by :func:`_text_issues`)."""
     out = []
     for before, after, original in segs:
-        if before == "^" and after != "system":
+        if (before == "^" and after != "system") or (before, after) == skip:
             continue
         text = HEADER_LINE_RE.sub(" ", original) if before == "^" else original
+        for word in PROBE_WORDS:
+            text = text.replace(word, " ")
         rest = residual_text(text, specials)
         if sum(ch.isalpha() for ch in rest) >= limit:
             out.append(
@@ -239,23 +295,35 @@ def _date_issues(results: dict[str, tuple[dict[str, Any], list[tuple[str, str, s
 WORD_RE = re.compile(r"\w+|\W")
 
 
-def _tools_issues(
+EXTRA_INPUTS = (  # (render, what it passes, the probe words its own block holds)
+    ("tools", "tools are passed", ("QTOOLPROBE", "QTOOLDESC")),
+    ("docs", "documents are passed", ("QDOCTITLE", "QDOCPROBE")),
+)
+
+
+def _extra_input_issues(
     results: dict[str, tuple[dict[str, Any], list[tuple[str, str, str]]]], specials: tuple[str, ...], limit: int
 ) -> list[BehaviourIssue]:
-    """Passing tools may add the tool definitions and the text around them (one block holding
-    the tool's name), and short markup; any other text appears only because tools were passed."""
-    if "suau" not in results or "tools" not in results:
+    """Passing tools (documents) may add the tool definitions (documents) and the text around
+    them (one block holding a probe word), and short markup; any other text appears only
+    because tools (documents) were passed: compared with the same conversation without them."""
+    if "suau" not in results:
         return []
     base = WORD_RE.findall(results["suau"][0]["output"])
-    other = WORD_RE.findall(results["tools"][0]["output"])
-    for tag, _i1, _i2, j1, j2 in difflib.SequenceMatcher(None, base, other, autojunk=False).get_opcodes():
-        added = "".join(other[j1:j2])
-        if tag == "equal" or "QTOOLPROBE" in added or "QTOOLDESC" in added:
+    out = []
+    for name, label, probes in EXTRA_INPUTS:
+        if name not in results:
             continue
-        rest = residual_text(HEADER_LINE_RE.sub(" ", added), specials)
-        if sum(ch.isalpha() for ch in rest) >= limit:
-            return [BehaviourIssue("varies", f"text added only when tools are passed: {_flat(rest)!r}")]
-    return []
+        other = WORD_RE.findall(results[name][0]["output"])
+        for tag, _i1, _i2, j1, j2 in difflib.SequenceMatcher(None, base, other, autojunk=False).get_opcodes():
+            added = "".join(other[j1:j2])
+            if tag == "equal" or any(p in added for p in probes):
+                continue
+            rest = residual_text(HEADER_LINE_RE.sub(" ", added), specials)
+            if sum(ch.isalpha() for ch in rest) >= limit:
+                out.append(BehaviourIssue("varies", f"text added only when {label}: {_flat(rest)!r}"))
+                break
+    return out
 
 
 def _taint_issues(taint: list[list[str]], specials: tuple[str, ...]) -> list[BehaviourIssue]:
@@ -277,13 +345,17 @@ def judge(
     for request, result in zip(renders, answer.get("renders") or [], strict=False):
         if result.get("status") != "ok":
             continue
-        name, messages, output = request["name"], request["messages"], str(result.get("output", ""))
+        name, messages, output = request["name"], _shown(request["messages"]), str(result.get("output", ""))
         segs = segments(output, messages)
         results[name] = (result, segs)
         issues += _order_issues(name, output, messages) + _text_issues(name, output, messages, specials)
-        if name != "tools":
+        if name == "toolconv":  # the tool definitions sit between the system prompt and the first question
+            issues += _tool_role_issues(name, segs) + _role_issues(name, segs)
+            issues += _residual_issues(name, segs, specials, max_literal_chars, skip=("system", "user"))
+        elif name not in ("tools", "docs"):  # those two are compared with "suau" below
             issues += _role_issues(name, segs) + _residual_issues(name, segs, specials, max_literal_chars)
-    issues += _variation_issues(results) + _date_issues(results) + _tools_issues(results, specials, max_literal_chars)
+    issues += _variation_issues(results) + _date_issues(results)
+    issues += _extra_input_issues(results, specials, max_literal_chars)
     issues += _taint_issues([list(map(str, t)) for t in answer.get("taint") or []], specials)
     issues += [
         BehaviourIssue("private", f"the template looked up the private attribute {str(a)!r}")
