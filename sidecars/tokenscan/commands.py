@@ -2,8 +2,9 @@
 
 Text output groups findings by severity with their fix hints; ``--format json`` and
 ``--format sarif`` (SARIF 2.1.0, for code-scanning tools) carry the same findings.
-With ``--state-dir``, each directory is also compared with its approved manifest (drift),
-and ``--approve`` records the manifest of every directory that scanned clean.
+With ``--state-dir``, each directory is also compared with its approved manifest (drift,
+TS1101) and with the digest of the ids its tokenizer gave the built-in corpus at approval
+(TS1208); ``--approve`` records both for every directory that scanned clean.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import click
 
 from trainer.events import utc_timestamp
 from warden.cliutil import format_option, option
-from warden.tokenscan.manifest import ApprovalStore, ManifestError, drift_finding
+from warden.tokenscan.manifest import ApprovalStore, ManifestError, approval_findings
 from warden.tokenscan.policy import TokenscanPolicy, load_tokenscan_policy
 from warden.tokenscan.report import render_json, render_sarif, render_text
 from warden.tokenscan.scanner import DirectoryScan, scan_paths, worst_outcome
@@ -47,11 +48,11 @@ def _compare(store: ApprovalStore, scan_result: DirectoryScan, approve: bool, po
     if scan_result.manifest is None:
         return
     if record is not None and not approve:
-        drift = drift_finding(record[0], scan_result.manifest, record[1])
-        if drift is not None:
-            scan_result.findings.insert(0, replace(drift, root=scan_result.root))
+        found = approval_findings(record, scan_result.manifest, scan_result.token_ids_digest)
+        scan_result.findings[:0] = [replace(f, root=scan_result.root) for f in found]
     elif approve and scan_result.outcome(policy.fail_severity) == 0:
-        store.save(scan_result.root, scan_result.manifest, utc_timestamp(time.time()))
+        when = utc_timestamp(time.time())
+        store.save(scan_result.root, scan_result.manifest, when, scan_result.token_ids_digest)
 
 
 @scan.command("tokenizer")
@@ -61,7 +62,11 @@ def _compare(store: ApprovalStore, scan_result: DirectoryScan, approve: bool, po
 )
 @format_option("text", "json", "sarif")
 @option("--state-dir", type=click.Path(file_okay=False), help="Approved manifests: report drift against them.")
-@option("--approve", is_flag=True, help="Record the manifest of every directory that scans clean (needs --state-dir).")
+@option(
+    "--approve",
+    is_flag=True,
+    help="Record the manifest and token-ids digest of every directory that scans clean (needs --state-dir).",
+)
 @option("--output", type=click.Path(dir_okay=False), help="Write the report to this file instead of stdout.")
 @click.pass_context
 def tokenizer(

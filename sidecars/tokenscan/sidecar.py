@@ -25,7 +25,7 @@ from sidecars.tokenscan.watch import DirWatcher
 from trainer.events import MODEL_LOADING, Event, utc_timestamp
 from warden.logs import log_fields
 from warden.tokenscan.findings import Finding, count_by_severity
-from warden.tokenscan.manifest import ApprovalStore, HashCache, ManifestError, drift_finding
+from warden.tokenscan.manifest import ApprovalStore, HashCache, ManifestError, approval_findings
 from warden.tokenscan.policy import TokenscanPolicy, default_policy
 from warden.tokenscan.scanner import DirectoryScan, scan_directory
 
@@ -126,16 +126,15 @@ class TokenscanSidecar(Sidecar[TokenscanPolicy]):
             return record is not None
         if record is None:
             if scan.outcome(self.policy.fail_severity) == 0:
-                self.store.save(path, scan.manifest, utc_timestamp(self.ctx.clock()))
+                self.store.save(path, scan.manifest, utc_timestamp(self.ctx.clock()), scan.token_ids_digest)
                 return True
             return False
-        drift = drift_finding(record[0], scan.manifest, record[1])
-        if drift is not None:
-            scan.findings.insert(0, replace(drift, root=scan.root))
-            if state is not None and not state.drifting:
-                self.metrics.drift_detected.inc()
+        found = approval_findings(record, scan.manifest, scan.token_ids_digest)
+        scan.findings[:0] = [replace(f, root=scan.root) for f in found]
+        if found and state is not None and not state.drifting:
+            self.metrics.drift_detected.inc()
         if state is not None:
-            state.drifting = drift is not None
+            state.drifting = bool(found)
         return True
 
     def _log(self, path: str, state: _Dir, scan: DirectoryScan, code: int) -> None:

@@ -163,13 +163,18 @@ RULES: dict[str, Rule] = {
              "Remove the rule that turns user text into control tokens; special tokens must only come from markup."),
         Rule("TS1204", "tokenizer-adds-tokens", _H, "Encoding adds tokens beyond the declared BOS/EOS/CLS/SEP",
              "Restore the post-processor to add only the declared special tokens."),
-        Rule("TS1205", "tokenizer-id-order", _H, "BPE ids are not in merge order (ids of words swapped)",
-             "Restore the vendor's vocabulary; or set behaviour.bpe_ids_follow_merges: false after review."),
+        Rule("TS1205", "tokenizer-id-order", _H,
+             "Token ids are not in trained order, or two vocabulary files disagree (ids of words swapped)",
+             "Restore the vendor's vocabulary files; or, for a BPE vocabulary not in merge order, set "
+             "behaviour.bpe_ids_follow_merges: false after review."),
         Rule("TS1206", "tokenizer-timeout", _H, "The tokenizer exceeds its time or memory budget on ordinary text",
              "Replace the pre-tokenizer pattern (catastrophic backtracking) or the oversized model."),
         Rule("TS1207", "token-ids-changed", _C, "Ordinary words map to other ids than in the pinned tokenizer",
              "Restore the approved tokenizer, or update pinned_token_ids (token_ids_digest of --format json) "
              "after review."),
+        Rule("TS1208", "token-ids-drift", _C, "Ordinary words map to other ids than when the directory was approved",
+             "Find what changed the tokenizer (files, or the tokenizers library); restore it, or re-scan and "
+             "approve with `warden scan tokenizer PATH --approve --state-dir DIR` after review."),
     )
 }  # fmt: skip
 

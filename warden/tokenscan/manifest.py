@@ -20,12 +20,13 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from trainer.events import atomic_write_bytes
 from warden.errors import IncompleteError
 from warden.safeio import FILE_FLAGS
 from warden.tokenscan.findings import Finding, finding
+from warden.tokenscan.tokenizer_behaviour import CORPUS_VERSION
 
 CHUNK = 1 << 20
 
@@ -178,8 +179,36 @@ def pin_finding(pinned: str, current: Manifest) -> Finding | None:
     return finding("TS1102", ".", f"manifest digest {current.digest} differs from the pinned {pinned}")
 
 
+class Approval(NamedTuple):
+    """One approval record: the manifest, when, and the digest of the ids the built-in corpus
+    encoded to (``None``: not recorded, or recorded with another corpus version)."""
+
+    manifest: Manifest
+    approved_at: str
+    token_ids_digest: str | None = None
+
+
+def token_ids_finding(approved: str | None, current: str | None, approved_at: str = "") -> Finding | None:
+    """TS1208 when the corpus encodes to other ids than at approval (or could not be encoded
+    now), else None; no finding when the approval recorded no digest."""
+    if approved is None or approved == current:
+        return None
+    when = f" at {approved_at}" if approved_at else ""
+    got = current or "nothing (the tokenizer was not exercised)"
+    return finding("TS1208", ".", f"the built-in corpus encodes to ids with digest {got}, approved{when} {approved}")
+
+
+def approval_findings(record: Approval, manifest: Manifest, token_ids_digest: str | None) -> list[Finding]:
+    """What a scan adds against its approval record: file drift (TS1101), token-id drift (TS1208)."""
+    found = [drift_finding(record.manifest, manifest, record.approved_at)]
+    found.append(token_ids_finding(record.token_ids_digest, token_ids_digest, record.approved_at))
+    return [f for f in found if f is not None]
+
+
 class ApprovalStore:
-    """Approved manifests, one JSON file per directory under ``<state_dir>/approved/``."""
+    """Approved manifests, one JSON file per directory under ``<state_dir>/approved/``, with
+    the token-ids digest of the approved tokenizer (``token_ids_digest``, for the corpus
+    version ``token_ids_corpus``)."""
 
     def __init__(self, state_dir: str) -> None:
         self.dir = os.path.join(state_dir, "approved")
@@ -188,21 +217,26 @@ class ApprovalStore:
         key = hashlib.sha256(os.path.abspath(directory).encode()).hexdigest()[:24]
         return os.path.join(self.dir, f"{key}.json")
 
-    def load(self, directory: str) -> tuple[Manifest, str] | None:
-        """(approved manifest, approval time) or None. Raises ManifestError when unreadable."""
+    def load(self, directory: str) -> Approval | None:
+        """The approval record of ``directory``, or None. Raises ManifestError when unreadable."""
         path = self._path(directory)
         try:
             with open(path, encoding="utf-8") as fh:
                 raw = json.load(fh)
-            return Manifest.from_dict(raw["manifest"]), str(raw.get("approved_at", ""))
+            ids = raw.get("token_ids_digest")
+            if not isinstance(ids, str) or raw.get("token_ids_corpus") != CORPUS_VERSION:
+                ids = None  # approved before digests were recorded, or with another corpus
+            return Approval(Manifest.from_dict(raw["manifest"]), str(raw.get("approved_at", "")), ids)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(f"{path}: approval record unreadable ({exc}); delete it to re-approve") from None
 
-    def save(self, directory: str, manifest: Manifest, approved_at: str) -> None:
+    def save(self, directory: str, manifest: Manifest, approved_at: str, token_ids_digest: str | None = None) -> None:
         os.makedirs(self.dir, exist_ok=True)
         record = {"path": os.path.abspath(directory), "approved_at": approved_at, "manifest": manifest.to_dict()}
+        if token_ids_digest is not None:
+            record |= {"token_ids_digest": token_ids_digest, "token_ids_corpus": CORPUS_VERSION}
         atomic_write_bytes(self._path(directory), json.dumps(record, indent=1, sort_keys=True).encode())
 
     def remove(self, directory: str) -> None:

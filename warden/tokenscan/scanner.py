@@ -218,6 +218,11 @@ class _Reader:
                 return facts
         if kind == "gguf":
             return self._gguf(rel, path, size, facts)
+        if rel == "vocab.txt" and kind == "text":
+            data = _read(path, size + 1)
+            self.snap.digests[rel] = hashlib.sha256(data).hexdigest()
+            self.snap.vocab_lines[rel] = tuple(data.decode("utf-8", "replace").split("\n"))
+            return facts
         if ext == ".jinja" or (kind == "text" and _looks_like_template(path)):
             self.jinja.append((rel, None, _read(path, size + 1).decode("utf-8", "replace")))
         elif ext == ".model" and kind != "text":
@@ -471,6 +476,7 @@ def _tokenizer_behaviour(snap: Snapshot, policy: TokenscanPolicy, running: dict[
         problem = order if policy.behaviour.bpe_ids_follow_merges else None
         if problem:
             out.append(("tokenizer.json", tbe.TokenizerIssue("order", problem)))
+        out += [("tokenizer.json", tbe.TokenizerIssue("order", d)) for d in _vocab_disagreements(snap, model)]
     if not policy.behaviour.enabled:
         return
     for rel, (kind, _path, digest, _size) in sorted(snap.tokenizer_files.items()):
@@ -489,6 +495,26 @@ def _tokenizer_behaviour(snap: Snapshot, policy: TokenscanPolicy, running: dict[
             snap.token_ids_digest = tbe.ids_digest(answer)
         key = digest + json.dumps([kind, rel, tokens], sort_keys=True)
         out += [(rel, i) for i in MEMO.get("judge", key, lambda a=answer, r=rel: tuple(tbe.judge(a, tokens, r)))]
+
+
+def _vocab_disagreements(snap: Snapshot, model: dict[str, Any]) -> list[str]:
+    """tokenizer.json's vocabulary against the slow tokenizer's vocab.json / vocab.txt beside it
+    (cached by the digests of the two files)."""
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict):
+        return []
+    others: dict[str, Any] = {}
+    if (doc := snap.top("vocab.json")) is not None:
+        others["vocab.json"] = lambda d=doc: d
+    if "vocab.txt" in snap.vocab_lines:
+        others["vocab.txt"] = lambda lines=snap.vocab_lines["vocab.txt"]: tbe.vocab_txt_ids(lines)
+    out = []
+    for label, mapping in others.items():
+        key = snap.digests.get("tokenizer.json", "") + label + snap.digests.get(label, "")
+        found = MEMO.get("vocabs", key, lambda m=mapping, n=label: tbe.vocab_disagreement(vocab, m(), n))
+        if found:
+            out.append(found)
+    return out
 
 
 def _manifest_files(snap: Snapshot, policy: TokenscanPolicy) -> list[tuple[str, str, str | None]]:

@@ -85,6 +85,7 @@ class Snapshot:
     tokenizer_issues: list[tuple[str, TokenizerIssue]] = field(default_factory=list)
     unanalysed: list[tuple[str, str]] = field(default_factory=list)  # (file, why): TS910
     token_ids_digest: str | None = None  # ids of the corpus under tokenizer.json (else the .model)
+    vocab_lines: dict[str, tuple[str, ...]] = field(default_factory=dict)  # vocab.txt: id = line number
     deadline: float = float("inf")
 
     @property

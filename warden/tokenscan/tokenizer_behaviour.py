@@ -229,6 +229,23 @@ def score_order_problem(model: Mapping[str, Any]) -> str | None:
     return None
 
 
+def vocab_disagreement(vocab: Mapping[str, Any], other: Mapping[str, Any], label: str, limit: int = 3) -> str | None:
+    """Two files of one directory that both define the vocabulary (tokenizer.json's model and
+    the slow tokenizer's vocab.txt / vocab.json) must give every shared token the same id:
+    which mapping a model gets would otherwise depend on the loader. Swapping two words' ids
+    in one of them, the other kept, breaks it."""
+    differ = [t for t, i in other.items() if type(i) is int and type(vocab.get(t)) is int and vocab[t] != i]
+    if not differ:
+        return None
+    shown = ", ".join(f"{t!r} {vocab[t]} vs {other[t]}" for t in sorted(differ, key=lambda t: other[t])[:limit])
+    return f"tokenizer.json and {label} give {len(differ)} token(s) different ids ({shown})"
+
+
+def vocab_txt_ids(lines: Iterable[str]) -> dict[str, int]:
+    """vocab.txt as BERT's slow tokenizer reads it: a token per line, its id the line number."""
+    return {line: i for i, line in enumerate(lines)}
+
+
 def _letters(text: Any) -> int:
     return sum(ch.isalpha() for ch in text) if isinstance(text, str) else 0
 

@@ -301,3 +301,60 @@ def test_parallel_scan_paths_finds_what_sequential_scans_find(attack_dirs, famil
     together = [{f.id for f in s.findings} for s in sc.scan_paths(paths + paths, POLICY)]
     assert together == alone + alone
     assert all(alone[: len(names)]) and not any(alone[len(names) :])
+
+
+# -- approvals record what the tokenizer does ----------------------------------------------------
+def test_token_ids_finding_and_the_record_of_another_corpus(tmp_path):
+    from warden.tokenscan.manifest import ApprovalStore, Manifest, token_ids_finding
+
+    assert token_ids_finding(None, "a" * 64) is None  # approved before digests were recorded
+    assert token_ids_finding("a" * 64, "a" * 64) is None
+    changed = token_ids_finding("a" * 64, "b" * 64, "2026-01-01T00:00:00Z")
+    assert changed is not None and changed.id == "TS1208" and "approved at 2026-01-01" in changed.message
+    silent = token_ids_finding("a" * 64, None)
+    assert silent is not None and "not exercised" in silent.message  # fail closed
+    store = ApprovalStore(str(tmp_path))
+    store.save(str(tmp_path / "d"), Manifest(str(tmp_path / "d"), {}), "t", "c" * 64)
+    record = store.load(str(tmp_path / "d"))
+    assert record is not None and record.token_ids_digest == "c" * 64
+    path = store._path(str(tmp_path / "d"))
+    raw = json.loads(Path(path).read_text())
+    Path(path).write_text(json.dumps({**raw, "token_ids_corpus": "tokenscan-corpus-0"}))
+    record = store.load(str(tmp_path / "d"))
+    assert record is not None and record.token_ids_digest is None  # another corpus: not comparable
+
+
+def _scan_json(path: Path, state: Path) -> tuple[int, dict]:
+    result = run_warden("scan", "tokenizer", str(path), "--state-dir", str(state), "--format", "json")
+    return result.returncode, json.loads(result.stdout)["directories"][0]
+
+
+def test_approve_records_the_token_ids_digest_and_a_later_scan_compares_it(tmp_path):
+    """WordPiece has no merges or scores: two words swapped in tokenizer.json AND vocab.txt
+    leave the directory self-consistent, so no reference-free check can see it. The approval
+    can: --approve records the digest of the ids of the built-in corpus, a later scan compares."""
+    bert, state = build_family("bert", tmp_path / "bert"), tmp_path / "state"
+    approve = run_warden("scan", "tokenizer", str(bert), "--state-dir", str(state), "--approve", "--format", "json")
+    assert approve.returncode == 0, approve.stdout
+    digest = json.loads(approve.stdout)["directories"][0]["token_ids_digest"]
+    (record,) = (state / "approved").iterdir()
+    saved = json.loads(record.read_text())
+    assert len(digest) == 64 and saved["token_ids_digest"] == digest
+    assert saved["token_ids_corpus"] == tbe.CORPUS_VERSION
+    assert _scan_json(bert, state)[0] == 0
+
+    tok = json.loads((bert / "tokenizer.json").read_text(encoding="utf-8"))
+    (bert / "tokenizer.json").write_text(json.dumps(tok, indent=1), encoding="utf-8")  # new bytes, same ids
+    code, doc = _scan_json(bert, state)
+    assert code == 1 and [f["id"] for f in doc["findings"]] == ["TS1101"]
+
+    vocab = tok["model"]["vocab"]
+    vocab["not"], vocab["the"] = vocab["the"], vocab["not"]  # both files swapped alike
+    (bert / "tokenizer.json").write_text(json.dumps(tok), encoding="utf-8")
+    lines = (bert / "vocab.txt").read_text(encoding="utf-8").split("\n")
+    lines[vocab["not"]], lines[vocab["the"]] = "not", "the"
+    (bert / "vocab.txt").write_text("\n".join(lines), encoding="utf-8")
+    assert scan_directory(str(bert), POLICY).findings == []  # invisible without a reference
+    code, doc = _scan_json(bert, state)
+    assert code == 1 and {f["id"] for f in doc["findings"]} == {"TS1101", "TS1208"}
+    assert doc["token_ids_digest"] != digest

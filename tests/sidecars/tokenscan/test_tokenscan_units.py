@@ -245,7 +245,9 @@ def test_approval_store_and_drift(fresh_benign, tmp_path):
     store = ApprovalStore(str(tmp_path / "state"))
     before = directory_manifest(str(fresh_benign), default_policy())
     store.save(str(fresh_benign), before, "2026-01-01T00:00:00Z")
-    approved, when = store.load(str(fresh_benign))
+    record = store.load(str(fresh_benign))
+    assert record is not None and record.token_ids_digest is None  # approved without a digest
+    approved, when = record.manifest, record.approved_at
     assert approved == before and store.approved() == [str(fresh_benign)]
     (fresh_benign / "chat_template.jinja").write_text("changed")
     (fresh_benign / "new.json").write_text("{}")
