@@ -358,3 +358,23 @@ def test_approve_records_the_token_ids_digest_and_a_later_scan_compares_it(tmp_p
     code, doc = _scan_json(bert, state)
     assert code == 1 and {f["id"] for f in doc["findings"]} == {"TS1101", "TS1208"}
     assert doc["token_ids_digest"] != digest
+
+
+@pytest.mark.parametrize("template", ["QWEN25_TEMPLATE", "LLAMA31_TEMPLATE", "LLAMA32_TEMPLATE"])
+def test_tool_supporting_family_templates_render_the_tool_exchange_and_documents(template):
+    """The clean results of the tool-capable families come from renders that ran: the tool
+    exchange renders, shows the tool response once and in order, and passes every invariant."""
+    import families
+
+    from warden.tokenscan import chat_template as ct
+
+    context = {"bos_token": "<s>", "eos_token": "</s>", "add_generation_prompt": True, "documents": None}
+    renders = tb.battery_renders(context)
+    answer = ct.run_battery(getattr(families, template), renders, ct.RenderLimits(10, 1 << 20, 1 << 30))
+    by_name = {r["name"]: out for r, out in zip(renders, answer["renders"], strict=True)}
+    assert by_name["toolconv"]["status"] == by_name["docs"]["status"] == "ok"
+    output = by_name["toolconv"]["output"]
+    shown = [str(m["content"]) for m in tb.tool_conversation() if m["content"]]
+    assert [output.count(c) for c in shown] == [1] * len(shown)
+    assert [output.index(c) for c in shown[1:]] == sorted(output.index(c) for c in shown[1:])
+    assert tb.judge(renders, answer, ("<s>", "</s>"), 24) == []
