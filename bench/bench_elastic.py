@@ -43,10 +43,17 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--kill-after", type=int, default=5, help="kill a node while the next step runs")
     parser.add_argument("--keep", help="run in this directory and keep it (logs, journal, store)")
+    parser.add_argument(
+        "--share-agent-store",
+        action="store_true",
+        help="torch's default (TORCH_DISABLE_SHARE_RDZV_TCP_STORE unset): workers reuse the agent's store",
+    )
     args = parser.parse_args()
     base = Path(args.keep or tempfile.mkdtemp(prefix="warden-elastic-"))
     base.mkdir(parents=True, exist_ok=True)
     drill = ElasticDrill(base / "drill", steps=args.steps, kill_after_step=args.kill_after)
+    if args.share_agent_store:
+        drill.extra_env = {}
     drill.write_config(tiny_cache(base))
     try:
         drill.start()
@@ -58,12 +65,17 @@ def main() -> int:
     events = drill.events()
     figures = measure(events, drill.kill_time)
     resumed = next(e for e in events if e.type == ev.RUN_RESUMED)
-    print(f"killed {victim.name} (agent + worker, SIGKILL) during step {args.kill_after + 1} of {args.steps}")
+    store = "shared agent store (torch default)" if args.share_agent_store else "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"
+    print(f"{store}; killed {victim.name} (agent + worker, SIGKILL) during step {args.kill_after + 1} of {args.steps}")
     print(
         f"resumed from step {resumed.data['from_step']}: world {resumed.data['old_world_size']} -> "
         f"{resumed.data['new_world_size']}, lost steps {figures.lost_steps}, restart {resumed.data['restart_count']}"
     )
-    print(f"kill -> first step completed by the survivors: {figures.kill_to_first_step_s:.2f} s")
+    print(
+        f"kill -> first step completed by the survivors: {figures.kill_to_first_step_s:.2f} s "
+        f"(new generation's first event {figures.kill_to_restart_s:.2f} s, "
+        f"run.resumed {figures.kill_to_resumed_s:.2f} s)"
+    )
     print(
         f"steps/s: {figures.world_before} nodes {figures.steps_per_s_before:.3f}, "
         f"{figures.world_after} nodes {figures.steps_per_s_after:.3f}, ratio after/before {figures.ratio:.2f}"

@@ -102,6 +102,10 @@ class ElasticDrill:
         default_factory=lambda: {"hidden_size": 256, "num_layers": 4, "num_heads": 4, "intermediate_size": 768}
     )
     new_tokens: int = 16
+    # torch's default shares the agent's TCPStore with the workers and keeps it across restarts
+    # while the same node stays rank 0, so a restarted group can read the previous generation's
+    # gloo/NCCL addresses and fail once more (pytorch/pytorch#135712); docs/elastic.md.
+    extra_env: dict[str, str] = field(default_factory=lambda: {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"})
     agents: list[Node] = field(default_factory=list)
     services: list[tuple[str, subprocess.Popen[bytes], Path, int]] = field(default_factory=list)
     killed: Node | None = None
@@ -184,7 +188,7 @@ class ElasticDrill:
             "--local-addr=127.0.0.1",
             *warden_cmd("train", "--config", str(self.config), "--run-dir", str(self.run_dir))[1:],
         ]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **self.extra_env}
         with open(log, "wb") as fh:
             proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         return Node(f"node{index}", proc, log)
@@ -318,6 +322,8 @@ class Figures:
     world_before: int
     world_after: int
     lost_steps: int
+    kill_to_restart_s: float  # the new generation's first event: failure seen, rendezvous, worker start
+    kill_to_resumed_s: float  # run.resumed: models built, the signed checkpoint verified and loaded
 
     @property
     def ratio(self) -> float:
@@ -339,8 +345,12 @@ def measure(events: list[ev.Event], kill_time: float) -> Figures:
         times = [event_time(e) for e in steps[1:]]  # from the end of the first step: no warm-up
         return (len(times) - 1) / (times[-1] - times[0]) if len(times) >= 2 else float("nan")
 
+    failed = max(i for i, e in enumerate(events[:at]) if e.type in (ev.STEP_COMPLETED, ev.RUN_FINISHED))
+    restart = events[failed + 1]  # the first event the new generation's rank 0 wrote
     return Figures(
         kill_to_first_step_s=event_time(after[0]) - kill_time,
+        kill_to_restart_s=event_time(restart) - kill_time,
+        kill_to_resumed_s=event_time(resumed) - kill_time,
         steps_per_s_before=rate(before),
         steps_per_s_after=rate(after),
         world_before=int(before[-1].data["world_size"]),
