@@ -222,6 +222,8 @@ class PPOTrainer:
         # Not writable by others whatever the umask: sidecars refuse a journal others can write.
         os.makedirs(self.run_dir, mode=0o755, exist_ok=True)
         self.metrics = TrainerMetrics()
+        self.metrics.world_size.set(self.dist.world_size)
+        self.metrics.restart_count.set(elastic.restart_count(os.environ) or 0)
         self.journal: ev.EventWriter | None = None
         journal_path = os.path.join(self.run_dir, ev.JOURNAL_NAME)
         self.run_id = cfg.run.run_id or _existing_run_id(journal_path) or _new_run_id(config_name)
@@ -364,6 +366,8 @@ class PPOTrainer:
                 "versions": _versions(),
                 "nccl_env": self.nccl_env,
                 "device": str(self.device),
+                # A torchrun restart before the first checkpoint starts over: say what it threw away.
+                **(self._elastic_fields() if elastic.restart_count(os.environ) else {}),
             },
         )
 
@@ -393,6 +397,7 @@ class PPOTrainer:
             self.dist.world_size,
             elastic.restart_count(os.environ),
         )
+        self.metrics.resume_lost_steps.set(fields["lost_steps"])
         if fields["world_size_changed"] or fields["lost_steps"]:
             log.warning(
                 "resumed at step %d with world size %s (was %s); %d completed step(s) after the checkpoint "

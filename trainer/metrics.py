@@ -69,4 +69,14 @@ class TrainerMetrics:
         self.val_last_step = Gauge(p + "val_last_step", "Step of the last validation.", registry=reg)
         self.oom = Counter(p + "oom_events", "Out-of-memory errors caught.", ["phase"], registry=reg)
         self.info = Info(p + "run", "Run id and versions.", registry=reg)
+        # Elastic runs (docs/elastic.md): a smaller world after a node loss, and what the resume cost.
+        self.world_size = Gauge(p + "world_size", "Data-parallel ranks of the running worker group.", registry=reg)
+        self.restart_count = Gauge(
+            p + "restart_count", "torchrun's restart count of the worker group (0 outside torchrun).", registry=reg
+        )
+        self.resume_lost_steps = Gauge(
+            p + "resume_lost_steps",
+            "Steps completed after the checkpoint the last resume loaded, trained again (0 without a resume).",
+            registry=reg,
+        )
         self.oom.labels("step")

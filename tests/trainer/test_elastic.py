@@ -106,6 +106,9 @@ def test_resume_after_a_crash_between_checkpoints_reports_the_lost_step(make_con
     second = PPOTrainer(cfg, run_dir, resume="auto")
     try:
         assert second.step == 2 and second.checkpoint_world_size == 1
+        value = second.metrics.registry.get_sample_value
+        assert value("warden_trainer_world_size") == 1 and value("warden_trainer_restart_count") == 1
+        assert value("warden_trainer_resume_lost_steps") == 1
         second.train()
     finally:
         second.close()
@@ -127,3 +130,23 @@ def test_resume_after_a_crash_between_checkpoints_reports_the_lost_step(make_con
     assert [e.data["batch_digest"] for e in before + after] == expected_digests(cfg, 5)
     assert {e.data["world_size"] for e in before + after} == {1}
     assert events[-1].type == ev.RUN_FINISHED and events[-1].data["status"] == "completed"
+
+
+def test_a_restart_before_the_first_checkpoint_starts_over_and_says_so(make_config, tmp_path, monkeypatch):
+    cfg, _ = make_config({"max_steps": 2, "checkpoint": {"every_steps": 0}})
+    run_dir = str(tmp_path / "run")
+    first = PPOTrainer(cfg, run_dir)
+    first.train_step()  # step 1 journalled, no checkpoint; the node is lost
+    first.close()
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    second = PPOTrainer(cfg, run_dir, resume="auto")
+    second.close()
+    started = [e for e in journal(run_dir) if e.type == ev.RUN_STARTED]
+    assert "restart_count" not in started[0].data  # a plain start says nothing of restarts
+    again = started[-1].data
+    assert (again["restart_count"], again["lost_steps"], again["lost_first_step"], again["new_world_size"]) == (
+        1,
+        1,
+        1,
+        1,
+    )
