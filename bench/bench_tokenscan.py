@@ -19,14 +19,16 @@
    by class, false positives on the families, seconds.
 5. Speed (issue 18): ``--dirs`` tokenizer directories of ``--vocab``-sized byte-level BPE
    tokenizers (``--distinct`` of them, copied round-robin) and a node's ``--dirs`` checkpoints
-   sharing one tokenizer, scanned cold (fresh caches, sandbox workers stopped) and warm with
+   sharing one tokenizer (alone, and beside a ``--shard-mb`` weights shard as in a checkpoint),
+   scanned cold (fresh caches, sandbox workers stopped) and warm with
    ``scan_paths`` (the CLI's path) against the anchor of hashing their bytes with threaded
    SHA-256 (page cache warm); and the floor: one sandboxed ``tokenizers`` load per distinct
    tokenizer against hashing it.
 
 Not a test: absolute numbers depend on the machine; the ratios are the result.
 
-    .venv/bin/python bench/bench_tokenscan.py [--size-mb 500] [--dirs 50] [--repeat 3] [--vocab 32000] [--distinct 5]
+    .venv/bin/python bench/bench_tokenscan.py [--size-mb 500] [--dirs 50] [--repeat 3] [--vocab 32000]
+        [--distinct 5] [--shard-mb 16]
 """
 
 from __future__ import annotations
@@ -377,7 +379,7 @@ def big_tokenizer(out: Path, vocab: int, seed: int) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def speed_bench(work: Path, count: int, vocab: int, repeat: int, distinct_count: int) -> None:
+def speed_bench(work: Path, count: int, vocab: int, repeat: int, distinct_count: int, shard_mb: int) -> None:
     """Cold = a fresh scanner: no cached parse, load, render or judgement, both sandbox workers
     stopped (their interpreter start is counted). ``scan_paths`` is what the CLI runs."""
     from warden.tokenscan import scanner as sc
@@ -388,9 +390,13 @@ def speed_bench(work: Path, count: int, vocab: int, repeat: int, distinct_count:
         big_tokenizer(d, vocab, i)
     mixed = [work / "mixed" / f"tok-{i:03d}" for i in range(count)]  # the distinct ones, copied round-robin
     node = [work / "node" / f"ckpt-{i:03d}" for i in range(count)]  # one tokenizer in every checkpoint
-    for i, (m, n) in enumerate(zip(mixed, node, strict=True)):
+    ckpts = [work / "ckpts" / f"step-{i:03d}" for i in range(count)]  # and a weights shard beside it
+    pool = os.urandom(4 * MIB)
+    for i, (m, n, c) in enumerate(zip(mixed, node, ckpts, strict=True)):
         shutil.copytree(distinct[i % len(distinct)], m)
         shutil.copytree(distinct[0], n)
+        shutil.copytree(distinct[0], c)
+        safetensors_shard(c / "model.safetensors", shard_mb * MIB, pool)
     policy = default_policy()
 
     def cold() -> None:
@@ -413,19 +419,26 @@ def speed_bench(work: Path, count: int, vocab: int, repeat: int, distinct_count:
             assert answer["status"] == "ok", answer
 
     rows: list[tuple[str, float, float]] = []
-    for label, dirs in ((f"{len(distinct)} distinct tokenizers, copied", mixed), ("node: one tokenizer", node)):
+    sets = (
+        (f"{len(distinct)} distinct tokenizers, copied", mixed, (False, True)),
+        ("node: one tokenizer in every directory", node, (False, True)),
+        (f"node: checkpoints (that tokenizer + a {shard_mb} MiB shard)", ckpts, (True,)),
+    )
+    for label, dirs, manifests in sets:
         root = dirs[0].parent
         total = sum(p.stat().st_size for d in dirs for p in d.iterdir())
         threaded_sha256(root)
         anchor = best_of(repeat, lambda root=root: threaded_sha256(root))
         scan_all(dirs, False)  # warm the page cache and the interpreter
         rows.append((f"{label}: anchor, threaded sha256 of every file ({total / MIB:.0f} MiB)", anchor, anchor))
-        rows.append((f"{label}: warden cold, no manifest (CLI default)",
-                     best_of(repeat, lambda dirs=dirs: (cold(), scan_all(dirs, False))), anchor))  # fmt: skip
+        if False in manifests:  # without a manifest a weights shard is sniffed, not hashed: not comparable
+            rows.append((f"{label}: warden cold, no manifest (CLI default)",
+                         best_of(repeat, lambda dirs=dirs: (cold(), scan_all(dirs, False))), anchor))  # fmt: skip
         rows.append((f"{label}: warden cold, with the SHA-256 manifest (sidecar, --state-dir)",
                      best_of(repeat, lambda dirs=dirs: (cold(), scan_all(dirs, True))), anchor))  # fmt: skip
+        warm = manifests[0]  # the checkpoints: rehashed too (no stat cache here), as a fresh process would
         rows.append((f"{label}: warden warm (sidecar rescans)",
-                     best_of(repeat, lambda dirs=dirs: scan_all(dirs, False)), anchor))  # fmt: skip
+                     best_of(repeat, lambda dirs=dirs, m=warm: scan_all(dirs, m)), anchor))  # fmt: skip
     one = sum((d / "tokenizer.json").stat().st_size for d in distinct)
     hash_distinct = best_of(repeat, lambda: [hashlib.sha256((d / "tokenizer.json").read_bytes()) for d in distinct])
     load_alone()
@@ -451,6 +464,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--distinct", type=int, default=5, help="distinct tokenizers among --dirs (speed)")
+    parser.add_argument("--shard-mb", type=int, default=16, help="weights beside each checkpoint's tokenizer (speed)")
     parser.add_argument("--skip", nargs="*", default=(), choices=("detection", "model", "dirs", "behaviour", "speed"))
     args = parser.parse_args()
     corpus = load_corpus_module()
@@ -468,7 +482,7 @@ def main() -> None:
         if "behaviour" not in args.skip:
             behaviour_bench(work / "behaviour")
         if "speed" not in args.skip:
-            speed_bench(work / "speed", args.dirs, args.vocab, args.repeat, args.distinct)
+            speed_bench(work / "speed", args.dirs, args.vocab, args.repeat, args.distinct, args.shard_mb)
 
 
 if __name__ == "__main__":

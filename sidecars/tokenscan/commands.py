@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import click
 
-from trainer.events import utc_timestamp
+from trainer.events import atomic_write_bytes, utc_timestamp
 from warden.cliutil import format_option, option
 from warden.tokenscan.manifest import ApprovalStore, ManifestError, approval_findings
 from warden.tokenscan.policy import TokenscanPolicy, load_tokenscan_policy
@@ -100,9 +100,8 @@ def tokenizer(
     else:
         doc = render_json(scans, fail_on, policy_path) if output_format == "json" else render_sarif(scans, fail_on)
         text = json.dumps(doc, indent=2, sort_keys=output_format == "json")
-    if output:
-        with open(output, "w", encoding="utf-8") as fh:
-            fh.write(text + "\n")
+    if output:  # read by CI and other processes: never half a report
+        atomic_write_bytes(output, (text + "\n").encode("utf-8"))
     else:
         click.echo(text)
     ctx.exit(worst_outcome(scans, fail_on))

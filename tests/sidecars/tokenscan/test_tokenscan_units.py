@@ -271,6 +271,17 @@ def test_cli_approve_then_drift(fresh_benign, tmp_path):
     assert finding_ids == ["TS1101"]
 
 
+def test_cli_output_file_is_written_whole(fresh_benign, tmp_path):
+    from support import run_warden
+
+    out = tmp_path / "reports" / "scan.json"
+    out.parent.mkdir()
+    result = run_warden("scan", "tokenizer", str(fresh_benign), "--format", "json", "--output", str(out))
+    assert result.returncode == 0 and result.stdout == ""
+    assert json.loads(out.read_text())["directories"][0]["outcome"] == "clean"
+    assert [p.name for p in out.parent.iterdir()] == ["scan.json"]  # no temporary file left beside it
+
+
 # -- checks are pure ---------------------------------------------------------------------
 def test_checks_run_on_a_hand_built_snapshot_without_files():
     snap = Snapshot("/nowhere", "/nowhere", entries=[])
