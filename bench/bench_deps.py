@@ -7,7 +7,8 @@ Targets:
   and byte-compiled ``.pyc`` files (about 25,000 files by default), audited as
   ``--site-packages`` (read only).
 
-Per target, one state directory, in this order (issue 21):
+Per target, one state directory, in this order (issue 21); the best and median of the repeats
+are printed at the end, with the load average before each round (the machine may be shared):
 
 * ``cold``: the first audit ever (empty cache): every RECORD file re-hashed and every loadable
   ``.pyc`` compiled and compared (the cost the content-keyed verdict cache removes later);
@@ -141,8 +142,27 @@ def anchors(target: Target) -> tuple[float, float, int, int]:
 def audit_once(target: Target, state: str, full: bool) -> dict:
     policy = DepsPolicy(integrity=IntegrityRules(workers=0), vulnerabilities=VulnRules(pip_audit_crosscheck=False))
     settings = AuditSettings(policy, None, None, state, None, checks=frozenset({"integrity"}), pip_audit=False)
+    cpu = os.times()
     rep = run_audit(AuditSettings(**{**settings.__dict__, "full_pass": full}), target)
-    return {"seconds": rep.duration, **rep.stats["integrity"], "findings": len(rep.findings)}
+    after = os.times()  # this process and the .pyc workers it waited for
+    used = sum(after[i] - cpu[i] for i in range(4))
+    return {"seconds": rep.duration, "cpu": used, **rep.stats["integrity"], "findings": len(rep.findings)}
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load {one:.2f}/{five:.2f} on {os.cpu_count()} CPUs"
+
+
+def _summary(label: str, runs: list[dict]) -> str:
+    """Best and median wall time (and CPU seconds) of ``runs``: the machine may be shared."""
+    walls = sorted(r["seconds"] for r in runs)
+    cpus = sorted(r["cpu"] for r in runs)
+    mid = len(walls) // 2
+    return (
+        f"   {label:<18}best {walls[0]:6.2f}s, median {walls[mid]:6.2f}s wall "
+        f"(CPU best {cpus[0]:.2f}s, median {cpus[mid]:.2f}s) over {len(runs)} runs"
+    )
 
 
 def _line(label: str, run: dict, anchor: float, anchor_name: str) -> str:
@@ -150,7 +170,8 @@ def _line(label: str, run: dict, anchor: float, anchor_name: str) -> str:
         f"   {label:<18}{run['seconds']:7.2f}s = {run['seconds'] / anchor:5.2f}x {anchor_name}; "
         f"{run['files_hashed']} hashed, {run['files_cached']} cached; .pyc: {run['pyc_checked']} compiled, "
         f"{run['pyc_verdict_cached']} by verdict, {run['pyc_cached']} by stat; base stdlib: "
-        f"{run['stdlib_hashed']} hashed, {run['stdlib_cached']} cached; {run['findings']} findings"
+        f"{run['stdlib_hashed']} hashed, {run['stdlib_cached']} cached; {run['dists_cached']} dists judged whole, "
+        f"{run['dirs_listed']}/{run['dirs_walked']} dirs listed; CPU {run['cpu']:.2f}s; {run['findings']} findings"
     )
 
 
@@ -161,14 +182,22 @@ def bench_target(label: str, target: Target, records: int, repeat: int) -> None:
         f"   {files} files, {size / 2**20:.0f} MiB; anchors: walk+stat {walk:.2f}s, "
         f"read+sha256 (1 thread) {hashing:.2f}s"
     )
+    fulls: list[dict] = []
+    incrs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="bench-deps-") as state:
         cold = audit_once(target, state, True)
         print(_line("cold (no cache)", cold, hashing, "read+sha256"))
         for n in range(repeat):
+            print(f"   ({_load()})")
             full = audit_once(target, state, True)
             print(_line(f"full #{n + 1}", full, hashing, "read+sha256"))
             incr = audit_once(target, state, False)
             print(_line(f"incremental #{n + 1}", incr, walk, "walk+stat"))
+            fulls.append(full)
+            incrs.append(incr)
+    if fulls:
+        print(_summary("full", fulls))
+        print(_summary("incremental", incrs))
     bench_vulns(target, records)
 
 
@@ -207,7 +236,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=5000)
     parser.add_argument("--repeat", type=int, default=2, help="full + incremental rounds after the cold audit")
     args = parser.parse_args()
-    print(f"bench_deps: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+    print(f"bench_deps: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, {_load()}")
     if args.target in ("own", "both"):
         bench_target("own environment", discover_python(args.python), args.records, args.repeat)
     if args.target in ("synthetic", "both"):

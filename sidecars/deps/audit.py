@@ -121,9 +121,10 @@ def _lock_checks(report: AuditReport, settings: AuditSettings) -> None:
         report.findings.extend(check_artifacts(expected, report.dists))
 
 
-def _integrity(report: AuditReport, settings: AuditSettings, cancel: threading.Event, now: float) -> None:
+def _integrity(
+    report: AuditReport, settings: AuditSettings, cancel: threading.Event, now: float, cache: IntegrityCache
+) -> None:
     rules = settings.policy.integrity
-    cache = IntegrityCache.for_target(settings.state_dir, report.target.site_packages).load()
     full = settings.full_pass or (now - cache.last_full_pass >= rules.full_pass_interval_seconds)
     options = IntegrityOptions(
         rules.pth_allow,
@@ -305,12 +306,14 @@ def run_audit(
     started = time.monotonic()
     now = clock()
     report = AuditReport(target=target, started=now, strict=settings.strict, checks=tuple(sorted(settings.checks)))
+    cache = IntegrityCache.for_target(settings.state_dir, target.site_packages).load()
+    known = cache.known_records() if "integrity" in settings.checks else frozenset()
     for root in target.site_packages:
-        report.dists.extend(scan_distributions(root))
+        report.dists.extend(scan_distributions(root, known))
     report.stats["distributions"] = len(report.dists)
     steps: list[tuple[str, Callable[[], None]]] = [
         ("lock", lambda: _lock_checks(report, settings)),
-        ("integrity", lambda: _integrity(report, settings, cancel, now)),
+        ("integrity", lambda: _integrity(report, settings, cancel, now, cache)),
         ("vulns", lambda: _vulnerabilities(report, settings, dbs or DatabaseCache(), now)),
     ]
     for name, step in steps:

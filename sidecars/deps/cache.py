@@ -12,6 +12,13 @@ atomically; a missing or corrupt cache only costs a full pass.
 optimisation level), so a full pass re-hashes every file but compiles only pairs it has not
 seen. Nothing is written when nothing changed.
 
+Directory listings (walk.walk_tree): a directory whose (inode, mtime_ns, ctime_ns) is unchanged
+is not listed again; its entries are only stat-ed (walk.py says why that is safe).
+
+Verified-clean distributions (integrity.py): by metadata directory, the RECORD's sha256, the
+policy it was judged under, its paths and a fingerprint of their stat identities, so an
+unchanged distribution is one comparison (its RECORD is not even parsed: installed.LazyRecord).
+
 Locked wheels (wheels.py): each wheel file's sha256 by path and stat identity (``wheels``), and
 the (installed RECORD, wheel sha256) pairs verified equal (``wheel_verdicts``), so a re-audit
 opens no wheel; both are pruned to what the last audit saw or used.
@@ -22,11 +29,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Sequence
 from typing import Any
 
 from trainer.events import atomic_write_bytes
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: entries are strings ("size mtime_ns ino ctime_ns digest"): half the load time of lists
 StatKey = tuple[int, int, int, int]
 
 
@@ -34,19 +42,49 @@ def stat_key(st: os.stat_result) -> StatKey:
     return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
 
+def key_text(key: Sequence[int]) -> str:
+    """A stat key (or two) as the cache stores it: the integers joined by spaces."""
+    return " ".join(map(str, key))
+
+
+def _strings(value: Any) -> dict[str, str]:
+    """``value`` if it is a dict of strings (what this version wrote), else empty (a cache from
+    elsewhere only costs a full pass)."""
+    if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+        return value
+    return {}
+
+
+def _dist_ok(value: Any) -> bool:
+    """The shape integrity.py relies on: [RECORD sha256, policy tag, hashed paths, other paths, fingerprint]."""
+    return isinstance(value, list) and len(value) == 5 and all(isinstance(v, str) for v in value)
+
+
+def _listing_ok(value: Any) -> bool:
+    """The shape walk.walk_tree relies on: [ino, mtime_ns, ctime_ns, names, dir names]."""
+    return (
+        isinstance(value, list)
+        and len(value) == 5
+        and all(isinstance(v, int) for v in value[:3])
+        and all(isinstance(v, str) for v in value[3:])
+    )
+
+
 class IntegrityCache:
     """Digests of RECORD-listed files and verdicts of ``.pyc`` files, for one target."""
 
     def __init__(self, path: str | None) -> None:
         self.path = path
-        self.files: dict[str, list[Any]] = {}
-        self.pyc: dict[str, list[int]] = {}
+        self.files: dict[str, str] = {}  # path -> "size mtime_ns ino ctime_ns algo=digest"
+        self.pyc: dict[str, str] = {}  # pyc path -> key_text of the pyc's and its source's stat keys
         self.verdicts: set[str] = set()
         self.last_full_pass = 0.0
         self.loaded = False
         self.dirty = False
         self._verdicts_used: set[str] = set()
         self.wheels: dict[str, list[Any]] = {}
+        self.listings: dict[str, list[Any]] = {}  # walk.walk_tree's directory listings
+        self.dists: dict[str, list[str]] = {}  # integrity.py's verified-clean distributions
         self.wheel_verdicts: set[str] = set()
         self._wheel_verdicts_used: set[str] = set()
 
@@ -64,16 +102,18 @@ class IntegrityCache:
             with open(self.path, "rb") as fh:
                 raw = json.loads(fh.read())
             if raw.get("version") == CACHE_VERSION:
-                self.files = dict(raw.get("files") or {})
-                self.pyc = dict(raw.get("pyc") or {})
+                self.files = _strings(raw.get("files"))
+                self.pyc = _strings(raw.get("pyc"))
                 self.verdicts = {str(k) for k in raw.get("verdicts") or ()}
                 self.last_full_pass = float(raw.get("last_full_pass") or 0.0)
                 self.wheels = dict(raw.get("wheels") or {})
+                self.listings = {k: v for k, v in dict(raw.get("listings") or {}).items() if _listing_ok(v)}
+                self.dists = {k: v for k, v in dict(raw.get("dists") or {}).items() if _dist_ok(v)}
                 self.wheel_verdicts = {str(k) for k in raw.get("wheel_verdicts") or ()}
                 self.loaded = True
         except (OSError, ValueError, TypeError, AttributeError):
             self.files, self.pyc, self.verdicts, self.last_full_pass = {}, {}, set(), 0.0
-            self.wheels, self.wheel_verdicts = {}, set()
+            self.wheels, self.wheel_verdicts, self.listings, self.dists = {}, set(), {}, {}
         return self
 
     def save(self) -> None:
@@ -88,6 +128,8 @@ class IntegrityCache:
             "verdicts": sorted(self.verdicts),
             "wheels": self.wheels,
             "wheel_verdicts": sorted(self.wheel_verdicts),
+            "listings": self.listings,
+            "dists": self.dists,
         }
         atomic_write_bytes(self.path, json.dumps(body, separators=(",", ":")).encode())
         self.dirty = False
@@ -98,22 +140,26 @@ class IntegrityCache:
 
     def digest(self, path: str, key: StatKey, algo: str) -> str | None:
         entry = self.files.get(path)
-        if entry and tuple(entry[:4]) == key and isinstance(entry[4], str) and entry[4].startswith(algo + "="):
-            return str(entry[4])
+        if entry is None:
+            return None
+        head, _, digest = entry.rpartition(" ")
+        if head == key_text(key) and digest.startswith(algo + "="):
+            return digest
         return None
 
     def put_digest(self, path: str, key: StatKey, digest: str) -> None:
-        entry = [*key, digest]
+        entry = f"{key_text(key)} {digest}"
         if self.files.get(path) != entry:
             self.files[path] = entry
             self.dirty = True
 
-    def pyc_ok(self, pyc_path: str, key: list[int]) -> bool:
-        return self.pyc.get(pyc_path) == key
+    def pyc_ok(self, pyc_path: str, key: Sequence[int]) -> bool:
+        return self.pyc.get(pyc_path) == key_text(key)
 
-    def put_pyc_ok(self, pyc_path: str, key: list[int]) -> None:
-        if self.pyc.get(pyc_path) != key:
-            self.pyc[pyc_path] = key
+    def put_pyc_ok(self, pyc_path: str, key: Sequence[int]) -> None:
+        text = key_text(key)
+        if self.pyc.get(pyc_path) != text:
+            self.pyc[pyc_path] = text
             self.dirty = True
 
     def verdict_ok(self, key: str) -> bool:
@@ -171,3 +217,54 @@ class IntegrityCache:
         verdicts = self.wheel_verdicts & self._wheel_verdicts_used
         if len(wheels) != len(self.wheels) or len(verdicts) != len(self.wheel_verdicts):
             self.wheels, self.wheel_verdicts, self.dirty = wheels, verdicts, True
+
+    def listings_for(self, full_pass: bool) -> dict[str, list[Any]]:
+        """The directory listings a walk may reuse and updates (none reused on a full pass: every
+        directory is listed again and its listing replaced)."""
+        if full_pass:
+            self.listings = {}
+            self.dirty = True
+        return self.listings
+
+    def walked(self, relisted: int) -> None:
+        """A walk listed ``relisted`` directories (and so changed ``listings``)."""
+        if relisted:
+            self.dirty = True
+
+    def prune_listings(self, visited: set[str]) -> None:
+        """Forgets the listings of directories no walk visited (removed, or no longer a root)."""
+        stale = [d for d in self.listings if d not in visited]
+        for d in stale:
+            del self.listings[d]
+        if stale:
+            self.dirty = True
+
+    def known_records(self) -> frozenset[str]:
+        """sha256 digests of the RECORD files of distributions verified clean (they parsed)."""
+        return frozenset(v[0] for v in self.dists.values())
+
+    def dist_state(self, meta_dir: str, record_sha256: str | None, tag: str) -> list[str] | None:
+        """[hashed paths, other paths, fingerprint] of a distribution verified clean with this exact
+        RECORD under the policy ``tag``, else None."""
+        entry = self.dists.get(meta_dir)
+        if entry and record_sha256 and entry[0] == record_sha256 and entry[1] == tag:
+            return entry[2:]
+        return None
+
+    def put_dist(self, meta_dir: str, record_sha256: str, tag: str, hashed: str, other: str, fingerprint: str) -> None:
+        entry = [record_sha256, tag, hashed, other, fingerprint]
+        if self.dists.get(meta_dir) != entry:
+            self.dists[meta_dir] = entry
+            self.dirty = True
+
+    def drop_dist(self, meta_dir: str) -> None:
+        if self.dists.pop(meta_dir, None) is not None:
+            self.dirty = True
+
+    def prune_dists(self, live: set[str]) -> None:
+        """Forgets distributions whose metadata directory is gone."""
+        stale = [d for d in self.dists if d not in live]
+        for d in stale:
+            del self.dists[d]
+        if stale:
+            self.dirty = True

@@ -21,6 +21,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sidecars.deps import pyccheck
 from sidecars.deps.cache import IntegrityCache, stat_key
@@ -31,7 +32,7 @@ from sidecars.deps.interpreter import check_venv, check_venv_scripts, hook_dirs,
 from sidecars.deps.model import Finding
 from sidecars.deps.pyccheck import MISMATCH, OK
 from sidecars.deps.stdlib import StdlibResult, collect_stdlib
-from sidecars.deps.walk import kind_of, link_escapes, read_small, safe_digest, sha256_hex, walk_tree
+from sidecars.deps.walk import kind_of, link_escapes, map_in_threads, read_small, safe_digest, sha256_hex, walk_tree
 from warden.errors import quote_untrusted
 from warden.safeio import open_regular
 
@@ -46,6 +47,9 @@ INTEGRITY_KINDS = (
     "egg_info",
     "special_file",
     "link_outside",
+    "record_mismatch",
+    "wheel_missing",
+    "wheel_unusable",
 )
 CHUNK = 64  # at least this many .pyc files per worker process
 PYC_TIMEOUT = 1800.0
@@ -96,6 +100,9 @@ class IntegrityStats:
     stdlib_files: int = 0
     stdlib_hashed: int = 0
     stdlib_cached: int = 0
+    dirs_walked: int = 0
+    dirs_listed: int = 0  # the others' listings came from the cache (walk.walk_tree)
+    dists_cached: int = 0  # judged whole by their fingerprint (dist_state), RECORD not parsed
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
@@ -175,9 +182,93 @@ def _joined(root: str, rel: str) -> str:
 
 def _unhashed_ok(dist: InstalledDist, path: str, allow: Sequence[str]) -> bool:
     rel = _relative(path, dist.site_packages)
-    if rel.endswith(".pyc") and os.path.basename(os.path.dirname(path)) != "__pycache__":
+    if rel.endswith(".pyc") and not path.rpartition(os.sep)[0].endswith(os.sep + "__pycache__"):
         return False  # a sourceless .pyc beside the package is imported: it needs a hash
     return _glob_matcher(tuple(allow))(rel) is not None
+
+
+def _cached_ok(entry: RecordEntry, st: os.stat_result | None, cached: str | None) -> bool:
+    """Whether a row's file (walked, so inside the roots) is a regular file whose stat identity
+    (size, mtime_ns, inode, ctime_ns: cache.py says why ctime) is the one it had when it was last
+    hashed to exactly the row's sha256 (``cached``: the cache's entry for the path). Anything else
+    goes the long way (_row)."""
+    return (
+        st is not None
+        and cached is not None
+        and entry.digest is not None
+        and entry.digest.startswith("sha256=")
+        and stat.S_ISREG(st.st_mode)
+        and (entry.size is None or entry.size == st.st_size)
+        and cached == f"{st.st_size} {st.st_mtime_ns} {st.st_ino} {st.st_ctime_ns} {entry.digest}"
+    )
+
+
+def _policy_tag(options: IntegrityOptions) -> str:
+    """What a distribution's clean verdict depends on besides its files: the rows allowed without a hash."""
+    return hashlib.sha256("\0".join(options.unhashed_allow).encode()).hexdigest()[:16]
+
+
+def fingerprint(hashed: str, other: str, walked: dict[str, os.stat_result]) -> str | None:
+    """sha256 over the stat identities (size, mtime_ns, inode, ctime_ns) of the NUL-joined ``hashed``
+    paths, each a regular file, given that every ``other`` path exists; None otherwise. Equal
+    fingerprints mean every file has the stat identity it had when the distribution was verified
+    clean, which is what the per-file cache checks (cache.py: ctime cannot be put back). A
+    cryptographic hash, not ``hash()``: an attacker choosing mtimes must not find a collision."""
+    values: list[int] = []
+    add = values.extend
+    for path in hashed.split("\0") if hashed else ():
+        st = walked.get(path)
+        if st is None or not stat.S_ISREG(st.st_mode):
+            return None
+        add((st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
+    if other and not all(p in walked for p in other.split("\0")):
+        return None
+    return hashlib.sha256(",".join(map(str, values)).encode()).hexdigest()
+
+
+def _remember_clean(
+    dists: Sequence[InstalledDist],
+    walked: dict[str, os.stat_result],
+    options: IntegrityOptions,
+    cache: IntegrityCache,
+    findings: Sequence[Finding],
+    unreadable: Sequence[str],
+) -> None:
+    """After hashing: remembers each distribution whose every row is verified (a regular file whose
+    cached digest, for its current stat, is the row's sha256) or an allowed unhashed row present
+    under the roots, with its paths and their fingerprint (dist_state). One not clean is not
+    remembered, so it is judged row by row again."""
+    if unreadable or any(f.kind in ("missing_file", "special_file") for f in findings):
+        return  # a partial walk or hash is not a verdict to keep
+    tag = _policy_tag(options)
+    dirty = {str(f.details.get("dist")) for f in findings if f.details.get("dist")}
+    for dist in dists:
+        if (
+            dist.record is None
+            or not dist.record_sha256
+            or dist.meta_dir.endswith(".egg-info")
+            or dist.canonical in dirty
+            or cache.dist_state(dist.meta_dir, dist.record_sha256, tag) is not None
+        ):
+            continue
+        hashed: list[str] = []
+        other: list[str] = []
+        for entry in dist.record:
+            path = _joined(dist.site_packages, entry.path)
+            st = walked.get(path)
+            if st is None:
+                break  # missing, or outside the roots (lstat-ed each audit by _row)
+            if _cached_ok(entry, st, cache.files.get(path)):
+                hashed.append(path)
+            elif entry.digest is None and _unhashed_ok(dist, path, options.unhashed_allow):
+                other.append(path)
+            else:
+                break
+        else:
+            joined, rest = "\0".join(hashed), "\0".join(other)
+            print_ = fingerprint(joined, rest, walked)
+            if print_ is not None:
+                cache.put_dist(dist.meta_dir, dist.record_sha256, tag, joined, rest, print_)
 
 
 def _record_jobs(
@@ -186,15 +277,29 @@ def _record_jobs(
     roots: Sequence[str],
     options: IntegrityOptions,
     stats: IntegrityStats,
+    cache: IntegrityCache,
 ) -> tuple[list[_HashJob], list[Finding], set[str]]:
-    """Hash jobs for RECORD rows with a digest, findings needing no hashing, and the owned paths.
+    """Hash jobs for RECORD rows with a digest whose file changed since it was hashed (every row
+    on a full pass), findings needing no hashing, and the owned paths.
 
     A row owns its path only if it carries a strong hash (or the policy's ``unhashed_allow``
     names it): a row without one would otherwise switch the check off for that file."""
     jobs: list[_HashJob] = []
     findings: list[Finding] = []
     owned: set[str] = set()
+    files = {} if options.full_pass else cache.files
+    tag = _policy_tag(options)
     for dist in dists:
+        state = None if options.full_pass else cache.dist_state(dist.meta_dir, dist.record_sha256, tag)
+        if state is not None and fingerprint(state[0], state[1], walked) == state[2]:
+            hashed = state[0].split("\0") if state[0] else []
+            stats.dists_cached += 1
+            stats.files_listed += len(hashed)
+            stats.files_cached += len(hashed)
+            owned.update(hashed)
+            owned.update(state[1].split("\0") if state[1] else ())
+            continue
+        cache.drop_dist(dist.meta_dir)  # judged again below; remembered again once clean (_remember_clean)
         if dist.record is None or dist.meta_dir.endswith(".egg-info"):
             found = _legacy_findings(dist, walked, options.egg_info_allow)
             findings.extend(found)
@@ -202,8 +307,14 @@ def _record_jobs(
             if not found:  # an allowed egg-info owns what it lists, by name
                 owned.update(os.path.normpath(os.path.join(dist.site_packages, e.path)) for e in dist.record or ())
             continue
+        site = dist.site_packages
         for entry in dist.record:
-            path = _joined(dist.site_packages, entry.path)
+            path = _joined(site, entry.path)
+            if _cached_ok(entry, walked.get(path), files.get(path)):
+                stats.files_listed += 1
+                stats.files_cached += 1
+                owned.add(path)
+                continue
             job, finding = _row(dist, entry, path, walked, roots, options, stats)
             if finding is not None:
                 findings.append(finding)
@@ -297,16 +408,15 @@ def _hash_all(
         except OSError as exc:
             return job, None, exc.strerror or str(exc)
 
-    with cf.ThreadPoolExecutor(_workers(options.workers), thread_name_prefix="deps-hash") as pool:
-        for job, digest, error in pool.map(one, todo, chunksize=32):
-            if digest is None:
-                unreadable.append(f"{job.path}: {error}")
-                continue
-            stats.files_hashed += 1
-            stats.bytes_hashed += job.st.st_size
-            cache.put_digest(job.path, stat_key(job.st), digest)
-            if digest != job.expected:
-                findings.append(_mismatch(job))
+    for job, digest, error in map_in_threads(one, todo, _workers(options.workers), "deps-hash", batch=32):
+        if digest is None:
+            unreadable.append(f"{job.path}: {error}")
+            continue
+        stats.files_hashed += 1
+        stats.bytes_hashed += job.st.st_size
+        cache.put_digest(job.path, stat_key(job.st), digest)
+        if digest != job.expected:
+            findings.append(_mismatch(job))
     return findings, unreadable
 
 
@@ -330,8 +440,12 @@ def derived_pyc_sources(walked: dict[str, os.stat_result]) -> dict[str, str]:
 def _pyc_pairs(pyc_sources: dict[str, str], cache_tag: str | None) -> list[tuple[str, str]]:
     """(pyc, source) for the pycs the target's interpreter would load (its own cache tag)."""
     pairs = []
+    marker = f".{cache_tag}."
     for pyc, source in pyc_sources.items():
-        m = _PYC_NAME.match(pyc.rpartition(os.sep)[2])
+        name = pyc.rpartition(os.sep)[2]
+        if marker not in name:
+            continue  # another interpreter's pyc (the regex below decides the rest)
+        m = _PYC_NAME.match(name)
         if m and m.group("tag") == cache_tag:
             pairs.append((pyc, source))
     return pairs
@@ -432,17 +546,29 @@ def _check_pycs(
             )
         return []
     findings: list[Finding] = []
-    keys: dict[str, list[int]] = {}
+    keys: dict[str, tuple[int, ...]] = {}
     todo: list[tuple[str, str]] = []
     for pyc, source in _pyc_pairs(pyc_sources, target.cache_tag):
-        kinds = (kind_of(walked[pyc].st_mode), kind_of(walked[source].st_mode))
-        if kinds != ("file", "file"):
+        p, src = walked[pyc], walked[source]
+        if not (stat.S_ISREG(p.st_mode) and stat.S_ISREG(src.st_mode)):
+            kinds = (kind_of(p.st_mode), kind_of(src.st_mode))
             what = "the .pyc" if kinds[0] != "file" else "its source"
             reason = f"{what} is a {kinds[0] if kinds[0] != 'file' else kinds[1]}, never read by the auditor"
             findings.append(_pyc_finding(pyc, reason))
             continue
-        keys[pyc] = [*stat_key(walked[pyc]), *stat_key(walked[source])]
-        if not options.full_pass and cache.pyc_ok(pyc, keys[pyc]):
+        # stat_key of both, inline: this runs once per .pyc
+        key = (
+            p.st_size,
+            p.st_mtime_ns,
+            p.st_ino,
+            p.st_ctime_ns,
+            src.st_size,
+            src.st_mtime_ns,
+            src.st_ino,
+            src.st_ctime_ns,
+        )
+        keys[pyc] = key
+        if not options.full_pass and cache.pyc_ok(pyc, key):
             stats.pyc_cached += 1
         else:
             todo.append((pyc, source))
@@ -468,7 +594,7 @@ def _triage_all(
     cache: IntegrityCache,
     options: IntegrityOptions,
     stats: IntegrityStats,
-    keys: dict[str, list[int]],
+    keys: dict[str, tuple[int, ...]],
 ) -> list[tuple[str, str]]:
     """The pairs a worker must compile: hashed here in threads, known-``ok`` bytes and stale headers dropped."""
 
@@ -481,15 +607,14 @@ def _triage_all(
         return pyc, source, pair_key(header, pyc_digest, source_digest, walked[source], pyc)
 
     out = []
-    with cf.ThreadPoolExecutor(_workers(options.workers), thread_name_prefix="deps-pyc-hash") as pool:
-        for pyc, source, key in pool.map(one, todo, chunksize=64):
-            if key is None:
-                stats.pyc_stale += 1
-            elif isinstance(key, str) and cache.verdict_ok(key):
-                stats.pyc_verdict_cached += 1
-                cache.put_pyc_ok(pyc, keys[pyc])
-            else:
-                out.append((pyc, source))
+    for pyc, source, key in map_in_threads(one, todo, _workers(options.workers), "deps-pyc-hash"):
+        if key is None:
+            stats.pyc_stale += 1
+        elif isinstance(key, str) and cache.verdict_ok(key):
+            stats.pyc_verdict_cached += 1
+            cache.put_pyc_ok(pyc, keys[pyc])
+        else:
+            out.append((pyc, source))
     return out
 
 
@@ -497,7 +622,7 @@ def _pth_findings(root: str, walked: dict[str, os.stat_result], rules: Sequence[
     """Every ``.pth`` at ``root`` (site.py runs them all) must be allowed by its content digest."""
     out = []
     allowed = {r.sha256 for r in rules if r.sha256}
-    for path in sorted(p for p in walked if os.path.dirname(p) == root and p.endswith(".pth")):
+    for path in sorted(p for p in walked if p.endswith(".pth") and os.path.dirname(p) == root):
         kind = kind_of(walked[path].st_mode)
         if kind not in ("file", "symlink"):
             continue  # reported as special_file; never opened
@@ -526,8 +651,8 @@ def _unowned_findings(
     exempt: Callable[[str], bool],
 ) -> list[Finding]:
     out = []
-    for path in sorted(walked):
-        if path in owned or path in derived or exempt(path) or kind_of(walked[path].st_mode) not in ("file", "symlink"):
+    for path in sorted(p for p in walked if p not in owned and p not in derived):
+        if exempt(path) or kind_of(walked[path].st_mode) not in ("file", "symlink"):
             continue  # special files are reported as such, never as unowned
         rel = _relative(path, root)
         if _glob_matcher(tuple(allow))(rel) is not None:
@@ -548,7 +673,7 @@ def _link_and_special_findings(
     """Special files (never opened) and symbolic links whose target leaves the environment
     (except venv's own ``bin/python*`` links, which interpreter.py checks against the base)."""
     out = []
-    for path, st in sorted(walked.items()):
+    for path, st in sorted((p, st) for p, st in walked.items() if not stat.S_ISREG(st.st_mode)):
         kind = kind_of(st.st_mode)
         if kind == "symlink":
             if exempt(path):
@@ -573,17 +698,23 @@ class IntegrityResult:
     stdlib: StdlibResult = field(default_factory=StdlibResult)
 
 
-def _walk(target: Target) -> tuple[dict[str, dict[str, os.stat_result]], list[str]]:
+def _walk(
+    target: Target, listings: dict[str, list[Any]], visited: set[str]
+) -> tuple[dict[str, dict[str, os.stat_result]], list[str], int]:
     """Entries under each of the environment's roots (the venv minus its site-packages, each
-    site-packages), and the unreadable paths."""
+    site-packages), the unreadable paths and how many directories were listed (the others came
+    from ``listings``); ``visited`` gains every directory walked."""
     per_root: dict[str, dict[str, os.stat_result]] = {}
     unreadable: list[str] = []
+    relisted = 0
     roots = [target.venv] if target.venv else []
     for root in [*roots, *target.site_packages]:
-        result = walk_tree(root, prune=target.site_packages if root == target.venv else ())
+        result = walk_tree(root, prune=target.site_packages if root == target.venv else (), listings=listings)
         per_root[root] = result.files
         unreadable.extend(result.unreadable)
-    return per_root, unreadable
+        visited.update(result.dirs)
+        relisted += result.relisted
+    return per_root, unreadable, relisted
 
 
 def check_integrity(
@@ -599,14 +730,19 @@ def check_integrity(
     made by venv (checked by interpreter.py), or a finding. Updates ``cache``."""
     cancel = cancel or threading.Event()
     stats = IntegrityStats()
-    per_root, unreadable = _walk(target)
+    visited: set[str] = set()
+    per_root, unreadable, relisted = _walk(target, cache.listings_for(options.full_pass), visited)
+    cache.walked(relisted)
+    stats.dirs_listed = relisted
     roots = tuple(per_root)
     walked = {p: st for files in per_root.values() for p, st in files.items()}
     stats.files_walked = len(walked)
-    jobs, findings, owned = _record_jobs(dists, walked, roots, options, stats)
+    jobs, findings, owned = _record_jobs(dists, walked, roots, options, stats, cache)
     hashed, unhashable = _hash_all(jobs, cache, options, stats, cancel)
     findings.extend(hashed)
     unreadable.extend(unhashable)
+    if not cancel.is_set():
+        _remember_clean(dists, walked, options, cache, findings, unreadable)
     venv = target.venv
 
     def exempt(path: str) -> bool:
@@ -622,7 +758,7 @@ def check_integrity(
     findings.extend(_check_pycs(walked, pyc_sources, target, cache, options, stats, cancel))
     environment = _environment_digests(target, per_root.get(target.venv or "", {}), cache, unreadable)
     stdlib = collect_stdlib(
-        target, cache, options.full_pass, _workers(options.workers), options.startup_allow, unreadable
+        target, cache, options.full_pass, _workers(options.workers), options.startup_allow, unreadable, visited
     )
     findings.extend(stdlib.findings)
     stats.stdlib_files, stats.stdlib_hashed, stats.stdlib_cached = len(stdlib.files), stdlib.hashed, stdlib.cached
@@ -630,6 +766,9 @@ def check_integrity(
         stats.notes.append("the base interpreter's stdlib is not known for this target: not audited")
     live = set(walked) | {j.path for j in jobs} | set(environment) | set(stdlib.files)
     cache.prune(live, options.full_pass and not cancel.is_set())
+    cache.prune_listings(visited)
+    stats.dirs_walked = len(visited)
+    cache.prune_dists({d.meta_dir for d in dists})
     incomplete = [f"unreadable: {u}" for u in unreadable]
     if cancel.is_set():
         incomplete.append("integrity check cancelled")

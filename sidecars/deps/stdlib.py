@@ -26,7 +26,6 @@ digest (cache.py); a full pass re-hashes everything.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import hashlib
 import os
 import stat
@@ -39,7 +38,7 @@ from sidecars.deps.cache import IntegrityCache, stat_key
 from sidecars.deps.environment import Target
 from sidecars.deps.interpreter import is_hook_name
 from sidecars.deps.model import Finding
-from sidecars.deps.walk import kind_of, safe_digest, walk_tree
+from sidecars.deps.walk import kind_of, map_in_threads, safe_digest, walk_tree
 from warden.errors import quote_untrusted
 from warden.safeio import open_regular
 
@@ -192,6 +191,7 @@ def collect_stdlib(
     workers: int,
     startup_allow: Sequence[str],
     unreadable: list[str],
+    visited: set[str] | None = None,
 ) -> StdlibResult:
     """Digests of the base interpreter's files (see the module doc) and zip start-up hooks.
     Unreadable paths go to ``unreadable`` (the audit is then incomplete). Updates ``cache``."""
@@ -201,10 +201,13 @@ def collect_stdlib(
         return result
     walked: dict[str, os.stat_result] = {}
     prune = pruned_dirs(roots, target)
-    for root in roots:
-        found = walk_tree(root, prune=prune)
+    for root in roots:  # the cache's listings are reset by the caller's walk on a full pass
+        found = walk_tree(root, prune=prune, listings=cache.listings)
         walked.update(found.files)
         unreadable.extend(found.unreadable)
+        cache.walked(found.relisted)
+        if visited is not None:
+            visited.update(found.dirs)
     own_sites = set(target.site_packages)
     for site_dir in [*(os.path.join(r, n) for r in roots for n in SITE_DIR_NAMES), *target.base_site]:
         if site_dir not in own_sites:
@@ -254,11 +257,10 @@ def _digests(
         except OSError as exc:
             return path, None, exc.strerror or str(exc)
 
-    with cf.ThreadPoolExecutor(max(1, workers), thread_name_prefix="deps-stdlib") as pool:
-        for path, digest, error in pool.map(one, todo, chunksize=64):
-            if digest is None:
-                unreadable.append(f"{path}: {error}")
-                continue
-            result.files[path] = digest
-            result.hashed += 1
-            cache.put_digest(path, stat_key(walked[path]), digest)
+    for path, digest, error in map_in_threads(one, todo, workers, "deps-stdlib"):
+        if digest is None:
+            unreadable.append(f"{path}: {error}")
+            continue
+        result.files[path] = digest
+        result.hashed += 1
+        cache.put_digest(path, stat_key(walked[path]), digest)

@@ -14,15 +14,21 @@
 from __future__ import annotations
 
 import base64
+import concurrent.futures as cf
 import hashlib
 import os
 import stat
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from warden.safeio import open_regular_fd
 
 READ_LIMIT = 16 * 1024 * 1024
+HASH_CHUNK = 1024 * 1024
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass
@@ -31,38 +37,121 @@ class WalkResult:
 
     files: dict[str, os.stat_result] = field(default_factory=dict)
     unreadable: list[str] = field(default_factory=list)
+    dirs: list[str] = field(default_factory=list)  # every directory walked
+    relisted: int = 0  # directories listed (not taken from ``listings``)
 
 
-def walk_tree(root: str, prune: Iterable[str] = ()) -> WalkResult:
+Listings = dict[str, list[Any]]
+RACY_NS = 2_000_000_000  # a listing is reused only if its directory last changed this long before it was read
+
+
+def walk_tree(root: str, prune: Iterable[str] = (), listings: Listings | None = None) -> WalkResult:
     """Every entry below ``root`` (links and special files included, never followed).
 
     Directories in ``prune`` (absolute paths) are not descended (they are walked as roots
-    of their own). A root that does not exist gives an empty result."""
+    of their own). A root that does not exist gives an empty result.
+
+    ``listings`` (the incremental cache's, updated here): directory -> [inode, mtime_ns,
+    ctime_ns, names of its non-directories, names of its directories], both joined by NUL. A
+    directory whose (inode, mtime_ns, ctime_ns) is unchanged has the same entries (creating,
+    removing or renaming an entry sets both times; ``utime`` can put mtime back, not ctime), so
+    its names are taken from there and only ``lstat``-ed, without listing it; every file is still
+    stat-ed. A listing is stored only when the directory's ctime is RACY_NS older than the walk
+    (timestamps are coarse: a change in the same tick as the one read would keep them)."""
     out = WalkResult()
     skip = set(prune)
     stack = [root]
+    horizon = time.time_ns() - RACY_NS
     while stack:
         current = stack.pop()
+        if listings is not None and _from_listing(current, current == root, listings, stack, skip, out):
+            continue
+        _scan(current, skip, stack, out, listings, horizon)
+    return out
+
+
+def _from_listing(
+    current: str, is_root: bool, listings: Listings, stack: list[str], skip: set[str], out: WalkResult
+) -> bool:
+    """Entries of ``current`` from its cached listing when its stat says it is unchanged (True), else False."""
+    cached = listings.get(current)
+    try:
+        st = os.stat(current) if is_root else os.lstat(current)  # scandir follows a root link, nothing below
+    except OSError:
+        return False  # _scan says why
+    if not (
+        cached
+        and stat.S_ISDIR(st.st_mode)
+        and cached[0] == st.st_ino
+        and cached[1] == st.st_mtime_ns
+        and cached[2] == st.st_ctime_ns
+    ):
+        listings.pop(current, None)
+        return False
+    files = out.files
+    found: dict[str, os.stat_result] = {}
+    for name in cached[3].split("\0") if cached[3] else ():
+        path = f"{current}/{name}"
         try:
-            with os.scandir(current) as it:
-                entries = list(it)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            out.unreadable.append(f"{current}: cannot list directory ({exc.strerror or exc})")
-            continue
-        for entry in entries:
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError as exc:
-                out.unreadable.append(f"{entry.path}: cannot stat ({exc.strerror or exc})")
-                continue
-            if stat.S_ISDIR(st.st_mode):
+            entry = os.lstat(path)
+        except OSError:
+            listings.pop(current, None)
+            return False  # changed under us: list it
+        if stat.S_ISDIR(entry.st_mode):
+            listings.pop(current, None)
+            return False
+        found[path] = entry
+    files.update(found)
+    out.dirs.append(current)
+    for name in cached[4].split("\0") if cached[4] else ():
+        path = f"{current}/{name}"
+        if path not in skip:
+            stack.append(path)
+    return True
+
+
+def _scan(
+    current: str, skip: set[str], stack: list[str], out: WalkResult, listings: Listings | None, horizon: int
+) -> None:
+    try:
+        before = os.stat(current) if listings is not None else None
+        with os.scandir(current) as it:
+            entries = list(it)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        out.unreadable.append(f"{current}: cannot list directory ({exc.strerror or exc})")
+        return
+    files = out.files
+    names: list[str] = []
+    dirs: list[str] = []
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):  # the directory entry's type: no stat call
+                dirs.append(entry.name)
                 if entry.path not in skip:
                     stack.append(entry.path)
-            else:
-                out.files[entry.path] = st
-    return out
+                continue
+            st = entry.stat(follow_symlinks=False)
+        except OSError as exc:
+            out.unreadable.append(f"{entry.path}: cannot stat ({exc.strerror or exc})")
+            before = None  # not a listing to keep
+            continue
+        if stat.S_ISDIR(st.st_mode):  # a file system without d_type, or a race
+            dirs.append(entry.name)
+            if entry.path not in skip:
+                stack.append(entry.path)
+        else:
+            names.append(entry.name)
+            files[entry.path] = st
+    out.dirs.append(current)
+    if listings is None:
+        return
+    out.relisted += 1
+    if before is not None and before.st_ctime_ns < horizon and os.sep == "/" and not current.endswith("/"):
+        listings[current] = [before.st_ino, before.st_mtime_ns, before.st_ctime_ns, "\0".join(names), "\0".join(dirs)]
+    else:
+        listings.pop(current, None)
 
 
 def kind_of(mode: int) -> str:
@@ -91,15 +180,29 @@ def _encode(algo: str, digest: bytes) -> str:
     return f"{algo}=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
+def _fd_digest(fd: int, algo: str) -> bytes:
+    """The ``algo`` digest of everything readable from ``fd`` (closed here). The first read asks for
+    the whole file (its size + 1) and later reads for 1 MiB: most files of an environment are a few
+    KiB, and ``hashlib.file_digest`` allocates a 256 KiB buffer for each, which cost 3-4x the
+    hashing of a small file. ``update`` releases the GIL on large chunks as ``file_digest`` does."""
+    try:
+        want = min(os.fstat(fd).st_size + 1, HASH_CHUNK)
+        digest = hashlib.new(algo)
+        while data := os.read(fd, want):
+            digest.update(data)
+            want = HASH_CHUNK
+        return digest.digest()
+    finally:
+        os.close(fd)
+
+
 def safe_digest(path: str, algo: str) -> str:
     """``algo=urlsafe-b64-nopad`` as RECORD writes it: of the file's bytes, or for a symlink of
     its target string (a wheel never installs links, so a listed link never matches). Raises OSError."""
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         return _encode(algo, hashlib.new(algo, os.readlink(path).encode("utf-8", "surrogateescape")).digest())
-    fd = open_regular_fd(path)
-    with os.fdopen(fd, "rb") as fh:
-        return _encode(algo, hashlib.file_digest(fh, algo).digest())
+    return _encode(algo, _fd_digest(open_regular_fd(path), algo))
 
 
 def sha256_hex(path: str) -> str:
@@ -107,9 +210,23 @@ def sha256_hex(path: str) -> str:
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         return "link:" + os.readlink(path)
-    fd = open_regular_fd(path)
-    with os.fdopen(fd, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+    return _fd_digest(open_regular_fd(path), "sha256").hex()
+
+
+def map_in_threads(fn: Callable[[T], R], items: Sequence[T], workers: int, name: str, batch: int = 64) -> Iterator[R]:
+    """``fn`` over ``items`` in ``workers`` threads, results in order. Each task is a batch of
+    ``batch`` items: one future per file cost more than hashing a small file (``Executor.map``'s
+    ``chunksize`` only batches for process pools)."""
+    if not items:
+        return
+    batches = [items[i : i + batch] for i in range(0, len(items), batch)]
+
+    def run(chunk: Sequence[T]) -> list[R]:
+        return [fn(item) for item in chunk]
+
+    with cf.ThreadPoolExecutor(max(1, min(workers, len(batches))), thread_name_prefix=name) as pool:
+        for results in pool.map(run, batches):
+            yield from results
 
 
 def link_escapes(path: str, roots: Iterable[str]) -> str | None:
