@@ -150,3 +150,23 @@ def test_a_restart_before_the_first_checkpoint_starts_over_and_says_so(make_conf
         1,
         1,
     )
+
+
+def test_rank_0_chooses_the_checkpoint_and_the_others_follow_it():
+    """What rank 0 broadcasts, and what another rank makes of a fresh start or a refusal (pure parts)."""
+    from trainer.distributed import DistInfo
+    from trainer.resume import ResumeResult, _choice, _follow
+
+    assert _choice(ResumeResult(4, "/ckpt/step-000000004", "signature verified"), ["x"]) == (
+        "resume",
+        4,
+        "/ckpt/step-000000004",
+    )
+    assert _choice(None, ["/ckpt/step-000000004 (no signature)"]) == ("refused", "/ckpt/step-000000004 (no signature)")
+    assert _choice(None, []) == ("fresh",)
+
+    class Rank1:
+        dist = DistInfo(rank=1, world_size=2)
+
+    assert _follow(Rank1(), ("fresh",), None, False) == (None, [])
+    assert _follow(Rank1(), ("refused", "why"), None, False) == (None, ["rank 0: why"])
