@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -24,18 +25,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 from elastic_drill import ElasticDrill, measure  # noqa: E402
-from support import TEST_CONFIG  # noqa: E402
 
 from trainer import events as ev  # noqa: E402
-
-
-def tiny_cache(base: Path) -> str:
-    from trainer.assets import ensure_tiny_assets
-    from trainer.config import TinyAssets
-
-    cache = base / "tiny"
-    ensure_tiny_assets(TinyAssets(cache_dir=str(cache), **TEST_CONFIG["model"]["tiny"]))
-    return str(cache)
 
 
 def main() -> int:
@@ -54,7 +45,7 @@ def main() -> int:
     drill = ElasticDrill(base / "drill", steps=args.steps, kill_after_step=args.kill_after)
     if args.share_agent_store:
         drill.extra_env = {}
-    drill.write_config(tiny_cache(base))
+    drill.write_config(str(base / "tiny"))  # builds the tiny assets there
     try:
         drill.start()
         victim = drill.lose_a_node()
@@ -80,7 +71,10 @@ def main() -> int:
         f"steps/s: {figures.world_before} nodes {figures.steps_per_s_before:.3f}, "
         f"{figures.world_after} nodes {figures.steps_per_s_after:.3f}, ratio after/before {figures.ratio:.2f}"
     )
-    print(f"files: {base}" if args.keep else "")
+    if args.keep:
+        print(f"files: {base}")
+    else:
+        shutil.rmtree(base, ignore_errors=True)
     return 0
 
 
