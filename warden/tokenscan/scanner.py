@@ -159,6 +159,48 @@ MEMO = _Memo()
 MEMO_MIN_BYTES = 64 << 10  # smaller files parse faster than they hash
 
 
+class _ByteBudget:
+    """Bytes of large files that concurrent scans (:func:`scan_paths`) may hold parsed at once:
+    a parsed JSON document takes several times its size, so eight scans of 64 MiB files must
+    not run together. A scan takes its share before it reads anything (so it never waits for
+    the budget while holding a share another scan waits on); a scan alone always runs."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.used = limit, 0
+        self.cond = threading.Condition()
+
+    def admits(self, amount: int) -> bool:
+        return self.used == 0 or self.used + amount <= self.limit
+
+    def acquire(self, amount: int) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.admits(amount))
+            self.used += amount
+
+    def release(self, amount: int) -> None:
+        with self.cond:
+            self.used -= amount
+            self.cond.notify_all()
+
+
+PARSE_BUDGET = _ByteBudget(128 << 20)
+
+
+def _parse_bytes(files: Iterable[tuple[str, str, str | None]], policy: TokenscanPolicy) -> int:
+    """What a scan of ``files`` may hold parsed: each file over :data:`MEMO_MIN_BYTES` and within
+    its size cap (the caps bound what is parsed at all)."""
+    total = 0
+    for rel, path, _link in files:
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            continue
+        cap = policy.cap_for(rel)
+        if size >= MEMO_MIN_BYTES and (cap is None or size <= cap):
+            total += size
+    return total
+
+
 def _parse_json_cached(rel: str, data: bytes, digest: str) -> JsonDoc:
     """The parse of ``data`` (whose SHA-256 is ``digest``), shared by every copy of a large file."""
     if len(data) < MEMO_MIN_BYTES:
@@ -527,15 +569,26 @@ def _manifest_files(snap: Snapshot, policy: TokenscanPolicy) -> list[tuple[str, 
 
 
 def build_snapshot(
-    path: str, policy: TokenscanPolicy, with_manifest: bool = True, hash_cache: HashCache | None = None
+    path: str,
+    policy: TokenscanPolicy,
+    with_manifest: bool = True,
+    hash_cache: HashCache | None = None,
+    held: list[int] | None = None,
 ) -> Snapshot:
-    """Everything the checks need from ``path``. Raises TreeError for an unusable root."""
+    """Everything the checks need from ``path``. Raises TreeError for an unusable root.
+
+    With ``held`` (a list), the scan first takes its share of :data:`PARSE_BUDGET` and appends
+    it there: the caller releases it once it no longer needs the snapshot."""
     deadline = time.monotonic() + policy.scan_budget_seconds  # files, renders and tokenizers share it
     root = os.path.abspath(path)
     root_real, entries = walk(root)
     snap = Snapshot(root, root_real, entries)
     snap.errors += [f"{root}/{e.rel}: {e.error}" for e in entries if e.error]
     files = _manifest_files(snap, policy)
+    if held is not None:
+        share = _parse_bytes(files, policy)
+        PARSE_BUDGET.acquire(share)
+        held.append(share)
     if files:  # the sandbox interpreters start while this process hashes, reads and parses
         ct.prestart_worker(policy.chat_template.memory_cap)
         if policy.behaviour.enabled:
@@ -621,10 +674,20 @@ def scan_directory(
     path: str, policy: TokenscanPolicy, with_manifest: bool = True, hash_cache: HashCache | None = None
 ) -> DirectoryScan:
     """Scans ``path``; never raises for problems of the directory (see the module docstring)."""
+    held: list[int] = []
+    try:
+        return _scan_directory(path, policy, with_manifest, hash_cache, held)
+    finally:
+        PARSE_BUDGET.release(sum(held))
+
+
+def _scan_directory(
+    path: str, policy: TokenscanPolicy, with_manifest: bool, hash_cache: HashCache | None, held: list[int]
+) -> DirectoryScan:
     start = time.perf_counter()
     root = os.path.abspath(path)
     try:
-        snap = build_snapshot(root, policy, with_manifest, hash_cache)
+        snap = build_snapshot(root, policy, with_manifest, hash_cache, held)
     except TreeError as exc:
         return DirectoryScan(root, errors=[str(exc)], duration_seconds=time.perf_counter() - start)
     except (RecursionError, MemoryError) as exc:  # a defect, but never a traceback for a hostile input

@@ -378,3 +378,19 @@ def test_tool_supporting_family_templates_render_the_tool_exchange_and_documents
     assert [output.count(c) for c in shown] == [1] * len(shown)
     assert [output.index(c) for c in shown[1:]] == sorted(output.index(c) for c in shown[1:])
     assert tb.judge(renders, answer, ("<s>", "</s>"), 24) == []
+
+
+def test_parse_budget_bounds_concurrent_scans_and_never_blocks_a_scan_alone():
+    import threading
+
+    from warden.tokenscan.scanner import _ByteBudget
+
+    budget = _ByteBudget(100)
+    assert budget.admits(500)  # nothing held: a 64 MiB tokenizer.json alone always runs
+    budget.acquire(150)
+    assert not budget.admits(10)  # while it is held, another scan waits for its share
+    waiter = threading.Thread(target=budget.acquire, args=(10,))
+    waiter.start()
+    budget.release(150)
+    waiter.join(10)
+    assert not waiter.is_alive() and budget.used == 10 and budget.admits(90) and not budget.admits(91)
