@@ -513,7 +513,8 @@ class _Worker:
         """Sends one request and returns the child's answer, or ``{"status": "timeout" | "crashed"}``
         when it gave none in time (the child is then killed and restarted next time).
         ``on_sent`` is called once the request is written, or at once when the worker is busy
-        (a caller about to hold the GIL in a long parse waits for it, so the child starts first)."""
+        (a caller about to hold the GIL in a long parse waits for it, so the child starts first),
+        and in any case before this returns or raises (a worker that cannot start)."""
         if not self.lock.acquire(blocking=False):
             if on_sent is not None:
                 on_sent()
@@ -523,6 +524,8 @@ class _Worker:
             return self._call(request, memory, timeout, on_sent)
         finally:
             self.lock.release()
+            if on_sent is not None:
+                on_sent()  # again after a write is harmless: it sets an event
 
     def _call(
         self, request: dict[str, Any], memory: int, timeout: float, on_sent: Callable[[], None] | None

@@ -426,3 +426,20 @@ def _fake_battery(tool_markup: str, docs_block: str) -> tuple[list[dict], dict]:
 def test_battery_judges_tool_responses_and_documents(tool_markup, docs_block, kinds):
     renders, answer = _fake_battery(tool_markup, docs_block)
     assert [i.kind for i in tb.judge(renders, answer, ("<|im_end|>",), 24)] == kinds
+
+
+def test_worker_reports_sent_even_when_it_cannot_start(monkeypatch):
+    """The scan waits for on_sent before parsing (bounded); a sandbox that cannot start must
+    release that wait at once and raise, for the scan to report it (incomplete)."""
+    import threading
+
+    from warden.tokenscan import chat_template as ct
+
+    def refuse(*args, **kwargs):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(ct.subprocess, "Popen", refuse)
+    worker, sent = ct._Worker(), threading.Event()
+    with pytest.raises(OSError):
+        worker.call({"id": "x"}, 1 << 30, 1.0, sent.set)
+    assert sent.is_set()
