@@ -792,6 +792,17 @@ def run_row() -> Row:
                 text_mode="name",
             ),
             stat("Last step", f"max({tm('warden_trainer_last_step')})", "none", description="Last completed step."),
+            stat(
+                "World size",
+                f"max({tm('warden_trainer_world_size')})",
+                "none",
+                description="Data-parallel ranks now: smaller after torchrun re-formed the group without a lost node.",
+            ),
+            count_stat(
+                "Elastic restarts",
+                f"max({tm('warden_trainer_restart_count')}) or vector(0)",
+                description="torchrun restarts of the worker group (WardenTrainerElasticRestart; docs/elastic.md).",
+            ),
             since_stat(
                 "Since last step",
                 tm("warden_trainer_last_step_timestamp_seconds"),
