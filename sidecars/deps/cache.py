@@ -48,11 +48,9 @@ def key_text(key: Sequence[int]) -> str:
 
 
 def _strings(value: Any) -> dict[str, str]:
-    """``value`` if it is a dict of strings (what this version wrote), else empty (a cache from
-    elsewhere only costs a full pass)."""
-    if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
-        return value
-    return {}
+    """``value`` if it is a dict (of strings, as this version writes; a value of another type
+    never equals a key text, see :meth:`IntegrityCache.digest`), else empty."""
+    return value if isinstance(value, dict) else {}
 
 
 def _dist_ok(value: Any) -> bool:
@@ -140,7 +138,7 @@ class IntegrityCache:
 
     def digest(self, path: str, key: StatKey, algo: str) -> str | None:
         entry = self.files.get(path)
-        if entry is None:
+        if not isinstance(entry, str):
             return None
         head, _, digest = entry.rpartition(" ")
         if head == key_text(key) and digest.startswith(algo + "="):
@@ -153,13 +151,13 @@ class IntegrityCache:
             self.files[path] = entry
             self.dirty = True
 
-    def pyc_ok(self, pyc_path: str, key: Sequence[int]) -> bool:
-        return self.pyc.get(pyc_path) == key_text(key)
+    def pyc_ok(self, pyc_path: str, key: str) -> bool:
+        """``key``: :func:`key_text` of the pyc's and its source's stat keys."""
+        return self.pyc.get(pyc_path) == key
 
-    def put_pyc_ok(self, pyc_path: str, key: Sequence[int]) -> None:
-        text = key_text(key)
-        if self.pyc.get(pyc_path) != text:
-            self.pyc[pyc_path] = text
+    def put_pyc_ok(self, pyc_path: str, key: str) -> None:
+        if self.pyc.get(pyc_path) != key:
+            self.pyc[pyc_path] = key
             self.dirty = True
 
     def verdict_ok(self, key: str) -> bool:
@@ -176,11 +174,15 @@ class IntegrityCache:
             self.dirty = True
 
     def prune(self, live: set[str], full_pass: bool = False) -> None:
-        """Forgets files that no longer exist (and, after a full pass, verdicts no pair used),
-        so the cache does not grow forever."""
+        """After a full pass, forgets files that no longer exist and verdicts no pair used, so the
+        cache does not grow forever. Not on incremental audits (it costs a pass over every entry):
+        an entry of a removed file can never match again, since a new file at that path has a new
+        ctime."""
+        if not full_pass:
+            return
         files = {p: v for p, v in self.files.items() if p in live}
         pyc = {p: v for p, v in self.pyc.items() if p in live}
-        verdicts = self.verdicts & self._verdicts_used if full_pass else self.verdicts
+        verdicts = self.verdicts & self._verdicts_used
         if len(files) != len(self.files) or len(pyc) != len(self.pyc) or len(verdicts) != len(self.verdicts):
             self.files, self.pyc, self.verdicts, self.dirty = files, pyc, verdicts, True
 

@@ -13,6 +13,7 @@ import fnmatch
 import functools
 import hashlib
 import json
+import operator
 import os
 import re
 import stat
@@ -208,22 +209,23 @@ def _policy_tag(options: IntegrityOptions) -> str:
     return hashlib.sha256("\0".join(options.unhashed_allow).encode()).hexdigest()[:16]
 
 
+_STAT_ID = operator.attrgetter("st_size", "st_mtime_ns", "st_ino", "st_ctime_ns", "st_mode")
+
+
 def fingerprint(hashed: str, other: str, walked: dict[str, os.stat_result]) -> str | None:
-    """sha256 over the stat identities (size, mtime_ns, inode, ctime_ns) of the NUL-joined ``hashed``
-    paths, each a regular file, given that every ``other`` path exists; None otherwise. Equal
-    fingerprints mean every file has the stat identity it had when the distribution was verified
-    clean, which is what the per-file cache checks (cache.py: ctime cannot be put back). A
-    cryptographic hash, not ``hash()``: an attacker choosing mtimes must not find a collision."""
-    values: list[int] = []
-    add = values.extend
-    for path in hashed.split("\0") if hashed else ():
-        st = walked.get(path)
-        if st is None or not stat.S_ISREG(st.st_mode):
-            return None
-        add((st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns))
-    if other and not all(p in walked for p in other.split("\0")):
+    """sha256 over the (size, mtime_ns, inode, ctime_ns, mode) of the NUL-joined ``hashed`` paths,
+    given that each and every ``other`` path was walked; None otherwise. Equal fingerprints mean
+    every file has the stat identity (and type: each was a regular file when remembered) it had
+    when the distribution was verified clean, which is what the per-file cache checks (cache.py:
+    ctime cannot be put back). A cryptographic hash, not ``hash()``: an attacker choosing mtimes
+    must not find a collision. The loops run in C (map): this is the incremental audit's hot path."""
+    try:
+        rows = list(map(_STAT_ID, map(walked.__getitem__, hashed.split("\0")))) if hashed else []
+    except KeyError:
         return None
-    return hashlib.sha256(",".join(map(str, values)).encode()).hexdigest()
+    if other and not all(map(walked.__contains__, other.split("\0"))):
+        return None
+    return hashlib.sha256(repr(rows).encode()).hexdigest()
 
 
 def _remember_clean(
@@ -546,7 +548,7 @@ def _check_pycs(
             )
         return []
     findings: list[Finding] = []
-    keys: dict[str, tuple[int, ...]] = {}
+    keys: dict[str, str] = {}
     todo: list[tuple[str, str]] = []
     for pyc, source in _pyc_pairs(pyc_sources, target.cache_tag):
         p, src = walked[pyc], walked[source]
@@ -558,15 +560,9 @@ def _check_pycs(
             continue
         # stat_key of both, inline: this runs once per .pyc
         key = (
-            p.st_size,
-            p.st_mtime_ns,
-            p.st_ino,
-            p.st_ctime_ns,
-            src.st_size,
-            src.st_mtime_ns,
-            src.st_ino,
-            src.st_ctime_ns,
-        )
+            f"{p.st_size} {p.st_mtime_ns} {p.st_ino} {p.st_ctime_ns} "
+            f"{src.st_size} {src.st_mtime_ns} {src.st_ino} {src.st_ctime_ns}"
+        )  # cache.key_text of both stat keys, inline: this runs once per .pyc
         keys[pyc] = key
         if not options.full_pass and cache.pyc_ok(pyc, key):
             stats.pyc_cached += 1
@@ -594,7 +590,7 @@ def _triage_all(
     cache: IntegrityCache,
     options: IntegrityOptions,
     stats: IntegrityStats,
-    keys: dict[str, tuple[int, ...]],
+    keys: dict[str, str],
 ) -> list[tuple[str, str]]:
     """The pairs a worker must compile: hashed here in threads, known-``ok`` bytes and stale headers dropped."""
 

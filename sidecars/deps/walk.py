@@ -88,20 +88,18 @@ def _from_listing(
     ):
         listings.pop(current, None)
         return False
-    files = out.files
-    found: dict[str, os.stat_result] = {}
-    for name in cached[3].split("\0") if cached[3] else ():
-        path = f"{current}/{name}"
+    names = cached[3]
+    if names:
+        # lstat of every entry (a file's content may change without its directory's), in C (map).
+        # An entry now of another type implies a changed listing (unlink/mkdir/rename set the
+        # directory's times); were it missed, a directory kept here is reported, never skipped.
+        prefix = current + "/"
+        paths = [prefix + name for name in names.split("\0")]
         try:
-            entry = os.lstat(path)
+            out.files.update(zip(paths, map(os.lstat, paths), strict=True))
         except OSError:
             listings.pop(current, None)
-            return False  # changed under us: list it
-        if stat.S_ISDIR(entry.st_mode):
-            listings.pop(current, None)
-            return False
-        found[path] = entry
-    files.update(found)
+            return False  # changed under us: list it (entries added so far are listed again)
     out.dirs.append(current)
     for name in cached[4].split("\0") if cached[4] else ():
         path = f"{current}/{name}"
