@@ -33,9 +33,17 @@ from sidecars.deps.interpreter import check_venv, check_venv_scripts, hook_dirs,
 from sidecars.deps.model import Finding
 from sidecars.deps.pyccheck import MISMATCH, OK
 from sidecars.deps.stdlib import StdlibResult, collect_stdlib
-from sidecars.deps.walk import kind_of, link_escapes, map_in_threads, read_small, safe_digest, sha256_hex, walk_tree
+from sidecars.deps.walk import (
+    kind_of,
+    link_escapes,
+    map_in_threads,
+    read_capped,
+    read_small,
+    safe_digest,
+    sha256_hex,
+    walk_tree,
+)
 from warden.errors import quote_untrusted
-from warden.safeio import open_regular
 
 INTEGRITY_KINDS = (
     "tampered",
@@ -383,6 +391,10 @@ def _mismatch(job: _HashJob) -> Finding:
     return _tampered(job.path, job.owner, "content hash differs from RECORD")
 
 
+def _job_size(job: _HashJob) -> int:
+    return int(job.st.st_size)
+
+
 def _hash_all(
     jobs: list[_HashJob],
     cache: IntegrityCache,
@@ -410,7 +422,8 @@ def _hash_all(
         except OSError as exc:
             return job, None, exc.strerror or str(exc)
 
-    for job, digest, error in map_in_threads(one, todo, _workers(options.workers), "deps-hash", batch=32):
+    todo.sort(key=lambda j: -j.st.st_size)  # the largest first, each alone: the threads finish together
+    for job, digest, error in map_in_threads(one, todo, _workers(options.workers), "deps-hash", 32, _job_size):
         if digest is None:
             unreadable.append(f"{job.path}: {error}")
             continue
@@ -511,12 +524,10 @@ def _pair_digests(
 ) -> tuple[bytes, str, str]:
     """(pyc header, pyc digest, source digest) read here without following links; the source's
     digest comes from the RECORD hashing of this audit when its stat is unchanged. Raises OSError."""
-    with open_regular(pyc, max_bytes=pyccheck.MAX_BYTES) as fh:
-        data = fh.read(pyccheck.MAX_BYTES)
+    data = read_capped(pyc, pyccheck.MAX_BYTES)
     source_digest = cache.digest(source, stat_key(walked[source]), "sha256")
     if source_digest is None:
-        with open_regular(source, max_bytes=pyccheck.MAX_BYTES) as fh:
-            source_digest = pyccheck.record_form(fh.read(pyccheck.MAX_BYTES))
+        source_digest = pyccheck.record_form(read_capped(source, pyccheck.MAX_BYTES))
     return data[:16], pyccheck.record_form(data), source_digest
 
 

@@ -11,9 +11,10 @@ import pytest
 
 from sidecars.deps.cache import CACHE_VERSION, IntegrityCache
 from sidecars.deps.installed import LazyRecord, parse_record, scan_distributions
-from sidecars.deps.walk import walk_tree
+from sidecars.deps.walk import batches_of, read_capped, read_small, walk_tree
 from tests.sidecars.deps.deps_helpers import kinds
 from tests.sidecars.deps.test_deps_attacks import ATTACKS, _run
+from warden.safeio import UnsafeFile
 
 FUTURE = -(10**12)  # RACY_NS: a horizon in the future, so every listing of a fresh test tree is kept
 
@@ -126,3 +127,26 @@ def test_cache_of_another_version_or_shape_costs_a_full_pass(tmp_path):
     cache = IntegrityCache(str(path)).load()
     assert cache.digest("/x", (1, 2, 3, 4), "sha256") == "sha256=x"
     assert cache.digest("/x", (1, 2, 3, 5), "sha256") is None  # ctime differs
+
+
+def test_batches_keep_order_and_close_on_count_or_weight():
+    assert batches_of([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4], [5]]
+    assert batches_of([10, 1, 1, 1, 1], 3, weight=lambda x: x, limit=10) == [[10], [1, 1, 1], [1]]
+    assert batches_of([], 4) == []
+
+
+@pytest.mark.timeout(60)
+def test_read_capped_reads_whole_small_files_and_refuses_the_rest(tmp_path):
+    small = tmp_path / "a.pyc"
+    small.write_bytes(b"x" * 5000)
+    assert read_capped(str(small), 5000) == b"x" * 5000
+    assert read_small(str(small), 100) == b"x" * 100
+    with pytest.raises(UnsafeFile, match="over the 4999-byte cap"):
+        read_capped(str(small), 4999)
+    link = tmp_path / "link.pyc"
+    link.symlink_to(small)
+    fifo = tmp_path / "fifo.pyc"
+    os.mkfifo(fifo)
+    for path in (link, fifo):
+        with pytest.raises(UnsafeFile):
+            read_capped(str(path), 10**6)
