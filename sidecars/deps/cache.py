@@ -58,14 +58,10 @@ def _dist_ok(value: Any) -> bool:
     return isinstance(value, list) and len(value) == 5 and all(isinstance(v, str) for v in value)
 
 
-def _listing_ok(value: Any) -> bool:
-    """The shape walk.walk_tree relies on: [ino, mtime_ns, ctime_ns, names, dir names]."""
-    return (
-        isinstance(value, list)
-        and len(value) == 5
-        and all(isinstance(v, int) for v in value[:3])
-        and all(isinstance(v, str) for v in value[3:])
-    )
+def _listings(value: Any) -> dict[str, list[Any]]:
+    """The directory listings of a loaded cache: a dict is taken as is (walk.walk_tree checks each
+    entry's shape when it uses it: validating 7,000 entries here cost more than the rest of the load)."""
+    return value if isinstance(value, dict) else {}
 
 
 class IntegrityCache:
@@ -83,6 +79,7 @@ class IntegrityCache:
         self.wheels: dict[str, list[Any]] = {}
         self.listings: dict[str, list[Any]] = {}  # walk.walk_tree's directory listings
         self.dists: dict[str, list[str]] = {}  # integrity.py's verified-clean distributions
+        self.stdlib_state: list[str] = []  # stdlib.py: [paths, digests (NUL-joined), stat fingerprint]
         self.wheel_verdicts: set[str] = set()
         self._wheel_verdicts_used: set[str] = set()
 
@@ -105,13 +102,17 @@ class IntegrityCache:
                 self.verdicts = {str(k) for k in raw.get("verdicts") or ()}
                 self.last_full_pass = float(raw.get("last_full_pass") or 0.0)
                 self.wheels = dict(raw.get("wheels") or {})
-                self.listings = {k: v for k, v in dict(raw.get("listings") or {}).items() if _listing_ok(v)}
+                self.listings = _listings(raw.get("listings"))
                 self.dists = {k: v for k, v in dict(raw.get("dists") or {}).items() if _dist_ok(v)}
+                state = raw.get("stdlib_state")
+                ok = isinstance(state, list) and len(state) == 3 and all(isinstance(v, str) for v in state)
+                self.stdlib_state = state if ok else []
                 self.wheel_verdicts = {str(k) for k in raw.get("wheel_verdicts") or ()}
                 self.loaded = True
         except (OSError, ValueError, TypeError, AttributeError):
             self.files, self.pyc, self.verdicts, self.last_full_pass = {}, {}, set(), 0.0
             self.wheels, self.wheel_verdicts, self.listings, self.dists = {}, set(), {}, {}
+            self.stdlib_state = []
         return self
 
     def save(self) -> None:
@@ -128,6 +129,7 @@ class IntegrityCache:
             "wheel_verdicts": sorted(self.wheel_verdicts),
             "listings": self.listings,
             "dists": self.dists,
+            "stdlib_state": self.stdlib_state,
         }
         atomic_write_bytes(self.path, json.dumps(body, separators=(",", ":")).encode())
         self.dirty = False
@@ -269,4 +271,11 @@ class IntegrityCache:
         for d in stale:
             del self.dists[d]
         if stale:
+            self.dirty = True
+
+    def set_stdlib_state(self, paths: str, digests: str, fingerprint: str) -> None:
+        """The base interpreter's files (NUL-joined, walk order), their digests and stat fingerprint."""
+        state = [paths, digests, fingerprint]
+        if state != self.stdlib_state:
+            self.stdlib_state = state
             self.dirty = True

@@ -41,6 +41,7 @@ from sidecars.deps.walk import (
     read_small,
     safe_digest,
     sha256_hex,
+    stat_fingerprint,
     walk_tree,
 )
 from warden.errors import quote_untrusted
@@ -217,23 +218,14 @@ def _policy_tag(options: IntegrityOptions) -> str:
     return hashlib.sha256("\0".join(options.unhashed_allow).encode()).hexdigest()[:16]
 
 
-_STAT_ID = operator.attrgetter("st_size", "st_mtime_ns", "st_ino", "st_ctime_ns", "st_mode")
-
-
 def fingerprint(hashed: str, other: str, walked: dict[str, os.stat_result]) -> str | None:
-    """sha256 over the (size, mtime_ns, inode, ctime_ns, mode) of the NUL-joined ``hashed`` paths,
-    given that each and every ``other`` path was walked; None otherwise. Equal fingerprints mean
-    every file has the stat identity (and type: each was a regular file when remembered) it had
-    when the distribution was verified clean, which is what the per-file cache checks (cache.py:
-    ctime cannot be put back). A cryptographic hash, not ``hash()``: an attacker choosing mtimes
-    must not find a collision. The loops run in C (map): this is the incremental audit's hot path."""
-    try:
-        rows = list(map(_STAT_ID, map(walked.__getitem__, hashed.split("\0")))) if hashed else []
-    except KeyError:
-        return None
+    """walk.stat_fingerprint of the NUL-joined ``hashed`` paths, given that each ``other`` path was
+    walked too (their content is not what the fingerprint vouches for: .pyc rows are checked
+    against their source, RECORD by its digest); None otherwise. Each hashed path was a regular
+    file when the distribution was remembered, and the mode is in the fingerprint."""
     if other and not all(map(walked.__contains__, other.split("\0"))):
         return None
-    return hashlib.sha256(repr(rows).encode()).hexdigest()
+    return stat_fingerprint(hashed.split("\0") if hashed else (), walked)
 
 
 def _remember_clean(
@@ -439,9 +431,7 @@ def derived_pyc_sources(walked: dict[str, os.stat_result]) -> dict[str, str]:
     """``__pycache__/*.pyc`` files -> their source path, for every such pyc whose source exists."""
     out = {}
     sep = os.sep
-    for path in walked:
-        if not path.endswith(".pyc"):
-            continue
+    for path in filter(operator.methodcaller("endswith", ".pyc"), walked):  # the filter runs in C
         parent, _, name = path.rpartition(sep)
         grand, _, last = parent.rpartition(sep)
         if last != "__pycache__":
@@ -742,7 +732,9 @@ def check_integrity(
     cache.walked(relisted)
     stats.dirs_listed = relisted
     roots = tuple(per_root)
-    walked = {p: st for files in per_root.values() for p, st in files.items()}
+    walked: dict[str, os.stat_result] = {}
+    for files in per_root.values():
+        walked.update(files)
     stats.files_walked = len(walked)
     jobs, findings, owned = _record_jobs(dists, walked, roots, options, stats, cache)
     hashed, unhashable = _hash_all(jobs, cache, options, stats, cancel)
@@ -771,8 +763,8 @@ def check_integrity(
     stats.stdlib_files, stats.stdlib_hashed, stats.stdlib_cached = len(stdlib.files), stdlib.hashed, stdlib.cached
     if not stdlib.roots:
         stats.notes.append("the base interpreter's stdlib is not known for this target: not audited")
-    live = set(walked) | {j.path for j in jobs} | set(environment) | set(stdlib.files)
-    cache.prune(live, options.full_pass and not cancel.is_set())
+    if options.full_pass and not cancel.is_set():  # cache.prune forgets only after a full pass
+        cache.prune(set(walked) | {j.path for j in jobs} | set(environment) | set(stdlib.files), True)
     cache.prune_listings(visited)
     stats.dirs_walked = len(visited)
     cache.prune_dists({d.meta_dir for d in dists})

@@ -38,7 +38,7 @@ from sidecars.deps.cache import IntegrityCache, stat_key
 from sidecars.deps.environment import Target
 from sidecars.deps.interpreter import is_hook_name
 from sidecars.deps.model import Finding
-from sidecars.deps.walk import kind_of, map_in_threads, safe_digest, walk_tree
+from sidecars.deps.walk import kind_of, map_in_threads, safe_digest, stat_fingerprint, walk_tree
 from warden.errors import quote_untrusted
 from warden.safeio import open_regular
 
@@ -238,6 +238,15 @@ def _digests(
     result: StdlibResult,
     unreadable: list[str],
 ) -> None:
+    paths = list(walked)
+    joined = "\0".join(paths)
+    state = None if full_pass else cache.stdlib_state
+    if state and state[0] == joined and state[2] == stat_fingerprint(paths, walked):
+        digests = state[1].split("\0")  # every file as it was when all were last hashed
+        result.files.update(zip(paths, digests, strict=True))
+        result.cached += sum(1 for d in digests if not d.startswith("special:"))
+        return
+    bad = len(unreadable)
     todo: list[str] = []
     for path, st in walked.items():
         kind = kind_of(st.st_mode)
@@ -264,3 +273,6 @@ def _digests(
         result.files[path] = digest
         result.hashed += 1
         cache.put_digest(path, stat_key(walked[path]), digest)
+    fingerprint = stat_fingerprint(paths, walked)
+    if len(unreadable) == bad and fingerprint is not None and all(p in result.files for p in paths):
+        cache.set_stdlib_state(joined, "\0".join(result.files[p] for p in paths), fingerprint)

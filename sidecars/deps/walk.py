@@ -16,10 +16,11 @@ from __future__ import annotations
 import base64
 import concurrent.futures as cf
 import hashlib
+import operator
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -81,11 +82,14 @@ def _from_listing(
     except OSError:
         return False  # _scan says why
     if not (
-        cached
+        isinstance(cached, list)
+        and len(cached) == 5
         and stat.S_ISDIR(st.st_mode)
         and cached[0] == st.st_ino
         and cached[1] == st.st_mtime_ns
         and cached[2] == st.st_ctime_ns
+        and isinstance(cached[3], str)
+        and isinstance(cached[4], str)
     ):
         listings.pop(current, None)
         return False
@@ -151,6 +155,22 @@ def _scan(
         listings[current] = [before.st_ino, before.st_mtime_ns, before.st_ctime_ns, "\0".join(names), "\0".join(dirs)]
     else:
         listings.pop(current, None)
+
+
+_STAT_ID = operator.attrgetter("st_size", "st_mtime_ns", "st_ino", "st_ctime_ns", "st_mode")
+
+
+def stat_fingerprint(paths: Iterable[str], walked: Mapping[str, os.stat_result]) -> str | None:
+    """sha256 over the (size, mtime_ns, inode, ctime_ns, mode) of each of ``paths`` as walked, in
+    order; None when one was not walked. Equal fingerprints: every file has the stat identity and
+    type it had (cache.py: ctime cannot be put back, so an edit with a forged mtime changes it). A
+    cryptographic hash, not ``hash()``: an attacker choosing mtimes must not find a collision.
+    The loops run in C (map, attrgetter): this is the incremental audit's hot path."""
+    try:
+        rows = list(map(_STAT_ID, map(walked.__getitem__, paths)))
+    except KeyError:
+        return None
+    return hashlib.sha256(repr(rows).encode()).hexdigest()
 
 
 def kind_of(mode: int) -> str:
