@@ -455,6 +455,7 @@ class _Worker:
         self.proc: subprocess.Popen[bytes] | None = None
         self.memory = 0
         self.served = 0
+        self.requests = 0  # sent over this object's lifetime, across restarts (tests, metrics)
         self.buffer = b""
         self.lock = threading.Lock()
 
@@ -533,6 +534,7 @@ class _Worker:
         proc = self.proc
         if proc is None or proc.poll() is not None or self.memory != memory:
             proc = self._start(memory)
+        self.requests += 1
         try:
             assert proc.stdin is not None
             proc.stdin.write(json.dumps(request).encode() + b"\n")

@@ -16,6 +16,7 @@ import json
 import os
 import stat
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -71,9 +72,29 @@ class Manifest:
         return cls(str(raw["root"]), files)
 
 
+RACY_NS = 2_000_000_000  # a file changed this recently may change again within one timestamp tick
+
+
+def stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """(dev, inode, size, mtime_ns, ctime_ns): what identifies unchanged content without reading
+    it. ``ctime`` is set by the kernel on every change and cannot be set by a user, so a file
+    rewritten (even with its size and mtime restored) gets another key."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def settled(key: tuple[int, ...], now_ns: int) -> bool:
+    """Whether the content behind a :func:`stat_key` may be remembered by it: its last change
+    (``ctime``) is :data:`RACY_NS` older than ``now_ns`` (``time.time_ns()`` taken before the
+    stat). Timestamps are coarse (a tick, up to a second or two on some filesystems): a change
+    in the same tick as the previous one leaves the key as it was, so a "racily clean" file
+    (git's term) is hashed again next time rather than trusted."""
+    return key[-1] < now_ns - RACY_NS
+
+
 @dataclass
 class HashCache:
-    """Digests keyed by (path, dev, inode, size, mtime_ns, ctime_ns): rescans skip unchanged files."""
+    """Digests keyed by (path, :func:`stat_key`): rescans skip unchanged files. Files changed in
+    the last :data:`RACY_NS` are not remembered (see :func:`settled`)."""
 
     limit: int = 100_000
     items: OrderedDict[tuple[Any, ...], str] = field(default_factory=OrderedDict)
@@ -92,19 +113,21 @@ class HashCache:
 
 def hash_file(path: str, cache: HashCache | None = None) -> tuple[str, int]:
     """(hex SHA-256, size) of the regular file at ``path`` (the last component is not followed)."""
+    now = time.time_ns()
     fd = os.open(path, FILE_FLAGS)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ManifestError(f"{path}: not a regular file any more; refusing to read it")
-        key = (path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        identity = stat_key(st)
+        key = (path, *identity)
         cached = cache.get(key) if cache else None
         if cached is not None:
             return cached, st.st_size
         h = hashlib.sha256()
         while chunk := os.read(fd, CHUNK):
             h.update(chunk)
-        if cache is not None:
+        if cache is not None and settled(identity, now):
             cache.put(key, h.hexdigest())
         return h.hexdigest(), st.st_size
     finally:

@@ -16,9 +16,9 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
 from warden.errors import EXIT_INCOMPLETE, EXIT_OK, EXIT_VIOLATION
@@ -28,7 +28,7 @@ from warden.tokenscan import tokenizer_behaviour as tbe
 from warden.tokenscan.checks import CHECKS
 from warden.tokenscan.findings import Finding, Severity, dedupe, finding, sort_findings, with_root
 from warden.tokenscan.gguf import GGUFError, read_strings
-from warden.tokenscan.manifest import HashCache, Manifest, ManifestError, build_manifest
+from warden.tokenscan.manifest import HashCache, Manifest, ManifestError, build_manifest, settled, stat_key
 from warden.tokenscan.policy import TokenscanPolicy
 from warden.tokenscan.snapshot import FileFacts, JsonDoc, Snapshot, TemplateSource
 from warden.tokenscan.sniff import Budget, open_regular, sniff_file
@@ -101,18 +101,19 @@ class _Memo:
     Values are shared between snapshots and never mutated by the checks. Single flight:
     concurrent scans asking for the same key wait for the one computing it, so directories
     scanned in parallel (:func:`scan_paths`) still parse, load and render each content once.
-    Bounded by count and by ``weight`` (the source bytes of parsed documents: a parsed
-    tokenizer.json takes several times its size in memory)."""
+    Least recently used first out, bounded by count (``size``) and by ``weight`` (estimated
+    bytes in memory; a value heavier than ``max_weight`` is returned but not kept)."""
 
-    def __init__(self, size: int = 128, max_weight: int = 48 << 20) -> None:
+    def __init__(self, size: int, max_weight: int) -> None:
         self.items: OrderedDict[tuple[str, str], tuple[Any, int]] = OrderedDict()
         self.size, self.max_weight, self.weight = size, max_weight, 0
         self.lock = threading.Lock()
         self.pending: dict[tuple[str, str], threading.Event] = {}
 
-    def get(self, kind: str, digest: str, make: Any, keep: Any = None, weight: int = 0) -> Any:
+    def get(self, kind: str, digest: str, make: Any, keep: Any = None, weight: Any = 0) -> Any:
         """The value for (kind, digest), made by ``make()`` once; ``keep(value)`` False means it
-        is returned but not remembered (a crashed sandbox: the next scan retries)."""
+        is returned but not remembered (a crashed sandbox: the next scan retries). ``weight``:
+        bytes, or a function of the value giving them."""
         key = (kind, digest)
         while True:
             with self.lock:
@@ -128,6 +129,7 @@ class _Memo:
         try:
             value = make()
             stored = keep is None or bool(keep(value))
+            weight = weight(value) if callable(weight) else weight
         finally:
             with self.lock:
                 if stored and weight <= self.max_weight:
@@ -137,6 +139,14 @@ class _Memo:
                         self.weight -= self.items.popitem(last=False)[1][1]
                 self.pending.pop(key).set()
         return value
+
+    def put(self, kind: str, digest: str, value: Any, weight: int = 0) -> None:
+        """Remembers ``value`` (replacing any stored one), within the bounds."""
+        self.drop(kind, digest)
+        self.get(kind, digest, lambda: value, weight=weight)
+
+    def __len__(self) -> int:
+        return len(self.items)
 
     def peek(self, kind: str, digest: str) -> Any:
         """The stored value, or None (never waits, never makes)."""
@@ -155,8 +165,16 @@ class _Memo:
             self.weight = 0
 
 
-MEMO = _Memo()
+# The caches by content, split by what a value weighs. Big values (parsed JSON, vocabulary
+# sets, battery renders) are bounded by their estimated bytes: 50 distinct 32k-vocab
+# tokenizers are ~100 MiB of JSON, ~600 MiB parsed, so not all of them are kept, and a warm
+# rescan does not need them (see SCANS). Small values (verdicts: issues found in one content,
+# a few hundred bytes each) are bounded by count only, generously.
+MEMO = _Memo(size=1024, max_weight=256 << 20)  # json, vocab, keys, render
+JUDGED = _Memo(size=8192, max_weight=1 << 62)  # order, vocabs, battery, judge: weight 0, count bound
 MEMO_MIN_BYTES = 64 << 10  # smaller files parse faster than they hash
+JSON_WEIGHT = 6  # a parsed JSON document takes about this many times its source bytes
+SET_ENTRY_WEIGHT = 100  # bytes per entry of a set of short strings (the entry, the string object)
 
 
 class _ByteBudget:
@@ -205,7 +223,7 @@ def _parse_json_cached(rel: str, data: bytes, digest: str) -> JsonDoc:
     """The parse of ``data`` (whose SHA-256 is ``digest``), shared by every copy of a large file."""
     if len(data) < MEMO_MIN_BYTES:
         return _parse_json(rel, data)
-    doc = MEMO.get("json", digest, lambda: _parse_json(rel, data), weight=len(data))
+    doc = MEMO.get("json", digest, lambda: _parse_json(rel, data), weight=JSON_WEIGHT * len(data))
     return JsonDoc(rel, doc.data, doc.error)
 
 
@@ -238,6 +256,8 @@ class _Reader:
         budget = Budget(self.policy.pickle_cap, min(self.deadline, time.monotonic() + self.policy.file_budget_seconds))
         try:
             facts = FileFacts(rel, size, sniff_file(path, size, self.policy.pickle_cap, budget), over)
+            if budget.spent():
+                self.snap.transient.append(f"{rel}: file time budget spent")
             return facts if over is not None else self._parse(rel, path, size, facts)
         except ANALYSIS_ERRORS as exc:  # a hostile file must end in a finding, never a traceback
             return FileFacts(rel, size, None, over, problems=(f"content analysis failed: {type(exc).__name__}",))
@@ -384,15 +404,21 @@ def _tokenizer_vocab(tok: dict[str, Any]) -> frozenset[str]:
     return frozenset(vocab)
 
 
+def _set_weight(value: frozenset[str]) -> int:
+    return SET_ENTRY_WEIGHT * len(value)
+
+
 def _vocabulary(snap: Snapshot, pieces: set[str]) -> None:
     parts: list[frozenset[str]] = [frozenset(pieces)] if pieces else []
     tok = snap.top("tokenizer.json")
     if tok is not None:
-        parts.append(MEMO.get("vocab", snap.digests.get("tokenizer.json", ""), lambda: _tokenizer_vocab(tok)))
+        digest = snap.digests.get("tokenizer.json", "")
+        parts.append(MEMO.get("vocab", digest, lambda: _tokenizer_vocab(tok), weight=_set_weight))
     for name in ("vocab.json", "added_tokens.json"):
         doc = snap.top(name)
         if doc is not None:
-            parts.append(MEMO.get("keys", snap.digests.get(name, ""), lambda d=doc: frozenset(map(str, d))))
+            make = lambda d=doc: frozenset(map(str, d))  # noqa: E731
+            parts.append(MEMO.get("keys", snap.digests.get(name, ""), make, weight=_set_weight))
     decoder = (snap.top("tokenizer_config.json") or {}).get("added_tokens_decoder")
     if isinstance(decoder, dict):
         parts.append(frozenset(t for t in (_token(v) for v in decoder.values()) if t))
@@ -426,6 +452,10 @@ def _specials(snap: Snapshot) -> tuple[str, ...]:
     return tuple(v for v in snap.special_tokens.values() if v) + snap.extra_special
 
 
+def _not_crashed(answer: dict[str, Any]) -> bool:
+    return answer.get("status") != "crashed"
+
+
 def _render(snap: Snapshot, policy: TokenscanPolicy) -> None:
     """Renders templates that parsed and show no introspection with the battery of
     conversations, in the sandbox child, and judges the renders."""
@@ -443,14 +473,16 @@ def _render(snap: Snapshot, policy: TokenscanPolicy) -> None:
         try:
             rkey = hashlib.sha256(json.dumps([t.digest, context, limits.__dict__], sort_keys=True).encode()).hexdigest()
             battery = lambda text=t.text: ct.run_battery(text, renders, limits)  # noqa: E731
-            answer = MEMO.get("render", rkey, battery, keep=lambda a: a["status"] != "crashed")
+            answer = MEMO.get("render", rkey, battery, keep=_not_crashed, weight=lambda a: len(json.dumps(a)))
         except OSError as exc:
             snap.errors.append(f"chat template sandbox could not start: {exc.strerror or exc}")
             return
+        if not _not_crashed(answer):
+            snap.transient.append(f"{t.rel}: template sandbox crashed")
         result = ct.RenderResult(str(answer["status"]), "", str(answer.get("message", "")))
         key = t.digest + json.dumps([_specials(snap), cp.max_literal_chars, context], sort_keys=True)
         judged = lambda a=answer: tuple(tb.judge(renders, a, _specials(snap), cp.max_literal_chars))  # noqa: E731
-        issues = MEMO.get("battery", key, judged) if answer["status"] == "ok" else ()
+        issues = JUDGED.get("battery", key, judged) if answer["status"] == "ok" else ()
         snap.templates[i] = replace(t, render=result, behaviour=tuple(issues))
 
 
@@ -460,7 +492,9 @@ def _declared_tokens(snap: Snapshot) -> dict[str, str | None]:
     return tokens
 
 
-BEHAVIOUR = _Memo(256)  # tokenizer child answers (futures: in flight or done), by content and tokens
+# tokenizer child answers (futures: in flight or done), by content and tokens: tens of KB each
+# (the corpus's ids and pieces), so 256 of them
+BEHAVIOUR = _Memo(size=256, max_weight=1 << 62)
 _POOL = ThreadPoolExecutor(max_workers=8, thread_name_prefix="tokenscan-tokenizer")  # most wait on the worker
 SEND_WAIT_SECONDS = 0.2  # bounded: a saturated pool only delays the overlap
 
@@ -513,7 +547,7 @@ def _tokenizer_behaviour(snap: Snapshot, policy: TokenscanPolicy, running: dict[
         out += [("tokenizer.json", i) for i in tbe.ordinary_special_tokens(declared, added)]
         model = _dict(tok.get("model"))
         digest = snap.digests.get("tokenizer.json", "")
-        order = MEMO.get("order", digest, lambda: tbe.merge_order_problem(model) or tbe.score_order_problem(model))
+        order = JUDGED.get("order", digest, lambda: tbe.merge_order_problem(model) or tbe.score_order_problem(model))
         out += [("tokenizer.json", i) for i in tbe.rewrite_rules(tok)]
         problem = order if policy.behaviour.bpe_ids_follow_merges else None
         if problem:
@@ -531,12 +565,13 @@ def _tokenizer_behaviour(snap: Snapshot, policy: TokenscanPolicy, running: dict[
             BEHAVIOUR.drop(kind, _exercise_key(kind, digest, _config_tokens(snap)))
             snap.errors.append(f"tokenizer sandbox could not start: {exc.strerror or exc}")
             return
-        if answer.get("status") == "crashed":  # reported now, retried by the next scan
+        if not _not_crashed(answer):  # reported now, retried by the next scan
             BEHAVIOUR.drop(kind, _exercise_key(kind, digest, _config_tokens(snap)))
+            snap.transient.append(f"{rel}: tokenizer sandbox crashed")
         if snap.token_ids_digest is None or rel == "tokenizer.json":
             snap.token_ids_digest = tbe.ids_digest(answer)
         key = digest + json.dumps([kind, rel, tokens], sort_keys=True)
-        out += [(rel, i) for i in MEMO.get("judge", key, lambda a=answer, r=rel: tuple(tbe.judge(a, tokens, r)))]
+        out += [(rel, i) for i in JUDGED.get("judge", key, lambda a=answer, r=rel: tuple(tbe.judge(a, tokens, r)))]
 
 
 def _vocab_disagreements(snap: Snapshot, model: dict[str, Any]) -> list[str]:
@@ -553,7 +588,7 @@ def _vocab_disagreements(snap: Snapshot, model: dict[str, Any]) -> list[str]:
     out = []
     for label, mapping in others.items():
         key = snap.digests.get("tokenizer.json", "") + label + snap.digests.get(label, "")
-        found = MEMO.get("vocabs", key, lambda m=mapping, n=label: tbe.vocab_disagreement(vocab, m(), n))
+        found = JUDGED.get("vocabs", key, lambda m=mapping, n=label: tbe.vocab_disagreement(vocab, m(), n))
         if found:
             out.append(found)
     return out
@@ -577,27 +612,52 @@ def build_snapshot(
 ) -> Snapshot:
     """Everything the checks need from ``path``. Raises TreeError for an unusable root.
 
-    With ``held`` (a list), the scan first takes its share of :data:`PARSE_BUDGET` and appends
-    it there: the caller releases it once it no longer needs the snapshot."""
+    With ``held`` (a list), the scan takes its share of :data:`PARSE_BUDGET` before it reads
+    and parses, and appends it there: the caller releases it once it no longer needs the
+    snapshot."""
     deadline = time.monotonic() + policy.scan_budget_seconds  # files, renders and tokenizers share it
+    snap, files = _listing(path, policy)
+    if _wants_manifest(snap, policy, with_manifest):
+        _hash(snap, files, hash_cache)
+    return _analyse(snap, files, policy, deadline, held)
+
+
+def _listing(path: str, policy: TokenscanPolicy) -> tuple[Snapshot, list[tuple[str, str, str | None]]]:
+    """The snapshot's tree and the files to read. Raises TreeError."""
     root = os.path.abspath(path)
     root_real, entries = walk(root)
     snap = Snapshot(root, root_real, entries)
     snap.errors += [f"{root}/{e.rel}: {e.error}" for e in entries if e.error]
-    files = _manifest_files(snap, policy)
+    return snap, _manifest_files(snap, policy)
+
+
+def _wants_manifest(snap: Snapshot, policy: TokenscanPolicy, with_manifest: bool) -> bool:
+    return with_manifest or bool(policy.pinned_digest(snap.root) or policy.pinned_digest(snap.root_real))
+
+
+def _hash(snap: Snapshot, files: list[tuple[str, str, str | None]], hash_cache: HashCache | None) -> None:
+    try:
+        snap.manifest = build_manifest(snap.root, files, hash_cache)
+    except ManifestError as exc:
+        snap.errors.append(str(exc))
+
+
+def _analyse(
+    snap: Snapshot,
+    files: list[tuple[str, str, str | None]],
+    policy: TokenscanPolicy,
+    deadline: float,
+    held: list[int] | None,
+) -> Snapshot:
+    """Reads, parses, renders and exercises what :func:`_listing` found."""
     if held is not None:
         share = _parse_bytes(files, policy)
         PARSE_BUDGET.acquire(share)
         held.append(share)
-    if files:  # the sandbox interpreters start while this process hashes, reads and parses
+    if files:  # the sandbox interpreters start while this process reads and parses
         ct.prestart_worker(policy.chat_template.memory_cap)
         if policy.behaviour.enabled:
             tbe.prestart_worker(policy.behaviour.memory_cap)
-    if with_manifest or policy.pinned_digest(root) or policy.pinned_digest(root_real):
-        try:
-            snap.manifest = build_manifest(root, files, hash_cache)
-        except ManifestError as exc:
-            snap.errors.append(str(exc))
     reader = _Reader(snap, policy, deadline)
     for rel, open_at, _link in sorted(files, key=_read_order):
         reader.file(rel, open_at)
@@ -685,9 +745,20 @@ def _scan_directory(
     path: str, policy: TokenscanPolicy, with_manifest: bool, hash_cache: HashCache | None, held: list[int]
 ) -> DirectoryScan:
     start = time.perf_counter()
+    deadline = time.monotonic() + policy.scan_budget_seconds
     root = os.path.abspath(path)
     try:
-        snap = build_snapshot(root, policy, with_manifest, hash_cache, held)
+        snap, files = _listing(root, policy)
+        seen: dict[str, tuple[int, ...]] | None = None  # the files' stat_keys before hashing
+        now = 0
+        if _wants_manifest(snap, policy, with_manifest):
+            now, seen = time.time_ns(), stat_keys(files)
+            _hash(snap, files, hash_cache)
+        key = verdict_key(snap, policy)
+        known: ScanVerdict | None = SCANS.peek("scan", key) if key else None
+        if known is not None:  # nothing the verdict depends on changed: no read, parse or sandbox
+            return known.scan(root, snap.manifest, time.perf_counter() - start)
+        snap = _analyse(snap, files, policy, deadline, held)
     except TreeError as exc:
         return DirectoryScan(root, errors=[str(exc)], duration_seconds=time.perf_counter() - start)
     except (RecursionError, MemoryError) as exc:  # a defect, but never a traceback for a hostile input
@@ -697,8 +768,102 @@ def _scan_directory(
     result.token_ids_digest = snap.token_ids_digest
     result.files = len(snap.facts)
     result.bytes = sum(f.size for f in snap.facts.values())
+    if key and seen is not None and reusable(snap, seen, stat_keys(files), now):
+        verdict = ScanVerdict(tuple(result.findings), result.token_ids_digest, result.files, result.bytes)
+        SCANS.put("scan", key, verdict, verdict.weight())
     result.duration_seconds = time.perf_counter() - start
     return result
+
+
+# The verdicts of whole directories, by the digest of everything a verdict depends on
+# (:func:`verdict_key`): a rescan of an unchanged directory (the sidecar's usual case) hashes
+# or stats its files and returns the stored findings. Small (a few hundred bytes per directory
+# without findings): 4096 directories, and at most 32 MiB of findings.
+SCANS = _Memo(size=4096, max_weight=32 << 20)
+VERDICT_FORMAT = 1  # bump when what a verdict holds, or what its key covers, changes
+
+
+@dataclass(frozen=True)
+class ScanVerdict:
+    """What :class:`DirectoryScan` reports that follows from the directory's content alone."""
+
+    findings: tuple[Finding, ...]
+    token_ids_digest: str | None
+    files: int
+    bytes: int
+
+    def weight(self) -> int:
+        return 256 + sum(256 + len(f.message) + len(f.fix) + len(f.path) + len(f.key or "") for f in self.findings)
+
+    def scan(self, root: str, manifest: Manifest | None, seconds: float) -> DirectoryScan:
+        out = DirectoryScan(root, list(self.findings), [], self.files, self.bytes, seconds, manifest)
+        out.token_ids_digest = self.token_ids_digest
+        return out
+
+
+def policy_fingerprint(policy: TokenscanPolicy) -> str:
+    """Every field of the policy, canonically (any change to the policy changes it)."""
+    return json.dumps(_plain(policy), sort_keys=True)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as JSON-able data: dataclasses and mappings as objects, sequences as lists
+    (sets sorted), scalars as they are, anything else by its repr."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((_plain(v) for v in value), key=json.dumps)
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return repr(value)
+
+
+def verdict_key(snap: Snapshot, policy: TokenscanPolicy) -> str | None:
+    """The digest of every input of a scan's verdict: the tree as listed (names, kinds, link
+    targets, sizes, inodes, link counts), the SHA-256 of every file read, the policy and the
+    versions of the corpus and of this key. None without a complete manifest."""
+    if snap.manifest is None or snap.errors:
+        return None
+    blob = json.dumps(
+        [
+            VERDICT_FORMAT,
+            tbe.CORPUS_VERSION,
+            snap.root,
+            snap.root_real,
+            [list(vars(e).values()) for e in snap.entries],
+            snap.manifest.to_dict()["files"],
+            policy_fingerprint(policy),
+        ],
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def stat_keys(files: Iterable[tuple[str, str, str | None]]) -> dict[str, tuple[int, ...]] | None:
+    """:func:`~.manifest.stat_key` of every file to read, or None when one cannot be stat'ed."""
+    out: dict[str, tuple[int, ...]] = {}
+    for rel, path, _link in files:
+        try:
+            out[rel] = stat_key(os.stat(path, follow_symlinks=False))
+        except OSError:
+            return None
+    return out
+
+
+def reusable(
+    snap: Snapshot, before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]] | None, now_ns: int
+) -> bool:
+    """Whether a scan's verdict may be stored under its :func:`verdict_key`: complete (no error,
+    nothing left unanalysed or cut short by a budget, no sandbox crash), and no file changed
+    from before its hashing to after the checks (else the key's digests and what was judged
+    could differ), nor so recently that a change could hide in one timestamp tick."""
+    if snap.errors or snap.unanalysed or snap.transient or after != before:
+        return False
+    return all(settled(k, now_ns) for k in before.values())
 
 
 SCAN_THREADS = 8

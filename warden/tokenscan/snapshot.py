@@ -87,6 +87,7 @@ class Snapshot:
     token_ids_digest: str | None = None  # ids of the corpus under tokenizer.json (else the .model)
     vocab_lines: dict[str, tuple[str, ...]] = field(default_factory=dict)  # vocab.txt: id = line number
     deadline: float = float("inf")
+    transient: list[str] = field(default_factory=list)  # why this scan's verdict must not be reused
 
     @property
     def has_tokenizer(self) -> bool:
