@@ -34,7 +34,7 @@ from typing import Any
 
 from trainer.events import atomic_write_bytes
 
-CACHE_VERSION = 3  # 3: entries are strings ("size mtime_ns ino ctime_ns digest"): half the load time of lists
+CACHE_VERSION = 4  # 3: entries as strings (half the load time of lists); 4: site-packages digests in a side file
 StatKey = tuple[int, int, int, int]
 
 
@@ -67,9 +67,15 @@ def _listings(value: Any) -> dict[str, list[Any]]:
 class IntegrityCache:
     """Digests of RECORD-listed files and verdicts of ``.pyc`` files, for one target."""
 
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, lazy_roots: tuple[str, ...] = ()) -> None:
         self.path = path
-        self.files: dict[str, str] = {}  # path -> "size mtime_ns ino ctime_ns algo=digest"
+        # path -> "size mtime_ns ino ctime_ns algo=digest"; those below ``lazy_roots`` (the
+        # site-packages: 40,000 entries an incremental audit of unchanged distributions never
+        # reads) live in ``<path>.site.json``, read on first use (_site_files)
+        self.files: dict[str, str] = {}
+        self._prefixes = tuple(root.rstrip(os.sep) + os.sep for root in lazy_roots)
+        self._site: dict[str, str] | None = {} if path is None else None
+        self._site_dirty = False
         self.pyc: dict[str, str] = {}  # pyc path -> key_text of the pyc's and its source's stat keys
         self.verdicts: set[str] = set()
         self.last_full_pass = 0.0
@@ -88,7 +94,32 @@ class IntegrityCache:
         if not state_dir:
             return IntegrityCache(None)
         tag = hashlib.sha256("\0".join(site_packages).encode()).hexdigest()[:16]
-        return IntegrityCache(os.path.join(state_dir, f"integrity-cache-{tag}.json"))
+        return IntegrityCache(os.path.join(state_dir, f"integrity-cache-{tag}.json"), site_packages)
+
+    @property
+    def site_path(self) -> str | None:
+        return self.path[: -len(".json")] + ".site.json" if self.path and self.path.endswith(".json") else None
+
+    def _site_files(self) -> dict[str, str]:
+        """The site-packages digests, read now if not yet (a missing or other file: none)."""
+        if self._site is None:
+            self._site = {}
+            try:
+                with open(str(self.site_path), "rb") as fh:
+                    raw = json.loads(fh.read())
+                if isinstance(raw, dict) and raw.get("version") == CACHE_VERSION:
+                    self._site = _strings(raw.get("files"))
+            except (OSError, ValueError):
+                pass
+        return self._site
+
+    def _table(self, path: str) -> dict[str, str]:
+        return self._site_files() if self._prefixes and path.startswith(self._prefixes) else self.files
+
+    def entry(self, path: str) -> str | None:
+        """The stored entry of ``path`` ("size mtime_ns ino ctime_ns algo=digest"), if any."""
+        value = self._table(path).get(path)
+        return value if isinstance(value, str) else None
 
     def load(self) -> IntegrityCache:
         if not self.path:
@@ -113,6 +144,8 @@ class IntegrityCache:
             self.files, self.pyc, self.verdicts, self.last_full_pass = {}, {}, set(), 0.0
             self.wheels, self.wheel_verdicts, self.listings, self.dists = {}, set(), {}, {}
             self.stdlib_state = []
+        if not self.loaded:
+            self._site = {}  # a side file of another main file is never mixed in
         return self
 
     def save(self) -> None:
@@ -131,6 +164,11 @@ class IntegrityCache:
             "dists": self.dists,
             "stdlib_state": self.stdlib_state,
         }
+        # the side file first; each entry checks itself (stat key), so two generations never mislead
+        if self._site is not None and self._site_dirty and self.site_path:
+            side = {"version": CACHE_VERSION, "files": self._site}
+            atomic_write_bytes(self.site_path, json.dumps(side, separators=(",", ":")).encode())
+            self._site_dirty = False
         atomic_write_bytes(self.path, json.dumps(body, separators=(",", ":")).encode())
         self.dirty = False
 
@@ -139,8 +177,8 @@ class IntegrityCache:
         self.dirty = True
 
     def digest(self, path: str, key: StatKey, algo: str) -> str | None:
-        entry = self.files.get(path)
-        if not isinstance(entry, str):
+        entry = self.entry(path)
+        if entry is None:
             return None
         head, _, digest = entry.rpartition(" ")
         if head == key_text(key) and digest.startswith(algo + "="):
@@ -149,9 +187,11 @@ class IntegrityCache:
 
     def put_digest(self, path: str, key: StatKey, digest: str) -> None:
         entry = f"{key_text(key)} {digest}"
-        if self.files.get(path) != entry:
-            self.files[path] = entry
+        table = self._table(path)
+        if table.get(path) != entry:
+            table[path] = entry
             self.dirty = True
+            self._site_dirty = self._site_dirty or table is not self.files
 
     def pyc_ok(self, pyc_path: str, key: str) -> bool:
         """``key``: :func:`key_text` of the pyc's and its source's stat keys."""
@@ -182,6 +222,10 @@ class IntegrityCache:
         ctime."""
         if not full_pass:
             return
+        site = self._site_files()
+        kept = {p: v for p, v in site.items() if p in live}
+        if len(kept) != len(site):
+            self._site, self._site_dirty, self.dirty = kept, True, True
         files = {p: v for p, v in self.files.items() if p in live}
         pyc = {p: v for p, v in self.pyc.items() if p in live}
         verdicts = self.verdicts & self._verdicts_used

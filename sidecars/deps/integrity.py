@@ -260,7 +260,7 @@ def _remember_clean(
             st = walked.get(path)
             if st is None:
                 break  # missing, or outside the roots (lstat-ed each audit by _row)
-            if _cached_ok(entry, st, cache.files.get(path)):
+            if _cached_ok(entry, st, cache.entry(path)):
                 hashed.append(path)
             elif entry.digest is None and _unhashed_ok(dist, path, options.unhashed_allow):
                 other.append(path)
@@ -289,7 +289,6 @@ def _record_jobs(
     jobs: list[_HashJob] = []
     findings: list[Finding] = []
     owned: set[str] = set()
-    files = {} if options.full_pass else cache.files
     tag = _policy_tag(options)
     for dist in dists:
         state = None if options.full_pass else cache.dist_state(dist.meta_dir, dist.record_sha256, tag)
@@ -312,7 +311,7 @@ def _record_jobs(
         site = dist.site_packages
         for entry in dist.record:
             path = _joined(site, entry.path)
-            if _cached_ok(entry, walked.get(path), files.get(path)):
+            if not options.full_pass and _cached_ok(entry, walked.get(path), cache.entry(path)):
                 stats.files_listed += 1
                 stats.files_cached += 1
                 owned.add(path)

@@ -150,3 +150,18 @@ def test_read_capped_reads_whole_small_files_and_refuses_the_rest(tmp_path):
     for path in (link, fifo):
         with pytest.raises(UnsafeFile):
             read_capped(str(path), 10**6)
+
+
+def test_site_packages_digests_are_read_only_when_needed(tmp_path):
+    site = str(tmp_path / "site")
+    path = str(tmp_path / "cache.json")
+    cache = IntegrityCache(path, (site,)).load()
+    cache.put_digest(f"{site}/a.py", (1, 2, 3, 4), "sha256=A")
+    cache.put_digest("/usr/lib/x.py", (1, 2, 3, 4), "sha256=B")
+    cache.save()
+    again = IntegrityCache(path, (site,)).load()
+    assert again.digest("/usr/lib/x.py", (1, 2, 3, 4), "sha256") == "sha256=B"
+    assert again._site is None  # the side file is not read for a path outside site-packages
+    assert again.digest(f"{site}/a.py", (1, 2, 3, 4), "sha256") == "sha256=A"
+    (tmp_path / "cache.json").write_text("{")  # a main file that cannot be read: its side file is not used
+    assert IntegrityCache(path, (site,)).load().digest(f"{site}/a.py", (1, 2, 3, 4), "sha256") is None
