@@ -27,6 +27,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import queue
 import re
 import select
 import signal
@@ -580,6 +581,58 @@ class _Worker:
         if not isinstance(raw, dict) or not isinstance(raw.get("status"), str):
             return {"status": "crashed", "message": "sandbox worker answered garbage"}
         return raw
+
+
+class _WorkerPool:
+    """Up to ``size`` :class:`_Worker` processes of one script, for requests that arrive together
+    (:func:`~.scanner.scan_paths` over many distinct tokenizers). Each worker is still one
+    request at a time, under its own memory cap and deadline. A call takes the idle worker used
+    last (sequential scans keep using one warm worker; the others start only when requests
+    overlap), or waits for one."""
+
+    def __init__(self, size: int, script: str, env: dict[str, str] | None, modules: Sequence[str]) -> None:
+        self.workers = [_Worker(script, env, modules) for _ in range(max(1, size))]
+        self.idle: queue.LifoQueue[_Worker] = queue.LifoQueue()
+        for worker in reversed(self.workers):
+            self.idle.put(worker)
+
+    @property
+    def requests(self) -> int:
+        return sum(w.requests for w in self.workers)
+
+    def prestart(self, memory: int) -> None:
+        self.workers[0].prestart(memory)
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            with worker.lock:
+                worker.stop()
+
+    def call(
+        self, request: dict[str, Any], memory: int, timeout: float, on_sent: Callable[[], None] | None = None
+    ) -> dict[str, Any]:
+        """As :meth:`_Worker.call`, on an idle worker (``on_sent`` at once when all are busy)."""
+        try:
+            worker = self.idle.get_nowait()
+        except queue.Empty:
+            if on_sent is not None:
+                on_sent()
+                on_sent = None
+            worker = self.idle.get()
+        try:
+            return worker.call(request, memory, timeout, on_sent)
+        finally:
+            self.idle.put(worker)
+
+
+def pool_size(limit: int = 4) -> int:
+    """Sandbox workers for one kind of request: half the CPUs this process may run on, at most
+    ``limit`` (1 on a 2-core machine: there a second worker only competes with this process)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(limit, cpus // 2))
 
 
 _WORKER = _Worker()

@@ -332,22 +332,24 @@ def ordinary_special_tokens(declared: Mapping[str, str | None], added: Iterable[
     ]
 
 
-_WORKER = ct._Worker(CHILD, CHILD_ENV, ("tokenizers", "sentencepiece"))
-atexit.register(_WORKER.stop)
+# tokenizers of distinct content load in parallel on a machine with cores to spare (each
+# worker under the behaviour policy's memory cap and timeout)
+_WORKERS = ct._WorkerPool(ct.pool_size(), CHILD, CHILD_ENV, ("tokenizers", "sentencepiece"))
+atexit.register(_WORKERS.stop)
 
 
 def prestart_worker(memory: int) -> None:
-    """Starts the tokenizer worker in the background (no wait; see ``_Worker.prestart``)."""
-    _WORKER.prestart(memory)
+    """Starts a tokenizer worker in the background (no wait; see ``_Worker.prestart``)."""
+    _WORKERS.prestart(memory)
 
 
 def stop_worker() -> None:
-    with _WORKER.lock:
-        _WORKER.stop()
+    """Stops every tokenizer worker (the next request starts a fresh one)."""
+    _WORKERS.stop()
 
 
 def run(req: dict[str, Any], memory: int, timeout: float, on_sent: Callable[[], None] | None = None) -> dict[str, Any]:
     """The child's answer to ``req`` (``{"status": "timeout" | "crashed"}`` when it gave none);
     ``on_sent`` as in ``_Worker.call``."""
     req = {**req, "timeout": timeout}
-    return _WORKER.call(req, memory, timeout, on_sent)
+    return _WORKERS.call(req, memory, timeout, on_sent)

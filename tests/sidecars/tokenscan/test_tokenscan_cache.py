@@ -24,7 +24,7 @@ POLICY = default_policy()
 
 def requests() -> tuple[int, int]:
     """Sandbox requests sent so far: (tokenizer child, template child)."""
-    return tbe._WORKER.requests, ct._WORKER.requests
+    return tbe._WORKERS.requests, ct._WORKER.requests
 
 
 @pytest.fixture
@@ -151,3 +151,61 @@ def test_verdict_key_covers_the_tree_the_contents_and_the_policy(fresh_benign):
     os.unlink(fresh_benign / "link")
     (fresh_benign / "tokenizer_config.json").write_text("{}")
     assert sc.verdict_key(sc.build_snapshot(root, POLICY), POLICY) not in (None, base)
+
+
+def test_worker_pool_size_follows_the_cpus(monkeypatch):
+    for cpus, size in ((1, 1), (2, 1), (4, 2), (16, 4), (128, 4)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, n=cpus: set(range(n)))
+        assert ct.pool_size() == size
+
+
+def test_worker_pool_spreads_overlapping_requests_and_waits_when_all_are_busy():
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    class Fake:
+        def __init__(self) -> None:
+            self.requests, self.release = 0, threading.Event()
+
+        def call(self, request, memory, timeout, on_sent=None):
+            self.requests += 1
+            if on_sent is not None:
+                on_sent()
+            self.release.wait(10)
+            return {"status": "ok", "id": request["id"]}
+
+    pool = ct._WorkerPool(2, tbe.CHILD, None, ())
+    fakes = [Fake(), Fake()]
+    pool.workers = fakes  # type: ignore[assignment]
+    while not pool.idle.empty():
+        pool.idle.get_nowait()
+    for fake in fakes:
+        pool.idle.put(fake)  # type: ignore[arg-type]
+    sent = [threading.Event() for _ in range(3)]
+    with ThreadPoolExecutor(3) as threads:
+        first = threads.submit(pool.call, {"id": 0}, 1, 1.0, sent[0].set)
+        assert sent[0].wait(5)
+        second = threads.submit(pool.call, {"id": 1}, 1, 1.0, sent[1].set)
+        assert sent[1].wait(5)
+        assert [f.requests for f in fakes] == [1, 1]  # two requests in flight, one per worker
+        third = threads.submit(pool.call, {"id": 2}, 1, 1.0, sent[2].set)
+        assert sent[2].wait(5)  # all busy: told at once, so the caller parses meanwhile
+        for fake in fakes:
+            fake.release.set()
+        assert [f.result()["id"] for f in (first, second, third)] == [0, 1, 2]
+    assert pool.requests == 3
+
+
+def test_a_pool_of_two_real_tokenizer_workers_gives_the_answers_of_one(tokenscan_corpus, tmp_path, monkeypatch):
+    dirs = distinct_copies(tokenscan_corpus.benign, tmp_path, 8)
+    sc.BEHAVIOUR.clear()
+    one = [(s.findings, s.token_ids_digest) for s in sc.scan_paths(dirs, POLICY, with_manifest=False)]
+    pool = ct._WorkerPool(2, tbe.CHILD, tbe.CHILD_ENV, ("tokenizers", "sentencepiece"))
+    monkeypatch.setattr(tbe, "_WORKERS", pool)
+    sc.BEHAVIOUR.clear()
+    try:
+        two = [(s.findings, s.token_ids_digest) for s in sc.scan_paths(dirs, POLICY, with_manifest=False)]
+    finally:
+        pool.stop()
+    assert two == one and all(digest for _findings, digest in two)
+    assert pool.requests == 8 and all(w.proc is None for w in pool.workers)
