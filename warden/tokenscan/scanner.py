@@ -4,6 +4,13 @@
 every check of :data:`~.checks.CHECKS` over it. It never raises for a problem of the
 directory itself: an unreadable root or file makes the result *incomplete* (``errors``),
 everything else is a finding. Exit-code semantics live in :meth:`DirectoryScan.outcome`.
+
+Caches (in-process, thread-safe, single flight): by content digest, :data:`MEMO` (parsed JSON,
+vocabulary sets, battery renders: bounded by estimated bytes), :data:`JUDGED` (what was found
+in one content: bounded by count) and :data:`BEHAVIOUR` (the tokenizer child's answers); by
+directory, :data:`SCANS` (the verdict of a complete scan, under :func:`verdict_key`: a rescan
+of an unchanged directory lists and hashes it, or stats it with a hash cache, and reads,
+parses and exercises nothing).
 """
 
 from __future__ import annotations
