@@ -61,11 +61,33 @@ def open_regular(path: str, *, dir_fd: int | None = None, max_bytes: int | None 
     return os.fdopen(open_regular_fd(path, dir_fd=dir_fd, max_bytes=max_bytes), "rb")
 
 
+READ_CHUNK = 1024 * 1024
+"""Bytes per ``os.read`` after the first one of :func:`read_fd`."""
+
+
+def read_fd(fd: int, limit: int) -> bytes:
+    """Up to ``limit`` bytes of ``fd`` (closed here), read with ``os.read`` sized by ``fstat``.
+
+    Why not a buffered ``read(limit)``: it allocates ``limit`` bytes first (64 MiB for a 10 KiB
+    file under a 64 MiB cap: 4-5x the cost of the read itself).
+    """
+    try:
+        want = min(os.fstat(fd).st_size + 1, limit)
+        chunks = []
+        got = 0
+        while got < limit and (data := os.read(fd, min(max(want, 1), limit - got))):
+            chunks.append(data)
+            got += len(data)
+            want = READ_CHUNK
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def read_regular(path: str, max_bytes: int, *, dir_fd: int | None = None) -> bytes:
     """The whole content of a regular file of at most ``max_bytes`` (one extra byte is read so that
     a file that grew past the cap after the check is refused, not silently cut)."""
-    with open_regular(path, dir_fd=dir_fd, max_bytes=max_bytes) as fh:
-        data = fh.read(max_bytes + 1)
+    data = read_fd(open_regular_fd(path, dir_fd=dir_fd, max_bytes=max_bytes), max_bytes + 1)
     if len(data) > max_bytes:
         raise UnsafeFile(path, "too_large", f"grew past the {max_bytes}-byte cap while it was read")
     return data

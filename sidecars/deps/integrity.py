@@ -37,7 +37,6 @@ from sidecars.deps.walk import (
     kind_of,
     link_escapes,
     map_in_threads,
-    read_capped,
     read_small,
     safe_digest,
     sha256_hex,
@@ -45,6 +44,7 @@ from sidecars.deps.walk import (
     walk_tree,
 )
 from warden.errors import quote_untrusted
+from warden.safeio import read_regular
 
 INTEGRITY_KINDS = (
     "tampered",
@@ -513,10 +513,10 @@ def _pair_digests(
 ) -> tuple[bytes, str, str]:
     """(pyc header, pyc digest, source digest) read here without following links; the source's
     digest comes from the RECORD hashing of this audit when its stat is unchanged. Raises OSError."""
-    data = read_capped(pyc, pyccheck.MAX_BYTES)
+    data = read_regular(pyc, pyccheck.MAX_BYTES)
     source_digest = cache.digest(source, stat_key(walked[source]), "sha256")
     if source_digest is None:
-        source_digest = pyccheck.record_form(read_capped(source, pyccheck.MAX_BYTES))
+        source_digest = pyccheck.record_form(read_regular(source, pyccheck.MAX_BYTES))
     return data[:16], pyccheck.record_form(data), source_digest
 
 

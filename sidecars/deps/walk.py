@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from warden.safeio import UnsafeFile, open_regular_fd
+from warden.safeio import open_regular_fd, read_fd
 
 READ_LIMIT = 16 * 1024 * 1024
 HASH_CHUNK = 1024 * 1024
@@ -188,36 +188,9 @@ def kind_of(mode: int) -> str:
     return "other"
 
 
-def _read_fd(fd: int, limit: int) -> bytes:
-    """Up to ``limit`` bytes of ``fd`` (closed here), read with ``os.read`` sized by ``fstat``: a
-    buffered ``read(limit)`` allocates ``limit`` bytes first (64 MiB for a 10 KiB .pyc: 4-5x the
-    cost of the read itself)."""
-    try:
-        want = min(os.fstat(fd).st_size + 1, limit)
-        chunks = []
-        got = 0
-        while got < limit and (data := os.read(fd, min(max(want, 1), limit - got))):
-            chunks.append(data)
-            got += len(data)
-            want = HASH_CHUNK
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 def read_small(path: str, limit: int = READ_LIMIT) -> bytes:
     """At most ``limit`` bytes of the regular file ``path``. Raises OSError (links, FIFOs too)."""
-    return _read_fd(open_regular_fd(path), limit)
-
-
-def read_capped(path: str, cap: int) -> bytes:
-    """The whole regular file ``path`` of at most ``cap`` bytes (as ``warden.safeio.read_regular``,
-    without its buffered read). Raises OSError: UnsafeFile for a link, a FIFO, or a file over the
-    cap, also one that grew past it while read."""
-    data = _read_fd(open_regular_fd(path, max_bytes=cap), cap + 1)
-    if len(data) > cap:
-        raise UnsafeFile(path, "too_large", f"grew past the {cap}-byte cap while it was read")
-    return data
+    return read_fd(open_regular_fd(path), limit)
 
 
 def _encode(algo: str, digest: bytes) -> str:

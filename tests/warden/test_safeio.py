@@ -51,3 +51,22 @@ def test_a_directory_with_a_linked_component_is_refused(tmp_path):
     with pytest.raises(UnsafeFile) as caught:
         open_dir_nofollow(str(tmp_path / "link" / "inner"))
     assert caught.value.reason == "link"
+
+
+def test_a_file_that_grows_past_the_cap_while_read_is_refused(tmp_path, monkeypatch):
+    # The size check at open passes; the file then grows: the one extra byte read shows it.
+    import warden.safeio as safeio
+
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 10)
+    real_open = safeio.open_regular_fd
+
+    def open_then_grow(*args, **kwargs):
+        fd = real_open(*args, **kwargs)
+        with open(path, "ab") as fh:
+            fh.write(b"more")
+        return fd
+
+    monkeypatch.setattr(safeio, "open_regular_fd", open_then_grow)
+    with pytest.raises(UnsafeFile, match="grew past the 12-byte cap"):
+        read_regular(str(path), 12)

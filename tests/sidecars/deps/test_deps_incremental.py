@@ -11,10 +11,10 @@ import pytest
 
 from sidecars.deps.cache import CACHE_VERSION, IntegrityCache
 from sidecars.deps.installed import LazyRecord, parse_record, scan_distributions
-from sidecars.deps.walk import batches_of, read_capped, read_small, walk_tree
+from sidecars.deps.walk import batches_of, read_small, walk_tree
 from tests.sidecars.deps.deps_helpers import kinds
 from tests.sidecars.deps.test_deps_attacks import ATTACKS, _run
-from warden.safeio import UnsafeFile
+from warden.safeio import UnsafeFile, read_regular
 
 FUTURE = -(10**12)  # RACY_NS: a horizon in the future, so every listing of a fresh test tree is kept
 
@@ -136,20 +136,20 @@ def test_batches_keep_order_and_close_on_count_or_weight():
 
 
 @pytest.mark.timeout(60)
-def test_read_capped_reads_whole_small_files_and_refuses_the_rest(tmp_path):
+def test_capped_reads_take_whole_small_files_and_refuse_the_rest(tmp_path):
     small = tmp_path / "a.pyc"
     small.write_bytes(b"x" * 5000)
-    assert read_capped(str(small), 5000) == b"x" * 5000
+    assert read_regular(str(small), 5000) == b"x" * 5000
     assert read_small(str(small), 100) == b"x" * 100
     with pytest.raises(UnsafeFile, match="over the 4999-byte cap"):
-        read_capped(str(small), 4999)
+        read_regular(str(small), 4999)
     link = tmp_path / "link.pyc"
     link.symlink_to(small)
     fifo = tmp_path / "fifo.pyc"
     os.mkfifo(fifo)
     for path in (link, fifo):
         with pytest.raises(UnsafeFile):
-            read_capped(str(path), 10**6)
+            read_regular(str(path), 10**6)
 
 
 def test_site_packages_digests_are_read_only_when_needed(tmp_path):
