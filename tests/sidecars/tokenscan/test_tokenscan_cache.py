@@ -50,6 +50,9 @@ def distinct_copies(benign: Path, root: Path, count: int) -> list[str]:
 
 def test_warm_rescans_of_50_distinct_tokenizers_make_no_sandbox_request(tokenscan_corpus, tmp_path, settled_now):
     dirs = distinct_copies(tokenscan_corpus.benign, tmp_path, 50)
+    for memo in (sc.MEMO, sc.JUDGED, sc.BEHAVIOUR, sc.SCANS):
+        memo.clear()  # another test may have scanned the same contents
+    ct._CACHE.items.clear()
     before = requests()
     cold = sc.scan_paths(dirs, POLICY, with_manifest=True)
     assert all(s.findings == [] and not s.errors for s in cold)

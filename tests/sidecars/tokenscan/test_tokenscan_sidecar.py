@@ -160,3 +160,30 @@ def test_registry_entry_resolves():
 
     cls = sidecar_class("tokenscan")
     assert cls is TokenscanSidecar and cls.default_port == 9463 and cls.handles == {ev.MODEL_LOADING}
+
+
+def test_sidecar_rescans_of_unchanged_dirs_send_no_sandbox_request(tmp_path, tokenscan_corpus, monkeypatch):
+    """The sidecar's rescans (every rescan_interval) of unchanged tokenizers reuse the stored
+    verdicts: no parse, no tokenizer or template sandbox request."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from test_tokenscan_cache import distinct_copies, requests
+
+    from warden.tokenscan import manifest as mf
+    from warden.tokenscan import scanner
+
+    monkeypatch.setattr(mf, "RACY_NS", 0)  # the copies were written just now
+    dirs = distinct_copies(tokenscan_corpus.benign, tmp_path / "dirs", 5)
+    sc = make_sidecar(tmp_path, paths=tuple(dirs), rescan_interval_seconds=1e-6)
+    try:
+        assert sc.check() == Outcome.OK
+        for memo in (scanner.MEMO, scanner.JUDGED, scanner.BEHAVIOUR):
+            memo.clear()  # what is left: the directories' verdicts
+        before = requests()
+        for _ in range(3):
+            assert sc.check() == Outcome.OK
+        assert requests() == before
+        assert sample(sc, "warden_tokenscan_approved_directories") == 5
+    finally:
+        sc.close()
