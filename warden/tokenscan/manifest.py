@@ -51,8 +51,12 @@ class FileDigest:
 
 @dataclass(frozen=True)
 class Manifest:
+    """``keys``: the :func:`stat_key` of each descriptor hashed, None for a file that changed while
+    it was hashed (not part of the manifest's identity: not compared, not stored)."""
+
     root: str
     files: Mapping[str, FileDigest]
+    keys: Mapping[str, tuple[int, ...] | None] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def digest(self) -> str:
@@ -113,6 +117,14 @@ class HashCache:
 
 def hash_file(path: str, cache: HashCache | None = None) -> tuple[str, int]:
     """(hex SHA-256, size) of the regular file at ``path`` (the last component is not followed)."""
+    sha, size, _key = hash_file_keyed(path, cache)
+    return sha, size
+
+
+def hash_file_keyed(path: str, cache: HashCache | None = None) -> tuple[str, int, tuple[int, ...] | None]:
+    """(hex SHA-256, size, :func:`stat_key` of the descriptor hashed) of the regular file at
+    ``path``; the key is None when the file changed while it was read (its ``fstat`` after the
+    read differs: the digest may be of no version of it, and is not remembered)."""
     now = time.time_ns()
     fd = os.open(path, FILE_FLAGS)
     try:
@@ -123,13 +135,15 @@ def hash_file(path: str, cache: HashCache | None = None) -> tuple[str, int]:
         key = (path, *identity)
         cached = cache.get(key) if cache else None
         if cached is not None:
-            return cached, st.st_size
+            return cached, st.st_size, identity
         h = hashlib.sha256()
         while chunk := os.read(fd, CHUNK):
             h.update(chunk)
+        if stat_key(os.fstat(fd)) != identity:
+            return h.hexdigest(), st.st_size, None
         if cache is not None and settled(identity, now):
             cache.put(key, h.hexdigest())
-        return h.hexdigest(), st.st_size
+        return h.hexdigest(), st.st_size, identity
     finally:
         os.close(fd)
 
@@ -152,20 +166,20 @@ def build_manifest(
     items = list(files)
     workers = workers or min(8, os.cpu_count() or 1)
 
-    def one(item: tuple[str, str, str | None]) -> tuple[str, FileDigest]:
+    def one(item: tuple[str, str, str | None]) -> tuple[str, FileDigest, tuple[int, ...] | None]:
         rel, path, link = item
         try:
-            sha, size = hash_file(path, cache)
+            sha, size, key = hash_file_keyed(path, cache)
         except OSError as exc:
             raise ManifestError(f"{path}: cannot hash ({exc.strerror})") from None
-        return rel, FileDigest(sha, size, link)
+        return rel, FileDigest(sha, size, link), key
 
     if len(items) > 1 and workers > 1 and _total_size(items) > THREADED_HASH_BYTES:
         with ThreadPoolExecutor(workers) as pool:
-            pairs = list(pool.map(one, items))
+            done = list(pool.map(one, items))
     else:
-        pairs = [one(i) for i in items]
-    return Manifest(root, dict(pairs))
+        done = [one(i) for i in items]
+    return Manifest(root, {rel: d for rel, d, _k in done}, {rel: k for rel, _d, k in done})
 
 
 def diff(old: Manifest, new: Manifest) -> tuple[list[str], list[str], list[str]]:

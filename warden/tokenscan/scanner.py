@@ -10,7 +10,10 @@ vocabulary sets, battery renders: bounded by estimated bytes), :data:`JUDGED` (w
 in one content: bounded by count) and :data:`BEHAVIOUR` (the tokenizer child's answers); by
 directory, :data:`SCANS` (the verdict of a complete scan, under :func:`verdict_key`: a rescan
 of an unchanged directory lists and hashes it, or stats it with a hash cache, and reads,
-parses and exercises nothing).
+parses and exercises nothing). A verdict is stored only for the bytes analysed: every read of
+the analysis goes through one descriptor per file (:mod:`.reads`), and :func:`reusable` requires
+its stat key to be the listing's and the hashed descriptor's, and its whole reads the manifest's
+digests (a directory swapped under the scan gets its own result, and nothing is stored).
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ from warden.tokenscan.findings import Finding, Severity, dedupe, finding, sort_f
 from warden.tokenscan.gguf import GGUFError, read_strings
 from warden.tokenscan.manifest import HashCache, Manifest, ManifestError, build_manifest, settled, stat_key
 from warden.tokenscan.policy import TokenscanPolicy
+from warden.tokenscan.reads import Opened
 from warden.tokenscan.snapshot import FileFacts, JsonDoc, Snapshot, TemplateSource
-from warden.tokenscan.sniff import Budget, open_regular, sniff_file
+from warden.tokenscan.sniff import Budget, sniff_file
 from warden.tokenscan.spm import ProtobufError, parse_sentencepiece
 from warden.tokenscan.tree import Entry, TreeError, walk
 
@@ -89,11 +93,6 @@ def open_path(e: Entry, root_real: str, policy: TokenscanPolicy) -> str | None:
     if e.kind == "symlink" and e.target_kind == "file" and e.real and allowed:
         return e.real
     return None
-
-
-def _read(path: str, limit: int) -> bytes:
-    with open_regular(path) as fh:
-        return fh.read(limit)
 
 
 def _parse_json(rel: str, data: bytes) -> JsonDoc:
@@ -247,36 +246,41 @@ class _Reader:
         self.pieces: set[str] = set()
 
     def file(self, rel: str, path: str) -> None:
+        """Analyses file ``rel`` (at ``path``): opened once, every read of it through that descriptor
+        and recorded in the snapshot's :class:`~.reads.ReadLog`."""
         try:
-            size = os.stat(path).st_size
-            if time.monotonic() > self.deadline:
-                problem = f"scan time budget of {self.policy.scan_budget_seconds:g}s spent; not analysed"
-                self.snap.facts[rel] = FileFacts(rel, size, problems=(problem,))
-                return
-            self.snap.facts[rel] = self._facts(rel, path, size)
+            with self.snap.reads.open(rel, path) as f:
+                if time.monotonic() > self.deadline:
+                    problem = f"scan time budget of {self.policy.scan_budget_seconds:g}s spent; not analysed"
+                    self.snap.facts[rel] = FileFacts(rel, f.size, problems=(problem,))
+                    self.snap.transient.append(f"{rel}: {problem}")
+                    return
+                self.snap.facts[rel] = self._facts(rel, path, f)
         except OSError as exc:
             self.snap.errors.append(f"{path}: cannot read ({exc.strerror or exc})")
 
-    def _facts(self, rel: str, path: str, size: int) -> FileFacts:
+    def _facts(self, rel: str, path: str, f: Opened) -> FileFacts:
+        size = f.size
         cap = self.policy.cap_for(rel)
         over = cap if cap is not None and size > cap else None
         budget = Budget(self.policy.pickle_cap, min(self.deadline, time.monotonic() + self.policy.file_budget_seconds))
         try:
-            facts = FileFacts(rel, size, sniff_file(path, size, self.policy.pickle_cap, budget), over)
+            facts = FileFacts(rel, size, sniff_file(path, size, self.policy.pickle_cap, budget, f.stream), over)
             if budget.spent():
                 self.snap.transient.append(f"{rel}: file time budget spent")
-            return facts if over is not None else self._parse(rel, path, size, facts)
+            return facts if over is not None else self._parse(rel, path, f, facts)
         except ANALYSIS_ERRORS as exc:  # a hostile file must end in a finding, never a traceback
             return FileFacts(rel, size, None, over, problems=(f"content analysis failed: {type(exc).__name__}",))
 
-    def _parse(self, rel: str, path: str, size: int, facts: FileFacts) -> FileFacts:
+    def _parse(self, rel: str, path: str, f: Opened, facts: FileFacts) -> FileFacts:
         ext = os.path.splitext(rel)[1].lower()
         kind = facts.sniff.kind if facts.sniff else None
-        if ext == ".json" or (ext != ".jinja" and kind == "text" and _starts_like_json(path)):
+        size = f.size
+        if ext == ".json" or (ext != ".jinja" and kind == "text" and _starts_like_json(f.head(256))):
             doc = self._known_json(rel, size)
             if doc is None:
-                data = _read(path, size + 1)
-                self.snap.digests[rel] = digest = hashlib.sha256(data).hexdigest()
+                data, digest = f.read(size + 1)
+                self.snap.digests[rel] = digest
                 if os.path.basename(rel) == "tokenizer.json":  # the child loads it while this parses it
                     self._exercise_early("tokenizer", path, digest, size)
                 doc = _parse_json_cached(rel, data, digest)
@@ -286,19 +290,17 @@ class _Reader:
                     self.snap.tokenizer_files[rel] = ("tokenizer", path, self.snap.digests[rel], size)
                 return facts
         if kind == "gguf":
-            return self._gguf(rel, path, size, facts)
+            return self._gguf(f, facts)
         if rel == "vocab.txt" and kind == "text":
-            data = _read(path, size + 1)
-            self.snap.digests[rel] = hashlib.sha256(data).hexdigest()
+            data, self.snap.digests[rel] = f.read(size + 1)
             self.snap.vocab_lines[rel] = tuple(data.decode("utf-8", "replace").split("\n"))
             return facts
-        if ext == ".jinja" or (kind == "text" and _looks_like_template(path)):
-            self.jinja.append((rel, None, _read(path, size + 1).decode("utf-8", "replace")))
+        if ext == ".jinja" or (kind == "text" and _looks_like_template(f.head(4096))):
+            self.jinja.append((rel, None, f.read(size + 1)[0].decode("utf-8", "replace")))
         elif ext == ".model" and kind != "text":
             try:
-                data = _read(path, size + 1)
+                data, digest = f.read(size + 1)
                 self.pieces.update(parse_sentencepiece(data).pieces)
-                digest = hashlib.sha256(data).hexdigest()
                 self.snap.tokenizer_files[rel] = ("sentencepiece", path, digest, size)
             except ProtobufError as exc:
                 return replace(facts, spm_error=str(exc))
@@ -322,24 +324,21 @@ class _Reader:
         self.snap.digests[rel] = known.sha256
         return JsonDoc(rel, doc.data, doc.error)
 
-    def _gguf(self, rel: str, path: str, size: int, facts: FileFacts) -> FileFacts:
+    def _gguf(self, f: Opened, facts: FileFacts) -> FileFacts:
         try:
-            with open_regular(path) as fh:
-                found = read_strings(fh, size)
+            with f.stream() as fh:
+                found = read_strings(fh, f.size)
         except GGUFError as exc:
             return replace(facts, problems=(f"GGUF metadata unreadable: {exc}",))
-        self.jinja += [(rel, key, text) for key, text in sorted(found.items())]
+        self.jinja += [(facts.rel, key, text) for key, text in sorted(found.items())]
         return facts
 
 
-def _starts_like_json(path: str) -> bool:
-    with open_regular(path) as fh:
-        return fh.read(256).lstrip()[:1] in (b"{", b"[")
+def _starts_like_json(head: bytes) -> bool:
+    return head.lstrip()[:1] in (b"{", b"[")
 
 
-def _looks_like_template(path: str) -> bool:
-    with open_regular(path) as fh:
-        head = fh.read(4096)
+def _looks_like_template(head: bytes) -> bool:
     return b"{%" in head and b"messages" in head
 
 
@@ -463,6 +462,12 @@ def _not_crashed(answer: dict[str, Any]) -> bool:
     return answer.get("status") != "crashed"
 
 
+def _lasting(answer: dict[str, Any]) -> bool:
+    """Whether a tokenizer child's answer is about the content it was asked about, for good: not a
+    crash, nor a file that was not the content of the digest any more when the child read it."""
+    return answer.get("status") not in ("crashed", "changed")
+
+
 def _render(snap: Snapshot, policy: TokenscanPolicy) -> None:
     """Renders templates that parsed and show no introspection with the battery of
     conversations, in the sandbox child, and judges the renders."""
@@ -572,13 +577,14 @@ def _tokenizer_behaviour(snap: Snapshot, policy: TokenscanPolicy, running: dict[
             BEHAVIOUR.drop(kind, _exercise_key(kind, digest, _config_tokens(snap)))
             snap.errors.append(f"tokenizer sandbox could not start: {exc.strerror or exc}")
             return
-        if not _not_crashed(answer):  # reported now, retried by the next scan
+        if not _lasting(answer):  # reported now, retried by the next scan
             BEHAVIOUR.drop(kind, _exercise_key(kind, digest, _config_tokens(snap)))
-            snap.transient.append(f"{rel}: tokenizer sandbox crashed")
+            snap.transient.append(f"{rel}: tokenizer sandbox {answer.get('status')}")
         if snap.token_ids_digest is None or rel == "tokenizer.json":
             snap.token_ids_digest = tbe.ids_digest(answer)
         key = digest + json.dumps([kind, rel, tokens], sort_keys=True)
-        out += [(rel, i) for i in JUDGED.get("judge", key, lambda a=answer, r=rel: tuple(tbe.judge(a, tokens, r)))]
+        judged = lambda a=answer, r=rel: tuple(tbe.judge(a, tokens, r))  # noqa: E731
+        out += [(rel, i) for i in JUDGED.get("judge", key, judged, keep=lambda _v, a=answer: _lasting(a))]
 
 
 def _vocab_disagreements(snap: Snapshot, model: dict[str, Any]) -> list[str]:
@@ -725,8 +731,10 @@ def _with_lines(found: list[Finding], snap: Snapshot, policy: TokenscanPolicy) -
 
 
 def _text_of(snap: Snapshot, rel: str, policy: TokenscanPolicy) -> str:
+    """The text of ``rel`` (read again, recorded like every read of the analysis), or ""."""
     try:
-        return _read(os.path.join(snap.root_real, rel), policy.cap_for(rel) or (64 << 20)).decode("utf-8", "replace")
+        with snap.reads.open(rel, os.path.join(snap.root_real, rel)) as f:
+            return f.read(min(f.size + 1, policy.cap_for(rel) or (64 << 20)))[0].decode("utf-8", "replace")
     except OSError:
         return ""
 
@@ -761,7 +769,7 @@ def _scan_directory(
         if _wants_manifest(snap, policy, with_manifest):
             now, seen = time.time_ns(), stat_keys(files)
             _hash(snap, files, hash_cache)
-        key = verdict_key(snap, policy)
+        key = verdict_key(snap, policy) if hashed_as_listed(snap, seen) else None
         known: ScanVerdict | None = SCANS.peek("scan", key) if key else None
         if known is not None:  # nothing the verdict depends on changed: no read, parse or sandbox
             return known.scan(root, snap.manifest, time.perf_counter() - start)
@@ -861,16 +869,48 @@ def stat_keys(files: Iterable[tuple[str, str, str | None]]) -> dict[str, tuple[i
     return out
 
 
+def hashed_as_listed(snap: Snapshot, listed: dict[str, tuple[int, ...]] | None) -> bool:
+    """Whether every file hashed is the one listed: the ``fstat`` of the descriptor hashed equals
+    the file's stat key after the listing (``listed``), unchanged while it was hashed, and (for a
+    regular file) the listing's own device, inode and size. Else the directory changed during
+    the scan: no verdict is looked up or stored for it (the reasons go to ``snap.transient``)."""
+    if snap.manifest is None or listed is None:
+        return False
+    changed = {rel for rel, key in listed.items() if snap.manifest.keys.get(rel) != key}
+    changed |= {e.rel for e in snap.entries if e.rel in listed and e.kind == "file" and _moved(e, listed[e.rel])}
+    why = [f"{rel}: changed during the scan" for rel in sorted(changed)]
+    snap.transient += [w for w in why if w not in snap.transient]
+    return not changed
+
+
+def _moved(e: Entry, key: tuple[int, ...]) -> bool:
+    """Whether stat key ``key`` is of another file than the listing's entry ``e``."""
+    return key[:3] != (e.dev, e.ino, e.size)
+
+
 def reusable(
     snap: Snapshot, before: dict[str, tuple[int, ...]], after: dict[str, tuple[int, ...]] | None, now_ns: int
 ) -> bool:
     """Whether a scan's verdict may be stored under its :func:`verdict_key`: complete (no error,
-    nothing left unanalysed or cut short by a budget, no sandbox crash), and no file changed
-    from before its hashing to after the checks (else the key's digests and what was judged
-    could differ), nor so recently that a change could hide in one timestamp tick."""
-    if snap.errors or snap.unanalysed or snap.transient or after != before:
+    nothing left unanalysed or cut short by a budget, no sandbox crash), every file analysed
+    exactly as listed and hashed, and no file changed so recently that a change could hide in
+    one timestamp tick.
+
+    "As listed and hashed": every descriptor the analysis read (:class:`~.reads.ReadLog`) has
+    the file's stat key from after the listing (``before``), which is the stat key of the
+    descriptor hashed, and every whole read has the manifest's digest; and no file changed from
+    before its hashing to after the checks (``after``). A directory swapped under the scan (a
+    parent renamed between the hashing and the reading) fails this: the scan's result stands,
+    nothing is stored."""
+    if snap.errors or snap.unanalysed or snap.transient or after != before or snap.manifest is None:
         return False
-    return all(settled(k, now_ns) for k in before.values())
+    if not hashed_as_listed(snap, before) or not snap.reads.keys.keys() <= before.keys():
+        return False
+    files = snap.manifest.files
+    return all(
+        settled(k, now_ns) and rel in files and snap.reads.matches(rel, k, files[rel].sha256)
+        for rel, k in before.items()
+    )
 
 
 SCAN_THREADS = 8

@@ -14,6 +14,7 @@ from typing import Any
 
 from warden.tokenscan.chat_template import RenderResult, TemplateIssue
 from warden.tokenscan.manifest import Manifest
+from warden.tokenscan.reads import ReadLog
 from warden.tokenscan.sniff import Sniff
 from warden.tokenscan.template_battery import BehaviourIssue
 from warden.tokenscan.tokenizer_behaviour import TokenizerIssue
@@ -88,6 +89,7 @@ class Snapshot:
     vocab_lines: dict[str, tuple[str, ...]] = field(default_factory=dict)  # vocab.txt: id = line number
     deadline: float = float("inf")
     transient: list[str] = field(default_factory=list)  # why this scan's verdict must not be reused
+    reads: ReadLog = field(default_factory=ReadLog)  # what the analysis read (see .reads)
 
     @property
     def has_tokenizer(self) -> bool:

@@ -15,6 +15,7 @@ import json
 import struct
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -25,6 +26,8 @@ from warden.tokenscan.pickle_scan import (
     looks_like_pickle,
     scan_pickles,
 )
+
+Opener = Callable[[], BinaryIO]  # a new file object of the sniffed file, at offset 0
 
 HEAD_BYTES = 4096
 NPY_MAGIC = b"\x93NUMPY"
@@ -206,12 +209,12 @@ def _zip_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, budget: Budget) -> t
     return [], False, None
 
 
-def _sniff_zip(path: str, budget: Budget) -> Sniff:
+def _sniff_zip(opener: Opener, budget: Budget) -> Sniff:
     hits: list[PickleHit] = []
     objects: list[str] = []
     problems: list[str] = []
     try:
-        with open_regular(path) as raw, zipfile.ZipFile(raw) as zf:
+        with opener() as raw, zipfile.ZipFile(raw) as zf:
             members = zf.infolist()
             if len(members) > MAX_ZIP_MEMBERS:
                 problems.append(f"more than {MAX_ZIP_MEMBERS} members; the rest not analysed")
@@ -243,14 +246,16 @@ def _pickle_at_start(fh: BinaryIO, head: bytes, budget: Budget) -> tuple[PickleH
     return tuple(PickleHit("", r) for r in reports)
 
 
-def sniff_file(path: str, size: int, cap: int, budget: Budget | None = None) -> Sniff:
+def sniff_file(path: str, size: int, cap: int, budget: Budget | None = None, opener: Opener | None = None) -> Sniff:
     """Sniffs the file at ``path`` (already known to be a regular file inside the scan).
 
     Every file is tried as a pickle at offset 0 and as a zip (end of central directory,
     what torch.load looks for), whatever its first bytes also are. Raises OSError when it
-    cannot be read (the scan is then incomplete)."""
+    cannot be read (the scan is then incomplete). ``opener``: how to open it (each call a new file
+    object at offset 0; default: :func:`~warden.safeio.open_regular` of ``path``)."""
     budget = budget or Budget(cap)
-    with open_regular(path) as fh:
+    opener = opener or (lambda: open_regular(path))
+    with opener() as fh:
         head = fh.read(HEAD_BYTES)
         kind = magic_kind(head)
         problems: tuple[str, ...] = ()
@@ -261,7 +266,7 @@ def sniff_file(path: str, size: int, cap: int, budget: Budget | None = None) -> 
                 header, problems = None, ("safetensors header nested too deeply to parse",)
             kind = "safetensors" if header is not None else "binary"
         if kind == "zip":
-            return _sniff_zip(path, budget)
+            return _sniff_zip(opener, budget)
         if kind == "npy":
             fh.seek(0)
             try:
@@ -272,16 +277,16 @@ def sniff_file(path: str, size: int, cap: int, budget: Budget | None = None) -> 
         pickles = _pickle_at_start(fh, head, budget)
         if pickles and kind in ("text", "binary", "pickle"):
             return Sniff("pickle", f"{len(pickles)} pickle stream(s)", pickles, problems=problems)
-    if size > 22 and _has_zip_tail(path):
-        inner = _sniff_zip(path, budget)
+    if size > 22 and _has_zip_tail(opener):
+        inner = _sniff_zip(opener, budget)
         return Sniff(kind, f"{kind} with a zip archive at its end", pickles + inner.pickles, inner.npy_object,
                      inner.error, ("zip", *problems, *inner.problems))  # fmt: skip
     return Sniff(kind, "", pickles, problems=problems, also=("pickle",) if pickles else ())
 
 
-def _has_zip_tail(path: str) -> bool:
+def _has_zip_tail(opener: Opener) -> bool:
     try:
-        with open_regular(path) as fh:
+        with opener() as fh:
             return zipfile.is_zipfile(fh)
     except OSError:
         return False

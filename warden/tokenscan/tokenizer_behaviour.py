@@ -151,8 +151,8 @@ def judge(answer: Mapping[str, Any], tokens: Mapping[str, str | None], label: st
     status = answer.get("status")
     if status == "unavailable":  # the library is missing here: the behaviour was not checked, say so
         return [TokenizerIssue("unavailable", f"{label}: {answer.get('message') or status}; behaviour not checked")]
-    if status in ("load_error", "panic", "timeout", "crashed"):
-        kind = {"load_error": "load", "crashed": "panic"}.get(str(status), str(status))
+    if status in ("load_error", "panic", "timeout", "crashed", "changed"):
+        kind = {"load_error": "load", "crashed": "panic", "changed": "load"}.get(str(status), str(status))
         return [TokenizerIssue(kind, f"{label}: {answer.get('message') or status}")]
     specials, allowed_extra = _special_ids(answer, tokens), _extras(answer, tokens)
     out: list[TokenizerIssue] = []

@@ -9,7 +9,7 @@ parent reports a timeout or a crash. Memory is bounded by ``RLIMIT_AS``; native 
 
     request: {"id", "op": "tokenizer" | "sentencepiece", "path", "sha256", "size",
               "corpus": [str], "tokens": {name: token}, "timeout": seconds}
-    answer:  {"id", "status": "ok" | "load_error" | "panic", "message",
+    answer:  {"id", "status": "ok" | "load_error" | "panic" | "changed", "message",
               "samples": [{"ids", "ids_special", "decoded", "unk_chars", "seconds"}],
               "token_ids": {token: id | null}, "token_pieces": {token: [ids]}, "added": [[content, id, special]]}
 """
@@ -38,7 +38,10 @@ class Changed(Exception):
 
 def read_checked(request: dict[str, Any]) -> bytes:
     """The bytes at ``path`` (no final symlink, no FIFO), only if their SHA-256 is ``sha256``."""
-    fd = os.open(request["path"], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        fd = os.open(request["path"], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:  # the scan opened it: it was removed, or replaced by a link
+        raise Changed(f"the file cannot be opened any more ({exc.strerror or exc})") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, "not a regular file")
@@ -128,6 +131,8 @@ def serve_one(request: dict[str, Any]) -> dict[str, Any]:
     start = time.monotonic()
     try:
         result = _spm(request) if request.get("op") == "sentencepiece" else _hf(request)
+    except Changed as exc:  # not an answer about the content asked about: the parent retries next scan
+        result = {"status": "changed", "message": str(exc)}
     except Exception as exc:  # a malformed file: tokenizers/sentencepiece refuse it
         result = {"status": "load_error", "message": f"{type(exc).__name__}: {exc}"[:300]}
     except BaseException as exc:  # pyo3's PanicException (a native panic) is a BaseException

@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -212,3 +213,133 @@ def test_a_pool_of_two_real_tokenizer_workers_gives_the_answers_of_one(tokenscan
         pool.stop()
     assert two == one and all(digest for _findings, digest in two)
     assert pool.requests == 8 and all(w.proc is None for w in pool.workers)
+
+
+EVIL_CONFIG = {"auto_map": {"AutoModel": "evil.M"}}  # TS101: code from the repository runs on load
+
+
+class ParentSwap:
+    """The reviewer's race, made deterministic: ``root/sub`` is a directory that an attacker
+    swaps with ``rename(2)`` between two copies, benign (A: ``{}``) and malicious (B: TS101).
+    The files' own inode, ctime and link count do not change; only their parent does."""
+
+    def __init__(self, base: Path) -> None:
+        self.root, self.a, self.b = base / "root", base / "stash-a", base / "stash-b"
+        for d in (self.root, self.a, self.b):
+            d.mkdir()
+        (self.a / "config.json").write_text("{}")
+        (self.b / "config.json").write_text(json.dumps(EVIL_CONFIG))
+        for p in (self.a / "config.json", self.b / "config.json"):
+            os.utime(p, (1, 1))
+        os.rename(self.b, self.root / "sub")  # B in place
+
+    def put(self, which: str) -> None:
+        """Puts copy ``which`` ("A" or "B") at ``root/sub``."""
+        current = "B" if self.a.exists() else "A"
+        if current != which:
+            os.rename(self.root / "sub", self.b if current == "B" else self.a)
+            os.rename(self.a if which == "A" else self.b, self.root / "sub")
+
+
+def _hooks(swap: ParentSwap, order: str) -> dict[str, object]:
+    """Scanner functions wrapped so that each step sees the copy ``order`` names for it."""
+    walk, hash_, analyse = sc.walk, sc._hash, sc._analyse
+
+    def listing(root: str) -> object:
+        out = walk(root)
+        swap.put("A")  # the listing saw B; the stat before hashing sees A
+        return out
+
+    def hashing(snap, files, cache) -> None:
+        swap.put("B")
+        hash_(snap, files, cache)
+        swap.put("A")  # the hash read B; the reader and the stat after the checks see A
+
+    def reading(*args):
+        swap.put("A")
+        try:
+            return analyse(*args)
+        finally:
+            swap.put("B")  # only the reader saw A; the listing, both stats and the hash saw B
+
+    def reading_b(*args):
+        swap.put("B")
+        try:
+            return analyse(*args)
+        finally:
+            swap.put("A")  # only the reader saw B
+
+    if order == "hash-B-read-A":
+        return {"walk": listing, "_hash": hashing}
+    if order == "read-A-only":
+        return {"_analyse": reading}
+    swap.put("A")
+    return {"_analyse": reading_b}
+
+
+@pytest.mark.parametrize("order", ["hash-B-read-A", "read-A-only", "read-B-only"])
+@pytest.mark.parametrize("cached", [False, True], ids=["rehash", "stat-cache"])
+def test_a_parent_directory_swapped_under_the_scan_stores_no_verdict(tmp_path, settled_now, monkeypatch, order, cached):
+    """The listing and the hashing see one copy of ``sub/``, the analysis reads the other: the
+    scan's own result stands, nothing is stored, and the next scan of the malicious copy raises
+    its finding (before the fix, the clean verdict of A was stored under B's key and served)."""
+    swap = ParentSwap(tmp_path)
+    root, hash_cache = str(swap.root), HashCache() if cached else None
+    sc.SCANS.clear()
+    for name, hook in _hooks(swap, order).items():
+        monkeypatch.setattr(sc, name, hook)
+    raced = sc.scan_directory(root, POLICY, hash_cache=hash_cache)
+    monkeypatch.undo()
+    monkeypatch.setattr(mf, "RACY_NS", 0)
+    expected = {"TS101"} if order == "read-B-only" else set()  # what the reader read
+    assert {f.id for f in raced.findings} == expected and not raced.errors
+    assert len(sc.SCANS) == 0  # nothing is stored for a scan that read other files than it hashed
+    swap.put("B")
+    again = sc.scan_directory(root, POLICY, hash_cache=hash_cache)
+    assert {f.id for f in again.findings} == {"TS101"} and again.outcome(sc.Severity.HIGH) == 1
+    assert sc.scan_directory(root, POLICY, hash_cache=hash_cache).findings == again.findings  # stored now
+    assert len(sc.SCANS) == 1
+    swap.put("A")
+    assert sc.scan_directory(root, POLICY, hash_cache=hash_cache).findings == []
+
+
+def test_a_file_changed_while_it_is_hashed_is_not_trusted(tmp_path, settled_now, monkeypatch):
+    """The ``fstat`` of the descriptor hashed, after the read, differs from before it: the digest
+    may be of no version of the file; it is neither remembered nor used for a verdict."""
+    path = tmp_path / "config.json"
+    path.write_text("{}")
+    os.utime(path, (1, 1))
+    cache = HashCache()
+    real_fstat, calls = os.fstat, []
+
+    def fstat(fd: int) -> os.stat_result:
+        st = real_fstat(fd)
+        calls.append(fd)
+        if len(calls) == 2:  # the fstat after the read: a write landed meanwhile (new ctime)
+            names = ("st_mode", "st_dev", "st_ino", "st_size", "st_mtime_ns")
+            return SimpleNamespace(**{n: getattr(st, n) for n in names}, st_ctime_ns=st.st_ctime_ns + 1)
+        return st
+
+    monkeypatch.setattr(mf.os, "fstat", fstat)
+    _sha, size, key = mf.hash_file_keyed(str(path), cache)
+    assert key is None and not cache.items and size == 2
+    monkeypatch.undo()
+    monkeypatch.setattr(mf, "RACY_NS", 0)
+    assert mf.hash_file_keyed(str(path), cache)[2] is not None and cache.items
+
+
+@pytest.mark.parametrize("status", ["changed", "crashed"])
+def test_a_tokenizer_the_child_saw_changed_is_retried_not_remembered(fresh_benign, settled_now, monkeypatch, status):
+    """The child refuses content that is not the digest's ("changed"), or crashed: reported by
+    this scan, kept in no cache (the answer, its judgement, the verdict), so the next scan
+    exercises the tokenizer again and judges its real answer."""
+    root = str(fresh_benign)
+    for memo in (sc.JUDGED, sc.BEHAVIOUR, sc.SCANS):
+        memo.clear()
+    monkeypatch.setattr(tbe, "run", lambda *a, **k: {"status": status, "message": "test"})
+    assert sc.scan_directory(root, POLICY).findings  # the child could not load what was hashed
+    assert len(sc.SCANS) == 0 and len(sc.BEHAVIOUR) == 0
+    monkeypatch.undo()
+    monkeypatch.setattr(mf, "RACY_NS", 0)
+    assert sc.scan_directory(root, POLICY).findings == []
+    assert len(sc.SCANS) == 1
