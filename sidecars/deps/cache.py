@@ -3,8 +3,12 @@
 A file whose (size, mtime_ns, inode, ctime_ns) is unchanged since it was hashed keeps its
 digest; ctime is kept beside the issue's size+mtime+inode because ``touch -d`` can put
 an mtime back but nothing in user space can set ctime. A periodic full pass re-hashes
-everything anyway. The cache lives in the state dir, one file per target, written
-atomically; a missing or corrupt cache only costs a full pass.
+everything anyway. Callers store a digest or verdict under a stat key only when its bytes were
+read from a descriptor whose ``fstat`` is that key's stat (walk.safe_digest / walk.read_as with
+the walk's stat; a file renamed in or written between the walk and the read raises walk.Changed)
+and the file had settled (walk.settled: its ctime DIGEST_RACY_NS before the read). The cache
+lives in the state dir, one file per target, written atomically; a missing or corrupt cache
+only costs a full pass.
 
 ``.pyc`` verdicts are kept twice: by path with the stat identities of the pyc and its source
 (an incremental audit only stats), and by content (``verdicts``: keys of

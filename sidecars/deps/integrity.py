@@ -4,6 +4,13 @@ Parallel (a thread pool hashes; ``hashlib`` releases the GIL) and incremental (a
 whose stat identity is unchanged keeps its cached digest or verdict, see cache.py), with a
 full pass when the caller asks (the policy's ``full_pass_interval_seconds``).
 ``.pyc`` files are verified in worker processes (pyccheck.py says why).
+
+A digest or ``.pyc`` verdict is cached under the stat key of the walk only when the bytes were
+read from that very file (walk.safe_digest / walk.read_as compare the descriptor's ``fstat``
+with the walk's ``lstat``) and the file had settled (walk.settled). A file that changed between
+the walk and the read (renamed over, its directory swapped, written) is reported as incomplete
+("changed during the audit": exit 3), nothing is cached for it and no distribution is remembered
+clean in that audit; the next audit hashes whatever is then in place.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,17 +42,19 @@ from sidecars.deps.model import Finding
 from sidecars.deps.pyccheck import MISMATCH, OK
 from sidecars.deps.stdlib import StdlibResult, collect_stdlib
 from sidecars.deps.walk import (
+    CHANGED,
     kind_of,
     link_escapes,
     map_in_threads,
+    read_as,
     read_small,
     safe_digest,
+    settled,
     sha256_hex,
     stat_fingerprint,
     walk_tree,
 )
 from warden.errors import quote_untrusted
-from warden.safeio import read_regular
 
 INTEGRITY_KINDS = (
     "tampered",
@@ -239,7 +249,10 @@ def _remember_clean(
     """After hashing: remembers each distribution whose every row is verified (a regular file whose
     cached digest, for its current stat, is the row's sha256) or an allowed unhashed row present
     under the roots, with its paths and their fingerprint (dist_state). One not clean is not
-    remembered, so it is judged row by row again."""
+    remembered, so it is judged row by row again. The fingerprint is of the walk's stats, which is
+    sound because a digest is cached only under the stat of the descriptor it was read from and
+    only once settled (_hash_all); a file that changed during the audit leaves ``unreadable``
+    non-empty, and then nothing is remembered."""
     if unreadable or any(f.kind in ("missing_file", "special_file") for f in findings):
         return  # a partial walk or hash is not a verdict to keep
     tag = _policy_tag(options)
@@ -408,10 +421,12 @@ def _hash_all(
     def one(job: _HashJob) -> tuple[_HashJob, str | None, str | None]:
         if cancel.is_set():
             return job, None, "cancelled"
-        try:
-            return job, safe_digest(job.path, job.algo), None
+        try:  # the walked file only (job.st): anything else raises walk.Changed
+            return job, safe_digest(job.path, job.algo, job.st), None
         except OSError as exc:
             return job, None, exc.strerror or str(exc)
+
+    now = time.time_ns()  # before any read: walk.settled
 
     todo.sort(key=lambda j: -j.st.st_size)  # the largest first, each alone: the threads finish together
     for job, digest, error in map_in_threads(one, todo, _workers(options.workers), "deps-hash", 32, _job_size):
@@ -420,7 +435,8 @@ def _hash_all(
             continue
         stats.files_hashed += 1
         stats.bytes_hashed += job.st.st_size
-        cache.put_digest(job.path, stat_key(job.st), digest)
+        if settled(job.st, now):
+            cache.put_digest(job.path, stat_key(job.st), digest)
         if digest != job.expected:
             findings.append(_mismatch(job))
     return findings, unreadable
@@ -511,12 +527,13 @@ def pair_key(header: bytes, pyc_digest: str, source_digest: str, source_st: os.s
 def _pair_digests(
     pyc: str, source: str, walked: dict[str, os.stat_result], cache: IntegrityCache
 ) -> tuple[bytes, str, str]:
-    """(pyc header, pyc digest, source digest) read here without following links; the source's
-    digest comes from the RECORD hashing of this audit when its stat is unchanged. Raises OSError."""
-    data = read_regular(pyc, pyccheck.MAX_BYTES)
+    """(pyc header, pyc digest, source digest) of the walked files (their stat identities, see
+    walk.read_as), read here without following links; the source's digest comes from the cache
+    when its stat is unchanged. Raises OSError (walk.Changed: not the walked file)."""
+    data = read_as(pyc, pyccheck.MAX_BYTES, walked[pyc])
     source_digest = cache.digest(source, stat_key(walked[source]), "sha256")
     if source_digest is None:
-        source_digest = pyccheck.record_form(read_regular(source, pyccheck.MAX_BYTES))
+        source_digest = pyccheck.record_form(read_as(source, pyccheck.MAX_BYTES, walked[source]))
     return data[:16], pyccheck.record_form(data), source_digest
 
 
@@ -532,10 +549,15 @@ def _check_pycs(
     options: IntegrityOptions,
     stats: IntegrityStats,
     cancel: threading.Event,
+    unreadable: list[str],
 ) -> list[Finding]:
     """Every pyc the target would load equals a fresh compile of its source. Incremental: a pair
     whose two stat identities are unchanged keeps its verdict; otherwise (and on a full pass) both
-    files are hashed and a pair whose exact bytes were verified before is not compiled again."""
+    files are hashed and a pair whose exact bytes were verified before is not compiled again.
+
+    A verdict is kept under the pair's stat keys only for bytes read from the walked files (the
+    worker's digests equal those read here, walk.read_as) and settled ones (walk.settled); a pair
+    that changed since the walk goes to ``unreadable`` (the audit is incomplete)."""
     if not options.check_pyc:
         return []
     if target.magic != auditor_magic() or not target.cache_tag:
@@ -568,11 +590,13 @@ def _check_pycs(
             stats.pyc_cached += 1
         else:
             todo.append((pyc, source))
-    compile_todo = _triage_all(todo, walked, cache, options, stats, keys)
+    read: dict[str, tuple[str, str]] = {}  # pyc -> digests of the walked pair's bytes, if settled
+    compile_todo = _triage_all(todo, walked, cache, options, stats, keys, read, unreadable)
     for pyc, verdict, reason, pyc_digest, source_digest in _run_pyc_batches(compile_todo, options.workers, cancel):
         stats.pyc_checked += 1
         if verdict == OK:
-            cache.put_pyc_ok(pyc, keys[pyc])
+            if read.get(pyc) == (pyc_digest, source_digest):  # the worker compiled the walked bytes
+                cache.put_pyc_ok(pyc, keys[pyc])
             opt = pyccheck.optimize_level(pyc)
             cache.put_verdict_ok(pyccheck.verdict_key(pyc_digest, source_digest, pyccheck.interpreter_id(), opt))
         elif verdict == MISMATCH:
@@ -591,24 +615,35 @@ def _triage_all(
     options: IntegrityOptions,
     stats: IntegrityStats,
     keys: dict[str, str],
+    read: dict[str, tuple[str, str]],
+    unreadable: list[str],
 ) -> list[tuple[str, str]]:
-    """The pairs a worker must compile: hashed here in threads, known-``ok`` bytes and stale headers dropped."""
+    """The pairs a worker must compile: hashed here in threads, known-``ok`` bytes and stale headers
+    dropped. ``read`` gains the digests of each settled pair read as walked (_check_pycs)."""
 
-    def one(pair: tuple[str, str]) -> tuple[str, str, str | bool | None]:
+    def one(pair: tuple[str, str]) -> tuple[str, str, str | bool | None, tuple[str, str] | None, str | None]:
         pyc, source = pair
         try:
             header, pyc_digest, source_digest = _pair_digests(pyc, source, walked, cache)
-        except OSError:
-            return pyc, source, False  # the worker reads it again and reports why
-        return pyc, source, pair_key(header, pyc_digest, source_digest, walked[source], pyc)
+        except OSError as exc:  # the worker reads it again and reports why; walk.Changed: incomplete
+            return pyc, source, False, None, (exc.strerror if exc.strerror == CHANGED else None)
+        key = pair_key(header, pyc_digest, source_digest, walked[source], pyc)
+        return pyc, source, key, (pyc_digest, source_digest), None
 
+    now = time.time_ns()  # before any read: walk.settled
     out = []
-    for pyc, source, key in map_in_threads(one, todo, _workers(options.workers), "deps-pyc-hash"):
+    for pyc, source, key, digests, changed in map_in_threads(one, todo, _workers(options.workers), "deps-pyc-hash"):
+        if changed:
+            unreadable.append(f"{pyc}: {changed}")
+        keep = digests is not None and settled(walked[pyc], now) and settled(walked[source], now)
+        if keep and digests is not None:
+            read[pyc] = digests
         if key is None:
             stats.pyc_stale += 1
         elif isinstance(key, str) and cache.verdict_ok(key):
             stats.pyc_verdict_cached += 1
-            cache.put_pyc_ok(pyc, keys[pyc])
+            if keep:
+                cache.put_pyc_ok(pyc, keys[pyc])
         else:
             out.append((pyc, source))
     return out
@@ -753,7 +788,7 @@ def check_integrity(
     for root, files in per_root.items():
         findings.extend(_unowned_findings(root, files, owned, pyc_sources, options.unowned_allow, exempt))
     findings.extend(_interpreter(target, walked, options, unreadable))
-    findings.extend(_check_pycs(walked, pyc_sources, target, cache, options, stats, cancel))
+    findings.extend(_check_pycs(walked, pyc_sources, target, cache, options, stats, cancel, unreadable))
     environment = _environment_digests(target, per_root.get(target.venv or "", {}), cache, unreadable)
     stdlib = collect_stdlib(
         target, cache, options.full_pass, _workers(options.workers), options.startup_allow, unreadable, visited
@@ -767,7 +802,7 @@ def check_integrity(
     cache.prune_listings(visited)
     stats.dirs_walked = len(visited)
     cache.prune_dists({d.meta_dir for d in dists})
-    incomplete = [f"unreadable: {u}" for u in unreadable]
+    incomplete = [f"{'changed' if u.endswith(CHANGED) else 'unreadable'}: {u}" for u in unreadable]
     if cancel.is_set():
         incomplete.append("integrity check cancelled")
     return IntegrityResult(findings, stats, incomplete, environment, stdlib)
@@ -792,15 +827,17 @@ def _environment_digests(
     if target.venv:
         paths.extend(os.path.realpath(p) for p in list(paths) if os.path.basename(p).startswith("python"))
     out: dict[str, str] = {}
+    now = time.time_ns()  # before any read: walk.settled
     for path in sorted(set(paths)):
         st = walked.get(path) or _lstat(path)
         if st is None:
             continue
         cached = cache.digest(path, stat_key(st), "sha256")
         try:
-            out[path] = cached or safe_digest(path, "sha256")
+            out[path] = cached or safe_digest(path, "sha256", st)  # of the file stat-ed, else walk.Changed
         except OSError as exc:
             unreadable.append(f"{path}: {exc.strerror or exc}")
             continue
-        cache.put_digest(path, stat_key(st), out[path])
+        if cached or settled(st, now):
+            cache.put_digest(path, stat_key(st), out[path])
     return out

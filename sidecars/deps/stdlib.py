@@ -21,7 +21,10 @@ A ``sitecustomize``/``usercustomize`` member of such a zip is a ``startup_hook``
 baseline, as the same file in a directory is (interpreter.py).
 
 Incremental like the rest of integrity: a file whose stat identity is unchanged keeps its cached
-digest (cache.py); a full pass re-hashes everything.
+digest (cache.py); a full pass re-hashes everything. A digest is cached (and the whole set
+remembered, ``stdlib_state``) only when it was read from the walked file itself and that file had
+settled (walk.safe_digest with the walk's stat, walk.settled); a file that changed between the walk
+and the read is ``unreadable`` ("changed during the audit": the audit is incomplete).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import time
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +42,7 @@ from sidecars.deps.cache import IntegrityCache, stat_key
 from sidecars.deps.environment import Target
 from sidecars.deps.interpreter import is_hook_name
 from sidecars.deps.model import Finding
-from sidecars.deps.walk import kind_of, map_in_threads, safe_digest, stat_fingerprint, walk_tree
+from sidecars.deps.walk import kind_of, map_in_threads, safe_digest, settled, stat_fingerprint, walk_tree
 from warden.errors import quote_untrusted
 from warden.safeio import open_regular
 
@@ -261,18 +265,23 @@ def _digests(
             result.cached += 1
 
     def one(path: str) -> tuple[str, str | None, str | None]:
-        try:
-            return path, safe_digest(path, "sha256"), None
+        try:  # the walked file only: anything else raises walk.Changed
+            return path, safe_digest(path, "sha256", walked[path]), None
         except OSError as exc:
             return path, None, exc.strerror or str(exc)
 
+    now = time.time_ns()  # before any read: walk.settled
+    racy = False
     for path, digest, error in map_in_threads(one, todo, workers, "deps-stdlib"):
         if digest is None:
             unreadable.append(f"{path}: {error}")
             continue
         result.files[path] = digest
         result.hashed += 1
-        cache.put_digest(path, stat_key(walked[path]), digest)
+        if settled(walked[path], now):
+            cache.put_digest(path, stat_key(walked[path]), digest)
+        else:
+            racy = True  # valid for this audit, not under its stat key: read again next time
     fingerprint = stat_fingerprint(paths, walked)
-    if len(unreadable) == bad and fingerprint is not None and all(p in result.files for p in paths):
+    if not racy and len(unreadable) == bad and fingerprint is not None and all(p in result.files for p in paths):
         cache.set_stdlib_state(joined, "\0".join(result.files[p] for p in paths), fingerprint)

@@ -7,7 +7,13 @@
 - :func:`safe_digest` never follows a link and never blocks: a symlink is hashed as its
   target *string* (so the incremental cache, keyed by the link's ``lstat``, and the hash
   describe the same object), a regular file is opened with ``warden.safeio`` (``O_NOFOLLOW |
-  O_NONBLOCK``, checked again with ``fstat``), anything else raises.
+  O_NONBLOCK``, checked again with ``fstat``), anything else raises. Given the walk's ``lstat`` of
+  the path (``expect``), it hashes only that very file: the opened descriptor's ``fstat`` (before
+  and after the read; a link's through an ``O_PATH`` descriptor) must have the same device, inode,
+  size, mtime, ctime and type, else :class:`Changed` is raised. A digest (or verdict) is cached
+  under a stat key only when it was computed this way, and only when the file had :func:`settled`
+  (the file was renamed over, replaced or written between the walk and the read: caching what was
+  read under the walk's key would let the walked file pass every later incremental audit).
 - :func:`read_small` reads at most ``limit`` bytes of a regular file the same way.
 """
 
@@ -15,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures as cf
+import errno
 import hashlib
 import operator
 import os
@@ -45,6 +52,8 @@ class WalkResult:
 
 Listings = dict[str, list[Any]]
 RACY_NS = 2_000_000_000  # a listing is reused only if its directory last changed this long before it was read
+DIGEST_RACY_NS = RACY_NS  # a digest is cached only if its file last changed this long before it was read (settled)
+CHANGED = "changed during the audit (not the file the walk stat-ed); run the audit again"
 
 
 def walk_tree(root: str, prune: Iterable[str] = (), listings: Listings | None = None) -> WalkResult:
@@ -193,33 +202,103 @@ def read_small(path: str, limit: int = READ_LIMIT) -> bytes:
     return read_fd(open_regular_fd(path), limit)
 
 
+class Changed(OSError):
+    """``path`` no longer names the entry the walk stat-ed: renamed over, replaced (a parent directory
+    too) or written since. What was read is not the content of the walked stat identity."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(errno.EAGAIN, CHANGED, path)
+
+
+_IDENTITY = operator.attrgetter("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
+
+
+def same_file(now: os.stat_result, walked: os.stat_result) -> bool:
+    """Whether two stats are of the same file, unchanged: device, inode, size, mtime, ctime and type."""
+    return _IDENTITY(now) == _IDENTITY(walked) and stat.S_IFMT(now.st_mode) == stat.S_IFMT(walked.st_mode)
+
+
+def _check(path: str, now: os.stat_result, expect: os.stat_result | None) -> None:
+    if expect is not None and not same_file(now, expect):
+        raise Changed(path)
+
+
+def settled(st: os.stat_result, now_ns: int) -> bool:
+    """Whether a digest of the file of stat ``st``, read after ``now_ns`` (``time.time_ns()`` taken
+    before the read), may be cached under ``st``'s key: its last change (ctime) is DIGEST_RACY_NS
+    older than ``now_ns``. Timestamps are coarse (a tick of the kernel clock): a write in the tick
+    of the one that set ``st``'s ctime would leave the stat key as it is (tokenscan: the same rule)."""
+    return st.st_ctime_ns < now_ns - DIGEST_RACY_NS
+
+
 def _encode(algo: str, digest: bytes) -> str:
     return f"{algo}=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-def _fd_digest(fd: int, algo: str) -> bytes:
+def _fd_digest(fd: int, algo: str, path: str = "", expect: os.stat_result | None = None) -> bytes:
     """The ``algo`` digest of everything readable from ``fd`` (closed here). The first read asks for
     the whole file (its size + 1) and later reads for 1 MiB: most files of an environment are a few
     KiB, and ``hashlib.file_digest`` allocates a 256 KiB buffer for each, which cost 3-4x the
-    hashing of a small file. ``update`` releases the GIL on large chunks as ``file_digest`` does."""
+    hashing of a small file. ``update`` releases the GIL on large chunks as ``file_digest`` does.
+    With ``expect``: raises Changed unless the descriptor is of that file, unchanged, before and
+    after the read (a write during the read moves its mtime and ctime)."""
     try:
-        want = min(os.fstat(fd).st_size + 1, HASH_CHUNK)
+        st = os.fstat(fd)
+        _check(path, st, expect)
+        want = min(st.st_size + 1, HASH_CHUNK)
         digest = hashlib.new(algo)
         while data := os.read(fd, want):
             digest.update(data)
             want = HASH_CHUNK
+        if expect is not None:
+            _check(path, os.fstat(fd), expect)
         return digest.digest()
     finally:
         os.close(fd)
 
 
-def safe_digest(path: str, algo: str) -> str:
+def _link_target(path: str, expect: os.stat_result | None) -> str:
+    """The target string of the link ``path``; with ``expect``, of that very link (read through an
+    ``O_PATH`` descriptor whose ``fstat`` is compared; without O_PATH, an ``lstat`` after the read)."""
+    if expect is None:
+        return os.readlink(path)
+    if not hasattr(os, "O_PATH"):
+        target = os.readlink(path)
+        _check(path, os.lstat(path), expect)
+        return target
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    try:
+        _check(path, os.fstat(fd), expect)
+        return os.readlink("", dir_fd=fd)  # readlinkat(fd, ""): the link the descriptor holds
+    finally:
+        os.close(fd)
+
+
+def safe_digest(path: str, algo: str, expect: os.stat_result | None = None) -> str:
     """``algo=urlsafe-b64-nopad`` as RECORD writes it: of the file's bytes, or for a symlink of
-    its target string (a wheel never installs links, so a listed link never matches). Raises OSError."""
-    st = os.lstat(path)
+    its target string (a wheel never installs links, so a listed link never matches). With
+    ``expect`` (the walk's lstat of ``path``): of that file only, else Changed (see the module
+    doc). Raises OSError."""
+    st = expect if expect is not None else os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
-        return _encode(algo, hashlib.new(algo, os.readlink(path).encode("utf-8", "surrogateescape")).digest())
-    return _encode(algo, _fd_digest(open_regular_fd(path), algo))
+        target = _link_target(path, expect)
+        return _encode(algo, hashlib.new(algo, target.encode("utf-8", "surrogateescape")).digest())
+    return _encode(algo, _fd_digest(open_regular_fd(path), algo, path, expect))
+
+
+def read_as(path: str, limit: int, expect: os.stat_result) -> bytes:
+    """The whole content of the regular file ``path`` (at most ``limit`` bytes, else UnsafeFile) if it
+    is the file of stat ``expect``, unchanged before and after the read; else raises Changed."""
+    fd = open_regular_fd(path, max_bytes=limit)
+    try:
+        _check(path, os.fstat(fd), expect)
+        data = read_fd(os.dup(fd), limit + 1)
+        _check(path, os.fstat(fd), expect)  # equal sizes: it did not grow either
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise Changed(path)
+    return data
 
 
 def sha256_hex(path: str) -> str:
