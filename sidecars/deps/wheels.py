@@ -45,6 +45,7 @@ import lzma
 import os
 import posixpath
 import struct
+import time
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -61,7 +62,7 @@ from sidecars.deps.launchers import InstallLayout, allowed_shebang, install_layo
 from sidecars.deps.locks import LockedPackage
 from sidecars.deps.model import Finding
 from sidecars.deps.pyccheck import record_form
-from sidecars.deps.walk import kind_of, read_small
+from sidecars.deps.walk import Changed, kind_of, read_small, same_file, settled
 from warden.errors import quote_untrusted
 from warden.safeio import open_regular_fd
 
@@ -345,14 +346,24 @@ def _content(sha256: str, zf: zipfile.ZipFile) -> WheelContent:
     return WheelContent(sha256, dist_info, rows, scripts, entry_point_scripts(text))
 
 
-def read_wheel(path: str, max_bytes: int = MAX_WHEEL_BYTES, locked: frozenset[str] | None = None) -> WheelContent:
+def read_wheel(
+    path: str,
+    max_bytes: int = MAX_WHEEL_BYTES,
+    locked: frozenset[str] | None = None,
+    expect: os.stat_result | None = None,
+) -> WheelContent:
     """The sha256 of the regular file ``path`` and, when it is one of ``locked`` (``sha256:hex``; None:
     any), its RECORD, scripts and entry points read from the same descriptor. Raises OSError (a
-    link, FIFO, a file over ``max_bytes``: warden.safeio) or WheelUnusable; returns rows=() when
+    link, FIFO, a file over ``max_bytes``: warden.safeio; walk.Changed when the descriptor is not
+    the file of stat ``expect``, before or after hashing) or WheelUnusable; returns rows=() when
     the hash is not locked (the zip is then never parsed)."""
     fd = open_regular_fd(path, max_bytes=max_bytes)
     with os.fdopen(fd, "rb") as fh:
+        if expect is not None and not same_file(os.fstat(fd), expect):
+            raise Changed(path)
         sha = hashlib.file_digest(fh, "sha256").hexdigest()
+        if expect is not None and not same_file(os.fstat(fd), expect):
+            raise Changed(path)  # written while hashed: the sha is of no stat identity
         if locked is not None and f"sha256:{sha}" not in locked:
             return WheelContent(sha, "", (), {}, {})
         fh.seek(0)
@@ -435,13 +446,16 @@ def _check_dist(
         sha = _wheel_sha(cand, cache)
         if sha and f"sha256:{sha}" not in locked:
             continue  # another build of this version, known by its stat identity
+        started = time.time_ns()
         try:
-            content = read_wheel(cand.path, options.max_bytes, locked)
+            content = read_wheel(cand.path, options.max_bytes, locked, expect=cand.st)
         except (OSError, WheelUnusable) as exc:
             problems.append(f"{os.path.basename(cand.path)}: {quote_untrusted(str(exc), 200)}")
             continue
         stats.wheels_read += 1
-        cache.put_wheel_sha(cand.path, stat_key(cand.st), content.sha256)
+        cacheable = settled(cand.st, started)  # the sha (and the verdict) belong to cand.st's identity
+        if cacheable:
+            cache.put_wheel_sha(cand.path, stat_key(cand.st), content.sha256)
         if f"sha256:{content.sha256}" not in locked:
             continue
         layout = install_layout(dist.site_packages)
@@ -449,7 +463,8 @@ def _check_dist(
         meta = os.path.basename(dist.meta_dir)
         diffs = compare_records(content, meta, dist.record or (), script_ok, launcher_ok, layout)
         if not diffs:
-            cache.put_wheel_ok(verdict_key(dist, content.sha256))
+            if cacheable:
+                cache.put_wheel_ok(verdict_key(dist, content.sha256))
             stats.verified += 1
             return []
         mismatches.append((cand.path, diffs))

@@ -330,3 +330,14 @@ def test_a_console_script_launcher_that_is_not_the_stub_is_a_mismatch(test_env, 
     (finding,) = [f for f in report.findings if f.kind == "record_mismatch"]
     assert finding.subject == "pip" and "../../../bin/pip: a launcher of pip._internal.cli.main:main" in finding.message
     assert report.exit_code == 1
+
+
+def test_a_wheel_that_is_not_the_listed_file_is_refused_and_nothing_is_cached(test_env, tmp_path):
+    # The listing's stat is of one file, the open finds another (renamed over in between): the sha
+    # read would be cached under the listed identity, so the wheel is unusable this time instead.
+    original = next(test_env.wheel_dir.glob("six-1.16.0-*.whl"))
+    listed = tmp_path / "listed.whl"
+    listed.write_bytes(b"not the wheel")
+    with pytest.raises(OSError, match="changed during the audit"):
+        read_wheel(str(original), expect=os.stat(listed))
+    assert read_wheel(str(original), expect=os.stat(original)).sha256 == sha256_file(str(original))
