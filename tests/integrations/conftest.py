@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.integrations.verl_writer import orjson_line
 from trainer.events import Event, JournalReader
 
 PROJECT, EXPERIMENT = "gsm8k_ppo", "qwen-ppo-exp1"
@@ -76,16 +76,8 @@ def verl_metrics(step: int, validate: bool = False) -> dict[str, Any]:
 
 
 def orjson_like(obj: Any) -> bytes:
-    """Compact JSON like orjson (what verl's FileLogger uses): NaN and infinities become null."""
-
-    def clean(value: Any) -> Any:
-        if isinstance(value, float) and not math.isfinite(value):
-            return None
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items()}
-        return value
-
-    return json.dumps(clean(obj), separators=(",", ":"), ensure_ascii=False).encode()
+    """Compact JSON like orjson (what verl's FileLogger uses): NaN and infinities become null; no newline."""
+    return orjson_line(obj)[:-1]
 
 
 def rollout_rows(step: int, n: int = 8) -> list[dict[str, Any]]:
