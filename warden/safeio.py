@@ -19,12 +19,23 @@ intermediate link would redirect every file below it.
 from __future__ import annotations
 
 import errno
+import operator
 import os
 import stat
 from typing import BinaryIO
 
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 DIR_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+
+
+RACY_NS = 2_000_000_000
+"""A file whose ctime is this recent may change again within one timestamp tick without its
+stat identity changing (git's "racily clean"): what was read of it is not remembered by stat."""
+
+stat_identity = operator.attrgetter("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
+"""``stat_identity(st)``: (dev, inode, size, mtime_ns, ctime_ns), what identifies unchanged content
+without reading it (in C). ``ctime`` is set by the kernel on every change and cannot be set from
+user space, so a file rewritten (even with its size and mtime restored) gets another identity."""
 
 
 class UnsafeFile(OSError):

@@ -31,7 +31,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from warden.safeio import open_regular_fd, read_fd
+from warden.safeio import RACY_NS as SHARED_RACY_NS
+from warden.safeio import open_regular_fd, read_fd, stat_identity
 
 READ_LIMIT = 16 * 1024 * 1024
 HASH_CHUNK = 1024 * 1024
@@ -51,7 +52,7 @@ class WalkResult:
 
 
 Listings = dict[str, list[Any]]
-RACY_NS = 2_000_000_000  # a listing is reused only if its directory last changed this long before it was read
+RACY_NS = SHARED_RACY_NS  # a listing is reused only if its directory last changed this long before it was read
 DIGEST_RACY_NS = RACY_NS  # a digest is cached only if its file last changed this long before it was read (settled)
 CHANGED = "changed during the audit (not the file the walk stat-ed); run the audit again"
 
@@ -210,12 +211,9 @@ class Changed(OSError):
         super().__init__(errno.EAGAIN, CHANGED, path)
 
 
-_IDENTITY = operator.attrgetter("st_dev", "st_ino", "st_size", "st_mtime_ns", "st_ctime_ns")
-
-
 def same_file(now: os.stat_result, walked: os.stat_result) -> bool:
     """Whether two stats are of the same file, unchanged: device, inode, size, mtime, ctime and type."""
-    return _IDENTITY(now) == _IDENTITY(walked) and stat.S_IFMT(now.st_mode) == stat.S_IFMT(walked.st_mode)
+    return stat_identity(now) == stat_identity(walked) and stat.S_IFMT(now.st_mode) == stat.S_IFMT(walked.st_mode)
 
 
 def _check(path: str, now: os.stat_result, expect: os.stat_result | None) -> None:

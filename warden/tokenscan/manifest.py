@@ -25,7 +25,8 @@ from typing import Any, NamedTuple
 
 from trainer.events import atomic_write_bytes
 from warden.errors import IncompleteError
-from warden.safeio import FILE_FLAGS
+from warden.safeio import FILE_FLAGS, stat_identity
+from warden.safeio import RACY_NS as SHARED_RACY_NS
 from warden.tokenscan.findings import Finding, finding
 from warden.tokenscan.tokenizer_behaviour import CORPUS_VERSION
 
@@ -76,14 +77,10 @@ class Manifest:
         return cls(str(raw["root"]), files)
 
 
-RACY_NS = 2_000_000_000  # a file changed this recently may change again within one timestamp tick
+RACY_NS = SHARED_RACY_NS  # a module attribute: tests shorten it here
 
-
-def stat_key(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    """(dev, inode, size, mtime_ns, ctime_ns): what identifies unchanged content without reading
-    it. ``ctime`` is set by the kernel on every change and cannot be set by a user, so a file
-    rewritten (even with its size and mtime restored) gets another key."""
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+stat_key = stat_identity
+"""(dev, inode, size, mtime_ns, ctime_ns) of a stat: the key of unchanged content (warden.safeio)."""
 
 
 def settled(key: tuple[int, ...], now_ns: int) -> bool:
