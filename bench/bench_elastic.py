@@ -26,7 +26,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 from elastic_drill import ElasticDrill, measure  # noqa: E402
 
-from trainer import events as ev  # noqa: E402
+from warden import journal as ev  # noqa: E402
 
 
 def main() -> int:

@@ -16,7 +16,7 @@ import statistics
 import tempfile
 import time
 
-from trainer.events import Cursor, EventWriter, JournalReader
+from warden.journal import Cursor, EventWriter, JournalReader
 
 DATA = {"reward_mean": 0.8125, "kl": 0.0041, "policy_loss": -0.02, "tokens_per_second": 1900.5, "phase": "update"}
 

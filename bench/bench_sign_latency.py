@@ -26,7 +26,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from trainer.events import CHECKPOINT_SAVED, EventWriter, fsync_dir
+from warden.journal import CHECKPOINT_SAVED, EventWriter
+from warden.safeio import fsync_dir
 from warden.signing import load_private_key, sign_checkpoint
 from warden.signing.keys import generate_keypair
 

@@ -10,7 +10,9 @@ import time
 from types import FrameType
 
 from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarMetrics, error_kind
-from trainer.events import (
+from warden.errors import WardenError
+from warden.httpserve import MetricsServer
+from warden.journal import (
     Cursor,
     CursorStore,
     Event,
@@ -20,8 +22,6 @@ from trainer.events import (
     JournalReader,
     read_last_seq,
 )
-from warden.errors import WardenError
-from warden.httpserve import MetricsServer
 from warden.logs import log_fields
 
 MAX_BACKOFF_SECONDS = 30.0

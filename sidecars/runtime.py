@@ -20,11 +20,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from trainer.events import (
-    JOURNAL_NAME,
-    Event,
-)
 from warden.errors import ExitCode, WardenError
+from warden.journal import JOURNAL_NAME, Event
 
 # The result of one event or one check is an exit code: OK, VIOLATION or INCOMPLETE.
 Outcome = ExitCode

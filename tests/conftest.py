@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from trainer.events import EventWriter
+from warden.journal import EventWriter
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from typing import Any
 import yaml
 from support import ROOT, TEST_CONFIG, free_port, merge, scrape, stop_process, wait_http, warden_cmd
 
-from trainer import events as ev
+from warden import journal as ev
 
 RDZV_CONF = "join_timeout=120,last_call_timeout=3,close_timeout=10,keep_alive_interval=1,keep_alive_max_attempt=3"
 """Short rendezvous timeouts: a lost node is noticed within ~3 s, the survivors wait 3 s for more."""

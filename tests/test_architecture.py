@@ -37,19 +37,10 @@ def _imports(path: pathlib.Path):
             yield node.module
 
 
-def test_sidecars_import_only_trainer_events_from_the_trainer():
-    offenders = []
-    for path in (ROOT / "sidecars").rglob("*.py"):
-        for module in _imports(path):
-            if module.split(".")[0] == "trainer" and module != "trainer.events":
-                offenders.append(f"{path.relative_to(ROOT)}: {module}")
-    assert offenders == []
-
-
 NO_WATCHDOG = """
 import sys, os, tempfile
 sys.modules["watchdog"] = None  # makes `import watchdog` fail
-from trainer import events
+from warden import journal as events
 d = tempfile.mkdtemp()
 path = os.path.join(d, "events.jsonl")
 events.EventWriter(path, "r").emit("run.started", {})
@@ -59,58 +50,75 @@ print(follower.using_watchdog, [e.seq for e, _ in events.JournalReader(path).rea
 """
 
 
-def test_events_module_is_stdlib_only():
-    allowed = set(sys.stdlib_module_names) | {"__future__"}
-    tree = ast.parse((ROOT / "trainer" / "events.py").read_text())
-    top_level = set()
+def _top_level_imports(path: pathlib.Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = set()
     for node in tree.body:  # watchdog is imported lazily with a polling fallback
         if isinstance(node, ast.Import):
-            top_level |= {a.name.split(".")[0] for a in node.names}
+            names |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
-            top_level.add(node.module.split(".")[0])
-    assert top_level <= allowed, top_level - allowed
+            names.add(node.module)
+    return names
+
+
+def test_the_ground_floor_is_stdlib_only():
+    """warden.journal stands on warden.safeio and warden.logs only, and those on the standard library."""
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    first_party = {m for m in _top_level_imports(ROOT / "warden" / "journal.py") if m.split(".")[0] not in stdlib}
+    assert first_party == {"warden.logs", "warden.safeio"}
+    for name in ("logs", "safeio"):
+        imported = {m.split(".")[0] for m in _top_level_imports(ROOT / "warden" / f"{name}.py")}
+        assert imported <= stdlib, (name, imported - stdlib)
     assert (ROOT / "trainer" / "__init__.py").read_text().strip() == ""
     result = subprocess.run([sys.executable, "-c", NO_WATCHDOG], capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "False [1]"
 
 
-# -- layers: warden (neutral core) <- trainer, sidecars; no sidecar reaches into another ----------
-FRAMEWORK = {"sidecars", "sidecars.runtime", "sidecars.runner", "sidecars.registry"}
-# The composition layer wires sidecars together (the CLI, `sidecar run`, the local stack and demo).
-COMPOSITION = {"cli", "commands", "stack"}
+# -- layers (docs/design.md section 1): three rules, no exception list ------------------------------
+# The composition layer wires units together and may name any of them: the CLI, `sidecar run`, the stack.
+COMPOSITION = ("sidecars/cli.py", "sidecars/commands/", "sidecars/stack/")
 
 
-def _top(module: str, depth: int) -> str:
-    return ".".join(module.split(".")[:depth])
+def _unit_of_file(relative: str) -> str:
+    """warden, trainer, sidecars (the runtime every sidecar shares) or sidecars.<name>."""
+    parts = relative.split("/")
+    return f"sidecars.{parts[1]}" if parts[0] == "sidecars" and len(parts) > 2 else parts[0]
 
 
-def test_the_neutral_core_imports_neither_trainer_nor_sidecars():
-    offenders = [
-        f"{path.relative_to(ROOT)}: {module}"
-        for path in (ROOT / "warden").rglob("*.py")
-        for module in _imports(path)
-        if module.split(".")[0] == "sidecars" or (module.split(".")[0] == "trainer" and module != "trainer.events")
+def _unit_of_module(module: str) -> str:
+    parts = module.split(".")
+    if parts[0] == "sidecars" and len(parts) > 1 and (ROOT / "sidecars" / parts[1]).is_dir():
+        return f"sidecars.{parts[1]}"
+    return parts[0]
+
+
+def _first_party_imports(top: str):
+    """(file, its unit, imported unit) for every import of warden, trainer or sidecars under ``top``."""
+    for path in sorted((ROOT / top).rglob("*.py")):
+        relative = str(path.relative_to(ROOT))
+        for module in _imports(path):
+            if module.split(".")[0] in {"warden", "trainer", "sidecars"}:
+                yield relative, _unit_of_file(relative), _unit_of_module(module)
+
+
+def test_warden_imports_neither_trainer_nor_sidecars():
+    assert [i for i in _first_party_imports("warden") if i[2] != "warden"] == []
+
+
+def test_trainer_and_each_sidecar_never_import_each_other():
+    """Outside the composition layer a unit imports itself, warden and (a sidecar) the shared runtime."""
+    crossings = [
+        i
+        for top in ("trainer", "sidecars")
+        for i in _first_party_imports(top)
+        if not i[0].startswith(COMPOSITION)
+        and i[2] not in {i[1], "warden"}
+        and not (i[1].startswith("sidecars.") and i[2] == "sidecars")
     ]
-    assert offenders == []
+    assert crossings == []
 
 
-def test_the_trainer_imports_no_sidecar():
-    offenders = [
-        f"{path.relative_to(ROOT)}: {module}"
-        for path in (ROOT / "trainer").rglob("*.py")
-        for module in _imports(path)
-        if module.split(".")[0] == "sidecars"
-    ]
-    assert offenders == []
-
-
-def test_no_sidecar_imports_another_sidecars_internals():
-    offenders = []
-    for package in sorted(p for p in (ROOT / "sidecars").iterdir() if p.is_dir() and p.name not in COMPOSITION):
-        own = f"sidecars.{package.name}"
-        for path in package.rglob("*.py"):
-            for module in _imports(path):
-                if module.split(".")[0] == "sidecars" and module not in FRAMEWORK and _top(module, 2) != own:
-                    offenders.append(f"{path.relative_to(ROOT)}: {module}")
-    assert offenders == []
+def test_the_shared_runtime_names_no_sidecar_and_no_trainer():
+    runtime = [i for i in _first_party_imports("sidecars") if i[1] == "sidecars" and not i[0].startswith(COMPOSITION)]
+    assert [i for i in runtime if i[2] != "sidecars" and i[2] != "warden"] == []

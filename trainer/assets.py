@@ -14,7 +14,7 @@ import shutil
 from dataclasses import asdict, dataclass
 
 from trainer.config import TinyAssets
-from trainer.events import atomic_write_bytes
+from warden.safeio import atomic_write_bytes
 
 SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>")
 WORDS = [

@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from trainer.events import fsync_dir
 from warden.errors import IncompleteError
+from warden.safeio import fsync_dir
 
 STEP_DIR = re.compile(r"^step-(\d{9,})$")
 MANIFEST = "manifest.sha256.json"

@@ -33,7 +33,6 @@ import torch
 
 from trainer import checkpoint as ckpt
 from trainer import elastic
-from trainer import events as ev
 from trainer.algorithm import Experience, Precision, Trainables, make_experience, ppo_update
 from trainer.config import TrainerConfig
 from trainer.data import PromptRow, PromptSampler, batch_digest, encode_prompts, left_pad, load_prompts
@@ -57,6 +56,7 @@ from trainer.rollout_vllm import RolloutCollector, SchedulerState
 from trainer.setup import ResolvedPaths, check_environment, resolve_paths
 from trainer.tokenizer import load_tokenizer
 from trainer.train_state import capture_rng, fill_checkpoint, restore_rng, seed_everything
+from warden import journal as ev
 from warden.errors import ConfigError, IncompleteError
 from warden.signing.manifest import announced_root
 

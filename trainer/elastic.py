@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from trainer import events as ev
+from warden import journal as ev
 
 log = logging.getLogger("warden.trainer")
 

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer import checkpoint as ckpt
-from trainer import events as ev
 from trainer.distributed import broadcast_object
 from trainer.models import unwrap
 from trainer.verified_load import (
@@ -43,6 +42,7 @@ from trainer.verified_load import (
     read_verified,
     signed_anchor,
 )
+from warden import journal as ev
 from warden.errors import ConfigError, ViolationError, quote_untrusted
 
 log = logging.getLogger("warden.trainer")

@@ -7,13 +7,18 @@ bare traceback on the terminal.
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import logging
 import sys
 import time
 from typing import Any, TextIO
 
-from trainer.events import utc_timestamp
+
+def utc_timestamp(now: float) -> str:
+    """RFC 3339 UTC time with microseconds, e.g. ``2026-11-30T03:12:45.123456Z``."""
+    moment = _dt.datetime.fromtimestamp(now, tz=_dt.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class JsonFormatter(logging.Formatter):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from trainer.events import MAX_LINE_BYTES, Event
+from warden.journal import MAX_LINE_BYTES, Event
 
 _BAD = re.compile(r"[^A-Za-z0-9._-]+")
 

@@ -18,9 +18,11 @@ intermediate link would redirect every file below it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import operator
 import os
+import secrets
 import stat
 from typing import BinaryIO
 
@@ -159,3 +161,77 @@ def read_regular_below(root: str, relative: str, max_bytes: int) -> bytes:
         return read_regular(parts[-1], max_bytes, dir_fd=fd)
     finally:
         os.close(fd)
+
+
+# -- writing: atomic replacement through unpredictable, exclusively created temporaries ----------
+TEMP_PREFIX = ".tmp-"
+"""Every temporary this module creates is named ``.tmp-<name>.<16 random hex>``."""
+WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def fsync_dir(path: str) -> None:
+    """Makes a rename or create inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def temp_name(name: str) -> str:
+    """A fresh temporary name for ``name`` in the same directory: unpredictable, so nobody can plant
+    an entry there in advance (and one planted anyway makes the exclusive create fail, never followed)."""
+    return f"{TEMP_PREFIX}{name[:128]}.{secrets.token_hex(8)}"
+
+
+def write_all(fd: int, payload: bytes | memoryview) -> None:
+    """``os.write`` until every byte of ``payload`` is written (short writes continue)."""
+    view = memoryview(payload)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def atomic_write_at(dir_fd: int, name: str, payload: bytes, mode: int = 0o644) -> None:
+    """Replaces entry ``name`` of the directory ``dir_fd`` with ``payload``; readers see the old or
+    the new file, never half of one.
+
+    The temporary is created ``O_CREAT | O_EXCL | O_NOFOLLOW`` under an unpredictable name
+    (:func:`temp_name`), written, fsynced and renamed over ``name`` relative to ``dir_fd`` (a link at
+    ``name`` is replaced, never followed), then the directory is fsynced. On any error the temporary
+    is removed. ``name`` must be a plain entry name.
+    """
+    if not name or "/" in name or name in (".", ".."):
+        raise ValueError(f"not a plain entry name: {name!r}")
+    tmp = temp_name(name)
+    fd = os.open(tmp, WRITE_FLAGS, mode, dir_fd=dir_fd)
+    try:
+        write_all(fd, payload)
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    os.close(fd)
+    try:
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    os.fsync(dir_fd)
+
+
+def atomic_write_bytes(path: str, payload: bytes, mode: int = 0o644) -> None:
+    """Writes ``payload`` to ``path`` atomically (:func:`atomic_write_at` in ``path``'s directory).
+
+    The directory itself is the caller's choice and may be reached through links; everything from
+    there on is descriptor-relative and never follows a planted name.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        atomic_write_at(dir_fd, os.path.basename(path), payload, mode)
+    finally:
+        os.close(dir_fd)

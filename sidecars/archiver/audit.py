@@ -332,7 +332,7 @@ class JournalAnchor:
     @classmethod
     def from_run_dir(cls, run_dir: str, run_id: str) -> JournalAnchor:
         """Reads ``<run_dir>/events.jsonl``; raises ConfigError when there is none."""
-        from trainer.events import JournalReader
+        from warden.journal import JournalReader
 
         path = os.path.join(run_dir, "events.jsonl")
         if not os.path.isfile(path):

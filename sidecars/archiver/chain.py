@@ -27,7 +27,7 @@ from sidecars.archiver.record import ChainLink, head_key, object_hash, step_from
 from sidecars.archiver.signing import verify_head, verify_record
 from sidecars.archiver.spool import Spool
 from sidecars.archiver.store import Store
-from trainer.events import atomic_write_bytes
+from warden.safeio import atomic_write_bytes
 from warden.signing.keys import TrustedKeys
 
 STATE_VERSION = 1

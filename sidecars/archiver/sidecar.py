@@ -41,8 +41,8 @@ from sidecars.archiver.spool import Spool
 from sidecars.archiver.store import Retention, Store, open_store
 from sidecars.archiver.uploader import Uploader
 from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext
-from trainer.events import CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_STARTED, Event
 from warden.errors import ConfigError
+from warden.journal import CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_STARTED, Event
 from warden.logs import log_fields
 from warden.signing.keys import load_private_key
 

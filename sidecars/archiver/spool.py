@@ -9,7 +9,7 @@ Layout::
 Writing a record's spool file is the archiver's commit point: the record is signed once
 and only those bytes are ever uploaded or chained. The head file is written before the
 records it covers are removed, so between them they always hold the chain head. Files
-are written with :func:`~trainer.events.atomic_write_bytes`, so a crash leaves a whole
+are written with :func:`~warden.safeio.atomic_write_bytes`, so a crash leaves a whole
 file or none; leftover temporary files are removed on load. Removal after upload needs
 no fsync: a file that comes back after a crash is uploaded again, which the store
 answers with "already stored". Removal is also off the upload path: a janitor thread
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sidecars.archiver.record import STEP_DIGITS, step_from_key, valid_run_id
-from trainer.events import atomic_write_bytes
+from warden.safeio import atomic_write_bytes
 
 HEAD_NAME = "head.json"
 CONFLICTS = ".conflicts"  # never a run id (those start with a letter or digit)

@@ -46,8 +46,7 @@ from sidecars.archiver.errors import (
     StoreError,
     StoreUnavailable,
 )
-from trainer.events import atomic_write_bytes, fsync_dir
-from warden.safeio import UnsafeFile, read_regular_below
+from warden.safeio import UnsafeFile, atomic_write_bytes, fsync_dir, read_regular_below
 
 DEFAULT_MAX_OBJECT_BYTES = 64 * 1024 * 1024
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sidecars.bridge.errors import BridgeIncomplete
-from trainer.events import atomic_write_bytes
+from warden.safeio import atomic_write_bytes
 
 STATE_VERSION = 1
 STATE_FILE = "verl.json"

@@ -47,7 +47,9 @@ from sidecars.bridge.rollouts import (
 )
 from sidecars.bridge.state import MARKER_KEY, BridgeState, StateStore, apply_marker, marker
 from sidecars.bridge.verl_log import LogLine, tail
-from trainer.events import (
+from warden import __version__
+from warden.errors import WardenError
+from warden.journal import (
     CHECKPOINT_SAVED,
     JOURNAL_NAME,
     MAX_LINE_BYTES,
@@ -62,8 +64,6 @@ from trainer.events import (
     JournalReader,
     JournalTruncated,
 )
-from warden import __version__
-from warden.errors import WardenError
 from warden.logs import log_fields
 from warden.metric_names import map_metrics, prometheus_name, warden_aliases
 from warden.safeio import open_regular_fd

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sidecars.bridge.state import LogPosition
-from trainer.events import MAX_LINE_BYTES
+from warden.journal import MAX_LINE_BYTES
 from warden.safeio import open_regular_fd
 
 CHUNK_BYTES = 1 << 20

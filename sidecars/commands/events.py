@@ -10,9 +10,9 @@ from typing import Any
 
 import click
 
-from trainer.events import JOURNAL_NAME, Cursor, Event, JournalFollower, JournalReader
 from warden.cliutil import format_option, option, run_dir_option
 from warden.errors import IncompleteError
+from warden.journal import JOURNAL_NAME, Cursor, Event, JournalFollower, JournalReader
 
 
 @click.group()

@@ -27,7 +27,8 @@ from sidecars.deps.errors import DepsIncomplete
 from sidecars.deps.installed import InstalledDist
 from sidecars.deps.model import Finding
 from sidecars.deps.stdlib import compare_stdlib
-from trainer.events import atomic_write_bytes, utc_timestamp
+from warden.logs import utc_timestamp
+from warden.safeio import atomic_write_bytes
 
 BASELINE_VERSION = 3
 READABLE_VERSIONS = (2, 3)  # 2: no stdlib section (re-approve to cover the base interpreter)

@@ -36,7 +36,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from trainer.events import atomic_write_bytes
+from warden.safeio import atomic_write_bytes
 
 CACHE_VERSION = 4  # 3: entries as strings (half the load time of lists); 4: site-packages digests in a side file
 StatKey = tuple[int, int, int, int]

@@ -20,10 +20,10 @@ from sidecars.deps.osv.server import OsvServer
 from sidecars.deps.policy import DepsPolicy, as_dict, resolve
 from sidecars.deps.report import to_json, to_text
 from sidecars.deps.sbom import build_sbom
-from trainer.events import atomic_write_bytes
 from warden.cliutil import echo_json, option
 from warden.logs import configure_json_logging, log_fields
 from warden.policy import load_policy
+from warden.safeio import atomic_write_bytes
 
 DEFAULT_POLICY = os.path.join("policies", "deps.yaml")
 OSV_SERVE_PORT = 9469

@@ -6,7 +6,7 @@ from typing import Any
 
 from sidecars.deps.audit import AuditReport
 from sidecars.deps.model import CHECKS, SEVERITIES, Finding
-from trainer.events import utc_timestamp
+from warden.logs import utc_timestamp
 
 VERDICTS = {0: "clean", 1: "VIOLATION", 3: "INCOMPLETE"}
 

@@ -15,8 +15,8 @@ from urllib.parse import quote
 
 from sidecars.deps.audit import AuditReport
 from sidecars.deps.drift import same_version
-from trainer.events import utc_timestamp
 from warden import __version__
+from warden.logs import utc_timestamp
 
 _METHODS = {"CVSS:3.1": "CVSSv31", "CVSS:3.0": "CVSSv3"}
 

@@ -14,7 +14,7 @@ from prometheus_client import Counter, Gauge
 
 from sidecars.journal.policy import JournalPolicy
 from sidecars.runtime import Outcome, Sidecar, SidecarContext
-from trainer.events import EVENT_TYPES, Event
+from warden.journal import EVENT_TYPES, Event
 
 
 def _event_unix_time(event: Event) -> float:

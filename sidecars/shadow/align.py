@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from trainer.events import REWARD_SNAPSHOT, STEP_COMPLETED, Event
+from warden.journal import REWARD_SNAPSHOT, STEP_COMPLETED, Event
 from warden.metric_names import HF_ALIASES, VERL_ALIASES, finite_number, prometheus_name
 
 MAX_REWARDS_PER_STEP = 10_000

@@ -2,7 +2,7 @@
 
 A run is named by its directory (``<dir>/events.jsonl``) or by the journal file itself. Only a
 regular file is read (a FIFO would block, a device is no journal); lines are parsed by
-:class:`trainer.events.JournalReader`, which skips corrupt and oversized lines and counts them.
+:class:`warden.journal.JournalReader`, which skips corrupt and oversized lines and counts them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from sidecars.shadow.align import RunSeries
 from sidecars.shadow.errors import ShadowConfigError, ShadowInputError
-from trainer.events import JOURNAL_NAME, JournalReader
+from warden.journal import JOURNAL_NAME, JournalReader
 
 
 def journal_path(run: str) -> str:

@@ -7,8 +7,8 @@ import math
 
 from sidecars.shadow.align import RunSeries
 from sidecars.shadow.compare import Comparison
-from trainer.events import atomic_write_bytes
 from warden.errors import ConfigError
+from warden.safeio import atomic_write_bytes
 
 
 def curve(series: RunSeries, metric: str) -> tuple[list[int], list[float]]:

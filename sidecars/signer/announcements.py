@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from trainer.events import atomic_write_bytes
+from warden.safeio import atomic_write_bytes
 from warden.signing.manifest import Announced, SignedStatement
 
 ANNOUNCED_FILE = "announced.json"

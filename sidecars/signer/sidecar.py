@@ -80,9 +80,10 @@ from sidecars.signer.watch import (
     tree_state,
     unsafe_entries,
 )
-from trainer.events import CHECKPOINT_SAVED, RUN_STARTED, Event, atomic_write_bytes
 from warden.errors import ConfigError, IncompleteError
+from warden.journal import CHECKPOINT_SAVED, RUN_STARTED, Event
 from warden.logs import log_fields
+from warden.safeio import atomic_write_bytes
 from warden.signing.dsse import SignResult, sign_checkpoint, signature_path_for
 from warden.signing.errors import (
     AnnouncementMismatch,

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from sidecars.stack import components, verdicts
 from sidecars.stack.summary import ascii_chart, facts_from_events
 from sidecars.stack.supervisor import Supervisor
-from trainer.events import JOURNAL_NAME, Cursor, JournalReader
 from warden.errors import ConfigError
+from warden.journal import JOURNAL_NAME, Cursor, JournalReader
 
 Echo = Callable[[str], None]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from trainer.events import CHECKPOINT_SAVED, REWARD_SNAPSHOT, STEP_COMPLETED, Event
+from warden.journal import CHECKPOINT_SAVED, REWARD_SNAPSHOT, STEP_COMPLETED, Event
 
 
 def ascii_chart(values: Sequence[float], height: int = 8, width: int = 60, label: str = "") -> list[str]:

@@ -16,8 +16,9 @@ from dataclasses import replace
 
 import click
 
-from trainer.events import atomic_write_bytes, utc_timestamp
 from warden.cliutil import format_option, option
+from warden.logs import utc_timestamp
+from warden.safeio import atomic_write_bytes
 from warden.tokenscan.manifest import ApprovalStore, ManifestError, approval_findings
 from warden.tokenscan.policy import TokenscanPolicy, load_tokenscan_policy
 from warden.tokenscan.report import render_json, render_sarif, render_text

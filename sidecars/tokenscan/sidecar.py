@@ -22,8 +22,8 @@ from dataclasses import dataclass, replace
 from sidecars.runtime import Outcome, Sidecar, SidecarContext
 from sidecars.tokenscan.metrics import TokenscanMetrics
 from sidecars.tokenscan.watch import DirWatcher
-from trainer.events import MODEL_LOADING, Event, utc_timestamp
-from warden.logs import log_fields
+from warden.journal import MODEL_LOADING, Event
+from warden.logs import log_fields, utc_timestamp
 from warden.tokenscan.findings import Finding, count_by_severity
 from warden.tokenscan.manifest import ApprovalStore, HashCache, ManifestError, approval_findings
 from warden.tokenscan.policy import TokenscanPolicy, default_policy

@@ -12,8 +12,8 @@ import pytest
 from elastic_drill import ElasticDrill
 from support import run_warden
 
-from trainer import events as ev
 from trainer.data import PromptSampler, batch_digest
+from warden import journal as ev
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.integrations.verl_writer import orjson_line
-from trainer.events import Event, JournalReader
+from warden.journal import Event, JournalReader
 
 PROJECT, EXPERIMENT = "gsm8k_ppo", "qwen-ppo-exp1"
 

@@ -13,7 +13,7 @@ import pytest
 from integrations.hf_data import TinyText
 from support import ROOT, run_warden
 
-from trainer.events import CHECKPOINT_SAVED, RUN_FINISHED, RUN_RESUMED, RUN_STARTED, STEP_COMPLETED
+from warden.journal import CHECKPOINT_SAVED, RUN_FINISHED, RUN_RESUMED, RUN_STARTED, STEP_COMPLETED
 
 # find_spec, not importorskip: collecting this file must not import transformers.
 pytestmark = [
@@ -54,7 +54,7 @@ def make_trainer(tiny, output_dir, callback, max_steps):
 
 
 def read_events(run_dir):
-    from trainer.events import JournalReader
+    from warden.journal import JournalReader
 
     return [e for e, _ in JournalReader(os.path.join(run_dir, "events.jsonl")).read_available()]
 

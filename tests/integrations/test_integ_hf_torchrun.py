@@ -13,7 +13,7 @@ import sys
 import pytest
 from support import ROOT, free_port, run_warden
 
-from trainer.events import CHECKPOINT_SAVED, JournalReader
+from warden.journal import CHECKPOINT_SAVED, JournalReader
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed"),

@@ -19,7 +19,7 @@ import time
 from support import free_port, run_warden, scrape, spawn, stop_process, wait_http, warden_cmd
 
 from sidecars.bridge.verl import BridgeConfig, VerlBridge
-from trainer.events import CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_RESUMED, RUN_STARTED, STEP_COMPLETED
+from warden.journal import CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_RESUMED, RUN_STARTED, STEP_COMPLETED
 
 
 def make_bridge(run_dir, verl_run, clock=None, stable=5.0, top_k=3, **extra):

@@ -23,7 +23,7 @@ import yaml
 from support import free_port, run_warden, scrape, spawn, stop_process, wait_http, warden_cmd
 
 from tests.integrations.verl_writer import VerlTrainer
-from trainer.events import CHECKPOINT_SAVED, REWARD_SNAPSHOT, JournalReader
+from warden.journal import CHECKPOINT_SAVED, REWARD_SNAPSHOT, JournalReader
 
 PROJECT = "gsm8k_ppo"
 STEPS = 6

@@ -7,7 +7,7 @@ import shutil
 
 from support import run_warden
 
-from trainer.events import CHECKPOINT_SAVED, REWARD_SNAPSHOT
+from warden.journal import CHECKPOINT_SAVED, REWARD_SNAPSHOT
 
 
 def bridge_once(run_dir, verl_run, *extra):

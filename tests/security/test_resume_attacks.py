@@ -19,11 +19,11 @@ from support import TEST_CONFIG, merge, run_warden
 
 torch = pytest.importorskip("torch")
 
-from trainer import events as ev  # noqa: E402
 from trainer.config import load_config  # noqa: E402
 from trainer.core import PPOTrainer  # noqa: E402
 from trainer.models import unwrap  # noqa: E402
 from trainer.resume import ResumeRefused, find_resume_point  # noqa: E402
+from warden import journal as ev  # noqa: E402
 from warden.errors import EXIT_VIOLATION, ConfigError  # noqa: E402
 from warden.signing import Provenance, generate_keypair, load_private_key, sign_checkpoint  # noqa: E402
 

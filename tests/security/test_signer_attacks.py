@@ -24,8 +24,8 @@ from sidecars.runner import Runner
 from sidecars.runtime import Outcome, SidecarContext
 from sidecars.signer.policy import SignerPolicy
 from sidecars.signer.sidecar import SignerSidecar
-from trainer.events import CHECKPOINT_SAVED, RUN_STARTED, EventWriter
 from warden.errors import ConfigError
+from warden.journal import CHECKPOINT_SAVED, RUN_STARTED, EventWriter
 from warden.policy import policy_from_mapping
 from warden.signing.dsse import sign_checkpoint
 from warden.signing.errors import InsecureKeyPermissions

@@ -7,7 +7,7 @@ import json
 from support import run_warden
 
 from sidecars import __version__
-from trainer import events as ev
+from warden import journal as ev
 
 
 def test_help_and_version():

@@ -10,7 +10,7 @@ import yaml
 from support import TEST_CONFIG, merge, run_warden
 
 from sidecars.shadow.policy import ShadowPolicy
-from trainer.events import JournalReader
+from warden.journal import JournalReader
 from warden.policy import default_policy_path, load_policy
 
 # The trainer (torch, transformers) is the `train` extra; without it these tests skip, never error.

@@ -27,7 +27,7 @@ from support import (
 
 from sidecars.runner import Runner
 from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext
-from trainer import events as ev
+from warden import journal as ev
 from warden.errors import IncompleteError, ViolationError
 
 COMMON = (

@@ -14,7 +14,7 @@ import pytest
 from safetensors.torch import load_file
 from support import ROOT
 
-from trainer import events as ev
+from warden import journal as ev
 
 
 def _run(cmd, env=None):

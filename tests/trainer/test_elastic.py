@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 
-from trainer import events as ev
 from trainer.core import PPOTrainer
 from trainer.data import PromptSampler, batch_digest
 from trainer.elastic import (
@@ -20,6 +19,7 @@ from trainer.elastic import (
     resume_fields,
 )
 from trainer.train_state import guard_config
+from warden import journal as ev
 
 
 def journal(run_dir):

@@ -15,8 +15,8 @@ import tracemalloc
 
 import pytest
 
-from trainer import events as ev
-from trainer.events import Cursor, CursorStore, Event, EventTooLarge, EventWriter, JournalReader
+from warden import journal as ev
+from warden.journal import Cursor, CursorStore, Event, EventTooLarge, EventWriter, JournalReader
 
 
 def read_all(path, **kwargs):
@@ -79,7 +79,7 @@ def test_two_processes_appending_never_interleave(run_dir):
 WRITER_SCRIPT = textwrap.dedent(
     """
     import sys
-    from trainer.events import EventWriter
+    from warden.journal import EventWriter
     w = EventWriter(sys.argv[1], "crashy")
     i = 0
     while True:

@@ -9,10 +9,10 @@ import stat
 import pytest
 import torch
 
-from trainer import events as ev
 from trainer.data import PromptRow, encode_prompts, load_prompts, truncate
 from trainer.rewards import RewardError, RewardSources, build_reward
 from trainer.rollout import HFRollout, SamplingPlan, response_mask_from
+from warden import journal as ev
 from warden.errors import ConfigError
 
 TEMPLATE = (

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from trainer import events as ev
 from trainer.core import PPOTrainer
 from trainer.train_state import config_changes
+from warden import journal as ev
 from warden.errors import ConfigError
 
 

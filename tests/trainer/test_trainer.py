@@ -11,8 +11,8 @@ import torch
 from support import free_port, http_get, parse_samples
 
 from trainer import checkpoint as ckpt
-from trainer import events as ev
 from trainer.core import PPOTrainer, TrainingFailed, format_step_line
+from warden import journal as ev
 
 
 def journal(run_dir):

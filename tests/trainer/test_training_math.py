@@ -7,10 +7,10 @@ import os
 import pytest
 import torch
 
-from trainer import events as ev
 from trainer import ppo
 from trainer.core import PPOTrainer, format_step_line
 from trainer.models import unwrap
+from warden import journal as ev
 
 
 def journal(run_dir):

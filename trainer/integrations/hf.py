@@ -56,7 +56,7 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from trainer import events as ev
+from warden import journal as ev
 from warden.errors import WardenError
 from warden.metric_names import HF_ALIASES, map_metrics, warden_aliases
 from warden.runid import journal_run_id, sanitize_run_id

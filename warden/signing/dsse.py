@@ -28,7 +28,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from trainer.events import atomic_write_bytes
+from warden.safeio import atomic_write_bytes
 from warden.signing.errors import (
     AnnouncementMismatch,
     BadSignature,

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from trainer.events import atomic_write_bytes
+from warden.safeio import atomic_write_bytes
 from warden.signing.errors import InsecureKeyPermissions, KeyExistsError, KeyFileError
 
 PRIVATE_KEY_NAME = "signing.key"

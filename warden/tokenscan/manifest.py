@@ -23,9 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from trainer.events import atomic_write_bytes
 from warden.errors import IncompleteError
-from warden.safeio import FILE_FLAGS, stat_identity
+from warden.safeio import FILE_FLAGS, atomic_write_bytes, stat_identity
 from warden.safeio import RACY_NS as SHARED_RACY_NS
 from warden.tokenscan.findings import Finding, finding
 from warden.tokenscan.tokenizer_behaviour import CORPUS_VERSION

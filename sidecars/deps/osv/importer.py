@@ -19,8 +19,7 @@ from collections.abc import Callable, Mapping
 
 from sidecars.deps.errors import DepsConfigError
 from sidecars.deps.osv.loader import build_meta, meta_path
-from trainer.events import atomic_write_bytes
-from warden.safeio import read_regular
+from warden.safeio import atomic_write_bytes, read_regular
 
 MAX_EXPORT_BYTES = 2 * 1024 * 1024 * 1024
 

@@ -254,7 +254,7 @@ class Harness:
     """An archiver over a run directory, run in this process; each :meth:`sidecar` is a fresh start."""
 
     def __init__(self, root: Path, store_url: str, private_key: str, run_id: str = "run-1", **policy: Any) -> None:
-        from trainer.events import EventWriter
+        from warden.journal import EventWriter
 
         self.root = root
         self.run_dir = root / "run"

@@ -24,7 +24,7 @@ from sidecars.archiver.audit import verify_run
 from sidecars.archiver.record import step_key
 from sidecars.archiver.store import open_store
 from tests.sidecars.archiver.archiver_helpers import CONFIG_DIGEST, S3Server, snapshot_data, spooled_files, write_policy
-from trainer.events import EventWriter
+from warden.journal import EventWriter
 from warden.signing.keys import load_trusted_keys
 
 pytestmark = pytest.mark.slow  # real servers, faults and kills: minutes (make test-fast skips)

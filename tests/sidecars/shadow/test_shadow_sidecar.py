@@ -15,7 +15,7 @@ from sidecars.runtime import Outcome, SidecarContext
 from sidecars.shadow.errors import ShadowConfigError, ShadowInputError
 from sidecars.shadow.policy import RewardTest, ShadowPolicy, Tolerance
 from sidecars.shadow.sidecar import ShadowSidecar
-from trainer.events import EventWriter
+from warden.journal import EventWriter
 
 POLICY = ShadowPolicy(
     metrics={"reward_mean": Tolerance(0.01, 0.0), "kl": Tolerance(0.01, 0.0)}, rewards=RewardTest(0.01, 3)

@@ -10,7 +10,7 @@ from sidecars.shadow.align import RunSeries, canonical_metrics, series_from, sna
 from sidecars.shadow.compare import compare_series
 from sidecars.shadow.metrics import reading_of
 from sidecars.shadow.policy import RewardTest, ShadowPolicy, Tolerance
-from trainer.events import Event
+from warden.journal import Event
 from warden.policy import PolicyError, policy_from_mapping
 
 

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from support import free_port, run_warden, scrape, spawn, stop_process, wait_http, warden_cmd
 
-from trainer.events import CHECKPOINT_SAVED, EventWriter
+from warden.journal import CHECKPOINT_SAVED, EventWriter
 from warden.signing import load_trusted_keys, read_signed_statement, verify_checkpoint
 from warden.signing.keys import generate_keypair
 from warden.signing.manifest import announced_root

@@ -14,7 +14,7 @@ import yaml
 from support import TEST_CONFIG, merge
 
 from sidecars import __version__
-from trainer import events as ev
+from warden import journal as ev
 
 # The trainer (torch, transformers) is the `train` extra; without it these tests skip, never error.
 pytest.importorskip("torch", reason="needs the train extra: pip install 'warden[train]'")

@@ -12,7 +12,7 @@ from pathlib import Path
 from support import http_get, run_warden
 
 from tests.sidecars.signer.signer_helpers import run_model_signing
-from trainer.events import RUN_STARTED
+from warden.journal import RUN_STARTED
 from warden.signing import load_trusted_keys, read_signed_statement, verify_checkpoint
 
 SIGNED = "warden_signer_signed_total"

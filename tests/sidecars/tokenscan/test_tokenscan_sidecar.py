@@ -14,7 +14,7 @@ from support import free_port, run_warden, scrape, spawn, stop_process, wait_htt
 
 from sidecars.runtime import Outcome, SidecarContext
 from sidecars.tokenscan.sidecar import TokenscanSidecar
-from trainer import events as ev
+from warden import journal as ev
 from warden.tokenscan.policy import default_policy
 
 

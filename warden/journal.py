@@ -1,4 +1,6 @@
-"""The trainer's event journal (docs/design.md section 2). Standard library only.
+"""The event journal (docs/design.md section 2): the ground floor the trainer and every sidecar share.
+
+Standard library and ``warden.safeio``/``warden.logs`` only.
 
 The trainer (rank 0) appends one JSON object per line to ``<run_dir>/events.jsonl``
 with :class:`EventWriter`; sidecars follow it with :class:`JournalReader` and keep a
@@ -17,8 +19,6 @@ Contracts:
 
 from __future__ import annotations
 
-import contextlib
-import datetime as _dt
 import json
 import os
 import threading
@@ -26,6 +26,9 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from warden.logs import utc_timestamp
+from warden.safeio import atomic_write_bytes
 
 SCHEMA_VERSION = 1
 JOURNAL_NAME = "events.jsonl"
@@ -80,12 +83,6 @@ class JournalTruncated(JournalError):
     """The journal is shorter than a reader's cursor: it was replaced or truncated."""
 
 
-def utc_timestamp(now: float) -> str:
-    """RFC 3339 UTC time with microseconds, e.g. ``2026-11-30T03:12:45.123456Z``."""
-    moment = _dt.datetime.fromtimestamp(now, tz=_dt.UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 @dataclass(frozen=True)
 class Event:
     """One journal line. ``step`` is None for events not tied to a step."""
@@ -137,39 +134,6 @@ def encode_line(event: Event) -> bytes:
     """The exact bytes of one journal line, newline included."""
     text = json.dumps(event.to_dict(), separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     return text.encode("utf-8") + b"\n"
-
-
-def fsync_dir(path: str) -> None:
-    """Makes a rename or create inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str, payload: bytes, mode: int = 0o644) -> None:
-    """Writes ``payload`` to ``path`` so readers see the old or the new file, never half.
-
-    Temporary file in the same directory, fsync, rename, fsync of the directory.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".tmp-{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        view = memoryview(payload)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(directory)
 
 
 def _last_complete_line(fd: int, size: int) -> tuple[int, bytes | None]:
