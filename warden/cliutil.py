@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from typing import Any
 
 import click
+
+from warden.policy import resolve_policy_path
 
 
 def option(*decls: str, **kwargs: Any) -> Callable[[Any], Any]:
@@ -52,3 +55,37 @@ def run_dir_option(
 ) -> Callable[[Any], Any]:
     """``--run-dir DIR`` (or ``WARDEN_RUN_DIR``): the run directory a command reads or writes."""
     return option("--run-dir", required=required, type=click.Path(file_okay=False), help=help_text)
+
+
+def policy_options(name: str | None = None) -> Callable[[Any], Any]:
+    """``--policy FILE`` and ``--policy-dir DIR`` (``WARDEN_POLICY`` / ``WARDEN_POLICY_DIR``), unset by
+    default, resolved by :func:`warden.policy.resolve_policy_path`: the one rule every command follows
+    (never the current directory).
+
+    With ``name`` the command receives ``policy``: the resolved path. Without (``sidecar run``, whose
+    name is an argument) it receives both values and resolves them itself with the same function.
+    """
+    subject = name or "<name>"
+
+    def decorate(func: Callable[..., Any]) -> Callable[..., Any]:
+        target = func
+        if name is not None:
+
+            @functools.wraps(func)
+            def resolved(*args: Any, policy: str | None, policy_dir: str | None, **kwargs: Any) -> Any:
+                return func(*args, policy=resolve_policy_path(name, policy, policy_dir), **kwargs)
+
+            target = resolved
+        target = option(
+            "--policy-dir",
+            type=click.Path(file_okay=False),
+            help=f"Directory of policy files; {subject}.yaml is read from it (`warden init DIR` writes "
+            "editable copies). Default: the policies shipped with warden.",
+        )(target)
+        return option(
+            "--policy",
+            type=click.Path(dir_okay=False),
+            help=f"Policy file. Default: <policy-dir>/{subject}.yaml, else the {subject}.yaml shipped with warden.",
+        )(target)
+
+    return decorate

@@ -34,6 +34,33 @@ def default_policy_path(name: str) -> str:
     return os.path.join(DEFAULTS_DIR, f"{name}.yaml")
 
 
+POLICY_DIR_ENV = "WARDEN_POLICY_DIR"
+
+
+def resolve_policy_path(name: str, explicit: str | None = None, policy_dir: str | None = None) -> str:
+    """The one rule for which policy file a command or sidecar reads, by precedence:
+
+    1. ``explicit``: the file passed with ``--policy`` (or ``WARDEN_POLICY``);
+    2. ``<policy_dir>/<name>.yaml``: the directory passed with ``--policy-dir`` (or ``WARDEN_POLICY_DIR``);
+       a directory without that file is an error, never a silent fallback to something weaker;
+    3. the packaged default (:func:`default_policy_path`).
+
+    Never a path under the current directory: a repository or home directory that holds its own
+    ``policies/`` does not change what a command enforces. Raises PolicyError (exit 2).
+    """
+    if explicit:
+        return explicit
+    if policy_dir:
+        path = os.path.join(policy_dir, f"{name}.yaml")
+        if not os.path.isfile(path):
+            raise PolicyError(
+                f"{path}: no {name}.yaml in the policy directory (--policy-dir / {POLICY_DIR_ENV}); pass "
+                "--policy FILE, or write editable copies of the defaults with `warden init DIR`"
+            )
+        return path
+    return default_policy_path(name)
+
+
 def packaged_policy_names() -> list[str]:
     """Names of every packaged default policy, sorted."""
     return sorted(n[: -len(".yaml")] for n in os.listdir(DEFAULTS_DIR) if n.endswith(".yaml"))

@@ -29,9 +29,9 @@ from sidecars.archiver.errors import ChainBroken, StepNotFound
 from sidecars.archiver.policy import ArchiverPolicy
 from sidecars.archiver.record import valid_run_id
 from sidecars.archiver.store import DEFAULT_MAX_OBJECT_BYTES, Store, open_store
-from warden.cliutil import echo_json, format_option, option, run_dir_option, trust_option
+from warden.cliutil import echo_json, format_option, option, policy_options, run_dir_option, trust_option
 from warden.errors import ConfigError
-from warden.policy import default_policy_path, load_policy
+from warden.policy import load_policy
 from warden.signing.keys import TrustedKeys, load_trusted_keys
 
 
@@ -42,13 +42,7 @@ def _run_id(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
 
 
 def _store_options(func: Callable[..., Any]) -> Callable[..., Any]:
-    func = option(
-        "--policy",
-        default=default_policy_path("archiver"),
-        show_default="the archiver.yaml shipped with warden",
-        type=click.Path(dir_okay=False),
-        help="Archiver policy, read for the store URL and addressing style when --store is not given.",
-    )(func)
+    func = policy_options("archiver")(func)
     func = option(
         "--store",
         metavar="URL",

@@ -7,8 +7,6 @@ run that is no journal, 3 when the runs share no step to compare.
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from sidecars.shadow.compare import compare_series
@@ -17,21 +15,15 @@ from sidecars.shadow.journals import read_run
 from sidecars.shadow.plot import write_png
 from sidecars.shadow.policy import ShadowPolicy
 from sidecars.shadow.report import render_json, render_text
-from warden.cliutil import echo_json, format_option, option
+from warden.cliutil import echo_json, format_option, option, policy_options
 from warden.errors import EXIT_OK, EXIT_VIOLATION
-from warden.policy import DEFAULTS_DIR, load_policy
+from warden.policy import load_policy
 
 
 @click.command("compare")
 @click.argument("run_a", type=click.Path())
 @click.argument("run_b", type=click.Path())
-@option("--policy", type=click.Path(dir_okay=False), help="Tolerances. Default: <policy-dir>/shadow.yaml.")
-@option(
-    "--policy-dir",
-    default=DEFAULTS_DIR,
-    type=click.Path(file_okay=False),
-    help="Directory of policy files. Default: the policies shipped with warden.",
-)
+@policy_options("shadow")
 @option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Also write a PNG of both curves per metric.")
 @format_option()
 @click.pass_context
@@ -39,8 +31,7 @@ def compare(
     ctx: click.Context,
     run_a: str,
     run_b: str,
-    policy: str | None,
-    policy_dir: str,
+    policy: str,
     plot_path: str | None,
     output_format: str,
 ) -> None:
@@ -51,7 +42,7 @@ def compare(
     compared with a two-sample Kolmogorov-Smirnov test. Exit 0 within tolerance, 1 naming
     the first step and metric that diverged, 3 when the runs share no step.
     """
-    rules = load_policy(policy or os.path.join(policy_dir, "shadow.yaml"), ShadowPolicy)
+    rules = load_policy(policy, ShadowPolicy)
     a, b = read_run(run_a), read_run(run_b)
     comparison = compare_series(a.series, b.series, rules)
     if not comparison.common_steps:

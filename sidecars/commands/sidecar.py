@@ -10,11 +10,11 @@ import click
 from sidecars.registry import SIDECARS, sidecar_class
 from sidecars.runner import Runner
 from sidecars.runtime import Sidecar, SidecarContext
-from warden.cliutil import echo_json, format_option, option, run_dir_option
+from warden.cliutil import echo_json, format_option, option, policy_options, run_dir_option
 from warden.errors import ConfigError
 from warden.httpserve import MetricsServer
 from warden.logs import configure_json_logging, log_fields
-from warden.policy import DEFAULTS_DIR, load_policy
+from warden.policy import load_policy, resolve_policy_path
 
 
 @click.group()
@@ -39,15 +39,10 @@ def list_sidecars(output_format: str) -> None:
         click.echo(f"{row['name']:<10} :{row['port']:<6} {row['description']}")
 
 
-def _resolve_policy(cls: type[Sidecar], policy: str | None, policy_dir: str) -> tuple[object, str | None]:
+def _resolve_policy(cls: type[Sidecar], policy: str | None, policy_dir: str | None) -> tuple[object, str | None]:
     if cls.policy_schema is None:
         return None, None
-    path = policy or os.path.join(policy_dir, f"{cls.name}.yaml")
-    if policy is None and not os.path.exists(path):
-        raise ConfigError(
-            f"{path}: policy of sidecar {cls.name!r} not found in --policy-dir; pass --policy FILE, "
-            "or write editable copies of the defaults with `warden init DIR` and pass --policy-dir DIR"
-        )
+    path = resolve_policy_path(cls.name, policy, policy_dir)
     return load_policy(path, cls.policy_schema), path
 
 
@@ -59,14 +54,7 @@ def _resolve_policy(cls: type[Sidecar], policy: str | None, policy_dir: str) -> 
     type=click.Path(file_okay=False),
     help="Where cursors and spools live. Default: <run-dir>/state/<name>, else ./state/<name>.",
 )
-@option("--policy", type=click.Path(dir_okay=False), help="Policy file. Default: <policy-dir>/<name>.yaml.")
-@option(
-    "--policy-dir",
-    default=DEFAULTS_DIR,
-    type=click.Path(file_okay=False),
-    help="Directory of <name>.yaml policy files. Default: the policies shipped with warden "
-    "(`warden init DIR` writes editable copies).",
-)
+@policy_options()
 @option("--port", type=int, help="Port of /metrics and /healthz. Default: the sidecar's own (see `sidecar list`).")
 @option("--listen", default="127.0.0.1", show_default=True, help="Address to bind /metrics to.")
 @option("--once", is_flag=True, help="Handle the backlog and run one round of checks, then exit 0/1/3.")
@@ -83,7 +71,7 @@ def run_sidecar(
     run_dir: str | None,
     state_dir: str | None,
     policy: str | None,
-    policy_dir: str,
+    policy_dir: str | None,
     port: int | None,
     listen: str,
     once: bool,

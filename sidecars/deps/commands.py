@@ -20,12 +20,11 @@ from sidecars.deps.osv.server import OsvServer
 from sidecars.deps.policy import DepsPolicy, as_dict, resolve
 from sidecars.deps.report import to_json, to_text
 from sidecars.deps.sbom import build_sbom
-from warden.cliutil import echo_json, option
+from warden.cliutil import echo_json, option, policy_options
 from warden.logs import configure_json_logging, log_fields
 from warden.policy import load_policy
 from warden.safeio import atomic_write_bytes
 
-DEFAULT_POLICY = os.path.join("policies", "deps.yaml")
 OSV_SERVE_PORT = 9469
 
 
@@ -34,12 +33,9 @@ def deps() -> None:
     """Dependency audit: lock hygiene, drift, installed-file integrity, known vulnerabilities."""
 
 
-def load_deps_policy(path: str | None) -> tuple[DepsPolicy, str | None]:
-    """The policy at ``path``; without ``path``, policies/deps.yaml if it exists, else the defaults."""
-    if path is None and not os.path.exists(DEFAULT_POLICY):
-        return DepsPolicy(), None
-    where = path or DEFAULT_POLICY
-    return load_policy(where, DepsPolicy), where
+def load_deps_policy(path: str) -> tuple[DepsPolicy, str]:
+    """The policy at ``path`` (resolved by :func:`warden.policy.resolve_policy_path`)."""
+    return load_policy(path, DepsPolicy), path
 
 
 def pick_target(python: str | None, site_packages: str | None, policy: DepsPolicy) -> Target:
@@ -85,7 +81,7 @@ def build_settings(
 
 
 @deps.command("audit")
-@option("--policy", type=click.Path(dir_okay=False), help=f"Deps policy. Default: {DEFAULT_POLICY} if present.")
+@policy_options("deps")
 @option(
     "--lock",
     type=click.Path(dir_okay=False),
@@ -114,7 +110,7 @@ def build_settings(
 @click.pass_context
 def audit(
     ctx: click.Context,
-    policy: str | None,
+    policy: str,
     lock: str | None,
     python: str | None,
     site_packages: str | None,

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import click
 
-from warden.cliutil import echo_json, format_option, option
+from warden.cliutil import echo_json, format_option, policy_options
 from warden.paths.policy import PathsPolicy
 from warden.paths.scheduler import PathState, PathWatcher, states_outcome
-from warden.policy import default_policy_path, load_policy
+from warden.policy import load_policy
 
 
 @click.group()
@@ -42,13 +42,7 @@ def _text_line(st: PathState) -> str:
 
 
 @paths.command("check")
-@option(
-    "--policy",
-    type=click.Path(dir_okay=False),
-    default=default_policy_path("paths"),
-    show_default="the paths.yaml shipped with warden",
-    help="Paths policy (`warden init DIR` writes an editable copy; its README describes the fields).",
-)
+@policy_options("paths")
 @format_option()
 @click.pass_context
 def check(ctx: click.Context, policy: str, output_format: str) -> None:

@@ -10,13 +10,12 @@ TS1101) and with the digest of the ids its tokenizer gave the built-in corpus at
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import replace
 
 import click
 
-from warden.cliutil import format_option, option
+from warden.cliutil import format_option, option, policy_options
 from warden.logs import utc_timestamp
 from warden.safeio import atomic_write_bytes
 from warden.tokenscan.manifest import ApprovalStore, ManifestError, approval_findings
@@ -24,19 +23,13 @@ from warden.tokenscan.policy import TokenscanPolicy, load_tokenscan_policy
 from warden.tokenscan.report import render_json, render_sarif, render_text
 from warden.tokenscan.scanner import DirectoryScan, scan_paths, worst_outcome
 
-DEFAULT_POLICY = os.path.join("policies", "tokenscan.yaml")
-
 
 @click.group()
 def scan() -> None:
     """Supply-chain scans of model and tokenizer directories."""
 
 
-def _policy(path: str | None) -> tuple[TokenscanPolicy, str | None]:
-    if path is None and os.path.exists(DEFAULT_POLICY):
-        path = DEFAULT_POLICY
-    if path is None:
-        click.echo(f"note: {DEFAULT_POLICY} not found; using the built-in policy", err=True)
+def _policy(path: str) -> tuple[TokenscanPolicy, str]:
     return load_tokenscan_policy(path), path
 
 
@@ -58,9 +51,7 @@ def _compare(store: ApprovalStore, scan_result: DirectoryScan, approve: bool, po
 
 @scan.command("tokenizer")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(file_okay=False))
-@option(
-    "--policy", type=click.Path(dir_okay=False), help=f"Tokenscan policy. Default: {DEFAULT_POLICY}, else built-in."
-)
+@policy_options("tokenscan")
 @format_option("text", "json", "sarif")
 @option("--state-dir", type=click.Path(file_okay=False), help="Approved manifests: report drift against them.")
 @option(
@@ -73,7 +64,7 @@ def _compare(store: ApprovalStore, scan_result: DirectoryScan, approve: bool, po
 def tokenizer(
     ctx: click.Context,
     paths: tuple[str, ...],
-    policy: str | None,
+    policy: str,
     output_format: str,
     state_dir: str | None,
     approve: bool,
