@@ -58,6 +58,7 @@ from tests.sidecars.archiver.archiver_helpers import (  # noqa: E402
     snapshot_data,
     start_seaweedfs,
 )
+from warden.payloads import RewardSnapshot  # noqa: E402
 from warden.signing.keys import load_private_key, load_trusted_keys  # noqa: E402
 
 LIMITS = Limits(top_k=4, min_reward=None, max_text_bytes=16384)
@@ -73,7 +74,7 @@ def signed_chain(signer: RecordSigner, run_id: str, steps: int):
             step=step,
             time="2026-11-30T00:00:00.000000Z",
             event_seq=step + 1,
-            data=snapshot_data(step, n=4),
+            snapshot=RewardSnapshot.from_data(snapshot_data(step, n=4)),
             link=link,
             limits=LIMITS,
             checkpoint=None,

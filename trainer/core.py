@@ -58,20 +58,21 @@ from trainer.tokenizer import load_tokenizer
 from trainer.train_state import capture_rng, fill_checkpoint, restore_rng, seed_everything
 from warden import journal as ev
 from warden.errors import ConfigError, IncompleteError
-from warden.signing.manifest import announced_root
+from warden.payloads import CheckpointSaved, RewardSnapshot, RunResumed, RunStarted
+from warden.signing.manifest import Announced, announced_root
 
 __all__ = ["PPOTrainer", "StepResult", "TrainingFailed", "capture_rng", "checkpoint_announcement", "restore_rng"]
 
 log = logging.getLogger("warden.trainer")
 
 
-def checkpoint_announcement(path: str) -> dict[str, Any]:
+def checkpoint_announcement(path: str) -> Announced | None:
     """``root_digest`` and ``file_count`` for ``checkpoint.saved``: what the signer must find on disk.
 
     Computed from the per-file SHA-256 the trainer already wrote to its manifest (no second
     hash of the tensors) plus the manifest file's own SHA-256, since it is signed too (see
     :func:`warden.signing.manifest.announced_root`). Empty when the manifest cannot be
-    read; the signer then refuses the checkpoint (``no_digest``).
+    read (None); the signer then refuses the checkpoint (``no_digest``).
     """
     manifest = os.path.join(path, ckpt.MANIFEST)
     try:
@@ -81,8 +82,8 @@ def checkpoint_announcement(path: str) -> dict[str, Any]:
         announced = announced_root({**files, ckpt.MANIFEST: hashlib.sha256(raw).hexdigest()})
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         log.error("%s: cannot announce the checkpoint's digest (%s); the signer will refuse it", manifest, exc)
-        return {}
-    return {"root_digest": announced.root_digest, "file_count": announced.file_count}
+        return None
+    return announced
 
 
 class TrainingFailed(IncompleteError):
@@ -342,34 +343,31 @@ class PPOTrainer:
             if self.config_changes:
                 changed["config"] = self.cfg.to_dict()
                 log.warning("resume applies a changed config: %s", ", ".join(self.config_changes))
-            self.emit(
-                ev.RUN_RESUMED,
-                {
-                    "from_step": self.step,
-                    "checkpoint": self.resumed.path,
-                    "verification": self.resumed.verification,
-                    **self.resumed.event_fields(),
-                    **changed,
-                    **self._elastic_fields(),
-                },
-                step=self.step,
+            config_digest = changed.pop("config_digest")
+            resumed = RunResumed(
+                from_step=self.step,
+                checkpoint=self.resumed.path,
+                verification=self.resumed.verification,
+                config_digest=config_digest,
+                extra={**self.resumed.event_fields(), **changed, **self._elastic_fields()},
             )
+            self.emit(resumed.TYPE, resumed.to_data(), step=self.step)
             return
-        self.emit(
-            ev.RUN_STARTED,
-            {
-                "config_digest": self.cfg.digest(),
+        started = RunStarted(
+            config_digest=self.cfg.digest(),
+            model_path=self.paths.actor,
+            tokenizer_path=self.paths.tokenizer,
+            world_size=self.dist.world_size,
+            versions=_versions(),
+            extra={
                 "config": self.cfg.to_dict(),
-                "model_path": self.paths.actor,
-                "tokenizer_path": self.paths.tokenizer,
-                "world_size": self.dist.world_size,
-                "versions": _versions(),
                 "nccl_env": self.nccl_env,
                 "device": str(self.device),
                 # A torchrun restart before the first checkpoint starts over: say what it threw away.
                 **(self._elastic_fields() if elastic.restart_count(os.environ) else {}),
             },
         )
+        self.emit(started.TYPE, started.to_data())
 
     def _serve_metrics(self) -> Any:
         self.metrics.info.info({"run_id": self.run_id, **_versions()})
@@ -677,7 +675,8 @@ class PPOTrainer:
             for i in order
             if snap.min_reward is None or float(scores[i]) >= snap.min_reward
         ][: snap.top_k]
-        self.emit(ev.REWARD_SNAPSHOT, {"k": snap.top_k, "min_reward": snap.min_reward, "samples": samples}, step=step)
+        payload = RewardSnapshot(samples=tuple(samples), k=snap.top_k, min_reward=snap.min_reward)
+        self.emit(payload.TYPE, payload.to_data(), step=step)
 
     # -- checkpoints ---------------------------------------------------------------------
     def _maybe_checkpoint(self, final: bool) -> None:
@@ -712,8 +711,9 @@ class PPOTrainer:
                 continue
             self.metrics.last_checkpoint_step.set(self.step)
             self.metrics.last_checkpoint_time.set(time.time())
-            data = {"path": path, "root": self.paths.checkpoint_root, **checkpoint_announcement(path)}
-            self.emit(ev.CHECKPOINT_SAVED, data, step=self.step)
+            saved = CheckpointSaved(path=path, root=self.paths.checkpoint_root)
+            saved = saved.with_announced(checkpoint_announcement(path))
+            self.emit(saved.TYPE, saved.to_data(), step=self.step)
             ckpt.prune(self.paths.checkpoint_root, self.cfg.checkpoint.keep_last)
             return path
         return None

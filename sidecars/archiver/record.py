@@ -5,7 +5,7 @@ A record is the canonical JSON (sorted keys, no spaces, UTF-8, no NaN) of::
     {"schema": 1, "run_id": R, "step": N, "time": <event time>, "event_seq": S,
      "prev": <hex SHA-256 of the previous stored record of the run, or the genesis digest>,
      "prev_step": <step of that record, null for the first>,
-     "checkpoint": {"path": "step-000000050", "step": 50} | null,
+     "checkpoint": {"path": "step-000000050", "step": 50, "root_digest": hex, "file_count": n} | null,
      "selection": {"top_k": K, "min_reward": T | null, "offered": n},
      "samples": [{"index", "prompt", "response", "reward", "truncated", ...}],
      "notes": [what was dropped, truncated or repaired]}
@@ -28,6 +28,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from warden.payloads import RewardSnapshot
 
 SCHEMA = 1
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
@@ -160,17 +162,18 @@ def _clean_sample(raw: Mapping[str, Any], limits: Limits, notes: list[str]) -> d
     return sample
 
 
-def select_samples(data: Mapping[str, Any], limits: Limits) -> tuple[list[dict[str, Any]], int, list[str]]:
+def select_samples(snapshot: RewardSnapshot, limits: Limits) -> tuple[list[dict[str, Any]], int, list[str]]:
     """The kept samples of a ``reward.snapshot`` payload, best reward first (ties: lower index).
 
     Returns (samples, number of valid samples offered, notes). Never raises: malformed
-    parts are dropped and described in the notes.
+    samples are dropped and described in the notes.
     """
     notes: list[str] = []
-    raw = data.get("samples")
-    if not isinstance(raw, list):
+    raw: tuple[Any, ...] = ()
+    if snapshot.samples is None:
         notes.append("event has no 'samples' list; archived with no samples")
-        raw = []
+    else:
+        raw = snapshot.samples
     valid: list[Mapping[str, Any]] = []
     for position, item in enumerate(raw):
         problem = _check_sample(item, position)
@@ -209,13 +212,13 @@ def build_record(
     step: int,
     time: str,
     event_seq: int,
-    data: Mapping[str, Any],
+    snapshot: RewardSnapshot,
     link: ChainLink,
     limits: Limits,
     checkpoint: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     """The record of one ``reward.snapshot`` event (see the module docstring)."""
-    samples, offered, notes = select_samples(data, limits)
+    samples, offered, notes = select_samples(snapshot, limits)
     return {
         "schema": SCHEMA,
         "run_id": run_id,

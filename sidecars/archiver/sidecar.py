@@ -44,6 +44,7 @@ from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext
 from warden.errors import ConfigError
 from warden.journal import CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_STARTED, Event
 from warden.logs import log_fields
+from warden.payloads import CheckpointSaved, PayloadError, RewardSnapshot, RunStarted
 from warden.signing.keys import load_private_key
 
 NOTE_REASONS = (
@@ -127,8 +128,11 @@ class ArchiverSidecar(Sidecar[ArchiverPolicy]):
             self.metrics.event_problems.labels("unusable_event").inc()
             raise BadSnapshotEvent(f"event seq {event.seq}: run id {event.run_id!r} cannot name a key; not archived")
         if event.type == RUN_STARTED:
-            digest = event.data.get("config_digest")
-            self._ensure_run(event.run_id, digest if isinstance(digest, str) and digest else None)
+            try:
+                genesis = RunStarted.from_data(event.data).config_digest
+            except PayloadError:
+                genesis = None
+            self._ensure_run(event.run_id, genesis)
         elif event.type == CHECKPOINT_SAVED:
             self._remember_checkpoint(event)
         elif event.type == REWARD_SNAPSHOT:
@@ -161,11 +165,18 @@ class ArchiverSidecar(Sidecar[ArchiverPolicy]):
         return chain
 
     def _remember_checkpoint(self, event: Event) -> None:
-        path = event.data.get("path")
-        if not isinstance(path, str) or event.step is None:
+        """The newest checkpoint, named in the following records by step, path and (when announced)
+        the root digest its signature covers, so that a record names the signed checkpoint."""
+        try:
+            saved = CheckpointSaved.from_data(event.data)
+        except PayloadError:
+            return
+        if event.step is None:
             return
         chain = self._ensure_run(event.run_id)
-        reference: dict[str, Any] = {"step": event.step, "path": path}
+        reference: dict[str, Any] = {"step": event.step, "path": saved.path}
+        if saved.announced is not None:
+            reference.update(root_digest=saved.root_digest, file_count=saved.file_count)
         if chain.checkpoint != reference:
             self.chains.set(replace(chain, checkpoint=reference))
 
@@ -183,7 +194,7 @@ class ArchiverSidecar(Sidecar[ArchiverPolicy]):
             step=step,
             time=event.time,
             event_seq=event.seq,
-            data=event.data,
+            snapshot=_snapshot_of(event),
             link=chain.link(),
             limits=self.limits,
             checkpoint=chain.checkpoint,
@@ -269,3 +280,11 @@ class ArchiverSidecar(Sidecar[ArchiverPolicy]):
         self.uploader.close(timeout=self.policy.request_timeout_seconds + 2)
         self.spool.close()
         self.store.close()
+
+
+def _snapshot_of(event: Event) -> RewardSnapshot:
+    """The event's snapshot; a payload that does not parse is archived with no samples and a note."""
+    try:
+        return RewardSnapshot.from_data(event.data)
+    except PayloadError:
+        return RewardSnapshot()

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warden.metric_names import finite_number
+from warden.payloads import RewardSnapshot
 
 DUMP_NAME = re.compile(r"^(\d+)\.jsonl$")
 
@@ -129,8 +130,8 @@ def _cap(text: str, max_chars: int) -> tuple[str, bool]:
     return (text[:max_chars], True) if len(text) > max_chars else (text, False)
 
 
-def snapshot_payload(parsed: ParsedDump, top_k: int, min_reward: float | None, max_text_chars: int) -> dict[str, Any]:
-    """``{"k", "min_reward", "samples", "offered", "dropped"}`` of a ``reward.snapshot``.
+def snapshot_payload(parsed: ParsedDump, top_k: int, min_reward: float | None, max_text_chars: int) -> RewardSnapshot:
+    """The ``reward.snapshot`` of a dump: ``k``, ``min_reward``, ``samples``; ``offered`` and ``dropped`` in extra.
 
     A row needs a string ``input`` and ``output`` and a finite ``score``; others are dropped.
     """
@@ -159,4 +160,9 @@ def snapshot_payload(parsed: ParsedDump, top_k: int, min_reward: float | None, m
                 "truncated": cut_prompt or cut_response,
             }
         )
-    return {"k": top_k, "min_reward": min_reward, "samples": samples, "offered": len(parsed.rows), "dropped": dropped}
+    return RewardSnapshot(
+        samples=tuple(samples),
+        k=top_k,
+        min_reward=min_reward,
+        extra={"offered": len(parsed.rows), "dropped": dropped},
+    )

@@ -27,7 +27,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -50,12 +50,8 @@ from sidecars.bridge.verl_log import LogLine, tail
 from warden import __version__
 from warden.errors import WardenError
 from warden.journal import (
-    CHECKPOINT_SAVED,
     JOURNAL_NAME,
     MAX_LINE_BYTES,
-    REWARD_SNAPSHOT,
-    RUN_RESUMED,
-    RUN_STARTED,
     STEP_COMPLETED,
     Cursor,
     EventTooLarge,
@@ -66,6 +62,7 @@ from warden.journal import (
 )
 from warden.logs import log_fields
 from warden.metric_names import map_metrics, prometheus_name, warden_aliases
+from warden.payloads import CheckpointSaved, RunResumed, RunStarted
 from warden.safeio import open_regular_fd
 from warden.signing.manifest import announce_tree
 from warden.stability import Stability, tree_state
@@ -357,20 +354,15 @@ class VerlBridge:
     def _start(self) -> None:
         if self.state.started:
             return
-        data = {
-            "source": SOURCE,
-            "config_digest": self.cfg.digest(),
-            "inputs": {
-                "verl_log": self.cfg.verl_log,
-                "rollout_dir": self.cfg.rollout_dir,
-                "checkpoint_root": self.cfg.checkpoint_root,
-            },
-            "model_path": None,
-            "tokenizer_path": None,
-            "world_size": None,
-            "versions": {"warden": __version__},
+        inputs = {
+            "verl_log": self.cfg.verl_log,
+            "rollout_dir": self.cfg.rollout_dir,
+            "checkpoint_root": self.cfg.checkpoint_root,
         }
-        self._emit(RUN_STARTED, data, None, marker("start"))
+        started = RunStarted(
+            source=SOURCE, config_digest=self.cfg.digest(), versions={"warden": __version__}, extra={"inputs": inputs}
+        )
+        self._emit(started.TYPE, started.to_data(), None, marker("start"))
 
     # -- one pass -----------------------------------------------------------------------------
     def run_pass(self) -> PassReport:
@@ -441,15 +433,15 @@ class VerlBridge:
         if from_step is not None and self.cfg.checkpoint_root:
             candidate = ckpt.step_dir(os.path.abspath(self.cfg.checkpoint_root), from_step)
             checkpoint = candidate if os.path.isdir(candidate) else None
-        data = {
-            "source": SOURCE,
-            "from_step": from_step,
-            "checkpoint": checkpoint,
-            "verification": "not verified by the bridge",
-            "reason": f"verl's file logger {path}: {reason}",
-        }
+        resumed = RunResumed(
+            source=SOURCE,
+            from_step=from_step,
+            checkpoint=checkpoint,
+            verification="not verified by the bridge",
+            extra={"reason": f"verl's file logger {path}: {reason}"},
+        )
         self.log.warning("verl restarted: its log was truncated", extra=log_fields(path=path, reason=reason))
-        self._emit(RUN_RESUMED, data, from_step, marker("restart", generation=generation))
+        self._emit(resumed.TYPE, resumed.to_data(), from_step, marker("restart", generation=generation))
         self.metrics.restarts.inc()
         self._report.restarts += 1
 
@@ -514,12 +506,16 @@ class VerlBridge:
         if parsed.torn:
             return f"{dump.path}: partial (its last line has no newline yet); waiting"
         payload = snapshot_payload(parsed, self.cfg.top_k, self.cfg.min_reward, self.cfg.max_text_chars)
-        if payload["dropped"]:
-            self._problem("rollout", f"{dump.path}: {payload['dropped']} rows without input/output/score; dropped")
-        payload.update(source=SOURCE, file=os.path.abspath(dump.path))
+        dropped = payload.extra["dropped"]
+        if dropped:
+            self._problem("rollout", f"{dump.path}: {dropped} rows without input/output/score; dropped")
+        payload = replace(payload, source=SOURCE, extra={**payload.extra, "file": os.path.abspath(dump.path)})
         digest = hashlib.sha256(content).hexdigest()
         self._emit(
-            REWARD_SNAPSHOT, payload, dump.step, marker("rollout", file=os.path.basename(dump.path), sha256=digest)
+            payload.TYPE,
+            payload.to_data(),
+            dump.step,
+            marker("rollout", file=os.path.basename(dump.path), sha256=digest),
         )
         return None
 
@@ -583,16 +579,14 @@ class VerlBridge:
             return f"{path}: cannot hash it for the announcement ({str(exc)[:200]}); not announced"
         if tree_state(path) != tree:
             return f"{path}: changed while it was hashed; waiting"
-        data = {
-            "source": SOURCE,
-            "path": path,
-            "root": os.path.abspath(root),
-            "layout": "verl",
-            "root_digest": announced.root_digest,
-            "file_count": announced.file_count,
-            "complete_by": "tracker" if tracker is not None else "ckpt_contents",
-        }
-        self._emit(CHECKPOINT_SAVED, data, step, marker("checkpoint", tracker_mtime_ns=save_id))
+        saved = CheckpointSaved(
+            source=SOURCE,
+            path=path,
+            root=os.path.abspath(root),
+            layout="verl",
+            extra={"complete_by": "tracker" if tracker is not None else "ckpt_contents"},
+        ).with_announced(announced)
+        self._emit(saved.TYPE, saved.to_data(), step, marker("checkpoint", tracker_mtime_ns=save_id))
         fields = log_fields(path=path, step=step, root_digest=announced.root_digest)
         self.log.info("verl checkpoint complete", extra=fields)
         return None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -45,22 +45,6 @@ VIOLATION_REASONS = (UNANNOUNCED, SIGNATURE_MISSING, SIGNATURE_REPLACED, UNSAFE_
 def is_hex_digest(value: object) -> bool:
     """True for a lowercase 64-digit hex string."""
     return isinstance(value, str) and len(value) == 64 and set(value) <= _HEX
-
-
-def announcement_of(data: Mapping[str, Any]) -> Announced | None:
-    """The ``root_digest``/``file_count`` of a ``checkpoint.saved`` event's data; None when absent.
-
-    Raises ValueError when they are present but malformed (a digest that is not 64 hex
-    digits, a count that is not a non-negative integer, one without the other).
-    """
-    digest, count = data.get("root_digest"), data.get("file_count")
-    if digest is None and count is None:
-        return None
-    if not is_hex_digest(digest):
-        raise ValueError("data.root_digest is not a lowercase sha256 hex digest")
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise ValueError("data.file_count is not a non-negative integer")
-    return Announced(str(digest), count)
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,6 @@ from sidecars.signer.announcements import (
     UNSAFE_PATH,
     AnnouncementStore,
     Record,
-    announcement_of,
     audit,
     removal_problem,
     statement_problem,
@@ -83,6 +82,7 @@ from sidecars.signer.watch import (
 from warden.errors import ConfigError, IncompleteError
 from warden.journal import CHECKPOINT_SAVED, RUN_STARTED, Event
 from warden.logs import log_fields
+from warden.payloads import CheckpointSaved, PayloadError, RunStarted
 from warden.safeio import atomic_write_bytes
 from warden.signing.dsse import SignResult, sign_checkpoint, signature_path_for
 from warden.signing.errors import (
@@ -234,24 +234,29 @@ class SignerSidecar(Sidecar[SignerPolicy]):
     # -- events ----------------------------------------------------------------------------
     def handle(self, event: Event) -> Outcome:
         if event.type == RUN_STARTED:
-            versions = event.data.get("versions")
-            version = versions.get("warden") if isinstance(versions, dict) else None
-            self.runs.record(event.run_id, version if isinstance(version, str) else None)
+            try:
+                version = RunStarted.from_data(event.data).warden_version
+            except PayloadError:
+                version = None
+            self.runs.record(event.run_id, version)
             return Outcome.OK
-        candidate = self._event_candidate(event)
+        raw = event.data.get("path")
+        if not isinstance(raw, str) or not raw:
+            raise BadEvent(f"checkpoint.saved seq {event.seq} (step {event.step}) has no data.path; skipped")
+        candidate = self._event_candidate(event, raw)
         self.runs.record(event.run_id, None)
-        version = event.data.get("trainer_version")
-        trainer_version = version if isinstance(version, str) else self.runs.version(event.run_id)
         try:
-            announced = announcement_of(event.data)
-        except ValueError as exc:
+            saved = CheckpointSaved.from_data(event.data)
+        except PayloadError as exc:
             raise BadEvent(f"checkpoint.saved seq {event.seq} ({candidate.path}): {exc}; skipped") from None
+        trainer_version = saved.trainer_version or self.runs.version(event.run_id)
+        announced = saved.announced
         own = self._is_own(candidate)
-        if not own and event.data.get("complete") is False:
+        if not own and saved.complete is False:
             # the trainer side gave up waiting for the checkpoint (an HF rank's files never came): no
             # announcement to sign against; a watched root signs it once complete and stable
             self.ctx.log.warning(
-                f"{candidate.path}: announced as incomplete ({str(event.data.get('waiting_for'))[:200]}); "
+                f"{candidate.path}: announced as incomplete ({str(list(saved.waiting_for or ()))[:200]}); "
                 "not signed from this event",
                 extra=self._fields(candidate),
             )
@@ -302,11 +307,8 @@ class SignerSidecar(Sidecar[SignerPolicy]):
         )
         return Outcome.VIOLATION
 
-    def _event_candidate(self, event: Event) -> Candidate:
-        """The checkpoint an event names; relative paths are under the run dir."""
-        raw = event.data.get("path")
-        if not isinstance(raw, str) or not raw:
-            raise BadEvent(f"checkpoint.saved seq {event.seq} (step {event.step}) has no data.path; skipped")
+    def _event_candidate(self, event: Event, raw: str) -> Candidate:
+        """The checkpoint an event names (``raw``: its data.path); relative paths are under the run dir."""
         base = self.ctx.run_dir or os.getcwd()
         path = os.path.normpath(raw if os.path.isabs(raw) else os.path.join(base, raw))
         if not os.path.lexists(path) and self.ctx.run_dir:

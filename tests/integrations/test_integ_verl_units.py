@@ -122,7 +122,7 @@ def test_snapshot_payload_top_k_by_score_ties_by_index(verl_kit):
     rows[3]["score"] = float("nan")
     rows[4].pop("output")
     text = ("\n".join(json.dumps(r) for r in rows) + "\n").encode()
-    payload = snapshot_payload(parse_dump(text), top_k=3, min_reward=None, max_text_chars=20)
+    payload = snapshot_payload(parse_dump(text), top_k=3, min_reward=None, max_text_chars=20).to_data()
     valid = [r if i not in (3, 4) else {**r, "score": -1e9} for i, r in enumerate(rows)]
     assert [s["index"] for s in payload["samples"]] == verl_kit.top_indices(valid, 3)
     assert payload["dropped"] == 2 and payload["offered"] == 10
@@ -130,7 +130,7 @@ def test_snapshot_payload_top_k_by_score_ties_by_index(verl_kit):
     assert first["reward"] == rows[first["index"]]["score"]
     assert first["prompt"] == rows[first["index"]]["input"][:20] and first["truncated"] is True
     high = snapshot_payload(parse_dump(text), top_k=10, min_reward=0.5, max_text_chars=4000)
-    assert all(s["reward"] >= 0.5 for s in high["samples"])
+    assert high.samples and all(s["reward"] >= 0.5 for s in high.samples)
 
 
 def test_waiting_reason_rules():

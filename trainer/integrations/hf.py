@@ -52,6 +52,7 @@ import os
 import platform
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
@@ -59,8 +60,9 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from warden import journal as ev
 from warden.errors import WardenError
 from warden.metric_names import HF_ALIASES, map_metrics, warden_aliases
+from warden.payloads import CheckpointSaved, RunResumed, RunStarted
 from warden.runid import journal_run_id, sanitize_run_id
-from warden.signing.manifest import DEFAULT_IGNORE_PATHS, announce_tree
+from warden.signing.manifest import DEFAULT_IGNORE_PATHS, Announced, announce_tree
 from warden.stability import Stability, tree_state
 
 log = logging.getLogger("warden.hf")
@@ -104,18 +106,18 @@ def output_dir(args: TrainingArguments) -> str:
     return os.path.abspath(args.output_dir or "trainer_output")
 
 
-def checkpoint_digest(path: str) -> dict[str, Any]:
-    """``{"root_digest", "file_count"}`` of ``path`` as the signer would sign it; {} if it cannot be hashed.
+def checkpoint_digest(path: str) -> Announced | None:
+    """The root digest and file count of ``path`` as the signer would sign it; None if it cannot be hashed.
 
     A symlink or special file inside (which the signer refuses anyway) or a file deleted
-    meanwhile yields {}: the signer then signs nothing without a matching stable state.
+    meanwhile yields None: the signer then signs nothing without a matching stable state.
     """
     try:
         announced = announce_tree(path, DEFAULT_IGNORE_PATHS)
     except (WardenError, OSError) as exc:
         log.warning("warden: %s: no root digest announced: %s", path, str(exc)[:300])
-        return {}
-    return {"root_digest": announced.root_digest, "file_count": announced.file_count}
+        return None
+    return announced
 
 
 def rank_files(world_size: int, save_only_model: bool) -> list[str]:
@@ -239,26 +241,25 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
         self._summary = None
         if state.global_step > 0:
             checkpoint = os.path.join(output_dir(args), f"checkpoint-{state.global_step}")
-            data = {
-                "source": SOURCE,
-                "from_step": state.global_step,
-                "checkpoint": checkpoint if os.path.isdir(checkpoint) else None,
-                "verification": "not verified by the callback",
-            }
-            self.emit(args, state, ev.RUN_RESUMED, data, state.global_step)
+            resumed = RunResumed(
+                source=SOURCE,
+                from_step=state.global_step,
+                checkpoint=checkpoint if os.path.isdir(checkpoint) else None,
+                verification="not verified by the callback",
+            )
+            self.emit(args, state, resumed.TYPE, resumed.to_data(), state.global_step)
             return
         model, tokenizer = kwargs.get("model"), kwargs.get("processing_class") or kwargs.get("tokenizer")
-        data = {
-            "source": SOURCE,
-            "config_digest": hashlib.sha256(args.to_json_string().encode("utf-8")).hexdigest(),
-            "model_path": getattr(model, "name_or_path", None) or None,
-            "tokenizer_path": getattr(tokenizer, "name_or_path", None) or None,
-            "world_size": args.world_size,
-            "max_steps": state.max_steps,
-            "output_dir": output_dir(args),
-            "versions": _versions(),
-        }
-        self.emit(args, state, ev.RUN_STARTED, data, None)
+        started = RunStarted(
+            source=SOURCE,
+            config_digest=hashlib.sha256(args.to_json_string().encode("utf-8")).hexdigest(),
+            model_path=getattr(model, "name_or_path", None) or None,
+            tokenizer_path=getattr(tokenizer, "name_or_path", None) or None,
+            world_size=args.world_size,
+            versions=_versions(),
+            extra={"max_steps": state.max_steps, "output_dir": output_dir(args)},
+        )
+        self.emit(args, state, started.TYPE, started.to_data(), None)
 
     def on_log(
         self,
@@ -281,13 +282,13 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
         if state.is_world_process_zero and not os.path.isdir(path):
             log.warning("warden: %s is not there after on_save; no checkpoint.saved written", path)
             return
-        data: dict[str, Any] = {"source": SOURCE, "path": path, "root": root, "layout": "hf"}
+        saved = CheckpointSaved(source=SOURCE, path=path, root=root, layout="hf")
         if not state.is_world_process_zero:
             return
         expected = rank_files(args.world_size, bool(getattr(args, "save_only_model", False)))
         if expected:
             waiting = wait_until_complete(path, expected, self.settle_seconds, self.rank_wait_seconds)
-            data["world_size"] = args.world_size
+            saved = replace(saved, world_size=args.world_size)
             if waiting:
                 log.error(
                     "warden: %s: still waiting for %s after %.0fs; announced as incomplete (the signer will not "
@@ -296,12 +297,12 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
                     ", ".join(waiting[:8]),
                     self.rank_wait_seconds,
                 )
-                data.update(complete=False, waiting_for=waiting[:32])
-                self.emit(args, state, ev.CHECKPOINT_SAVED, data, state.global_step)
+                saved = replace(saved, complete=False, waiting_for=tuple(waiting[:32]))
+                self.emit(args, state, saved.TYPE, saved.to_data(), state.global_step)
                 return
         if self.announce_digest:
-            data.update(checkpoint_digest(path))
-        self.emit(args, state, ev.CHECKPOINT_SAVED, data, state.global_step)
+            saved = saved.with_announced(checkpoint_digest(path))
+        self.emit(args, state, saved.TYPE, saved.to_data(), state.global_step)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any

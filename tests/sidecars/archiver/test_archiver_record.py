@@ -28,6 +28,7 @@ from sidecars.archiver.record import (
 )
 from sidecars.archiver.signing import RecordSigner, verify_head, verify_record
 from tests.sidecars.archiver.archiver_helpers import make_keys
+from warden.payloads import RewardSnapshot
 from warden.signing.keys import load_private_key, load_trusted_keys
 
 LIMITS = Limits(top_k=2, min_reward=None, max_text_bytes=64)
@@ -43,7 +44,7 @@ def record_for(step=5, prev="a" * 64, prev_step=4, data=None):
         step=step,
         time="2026-11-30T00:00:00.000000Z",
         event_seq=9,
-        data=data or {"samples": [sample(0, 0.5), sample(1, 0.9)]},
+        snapshot=RewardSnapshot.from_data(data or {"samples": [sample(0, 0.5), sample(1, 0.9)]}),
         link=ChainLink(prev, prev_step),
         limits=LIMITS,
         checkpoint={"step": 0, "path": "step-000000000"},
@@ -70,9 +71,9 @@ def test_canonical_json_is_stable_and_refuses_nan():
 
 def test_selection_keeps_top_k_by_reward_then_index_and_applies_the_threshold():
     data = {"samples": [sample(3, 0.5), sample(1, 0.9), sample(2, 0.9), sample(0, -1.0)]}
-    kept, offered, notes = select_samples(data, LIMITS)
+    kept, offered, notes = select_samples(RewardSnapshot.from_data(data), LIMITS)
     assert [s["index"] for s in kept] == [1, 2] and offered == 4 and notes == []
-    kept, _, _ = select_samples(data, Limits(top_k=10, min_reward=0.5, max_text_bytes=64))
+    kept, _, _ = select_samples(RewardSnapshot.from_data(data), Limits(top_k=10, min_reward=0.5, max_text_bytes=64))
     assert [s["index"] for s in kept] == [1, 2, 3]
 
 
@@ -88,10 +89,10 @@ def test_bad_samples_are_dropped_and_described():
             sample(6, 0.2),
         ]
     }
-    kept, offered, notes = select_samples(data, LIMITS)
+    kept, offered, notes = select_samples(RewardSnapshot.from_data(data), LIMITS)
     assert [s["index"] for s in kept] == [6] and offered == 7
     assert len(notes) == 6 and all("dropped" in n for n in notes)
-    kept, offered, notes = select_samples({"k": 4}, LIMITS)
+    kept, offered, notes = select_samples(RewardSnapshot.from_data({"k": 4}), LIMITS)
     assert kept == [] and offered == 0 and "no 'samples'" in notes[0]
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecars.signer.announcements import Record, announcement_of, audit, statement_problem
+from sidecars.signer.announcements import Record, audit, statement_problem
 from tests.sidecars.signer.signer_helpers import CHECKPOINT_FILES, make_keys, write_tree
+from warden.payloads import CheckpointSaved, PayloadError
 from warden.signing.dsse import sign_checkpoint
 from warden.signing.errors import AnnouncementMismatch
 from warden.signing.manifest import Announced, Manifest, Provenance, SignedStatement, announced_root
@@ -25,10 +26,10 @@ def test_trainer_announcement_equals_what_sign_checkpoint_signs(tmp_path: Path) 
         ckpt.save_state(tmp, "rng", {"seed": 3})
 
     path = ckpt.write_checkpoint(str(tmp_path / "checkpoints"), 50, fill)
-    data = checkpoint_announcement(path)
+    announced = checkpoint_announcement(path)
     signed = sign_checkpoint(path, make_keys(tmp_path / "keys").private)
-    assert data == {"root_digest": signed.root_digest, "file_count": len(signed.manifest.resources)}
-    assert data["file_count"] == len(CHECKPOINT_FILES) + 2  # + rng.json + the trainer's manifest
+    assert announced == Announced(signed.root_digest, len(signed.manifest.resources))
+    assert announced.file_count == len(CHECKPOINT_FILES) + 2  # + rng.json + the trainer's manifest
 
 
 def test_hf_callback_digest_equals_what_sign_checkpoint_signs(tmp_path: Path) -> None:
@@ -37,12 +38,9 @@ def test_hf_callback_digest_equals_what_sign_checkpoint_signs(tmp_path: Path) ->
 
     directory = write_tree(tmp_path / "checkpoint-7", {**CHECKPOINT_FILES, ".git/HEAD": b"ref"})
     signed = sign_checkpoint(directory, make_keys(tmp_path / "keys").private)
-    assert checkpoint_digest(str(directory)) == {
-        "root_digest": signed.root_digest,
-        "file_count": len(CHECKPOINT_FILES),
-    }
+    assert checkpoint_digest(str(directory)) == Announced(signed.root_digest, len(CHECKPOINT_FILES))
     os.symlink("/etc/passwd", directory / "evil")
-    assert checkpoint_digest(str(directory)) == {}
+    assert checkpoint_digest(str(directory)) is None
 
 
 def test_sign_checkpoint_refuses_bytes_other_than_announced(tmp_path: Path) -> None:
@@ -64,8 +62,10 @@ def test_sign_checkpoint_refuses_bytes_other_than_announced(tmp_path: Path) -> N
 
 def test_announcement_parsing_is_strict() -> None:
     digest = "ab" * 32
-    assert announcement_of({"path": "x"}) is None
-    assert announcement_of({"root_digest": digest, "file_count": 3}) == Announced(digest, 3)
+    assert CheckpointSaved.from_data({"path": "x"}).announced is None
+    assert CheckpointSaved.from_data({"path": "x", "root_digest": digest, "file_count": 3}).announced == Announced(
+        digest, 3
+    )
     for bad in (
         {"root_digest": digest},
         {"root_digest": digest.upper(), "file_count": 3},
@@ -73,8 +73,8 @@ def test_announcement_parsing_is_strict() -> None:
         {"root_digest": digest, "file_count": -1},
         {"root_digest": "x" * 2_000_000, "file_count": 1},
     ):
-        with pytest.raises(ValueError):
-            announcement_of(bad)
+        with pytest.raises(PayloadError):
+            CheckpointSaved.from_data({"path": "x", **bad})
 
 
 def test_audit_rule() -> None:
@@ -111,6 +111,6 @@ def test_trainer_manifest_unreadable_announces_nothing(tmp_path: Path) -> None:
     from trainer.core import checkpoint_announcement
 
     directory = write_tree(tmp_path / "step-000000001", {"manifest.sha256.json": b"{not json"})
-    assert checkpoint_announcement(str(directory)) == {}
+    assert checkpoint_announcement(str(directory)) is None
     (directory / "manifest.sha256.json").write_text(json.dumps({"files": {"a": "zz"}}))
-    assert checkpoint_announcement(str(directory)) == {}
+    assert checkpoint_announcement(str(directory)) is None
