@@ -99,7 +99,7 @@ def test_bad_samples_are_dropped_and_described():
 def test_huge_text_is_cut_on_a_character_boundary_and_recorded():
     text, size = cap_text("é" * 40, 7)  # 2 bytes each: 3 whole characters fit
     assert text == "ééé" and size == 80
-    kept, _, notes = select_samples({"samples": [sample(0, 1.0, prompt="ü" * 5000, response="ok")]}, LIMITS)
+    kept, _, notes = select_samples(RewardSnapshot(samples=(sample(0, 1.0, prompt="ü" * 5000, response="ok"),)), LIMITS)
     only = kept[0]
     assert only["truncated"] is True and only["original_bytes"] == {"prompt": 10000}
     assert len(only["prompt"].encode()) <= 64 and only["response"] == "ok"
@@ -109,7 +109,7 @@ def test_huge_text_is_cut_on_a_character_boundary_and_recorded():
 def test_invalid_utf8_is_replaced_and_recorded():
     assert repair_text("ok \ud800 and \udcff") == ("ok \ufffd and \ufffd", True)
     assert repair_text("fine 😀") == ("fine 😀", False)
-    kept, _, notes = select_samples({"samples": [sample(0, 1.0, response="bad \udc80 bytes")]}, LIMITS)
+    kept, _, notes = select_samples(RewardSnapshot(samples=(sample(0, 1.0, response="bad \udc80 bytes"),)), LIMITS)
     assert kept[0]["response"] == "bad \ufffd bytes" and kept[0]["repaired"] is True
     assert "not valid UTF-8" in notes[0]
     canonical_json(kept)  # encodable now
