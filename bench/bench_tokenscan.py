@@ -223,7 +223,7 @@ def many_dirs_bench(work: Path, corpus, count: int, repeat: int) -> None:
 
     def scan_all(dirs: list[str], cold: bool) -> None:
         if cold:  # no cached renders, and the sandbox worker starts afresh
-            ct._CACHE.items.clear()
+            ct._CACHE.clear()
             ct.stop_worker()
         for d in dirs:
             assert scan_directory(d, policy).findings == []
@@ -402,7 +402,7 @@ def speed_bench(work: Path, count: int, vocab: int, repeat: int, distinct_count:
     policy = default_policy()
 
     def cold() -> None:
-        ct._CACHE.items.clear()
+        ct._CACHE.clear()
         sc.MEMO.clear()
         sc.JUDGED.clear()
         sc.SCANS.clear()

@@ -36,15 +36,16 @@ import sys
 import threading
 import time
 import unicodedata
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import jinja2
 import jinja2.ext
 from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from warden.caches import LRUCache
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")
 CANARIES = {
@@ -403,26 +404,7 @@ class RenderResult:
     seconds: float = 0.0
 
 
-@dataclass
-class _Cache:
-    items: OrderedDict[str, RenderResult] = field(default_factory=OrderedDict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def get(self, key: str) -> RenderResult | None:
-        with self.lock:
-            if key in self.items:
-                self.items.move_to_end(key)
-                return self.items[key]
-        return None
-
-    def put(self, key: str, value: RenderResult) -> None:
-        with self.lock:
-            self.items[key] = value
-            while len(self.items) > RENDER_CACHE_SIZE:
-                self.items.popitem(last=False)
-
-
-_CACHE = _Cache()
+_CACHE: LRUCache[str, RenderResult] = LRUCache(RENDER_CACHE_SIZE)  # by digest, context and limits
 
 
 def _cache_key(text: str, context: dict[str, Any], limits: RenderLimits) -> str:

@@ -15,14 +15,13 @@ import hashlib
 import json
 import os
 import stat
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from warden.caches import LRUCache
 from warden.errors import IncompleteError
 from warden.safeio import FILE_FLAGS, atomic_write_bytes, stat_identity
 from warden.safeio import RACY_NS as SHARED_RACY_NS
@@ -91,24 +90,13 @@ def settled(key: tuple[int, ...], now_ns: int) -> bool:
     return key[-1] < now_ns - RACY_NS
 
 
-@dataclass
-class HashCache:
+class HashCache(LRUCache[tuple[Any, ...], str]):
     """Digests keyed by (path, :func:`stat_key`): rescans skip unchanged files. Files changed in
-    the last :data:`RACY_NS` are not remembered (see :func:`settled`)."""
+    the last :data:`RACY_NS` are not remembered (see :func:`settled`). At most ``limit`` entries;
+    :func:`hash_file_keyed` looks digests up with ``peek``, so the oldest stored goes first."""
 
-    limit: int = 100_000
-    items: OrderedDict[tuple[Any, ...], str] = field(default_factory=OrderedDict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def get(self, key: tuple[Any, ...]) -> str | None:
-        with self.lock:
-            return self.items.get(key)
-
-    def put(self, key: tuple[Any, ...], value: str) -> None:
-        with self.lock:
-            self.items[key] = value
-            while len(self.items) > self.limit:
-                self.items.popitem(last=False)
+    def __init__(self, limit: int = 100_000) -> None:
+        super().__init__(limit)
 
 
 def hash_file(path: str, cache: HashCache | None = None) -> tuple[str, int]:
@@ -129,7 +117,7 @@ def hash_file_keyed(path: str, cache: HashCache | None = None) -> tuple[str, int
             raise ManifestError(f"{path}: not a regular file any more; refusing to read it")
         identity = stat_key(st)
         key = (path, *identity)
-        cached = cache.get(key) if cache else None
+        cached = cache.peek(key) if cache is not None else None
         if cached is not None:
             return cached, st.st_size, identity
         h = hashlib.sha256()

@@ -53,7 +53,7 @@ def test_warm_rescans_of_50_distinct_tokenizers_make_no_sandbox_request(tokensca
     dirs = distinct_copies(tokenscan_corpus.benign, tmp_path, 50)
     for memo in (sc.MEMO, sc.JUDGED, sc.BEHAVIOUR, sc.SCANS):
         memo.clear()  # another test may have scanned the same contents
-    ct._CACHE.items.clear()
+    ct._CACHE.clear()
     before = requests()
     cold = sc.scan_paths(dirs, POLICY, with_manifest=True)
     assert all(s.findings == [] and not s.errors for s in cold)
@@ -138,7 +138,7 @@ def test_racily_clean_files_are_not_remembered_by_the_hash_cache(tmp_path):
     path.write_bytes(b"one")
     cache = HashCache()
     mf.hash_file(str(path), cache)
-    assert not cache.items  # changed just now: hashed again next time
+    assert len(cache) == 0  # changed just now: hashed again next time
     assert mf.settled((0, 0, 0, 0, 0), 1 + mf.RACY_NS) and not mf.settled((0, 0, 0, 0, 1), 1 + mf.RACY_NS)
 
 
@@ -322,10 +322,10 @@ def test_a_file_changed_while_it_is_hashed_is_not_trusted(tmp_path, settled_now,
 
     monkeypatch.setattr(mf.os, "fstat", fstat)
     _sha, size, key = mf.hash_file_keyed(str(path), cache)
-    assert key is None and not cache.items and size == 2
+    assert key is None and len(cache) == 0 and size == 2
     monkeypatch.undo()
     monkeypatch.setattr(mf, "RACY_NS", 0)
-    assert mf.hash_file_keyed(str(path), cache)[2] is not None and cache.items
+    assert mf.hash_file_keyed(str(path), cache)[2] is not None and len(cache) > 0
 
 
 @pytest.mark.parametrize("status", ["changed", "crashed"])
