@@ -47,15 +47,15 @@ import zipfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from sidecars.deps.audit import AuditSettings, run_audit  # noqa: E402
-from sidecars.deps.environment import Target, discover_python, discover_site_packages  # noqa: E402
-from sidecars.deps.installed import scan_distributions  # noqa: E402
-from sidecars.deps.integrity import record_digest, walk_files  # noqa: E402
-from sidecars.deps.osv.loader import load_database  # noqa: E402
-from sidecars.deps.osv.server import OsvServer  # noqa: E402
-from sidecars.deps.pipaudit import run_pip_audit  # noqa: E402
-from sidecars.deps.policy import DepsPolicy, IntegrityRules, VulnRules  # noqa: E402
-from sidecars.deps.vulns import check_vulnerabilities  # noqa: E402
+from warden.deps.audit import AuditSettings, run_audit  # noqa: E402
+from warden.deps.environment import Target, discover_python, discover_site_packages  # noqa: E402
+from warden.deps.installed import scan_distributions  # noqa: E402
+from warden.deps.integrity import record_digest, walk_files  # noqa: E402
+from warden.deps.osv.loader import load_database  # noqa: E402
+from warden.deps.osv.server import OsvServer  # noqa: E402
+from warden.deps.pipaudit import run_pip_audit  # noqa: E402
+from warden.deps.policy import DepsPolicy, IntegrityRules, VulnRules  # noqa: E402
+from warden.deps.vulns import check_vulnerabilities  # noqa: E402
 
 SOURCE = (
     '"""Synthetic module {i} of {dist}."""\n\nimport os\n\n\n'

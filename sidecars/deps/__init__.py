@@ -1,6 +1,2 @@
-"""The ``deps`` sidecar and ``warden deps``: audits a Python environment against a lock.
-
-Checks: lock hygiene, drift (installed vs lock), installed-file integrity (RECORD re-hash,
-unowned files, ``.pth`` allow-list, ``.pyc`` vs fresh compile, approved baseline) and known
-vulnerabilities from an offline OSV database. One module per concern; ``audit.py`` ties them.
-"""
+"""The ``deps`` sidecar: ``metrics`` (warden_deps_*), ``sidecar`` (the Sidecar) and ``commands``
+(``warden deps``). The audit library itself is :mod:`warden.deps`."""

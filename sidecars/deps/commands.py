@@ -10,17 +10,17 @@ from types import FrameType
 
 import click
 
-from sidecars.deps.audit import AuditSettings, run_audit
-from sidecars.deps.environment import Target, discover_python, discover_self, discover_site_packages
-from sidecars.deps.errors import DepsConfigError
-from sidecars.deps.model import CHECKS
-from sidecars.deps.osv.importer import import_export, server_date
-from sidecars.deps.osv.loader import load_database
-from sidecars.deps.osv.server import OsvServer
-from sidecars.deps.policy import DepsPolicy, as_dict, resolve
-from sidecars.deps.report import to_json, to_text
-from sidecars.deps.sbom import build_sbom
 from warden.cliutil import echo_json, option, policy_options
+from warden.deps.audit import AuditSettings, run_audit
+from warden.deps.environment import Target, discover_python, discover_self, discover_site_packages
+from warden.deps.errors import DepsConfigError
+from warden.deps.model import CHECKS
+from warden.deps.osv.importer import import_export, server_date
+from warden.deps.osv.loader import load_database
+from warden.deps.osv.server import OsvServer
+from warden.deps.policy import DepsPolicy, as_dict, resolve
+from warden.deps.report import to_json, to_text
+from warden.deps.sbom import build_sbom
 from warden.logs import configure_json_logging, log_fields
 from warden.policy import load_policy
 from warden.safeio import atomic_write_bytes

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from sidecars.deps.audit import AuditReport
-from sidecars.deps.drift import DRIFT_KINDS
-from sidecars.deps.locks.hygiene import LOCK_KINDS
-from sidecars.deps.model import SEVERITIES
-from sidecars.deps.report import summary_counts
+from warden.deps.audit import AuditReport
+from warden.deps.drift import DRIFT_KINDS
+from warden.deps.locks.hygiene import LOCK_KINDS
+from warden.deps.model import SEVERITIES
+from warden.deps.report import summary_counts
 
 INTEGRITY_KINDS = (
     "tampered",

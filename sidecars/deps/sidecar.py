@@ -14,12 +14,12 @@ import os
 import threading
 import time
 
-from sidecars.deps.audit import AuditReport, DatabaseCache, run_audit
 from sidecars.deps.commands import build_settings, pick_target
 from sidecars.deps.metrics import DepsMetrics
-from sidecars.deps.policy import DepsPolicy, resolve
-from sidecars.deps.report import summary_counts
 from sidecars.runtime import Outcome, Sidecar, SidecarContext
+from warden.deps.audit import AuditReport, DatabaseCache, run_audit
+from warden.deps.policy import DepsPolicy, resolve
+from warden.deps.report import summary_counts
 from warden.errors import WardenError
 from warden.logs import log_fields
 from warden.watching import Change, TreeWatcher

@@ -16,6 +16,6 @@ def drill(tmp_path):
 
 
 # The deps drill audits a small real venv built from PyPI wheels (fixtures shared with the deps tests).
-from tests.sidecars.deps.deps_helpers import test_env, venv_template, wheel_dir  # noqa: E402
+from tests.warden.deps.deps_helpers import test_env, venv_template, wheel_dir  # noqa: E402
 
 __all__ = ["drill", "test_env", "venv_template", "wheel_dir"]

@@ -10,7 +10,7 @@ import time
 import yaml
 from support import free_port, http_get, parse_samples, run_warden, spawn, stop_process, wait_http, warden_cmd
 
-from tests.sidecars.deps.deps_helpers import write_osv_zip
+from tests.warden.deps.deps_helpers import write_osv_zip
 
 
 def write_policy(path, lock, **extra) -> str:
