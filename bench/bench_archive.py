@@ -38,18 +38,6 @@ from pathlib import Path
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
-from sidecars.archiver.audit import fetch_snapshot  # noqa: E402
-from sidecars.archiver.record import (  # noqa: E402
-    ChainLink,
-    Limits,
-    build_head,
-    build_record,
-    head_key,
-    object_hash,
-    step_key,
-)
-from sidecars.archiver.signing import RecordSigner  # noqa: E402
-from sidecars.archiver.store import open_store  # noqa: E402
 from sidecars.runner import Runner  # noqa: E402
 from tests.sidecars.archiver.archiver_helpers import (  # noqa: E402
     CONFIG_DIGEST,
@@ -58,6 +46,18 @@ from tests.sidecars.archiver.archiver_helpers import (  # noqa: E402
     snapshot_data,
     start_seaweedfs,
 )
+from warden.archive.audit import fetch_snapshot  # noqa: E402
+from warden.archive.record import (  # noqa: E402
+    ChainLink,
+    Limits,
+    build_head,
+    build_record,
+    head_key,
+    object_hash,
+    step_key,
+)
+from warden.archive.signing import RecordSigner  # noqa: E402
+from warden.archive.store import open_store  # noqa: E402
 from warden.payloads import RewardSnapshot  # noqa: E402
 from warden.signing.keys import load_private_key, load_trusted_keys  # noqa: E402
 

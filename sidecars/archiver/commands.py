@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from sidecars.archiver.audit import (
+from warden.archive.audit import (
     DEFAULT_GRACE_SECONDS,
     JournalAnchor,
     RunReport,
@@ -25,10 +25,10 @@ from sidecars.archiver.audit import (
     ranges,
     verify_run,
 )
-from sidecars.archiver.errors import ChainBroken, StepNotFound
-from sidecars.archiver.policy import ArchiverPolicy
-from sidecars.archiver.record import valid_run_id
-from sidecars.archiver.store import DEFAULT_MAX_OBJECT_BYTES, Store, open_store
+from warden.archive.errors import ChainBroken, StepNotFound
+from warden.archive.policy import ArchiverPolicy
+from warden.archive.record import valid_run_id
+from warden.archive.store import DEFAULT_MAX_OBJECT_BYTES, Store, open_store
 from warden.cliutil import echo_json, format_option, option, policy_options, run_dir_option, trust_option
 from warden.errors import ConfigError
 from warden.policy import load_policy

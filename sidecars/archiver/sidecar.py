@@ -11,7 +11,7 @@ Event handling (at least once; every handler is idempotent):
   skipped; otherwise the record is built, signed, written to the spool (the commit
   point) and the chain head advances. The event is done then: the store is not needed.
 
-The uploader (:mod:`sidecars.archiver.uploader`) drains the spool in a thread. The first
+The uploader (:mod:`warden.archive.uploader`) drains the spool in a thread. The first
 :meth:`ArchiverSidecar.check` drains it synchronously instead, so ``--once`` exits 0
 only when every record is in the store (3 while the store is down, 1 on a conflict).
 """
@@ -23,11 +23,12 @@ import os
 from dataclasses import replace
 from typing import Any
 
-from sidecars.archiver.chain import ChainState, RunChain, default_state_path, recover_from_store
-from sidecars.archiver.errors import BadSnapshotEvent, ChainRecoveryError, RecordInvalid, StoreError
 from sidecars.archiver.metrics import ArchiverMetrics
-from sidecars.archiver.policy import ArchiverPolicy
-from sidecars.archiver.record import (
+from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext
+from warden.archive.chain import ChainState, RunChain, default_state_path, recover_from_store
+from warden.archive.errors import BadSnapshotEvent, ChainRecoveryError, RecordInvalid, StoreError
+from warden.archive.policy import ArchiverPolicy
+from warden.archive.record import (
     MAX_STEP,
     Limits,
     build_record,
@@ -36,11 +37,10 @@ from sidecars.archiver.record import (
     step_key,
     valid_run_id,
 )
-from sidecars.archiver.signing import RecordSigner, verify_record
-from sidecars.archiver.spool import Spool
-from sidecars.archiver.store import Retention, Store, open_store
-from sidecars.archiver.uploader import Uploader
-from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext
+from warden.archive.signing import RecordSigner, verify_record
+from warden.archive.spool import Spool
+from warden.archive.store import Retention, Store, open_store
+from warden.archive.uploader import Uploader
 from warden.errors import ConfigError
 from warden.journal import CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_STARTED, Event
 from warden.logs import log_fields

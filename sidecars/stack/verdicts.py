@@ -85,7 +85,7 @@ def export_archive(store: str, env: dict[str, str], run_id: str, directory: str)
     the chain are what an audit checks, and they travel with the bytes."""
     if store.startswith("file://") or not env:
         return store
-    from sidecars.archiver.store import open_store
+    from warden.archive.store import open_store
 
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)

@@ -276,7 +276,7 @@ class Harness:
         self.journal = EventWriter(str(self.run_dir / "events.jsonl"), run_id)
 
     def policy(self) -> Any:
-        from sidecars.archiver.policy import ArchiverPolicy, BackoffPolicy, RetentionPolicy
+        from warden.archive.policy import ArchiverPolicy, BackoffPolicy, RetentionPolicy
 
         fields = dict(self.policy_fields)
         fields["retention"] = RetentionPolicy(**fields.get("retention", {}))
@@ -285,8 +285,8 @@ class Harness:
 
     def sidecar(self) -> Any:
         from sidecars.archiver.sidecar import ArchiverSidecar
-        from sidecars.archiver.signing import RecordSigner
         from sidecars.runtime import SidecarContext
+        from warden.archive.signing import RecordSigner
         from warden.signing.keys import load_private_key
 
         ctx = SidecarContext(

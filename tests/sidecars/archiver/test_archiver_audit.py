@@ -8,10 +8,10 @@ import json
 import pytest
 from support import free_port, run_warden
 
-from sidecars.archiver.record import canonical_json, step_key
-from sidecars.archiver.signing import RecordSigner
 from sidecars.runtime import Outcome
 from tests.sidecars.archiver.archiver_helpers import Harness, audit_cli, make_keys
+from warden.archive.record import canonical_json, step_key
+from warden.archive.signing import RecordSigner
 from warden.signing.keys import load_private_key
 
 STEPS = [*range(1, 6), *range(10, 13)]  # a gap: 6..9 never archived

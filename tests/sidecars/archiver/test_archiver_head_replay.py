@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sidecars.archiver.audit import may_be_a_replay
-from sidecars.archiver.store import VersionEntry
+from warden.archive.audit import may_be_a_replay
+from warden.archive.store import VersionEntry
 
 
 def _version(vid: str, etag: str) -> VersionEntry:

@@ -8,10 +8,10 @@ import pathlib
 
 import pytest
 
-from sidecars.archiver.audit import fetch_snapshot, list_steps, verify_run
-from sidecars.archiver.store import open_store
 from sidecars.runtime import Outcome
 from tests.sidecars.archiver.archiver_helpers import Harness
+from warden.archive.audit import fetch_snapshot, list_steps, verify_run
+from warden.archive.store import open_store
 from warden.signing.keys import load_trusted_keys
 
 IAM = pathlib.Path(__file__).resolve().parents[3] / "policies" / "iam"

@@ -8,9 +8,10 @@ import pathlib
 
 import pytest
 
-from sidecars.archiver.audit import ranges
-from sidecars.archiver.errors import RecordInvalid
-from sidecars.archiver.record import (
+from tests.sidecars.archiver.archiver_helpers import make_keys
+from warden.archive.audit import ranges
+from warden.archive.errors import RecordInvalid
+from warden.archive.record import (
     ChainLink,
     Limits,
     build_record,
@@ -26,8 +27,7 @@ from sidecars.archiver.record import (
     step_key,
     valid_run_id,
 )
-from sidecars.archiver.signing import RecordSigner, verify_head, verify_record
-from tests.sidecars.archiver.archiver_helpers import make_keys
+from warden.archive.signing import RecordSigner, verify_head, verify_record
 from warden.payloads import RewardSnapshot
 from warden.signing.keys import load_private_key, load_trusted_keys
 
@@ -175,8 +175,8 @@ def test_altered_and_foreign_records_are_refused(signer_and_trust, tmp_path):
 
 
 def test_the_shipped_policy_loads_and_bad_values_name_their_key(tmp_path, monkeypatch):
-    from sidecars.archiver.policy import ArchiverPolicy
     from sidecars.archiver.sidecar import load_signer
+    from warden.archive.policy import ArchiverPolicy
     from warden.errors import ConfigError
     from warden.policy import PolicyError, load_policy, policy_from_mapping
 
@@ -203,7 +203,7 @@ def test_the_shipped_policy_loads_and_bad_values_name_their_key(tmp_path, monkey
 
 
 def test_the_spool_index_survives_restarts_and_finds_steps_after_a_point(tmp_path):
-    from sidecars.archiver.spool import Spool
+    from warden.archive.spool import Spool
 
     spool = Spool(str(tmp_path / "spool"))
     for step in (5, 1, 3, 9, 7):

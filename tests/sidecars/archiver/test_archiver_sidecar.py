@@ -9,14 +9,14 @@ import shutil
 import pytest
 from support import free_port
 
-from sidecars.archiver.audit import fetch_snapshot, list_steps, verify_run
-from sidecars.archiver.chain import ChainState
-from sidecars.archiver.errors import ObjectLockMissing
-from sidecars.archiver.record import head_key, step_key
-from sidecars.archiver.spool import Spool
-from sidecars.archiver.store import FileStore, S3Store, open_store
 from sidecars.runtime import Outcome
 from tests.sidecars.archiver.archiver_helpers import CONFIG_DIGEST, Harness, metric, snapshot_data
+from warden.archive.audit import fetch_snapshot, list_steps, verify_run
+from warden.archive.chain import ChainState
+from warden.archive.errors import ObjectLockMissing
+from warden.archive.record import head_key, step_key
+from warden.archive.spool import Spool
+from warden.archive.store import FileStore, S3Store, open_store
 from warden.signing.keys import load_trusted_keys
 
 

@@ -9,9 +9,9 @@ import pytest
 from botocore.exceptions import ClientError
 from support import free_port
 
-from sidecars.archiver.errors import StoreAccessDenied, StoreConfigError, StoreConflict, StoreUnavailable
-from sidecars.archiver.record import head_key, step_key, steps_prefix
-from sidecars.archiver.store import Created, FileStore, Retention, S3Store, open_store
+from warden.archive.errors import StoreAccessDenied, StoreConfigError, StoreConflict, StoreUnavailable
+from warden.archive.record import head_key, step_key, steps_prefix
+from warden.archive.store import Created, FileStore, Retention, S3Store, open_store
 
 
 @pytest.fixture(params=["file", "seaweedfs", "moto"])
@@ -110,7 +110,7 @@ def test_seaweedfs_rejects_a_wrong_checksum_and_the_kind_says_so(seaweed, s3env)
         backend.client.put_object(
             Bucket=bucket, Key="k", Body=b"body", ChecksumAlgorithm="SHA256", ChecksumSHA256=wrong
         )
-    from sidecars.archiver.store import _classify
+    from warden.archive.store import _classify
 
     assert _classify(info.value, backend.url, "put k").kind == "checksum"
 

@@ -22,11 +22,11 @@ import threading
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from sidecars.archiver.errors import ChainRecoveryError, RecordInvalid
-from sidecars.archiver.record import ChainLink, head_key, object_hash, step_from_key, step_key, steps_prefix
-from sidecars.archiver.signing import verify_head, verify_record
-from sidecars.archiver.spool import Spool
-from sidecars.archiver.store import Store
+from warden.archive.errors import ChainRecoveryError, RecordInvalid
+from warden.archive.record import ChainLink, head_key, object_hash, step_from_key, step_key, steps_prefix
+from warden.archive.signing import verify_head, verify_record
+from warden.archive.spool import Spool
+from warden.archive.store import Store
 from warden.safeio import atomic_write_bytes
 from warden.signing.keys import TrustedKeys
 

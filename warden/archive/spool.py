@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sidecars.archiver.record import STEP_DIGITS, step_from_key, valid_run_id
+from warden.archive.record import STEP_DIGITS, step_from_key, valid_run_id
 from warden.safeio import atomic_write_bytes
 
 HEAD_NAME = "head.json"

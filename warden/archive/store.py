@@ -4,7 +4,7 @@ URLs: ``s3://bucket[/prefix][?addressing_style=path|virtual|auto]`` (endpoint, r
 credentials from the standard AWS environment: ``AWS_ENDPOINT_URL_S3`` /
 ``AWS_ENDPOINT_URL``, ``AWS_REGION``, ``AWS_ACCESS_KEY_ID``... or any other link of the
 AWS credential chain), and ``file:///absolute/dir``. Both use the same keys (see
-:mod:`sidecars.archiver.record`), relative to the prefix or directory.
+:mod:`warden.archive.record`), relative to the prefix or directory.
 
 Contracts:
 - :meth:`Store.create` never overwrites: S3 puts with ``If-None-Match: *``; on 412 the
@@ -13,13 +13,13 @@ Contracts:
   semantics from ``link(2)``, which fails when the name exists.
 - the only mutable object is the per-run head (:meth:`Store.put`); nothing here deletes
   or changes the retention of an object: the classes have no such method.
-- every failure is a :class:`~sidecars.archiver.errors.StoreError` whose ``kind`` is a
+- every failure is a :class:`~warden.archive.errors.StoreError` whose ``kind`` is a
   bounded label value; ``requests`` counts the requests sent (retries included).
 - reads are hostile-object safe (an attacker may hold a bucket credential or write to the
   directory): every read has a size cap (``max_bytes``; S3: a ranged GET whose
   ``Content-Range`` total is checked before the body is read), and ``file://`` objects are
   opened without following a final symlink and without blocking (a FIFO), regular files
-  only; anything else raises :class:`~sidecars.archiver.errors.ObjectRefused` (a violation).
+  only; anything else raises :class:`~warden.archive.errors.ObjectRefused` (a violation).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from sidecars.archiver.errors import (
+from warden.archive.errors import (
     ObjectRefused,
     StoreAccessDenied,
     StoreConfigError,

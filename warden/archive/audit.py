@@ -1,4 +1,4 @@
-"""What ``warden audit`` does, as functions over a :class:`~sidecars.archiver.store.Store`.
+"""What ``warden audit`` does, as functions over a :class:`~warden.archive.store.Store`.
 
 The attacker in mind holds a bucket credential (or write access to a ``file://`` store)
 but not the signing key: they can delete objects (or put delete markers on them), copy
@@ -64,8 +64,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from sidecars.archiver.errors import ObjectRefused, RecordInvalid, StepNotFound, StoreError
-from sidecars.archiver.record import (
+from warden.archive.errors import ObjectRefused, RecordInvalid, StepNotFound, StoreError
+from warden.archive.record import (
     Head,
     Record,
     clip,
@@ -75,8 +75,8 @@ from sidecars.archiver.record import (
     step_key,
     steps_prefix,
 )
-from sidecars.archiver.signing import verify_head, verify_record
-from sidecars.archiver.store import DEFAULT_MAX_OBJECT_BYTES, Store, VersionEntry
+from warden.archive.signing import verify_head, verify_record
+from warden.archive.store import DEFAULT_MAX_OBJECT_BYTES, Store, VersionEntry
 from warden.errors import ConfigError
 from warden.signing.keys import TrustedKeys
 

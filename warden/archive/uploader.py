@@ -1,7 +1,7 @@
 """Drains the spool into the store, run by run, in step order, with back-off after failures.
 
 One pass (:meth:`Uploader.run_pass`) takes each run's spooled records in step order and
-creates them with :meth:`~sidecars.archiver.store.Store.create` (``If-None-Match: *``),
+creates them with :meth:`~warden.archive.store.Store.create` (``If-None-Match: *``),
 up to ``concurrency`` at a time in a sliding window, handling the answers in step order;
 at the first failure the pass stops, so the head never passes a
 step that is not stored, and the records after the failure stay spooled (retried later,
@@ -13,7 +13,7 @@ end of the run's drain: first the run's signed head (its newest stored record) i
 to the spool, then the records it covers are removed, then the head is put to the store.
 A crash anywhere leaves records still to upload (answered "already stored") or a head to
 put again; the spool's head file is never removed, so it and the spooled records always
-give the chain head (see :mod:`sidecars.archiver.chain`).
+give the chain head (see :mod:`warden.archive.chain`).
 
 :meth:`Uploader.start` runs passes in a thread: at once when :meth:`notify` is called,
 otherwise every second, and after a failure only when the back-off delay (doubling from
@@ -31,14 +31,14 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from sidecars.archiver.chain import ChainState
-from sidecars.archiver.errors import ObjectLockMissing, StoreConflict, StoreError
-from sidecars.archiver.metrics import ArchiverMetrics
-from sidecars.archiver.policy import BackoffPolicy
-from sidecars.archiver.record import build_head, head_key, object_hash, step_key
-from sidecars.archiver.signing import RecordSigner
-from sidecars.archiver.spool import Spool
-from sidecars.archiver.store import Created, Retention, Store
+from warden.archive.chain import ChainState
+from warden.archive.errors import ObjectLockMissing, StoreConflict, StoreError
+from warden.archive.instruments import UploadMetrics
+from warden.archive.policy import BackoffPolicy
+from warden.archive.record import build_head, head_key, object_hash, step_key
+from warden.archive.signing import RecordSigner
+from warden.archive.spool import Spool
+from warden.archive.store import Created, Retention, Store
 from warden.logs import log_fields
 
 # Stored records are dropped from the spool (after the head covering them is spooled) in
@@ -62,7 +62,7 @@ class Uploader:
         spool: Spool,
         chains: ChainState,
         signer: RecordSigner,
-        metrics: ArchiverMetrics,
+        metrics: UploadMetrics,
         log: logging.Logger,
         *,
         retention: Retention | None,

@@ -11,14 +11,14 @@ from warden.errors import ConfigError, IncompleteError, ViolationError, WardenEr
 
 
 class ArchiverError(WardenError):
-    """Base of every error raised by :mod:`sidecars.archiver` (exit code 3 unless a subclass says)."""
+    """Base of every error raised by :mod:`warden.archive` (exit code 3 unless a subclass says)."""
 
 
 # --- the store ---------------------------------------------------------------------------
 
 
 class StoreError(ArchiverError):
-    """Base of the errors of a :class:`~sidecars.archiver.store.Store`.
+    """Base of the errors of a :class:`~warden.archive.store.Store`.
 
     ``kind`` is a bounded label value for ``warden_archiver_store_errors_total{kind}``.
     """

@@ -2,8 +2,8 @@
 
 The same format and key type as checkpoint signatures (ECDSA P-256 over the DSSE PAE,
 ``verificationMaterial.publicKey.hint`` = key id), built with the signer's helpers; only
-the predicate types differ (:data:`~sidecars.archiver.record.PREDICATE_TYPE` and
-:data:`~sidecars.archiver.record.HEAD_PREDICATE_TYPE`). ECDSA signatures are randomized:
+the predicate types differ (:data:`~warden.archive.record.PREDICATE_TYPE` and
+:data:`~warden.archive.record.HEAD_PREDICATE_TYPE`). ECDSA signatures are randomized:
 signing the same record twice gives different bytes, which is why a record is signed
 once, spooled, and those exact bytes are what is uploaded and chained.
 """
@@ -16,8 +16,8 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from sidecars.archiver.errors import RecordInvalid
-from sidecars.archiver.record import (
+from warden.archive.errors import RecordInvalid
+from warden.archive.record import (
     HEAD_PREDICATE_TYPE,
     PREDICATE_TYPE,
     STATEMENT_TYPE,
