@@ -1,30 +1,42 @@
 """Checkpoints without pickle, written atomically (docs/design.md section 3).
 
-``<root>/.tmp-step-000000050/`` is written and fsynced, then renamed to
-``step-000000050/``: a name without ``.tmp-`` is always complete. Tensors go to
-safetensors, everything else to JSON. ``manifest.sha256.json`` (written last, before the
-rename) lists the SHA-256 of every other file, so a resume can check the checkpoint's
-integrity even where no trusted keys are configured (against accidents only: whoever
-can write a file can rewrite the manifest). Reading a checkpoint back is
-:mod:`trainer.verified_load`'s job: it verifies and deserializes the same bytes.
+A checkpoint is filled into a private temporary directory ``<root>/.tmp-step-000000050.<random>/``
+(mode 0700, created by the trainer's uid, addressed through its descriptor from then on, so a
+storage writer can neither put entries into it nor redirect the trainer's writes by renaming it),
+fsynced, opened to readers (0755) and renamed to ``step-000000050/``: a name without ``.tmp-`` is
+always complete. Tensors go to safetensors, everything else to JSON.
+
+Every file is serialised in memory and hashed from those bytes as it is written
+(:class:`CheckpointWriter`, parallel across files); ``manifest.sha256.json`` (written last,
+before the rename) lists those digests, and the announcement (:attr:`WrittenCheckpoint.announced`)
+is computed from them: never from a re-read of the directory. A resume can check the
+checkpoint's integrity against the manifest where no trusted keys are configured (against
+accidents only: whoever can write a file can rewrite the manifest). Reading a checkpoint back
+is :mod:`trainer.verified_load`'s job: it verifies and deserializes the same bytes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
-import shutil
+import stat
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save as safetensors_bytes
 
-from warden.errors import IncompleteError
-from warden.safeio import fsync_dir
+from warden import safeio
+from warden.errors import IncompleteError, quote_untrusted
+from warden.safeio import DIR_FLAGS
+from warden.signing.manifest import Announced, announced_root
+
+log = logging.getLogger("warden.trainer")
 
 STEP_DIR = re.compile(r"^step-(\d{9,})$")
 MANIFEST = "manifest.sha256.json"
@@ -60,13 +72,32 @@ def list_complete(root: str) -> list[CheckpointRef]:
 
 
 def remove_stale_temporaries(root: str) -> list[str]:
-    """Deletes ``.tmp-step-*`` and ``.del-step-*`` directories left by a crash; returns their names."""
+    """Deletes ``.tmp-step-*`` and ``.del-step-*`` entries left by a crash; returns their names.
+
+    Through :func:`warden.safeio.remove_tree_at`: descriptor-relative, never following a link,
+    iterative and bounded, so a planted deep tree or link is logged and left, never a crash."""
     removed = []
-    for name in os.listdir(root) if os.path.isdir(root) else []:
-        if name.startswith((".tmp-step-", ".del-step-")):
-            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-            removed.append(name)
+    try:
+        root_fd = os.open(root, DIR_FLAGS)
+    except OSError:
+        return []
+    try:
+        for name in os.listdir(root_fd):
+            if name.startswith((".tmp-step-", ".del-step-")):
+                try:
+                    safeio.remove_tree_at(root_fd, name)
+                except OSError as exc:
+                    log.warning("%s: stale temporary %s not removed: %s", root, safeio_quote(name), exc.strerror or exc)
+                    continue
+                removed.append(name)
+    finally:
+        os.close(root_fd)
     return removed
+
+
+def safeio_quote(name: str) -> str:
+    """A name read from storage, as it may be shown (:func:`warden.errors.quote_untrusted`)."""
+    return quote_untrusted(name, 120)
 
 
 # -- nested state <-> (JSON, tensors) --------------------------------------------------
@@ -107,13 +138,118 @@ def write_json(path: str, obj: Any) -> None:
         json.dump(obj, fh, indent=1, sort_keys=True)
 
 
-def save_state(directory: str, name: str, state: Any) -> None:
+def json_bytes(obj: Any) -> bytes:
+    return json.dumps(obj, indent=1, sort_keys=True).encode("utf-8")
+
+
+def save_state(writer: CheckpointWriter, name: str, state: Any) -> None:
     """``name.json`` + ``name.safetensors`` (the latter only when there are tensors)."""
     tensors: dict[str, torch.Tensor] = {}
     skeleton = flatten_state(state, tensors)
-    write_json(os.path.join(directory, f"{name}.json"), skeleton)
+    writer.json(f"{name}.json", skeleton)
     if tensors:
-        save_file(tensors, os.path.join(directory, f"{name}.safetensors"))
+        writer.tensors(f"{name}.safetensors", tensors)
+
+
+class CheckpointWriter:
+    """The files of one checkpoint, written into its private temporary directory.
+
+    :meth:`bytes` (and :meth:`json`, :meth:`tensors`) take the serialised bytes, hash them in
+    memory and write them exclusively (``O_EXCL | O_NOFOLLOW``, relative to the directory's
+    descriptor), hashing and writing in a small thread pool while the caller serialises the next
+    file. :attr:`path` names the directory itself (``/proc/self/fd``) for a library that can only
+    write by path; :meth:`finish` hashes what such a library left (through the same descriptor:
+    nobody else can write there) and lists it in :attr:`adopted`.
+    """
+
+    def __init__(self, dir_fd: int, workers: int = 4) -> None:
+        self._fd = dir_fd
+        self._dirs: dict[str, int] = {"": dir_fd}
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-write")
+        self._pending: list[tuple[str, Future[str]]] = []
+        self.digests: dict[str, str] = {}
+        self.adopted: list[str] = []
+
+    @property
+    def path(self) -> str:
+        return safeio.fd_path(self._fd)
+
+    def bytes(self, relative: str, payload: bytes) -> None:
+        directory, name = self._dir_of(relative)
+        self._pending.append((relative, self._pool.submit(_hash_and_write, directory, name, payload)))
+
+    def json(self, relative: str, obj: Any) -> None:
+        self.bytes(relative, json_bytes(obj))
+
+    def tensors(self, relative: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+        self.bytes(relative, safetensors_bytes(tensors, metadata=metadata))
+
+    def _dir_of(self, relative: str) -> tuple[int, str]:
+        parts = relative.split("/")
+        if any(p in ("", ".", "..") for p in parts):
+            raise CheckpointError(f"{relative!r}: not a plain relative file name")
+        prefix = ""
+        for part in parts[:-1]:
+            below = f"{prefix}/{part}" if prefix else part
+            if below not in self._dirs:
+                parent = self._dirs[prefix]
+                os.mkdir(part, 0o755, dir_fd=parent)
+                self._dirs[below] = os.open(part, DIR_FLAGS, dir_fd=parent)
+            prefix = below
+        return self._dirs[prefix], parts[-1]
+
+    def finish(self) -> dict[str, str]:
+        """Waits for every write; returns ``{relative name: sha256 hex}`` of every file (re-raises
+        the first write error). Files written by path are adopted by hashing them once."""
+        try:
+            for relative, future in self._pending:
+                self.digests[relative] = future.result()
+            for relative in _files_below(self._fd):
+                if relative not in self.digests:
+                    fd = safeio.open_regular_fd(relative, dir_fd=self._fd)
+                    with os.fdopen(fd, "rb") as fh:
+                        os.fsync(fh.fileno())
+                        self.digests[relative] = hashlib.file_digest(fh, "sha256").hexdigest()
+                    self.adopted.append(relative)
+            for fd in self._dirs.values():
+                os.fsync(fd)
+        finally:
+            self.close()
+        return dict(self.digests)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for relative, fd in list(self._dirs.items()):
+            if relative:
+                os.close(fd)
+        self._dirs = {"": self._fd}
+
+
+def _hash_and_write(dir_fd: int, name: str, payload: bytes) -> str:
+    digest = hashlib.sha256(payload).hexdigest()
+    safeio.write_new_at(dir_fd, name, payload)
+    return digest
+
+
+def _files_below(dir_fd: int) -> list[str]:
+    """Relative names of the regular files under the open directory ``dir_fd`` (the trainer's own
+    private directory: links or special files there mean a bug, and are refused)."""
+    out, stack = [], [("", os.dup(dir_fd))]
+    while stack:
+        prefix, fd = stack.pop()
+        try:
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    relative = f"{prefix}{entry.name}"
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append((relative + "/", os.open(entry.name, DIR_FLAGS, dir_fd=fd)))
+                    elif entry.is_file(follow_symlinks=False):
+                        out.append(relative)
+                    else:
+                        raise CheckpointError(f"{relative}: not a regular file in the checkpoint being written")
+        finally:
+            os.close(fd)
+    return sorted(out)
 
 
 # -- manifest ----------------------------------------------------------------------------
@@ -131,9 +267,14 @@ def tree_files(directory: str) -> list[str]:
 
 
 def write_manifest(directory: str) -> dict[str, str]:
+    """Rewrites ``directory``'s manifest from its files as they are now (re-read; for tests and repairs)."""
     digests = {rel: file_sha256(os.path.join(directory, rel)) for rel in tree_files(directory) if rel != MANIFEST}
     write_json(os.path.join(directory, MANIFEST), {"algorithm": "sha256", "files": digests})
     return digests
+
+
+def manifest_bytes(digests: dict[str, str]) -> bytes:
+    return json_bytes({"algorithm": "sha256", "files": digests})
 
 
 def verify_manifest(directory: str) -> list[str]:
@@ -153,63 +294,115 @@ def verify_manifest(directory: str) -> list[str]:
     return problems
 
 
-def _fsync_tree(directory: str) -> None:
-    for base, _dirs, files in os.walk(directory, topdown=False):
-        for name in files:
-            fd = os.open(os.path.join(base, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(base)
+@dataclass(frozen=True)
+class WrittenCheckpoint:
+    """A checkpoint as the trainer serialised it: its final path and what its bytes hash to."""
+
+    path: str
+    digests: dict[str, str]
+    announced: Announced
 
 
-def write_checkpoint(root: str, step: int, fill: Callable[[str], None]) -> str:
-    """Calls ``fill(tmp_dir)``, writes the manifest, fsyncs and renames; returns the final path.
+def write_checkpoint(root: str, step: int, fill: Callable[[CheckpointWriter], None]) -> WrittenCheckpoint:
+    """Calls ``fill(writer)``, writes the manifest, fsyncs and renames into place.
 
-    Raises CheckpointError when the directory cannot be written; the temporary directory
-    is removed then, so a failed write never looks complete.
+    Raises CheckpointError when the directory cannot be written; the temporary directory is
+    removed then, so a failed write never looks complete. The announced digest is computed from
+    the serialised bytes (plus the manifest's own), which the signer must then find on disk.
     """
-    final = os.path.join(root, step_dir_name(step))
-    tmp = os.path.join(root, ".tmp-" + step_dir_name(step))
+    final = step_dir_name(step)
     try:
         os.makedirs(root, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        fill(tmp)
-        write_manifest(tmp)
-        _fsync_tree(tmp)
-        doomed = _retire(final) if os.path.exists(final) else None  # same step saved again
-        os.rename(tmp, final)
-        fsync_dir(root)
-        if doomed:
-            shutil.rmtree(doomed, ignore_errors=True)
+        root_fd = os.open(root, DIR_FLAGS)
     except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise CheckpointError(f"{tmp}: checkpoint write failed: {exc.strerror or exc}") from exc
-    return final
+        raise CheckpointError(f"{root}: checkpoint root not usable: {exc.strerror or exc}") from exc
+    tmp: str | None = None
+    try:
+        tmp, tmp_fd = safeio.make_private_dir_at(root_fd, ".tmp-" + final)
+        try:
+            created = safeio.identity(os.fstat(tmp_fd))
+            writer = CheckpointWriter(tmp_fd)
+            try:
+                fill(writer)
+            finally:
+                digests = writer.finish()
+            digests.pop(MANIFEST, None)
+            manifest = manifest_bytes(digests)
+            safeio.write_new_at(tmp_fd, MANIFEST, manifest)
+            os.fsync(tmp_fd)
+            os.fchmod(tmp_fd, 0o755)  # readable to the signer only now, complete
+        finally:
+            os.close(tmp_fd)
+        _replace_into_place(root_fd, tmp, final, created)
+        tmp = None
+    except (OSError, CheckpointError) as exc:
+        if tmp is not None:
+            _discard(root_fd, tmp)
+        os.close(root_fd)
+        detail = exc.strerror or exc if isinstance(exc, OSError) else exc
+        raise CheckpointError(f"{os.path.join(root, '.tmp-' + final)}: checkpoint write failed: {detail}") from exc
+    os.close(root_fd)
+    announced = announced_root({**digests, MANIFEST: hashlib.sha256(manifest).hexdigest()})
+    return WrittenCheckpoint(os.path.join(root, final), digests, announced)
 
 
-def prune(root: str, keep_last: int) -> list[str]:
-    """Deletes all but the newest ``keep_last`` complete checkpoints (and their .sig files)."""
-    removed = []
-    for ref in list_complete(root)[keep_last:]:
-        doomed = _retire(ref.path)
-        sig = ref.path + ".sig"
-        if os.path.exists(sig):
-            os.unlink(sig)
-        shutil.rmtree(doomed, ignore_errors=True)
-        removed.append(ref.path)
+def _replace_into_place(root_fd: int, tmp: str, final: str, created: tuple[int, int]) -> None:
+    """Renames the filled temporary to ``final`` (retiring a same-step checkpoint first)."""
+    doomed = None
+    try:
+        os.stat(final, dir_fd=root_fd, follow_symlinks=False)
+        doomed = _retire_at(root_fd, final)  # the same step saved again
+    except FileNotFoundError:
+        pass
+    safeio.rename_checked(root_fd, tmp, final, created)
+    os.fsync(root_fd)
+    if doomed:
+        _discard(root_fd, doomed)
+
+
+def _discard(root_fd: int, name: str) -> None:
+    try:
+        safeio.remove_tree_at(root_fd, name)
+    except OSError as exc:
+        log.warning("%s not removed: %s", safeio_quote(name), exc.strerror or exc)
+
+
+def prune(root: str, keep_last: int, before_removal: Callable[[CheckpointRef], None] | None = None) -> list[str]:
+    """Deletes all but the newest ``keep_last`` complete checkpoints (and their .sig files).
+
+    ``before_removal(ref)`` is called first for each (the trainer announces ``checkpoint.pruned``
+    there, so the journal says why a checkpoint is gone before it is)."""
+    removed: list[str] = []
+    refs = list_complete(root)[keep_last:]
+    if not refs:
+        return removed
+    root_fd = os.open(root, DIR_FLAGS)
+    try:
+        for ref in refs:
+            if before_removal is not None:
+                before_removal(ref)
+            name = os.path.basename(ref.path)
+            doomed = _retire_at(root_fd, name)
+            try:
+                info = os.stat(name + ".sig", dir_fd=root_fd, follow_symlinks=False)
+                if not stat.S_ISDIR(info.st_mode):
+                    os.unlink(name + ".sig", dir_fd=root_fd)
+            except FileNotFoundError:
+                pass
+            _discard(root_fd, doomed)
+            removed.append(ref.path)
+    finally:
+        os.close(root_fd)
     return removed
 
 
-def _retire(path: str) -> str:
-    """Renames a complete checkpoint out of sight first, so a crash mid-delete never
-    leaves a half-deleted ``step-N`` that looks complete."""
-    doomed = os.path.join(os.path.dirname(path), ".del-" + os.path.basename(path))
-    shutil.rmtree(doomed, ignore_errors=True)
-    os.rename(path, doomed)
-    fsync_dir(os.path.dirname(path))
+def _retire_at(root_fd: int, name: str) -> str:
+    """Renames a complete checkpoint out of sight first, so a crash mid-delete never leaves a
+    half-deleted ``step-N`` that looks complete. The retired name is fresh and unpredictable, so
+    nothing planted there is ever replaced or removed."""
+    doomed = f".del-{name}.{os.urandom(8).hex()}"
+    os.rename(name, doomed, src_dir_fd=root_fd, dst_dir_fd=root_fd)
+    os.fsync(root_fd)
     return doomed
 
 

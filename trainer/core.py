@@ -19,8 +19,6 @@ Only rank 0 writes events, checkpoints and serves /metrics.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import platform
@@ -58,32 +56,11 @@ from trainer.tokenizer import load_tokenizer
 from trainer.train_state import capture_rng, fill_checkpoint, restore_rng, seed_everything
 from warden import journal as ev
 from warden.errors import ConfigError, IncompleteError
-from warden.payloads import CheckpointSaved, RewardSnapshot, RunResumed, RunStarted
-from warden.signing.manifest import Announced, announced_root
+from warden.payloads import CheckpointPruned, CheckpointSaved, RewardSnapshot, RunResumed, RunStarted
 
-__all__ = ["PPOTrainer", "StepResult", "TrainingFailed", "capture_rng", "checkpoint_announcement", "restore_rng"]
+__all__ = ["PPOTrainer", "StepResult", "TrainingFailed", "capture_rng", "restore_rng"]
 
 log = logging.getLogger("warden.trainer")
-
-
-def checkpoint_announcement(path: str) -> Announced | None:
-    """``root_digest`` and ``file_count`` for ``checkpoint.saved``: what the signer must find on disk.
-
-    Computed from the per-file SHA-256 the trainer already wrote to its manifest (no second
-    hash of the tensors) plus the manifest file's own SHA-256, since it is signed too (see
-    :func:`warden.signing.manifest.announced_root`). Empty when the manifest cannot be
-    read (None); the signer then refuses the checkpoint (``no_digest``).
-    """
-    manifest = os.path.join(path, ckpt.MANIFEST)
-    try:
-        with open(manifest, "rb") as fh:
-            raw = fh.read()
-        files = json.loads(raw)["files"]
-        announced = announced_root({**files, ckpt.MANIFEST: hashlib.sha256(raw).hexdigest()})
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        log.error("%s: cannot announce the checkpoint's digest (%s); the signer will refuse it", manifest, exc)
-        return None
-    return announced
 
 
 class TrainingFailed(IncompleteError):
@@ -223,6 +200,7 @@ class PPOTrainer:
         # Not writable by others whatever the umask: sidecars refuse a journal others can write.
         os.makedirs(self.run_dir, mode=0o755, exist_ok=True)
         self.metrics = TrainerMetrics()
+        self._announced_digests: dict[str, str] = {}  # path -> root digest, for checkpoint.pruned
         self.metrics.world_size.set(self.dist.world_size)
         self.metrics.restart_count.set(elastic.restart_count(os.environ) or 0)
         self.journal: ev.EventWriter | None = None
@@ -696,7 +674,7 @@ class PPOTrainer:
         retries = self.cfg.checkpoint.write_retries
         for attempt in range(retries + 1):
             try:
-                path = ckpt.write_checkpoint(self.paths.checkpoint_root, self.step, self._fill_checkpoint)
+                written = ckpt.write_checkpoint(self.paths.checkpoint_root, self.step, self._fill_checkpoint)
             except ckpt.CheckpointError as exc:
                 self.metrics.checkpoint_failures.inc()
                 log.error("%s (attempt %d of %d)", exc, attempt + 1, retries + 1)
@@ -711,15 +689,27 @@ class PPOTrainer:
                 continue
             self.metrics.last_checkpoint_step.set(self.step)
             self.metrics.last_checkpoint_time.set(time.time())
-            saved = CheckpointSaved(path=path, root=self.paths.checkpoint_root)
-            saved = saved.with_announced(checkpoint_announcement(path))
+            saved = CheckpointSaved(path=written.path, root=self.paths.checkpoint_root).with_announced(
+                written.announced
+            )
             self.emit(saved.TYPE, saved.to_data(), step=self.step)
-            ckpt.prune(self.paths.checkpoint_root, self.cfg.checkpoint.keep_last)
-            return path
+            self._announced_digests[written.path] = written.announced.root_digest
+            ckpt.prune(self.paths.checkpoint_root, self.cfg.checkpoint.keep_last, self._announce_pruned)
+            return written.path
         return None
 
-    def _fill_checkpoint(self, tmp: str) -> None:
-        fill_checkpoint(self, tmp)
+    def _announce_pruned(self, ref: ckpt.CheckpointRef) -> None:
+        """``checkpoint.pruned`` before retention removes ``ref``: the journal accounts for it."""
+        pruned = CheckpointPruned(
+            path=ref.path,
+            step=ref.step,
+            reason=f"retention: keep_last {self.cfg.checkpoint.keep_last}",
+            root_digest=self._announced_digests.pop(ref.path, None),
+        )
+        self.emit(pruned.TYPE, pruned.to_data(), step=ref.step)
+
+    def _fill_checkpoint(self, writer: ckpt.CheckpointWriter) -> None:
+        fill_checkpoint(self, writer)
 
     def close(self) -> None:
         closer = getattr(self.rollout, "close", None)

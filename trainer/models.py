@@ -10,8 +10,10 @@ import os
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
+
+from trainer.checkpoint import CheckpointWriter
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CRITIC_WEIGHTS = "critic.safetensors"
@@ -73,14 +75,41 @@ def load_critic(path: str, dtype: str, device: torch.device) -> Critic:
     return critic.to(device)
 
 
-def save_critic(critic: Critic, out_dir: str, source_config_dir: str) -> None:
-    """Writes ``critic.safetensors`` and the backbone's ``config.json`` into ``out_dir``."""
-    os.makedirs(out_dir, exist_ok=True)
+def save_critic(critic: Critic, writer: CheckpointWriter, out_dir: str, source_config_dir: str) -> None:
+    """Serialises ``critic.safetensors`` and the backbone's ``config.json`` into ``out_dir`` of the checkpoint."""
     state = {k: v.detach().contiguous().cpu() for k, v in critic.state_dict().items()}
-    save_file(state, os.path.join(out_dir, CRITIC_WEIGHTS))
+    writer.tensors(f"{out_dir}/{CRITIC_WEIGHTS}", state)
     from transformers import AutoConfig
 
-    AutoConfig.from_pretrained(source_config_dir, local_files_only=True).save_pretrained(out_dir)
+    config = AutoConfig.from_pretrained(source_config_dir, local_files_only=True)
+    writer.bytes(f"{out_dir}/config.json", config.to_json_string(use_diff=True).encode("utf-8"))
+
+
+def save_pretrained_files(writer: CheckpointWriter, out_dir: str, model: Any) -> None:
+    """What ``save_pretrained(out_dir, safe_serialization=True)`` writes (``config.json``,
+    ``generation_config.json`` when the model has one, ``model.safetensors`` without the tied
+    duplicates), serialised in memory so each byte is hashed as it is written.
+
+    A tensor sharing storage with one already kept (tied embeddings) is left out, as
+    ``save_pretrained`` does; loading ties it again.
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[tuple[int, tuple[int, ...], torch.dtype]] = set()
+    for name, tensor in model.state_dict().items():
+        key = (
+            tensor.untyped_storage().data_ptr() + tensor.storage_offset() * tensor.element_size(),
+            tuple(tensor.shape),
+            tensor.dtype,
+        )
+        if key in seen:
+            continue
+        seen.add(key)
+        tensors[name] = tensor.detach().contiguous().cpu()
+    writer.bytes(f"{out_dir}/config.json", model.config.to_json_string(use_diff=True).encode("utf-8"))
+    generation = getattr(model, "generation_config", None)
+    if generation is not None and model.can_generate():
+        writer.bytes(f"{out_dir}/generation_config.json", generation.to_json_string(use_diff=True).encode("utf-8"))
+    writer.tensors(f"{out_dir}/model.safetensors", tensors, metadata={"format": "pt"})
 
 
 def unwrap(model: nn.Module) -> Any:

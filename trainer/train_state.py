@@ -16,7 +16,6 @@ batch shapes, estimator) and ``run.resumed`` carries the new digest and the chan
 
 from __future__ import annotations
 
-import os
 import random
 from typing import Any
 
@@ -24,7 +23,7 @@ import numpy as np
 import torch
 
 from trainer import checkpoint as ckpt
-from trainer.models import CRITIC_WEIGHTS, save_critic, unwrap
+from trainer.models import CRITIC_WEIGHTS, save_critic, save_pretrained_files, unwrap
 from trainer.verified_load import CheckpointRejected, VerifiedCheckpoint
 from warden.errors import ConfigError, quote_untrusted
 
@@ -127,10 +126,10 @@ def describe_changes(saved: Any, current: dict[str, Any], keys: list[str]) -> st
 
 
 # -- save -------------------------------------------------------------------------------------
-def fill_checkpoint(trainer: Any, tmp: str) -> None:
-    """Writes ``trainer``'s state into the temporary checkpoint directory ``tmp``."""
-    unwrap(trainer.actor).save_pretrained(os.path.join(tmp, "actor"), safe_serialization=True)
-    ckpt.save_state(tmp, "optim_actor", trainer.actor_opt.state_dict())
+def fill_checkpoint(trainer: Any, writer: ckpt.CheckpointWriter) -> None:
+    """Serialises ``trainer``'s state into the checkpoint being written (every byte hashed in memory)."""
+    save_pretrained_files(writer, "actor", unwrap(trainer.actor))
+    ckpt.save_state(writer, "optim_actor", trainer.actor_opt.state_dict())
     state: dict[str, Any] = {
         "step": trainer.step,
         "run_id": trainer.run_id,
@@ -143,11 +142,11 @@ def fill_checkpoint(trainer: Any, tmp: str) -> None:
         "skipped_updates": int(trainer.skipped_updates),
     }
     if trainer.critic is not None:
-        save_critic(unwrap(trainer.critic), os.path.join(tmp, "critic"), trainer.paths.critic)
-        ckpt.save_state(tmp, "optim_critic", trainer.critic_opt.state_dict())
+        save_critic(unwrap(trainer.critic), writer, "critic", trainer.paths.critic)
+        ckpt.save_state(writer, "optim_critic", trainer.critic_opt.state_dict())
         state["scheduler_critic"] = trainer.critic_sched.state_dict()
-    ckpt.save_state(tmp, "rng", capture_rng())
-    ckpt.write_json(os.path.join(tmp, ckpt.STATE), state)
+    ckpt.save_state(writer, "rng", capture_rng())
+    writer.json(ckpt.STATE, state)
 
 
 # -- load -------------------------------------------------------------------------------------

@@ -40,6 +40,7 @@ STEP_COMPLETED = "step.completed"
 REWARD_SNAPSHOT = "reward.snapshot"
 CHECKPOINT_SAVED = "checkpoint.saved"
 CHECKPOINT_REJECTED = "checkpoint.rejected"
+CHECKPOINT_PRUNED = "checkpoint.pruned"
 MODEL_LOADING = "model.loading"
 OOM = "oom"
 RUN_FINISHED = "run.finished"
@@ -54,6 +55,7 @@ EVENT_TYPES: frozenset[str] = frozenset(
         REWARD_SNAPSHOT,
         CHECKPOINT_SAVED,
         CHECKPOINT_REJECTED,
+        CHECKPOINT_PRUNED,
         MODEL_LOADING,
         OOM,
         RUN_FINISHED,
@@ -63,7 +65,15 @@ EVENT_TYPES: frozenset[str] = frozenset(
 )
 # Types whose loss after a crash would lose a side effect (a signature, an archive record).
 FSYNC_TYPES: frozenset[str] = frozenset(
-    {RUN_STARTED, RUN_RESUMED, RUN_FINISHED, CHECKPOINT_SAVED, CHECKPOINT_REJECTED, REWARD_SNAPSHOT}
+    {
+        RUN_STARTED,
+        RUN_RESUMED,
+        RUN_FINISHED,
+        CHECKPOINT_SAVED,
+        CHECKPOINT_REJECTED,
+        CHECKPOINT_PRUNED,
+        REWARD_SNAPSHOT,
+    }
 )
 
 

@@ -20,10 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from warden.journal import CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_RESUMED, RUN_STARTED
+from warden.journal import CHECKPOINT_PRUNED, CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_RESUMED, RUN_STARTED
 from warden.signing.manifest import Announced
 
-CHECKPOINT_PRUNED = "checkpoint.pruned"
 _HEX = frozenset("0123456789abcdef")
 _EMPTY: Mapping[str, Any] = types.MappingProxyType({})
 

@@ -235,3 +235,124 @@ def atomic_write_bytes(path: str, payload: bytes, mode: int = 0o644) -> None:
         atomic_write_at(dir_fd, os.path.basename(path), payload, mode)
     finally:
         os.close(dir_fd)
+
+
+# -- directories the storage writer can reach: descriptor-relative, no links, bounded ------------
+MAX_TREE_DEPTH = 64
+"""Deepest directory level a walk or removal descends to; a deeper tree is refused, not recursed."""
+MAX_TREE_ENTRIES = 1_000_000
+"""Most entries a walk or removal visits; more is refused (a planted tree must not exhaust memory)."""
+
+
+class TreeTooLarge(OSError):
+    """A directory tree deeper than its depth cap or with more entries than its entry cap."""
+
+    def __init__(self, path: str, detail: str) -> None:
+        super().__init__(errno.E2BIG, detail, path)
+
+
+def identity(st: os.stat_result) -> tuple[int, int]:
+    """(st_dev, st_ino): which inode an entry is, whatever its name now."""
+    return st.st_dev, st.st_ino
+
+
+def make_private_dir_at(dir_fd: int, prefix: str) -> tuple[str, int]:
+    """Creates ``<prefix>.<16 random hex>`` in ``dir_fd``, mode 0700, and returns (name, descriptor).
+
+    Nobody but this uid can create, rename or remove entries inside it; the descriptor keeps
+    addressing this very directory even if its name is moved (use :func:`fd_path` to hand it to
+    a library that wants a path)."""
+    name = f"{prefix}.{secrets.token_hex(8)}"
+    os.mkdir(name, 0o700, dir_fd=dir_fd)
+    fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    info = os.fstat(fd)
+    if info.st_uid != os.geteuid() or stat.S_IMODE(info.st_mode) & 0o077:
+        os.close(fd)
+        raise UnsafeFile(name, "not_regular", "the new private directory is not ours alone")
+    return name, fd
+
+
+def fd_path(fd: int) -> str:
+    """A path that names the open directory ``fd`` itself (Linux ``/proc/self/fd``), immune to renames."""
+    return f"/proc/self/fd/{fd}"
+
+
+def rename_checked(
+    dir_fd: int, src: str, dst: str, expected: tuple[int, int], *, dst_dir_fd: int | None = None
+) -> None:
+    """Renames ``src`` to ``dst`` (relative to the directory descriptors) if ``src`` is still the inode
+    ``expected`` (:func:`identity`); a swapped or replaced entry raises UnsafeFile and is left alone.
+
+    A link at ``src`` is never followed (its own identity is compared)."""
+    found = identity(os.stat(src, dir_fd=dir_fd, follow_symlinks=False))
+    if found != expected:
+        raise UnsafeFile(src, "swapped", f"is no longer the entry this process created ({found} != {expected})")
+    os.rename(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd if dst_dir_fd is None else dst_dir_fd)
+
+
+def remove_tree_at(
+    dir_fd: int, name: str, *, max_depth: int = MAX_TREE_DEPTH, max_entries: int = MAX_TREE_ENTRIES
+) -> int:
+    """Removes entry ``name`` of ``dir_fd`` and, if it is a directory, everything below it; returns
+    the number of entries removed.
+
+    Iterative (no recursion), descriptor-relative, never follows a link (a link is removed as an
+    entry), bounded by ``max_depth`` and ``max_entries`` (TreeTooLarge: what was removed stays
+    removed, the rest is left). A FIFO or device is unlinked without being opened.
+    """
+    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    if not stat.S_ISDIR(info.st_mode):
+        os.unlink(name, dir_fd=dir_fd)
+        return 1
+    removed = 0
+    # each frame: descriptor of a directory, its name in the parent, the parent's descriptor, and
+    # the entries of it still to remove (listed once: the listing counts against the entry cap)
+    stack: list[tuple[int, str, int, list[tuple[str, bool]]]] = []
+    listed = 0
+    try:
+        fd = os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+        stack.append((fd, name, dir_fd, []))
+        listed += _list_into(fd, stack[-1][3], max_entries - listed, name)
+        while stack:
+            fd, own_name, parent, pending = stack[-1]
+            if not pending:
+                stack.pop()
+                os.close(fd)
+                os.rmdir(own_name, dir_fd=parent)
+                removed += 1
+                continue
+            entry_name, is_dir = pending.pop()
+            if not is_dir:
+                os.unlink(entry_name, dir_fd=fd)
+                removed += 1
+                continue
+            if len(stack) >= max_depth:
+                raise TreeTooLarge(name, f"deeper than {max_depth} levels; not removed past that")
+            child = os.open(entry_name, DIR_FLAGS, dir_fd=fd)
+            stack.append((child, entry_name, fd, []))
+            listed += _list_into(child, stack[-1][3], max_entries - listed, name)
+    finally:
+        for fd, _, _, _ in stack:
+            os.close(fd)
+    return removed
+
+
+def _list_into(fd: int, out: list[tuple[str, bool]], budget: int, top: str) -> int:
+    """Appends (name, is a real directory) of every entry of the open directory ``fd`` to ``out``."""
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            if len(out) >= budget:
+                raise TreeTooLarge(top, "more entries than the cap; not removed past that")
+            out.append((entry.name, entry.is_dir(follow_symlinks=False)))
+    return len(out)
+
+
+def write_new_at(dir_fd: int, name: str, payload: bytes | memoryview, mode: int = 0o644) -> None:
+    """Creates ``name`` in ``dir_fd`` exclusively (``O_EXCL | O_NOFOLLOW``), writes and fsyncs it.
+    A name that already exists, link or not, is an error: nothing planted is ever written through."""
+    fd = os.open(name, WRITE_FLAGS, mode, dir_fd=dir_fd)
+    try:
+        write_all(fd, payload)
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -18,20 +18,18 @@ from trainer import checkpoint as ckpt
 
 def _writer_loop(root: str, start_step: int) -> None:
     """Child process: writes checkpoints forever, each a few MB in several files."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     step = start_step
     rng = np.random.default_rng(step)
     while True:
         step += 1
 
-        def fill(tmp: str, step: int = step) -> None:
+        def fill(writer: ckpt.CheckpointWriter, step: int = step) -> None:
             for part in ("actor", "critic"):
-                os.makedirs(os.path.join(tmp, part))
-                save_file(
-                    {"w": rng.standard_normal(400_000).astype(np.float32)}, os.path.join(tmp, part, "model.safetensors")
-                )
-            ckpt.write_json(os.path.join(tmp, ckpt.STATE), {"step": step})
+                weights = {"w": rng.standard_normal(400_000).astype(np.float32)}
+                writer.bytes(f"{part}/model.safetensors", save(weights))
+            writer.json(ckpt.STATE, {"step": step})
 
         ckpt.write_checkpoint(root, step, fill)
         ckpt.prune(root, keep_last=3)
@@ -81,7 +79,7 @@ def test_state_flattening_round_trips_optimizer_state():
 def test_prune_keeps_the_newest_and_their_signatures(tmp_path):
     root = str(tmp_path)
     for step in (1, 2, 3, 4):
-        ckpt.write_checkpoint(root, step, lambda d: ckpt.write_json(os.path.join(d, "x.json"), {}))
+        ckpt.write_checkpoint(root, step, lambda w: w.json("x.json", {}))
         open(os.path.join(root, ckpt.step_dir_name(step) + ".sig"), "w").close()
     removed = ckpt.prune(root, keep_last=2)
     assert sorted(os.path.basename(p) for p in removed) == ["step-000000001", "step-000000002"]
@@ -89,7 +87,7 @@ def test_prune_keeps_the_newest_and_their_signatures(tmp_path):
 
 
 def test_manifest_reports_missing_extra_and_changed(tmp_path):
-    path = ckpt.write_checkpoint(str(tmp_path), 5, lambda d: [(pathlib.Path(d) / n).write_text(n) for n in "abc"])
+    path = ckpt.write_checkpoint(str(tmp_path), 5, lambda w: [w.bytes(n, n.encode()) for n in "abc"]).path
     os.unlink(os.path.join(path, "a"))
     (pathlib.Path(path) / "b").write_text("changed")
     (pathlib.Path(path) / "z").write_text("new")
@@ -188,12 +186,11 @@ def test_verified_bytes_are_what_loads(tmp_path):
 
     from trainer.verified_load import integrity_anchor, read_verified
 
-    def fill(d: str) -> None:
-        os.makedirs(os.path.join(d, "actor"))
-        save_file({"w": torch.ones(3)}, os.path.join(d, "actor", "model.safetensors"))
-        ckpt.save_state(d, "rng", {"t": torch.arange(4)})
+    def fill(writer: ckpt.CheckpointWriter) -> None:
+        writer.tensors("actor/model.safetensors", {"w": torch.ones(3)})
+        ckpt.save_state(writer, "rng", {"t": torch.arange(4)})
 
-    path = ckpt.write_checkpoint(str(tmp_path), 3, fill)
+    path = ckpt.write_checkpoint(str(tmp_path), 3, fill).path
     verified = read_verified(path, 3, integrity_anchor(path), budget=1 << 20)
     save_file({"w": torch.zeros(3)}, os.path.join(path, "actor", "model.safetensors"))
     assert verified.names("actor", ".safetensors") == ["actor/model.safetensors"]
@@ -204,7 +201,7 @@ def test_verified_bytes_are_what_loads(tmp_path):
 def test_reading_stops_at_the_budget(tmp_path):
     from trainer.verified_load import CheckpointRejected, integrity_anchor, read_verified
 
-    path = ckpt.write_checkpoint(str(tmp_path), 3, lambda d: (pathlib.Path(d) / "big").write_bytes(b"x" * 5000))
+    path = ckpt.write_checkpoint(str(tmp_path), 3, lambda w: w.bytes("big", b"x" * 5000)).path
     with pytest.raises(CheckpointRejected, match="big: 5000 bytes, over the 4000 bytes left in the budget"):
         read_verified(path, 3, integrity_anchor(path), budget=4000)
 

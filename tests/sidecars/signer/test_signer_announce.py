@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -19,15 +18,15 @@ from warden.signing.manifest import Announced, Manifest, Provenance, SignedState
 
 def test_trainer_announcement_equals_what_sign_checkpoint_signs(tmp_path: Path) -> None:
     from trainer import checkpoint as ckpt
-    from trainer.core import checkpoint_announcement
 
-    def fill(tmp: str) -> None:
-        write_tree(Path(tmp), CHECKPOINT_FILES)
-        ckpt.save_state(tmp, "rng", {"seed": 3})
+    def fill(writer: ckpt.CheckpointWriter) -> None:
+        for name, content in CHECKPOINT_FILES.items():
+            writer.bytes(name, content)
+        ckpt.save_state(writer, "rng", {"seed": 3})
 
-    path = ckpt.write_checkpoint(str(tmp_path / "checkpoints"), 50, fill)
-    announced = checkpoint_announcement(path)
-    signed = sign_checkpoint(path, make_keys(tmp_path / "keys").private)
+    written = ckpt.write_checkpoint(str(tmp_path / "checkpoints"), 50, fill)
+    announced = written.announced
+    signed = sign_checkpoint(written.path, make_keys(tmp_path / "keys").private)
     assert announced == Announced(signed.root_digest, len(signed.manifest.resources))
     assert announced.file_count == len(CHECKPOINT_FILES) + 2  # + rng.json + the trainer's manifest
 
@@ -105,12 +104,3 @@ def test_statement_problem_names_run_step_and_digest() -> None:
     assert "bb" * 32 in problem(statement(name, "r", 2, "bb" * 32))
     assert statement_problem("step-000000002", 2, None, good, {"r"}) is None
     assert "not one of this run" in str(statement_problem("step-000000002", 2, None, good, {"other"}))
-
-
-def test_trainer_manifest_unreadable_announces_nothing(tmp_path: Path) -> None:
-    from trainer.core import checkpoint_announcement
-
-    directory = write_tree(tmp_path / "step-000000001", {"manifest.sha256.json": b"{not json"})
-    assert checkpoint_announcement(str(directory)) is None
-    (directory / "manifest.sha256.json").write_text(json.dumps({"files": {"a": "zz"}}))
-    assert checkpoint_announcement(str(directory)) is None
