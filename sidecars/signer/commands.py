@@ -16,9 +16,9 @@ from typing import Any
 
 import click
 
-from sidecars.signer.policy import SHARD_SIZE
 from warden.cliutil import trust_option
 from warden.errors import WardenError
+from warden.signer.policy import SHARD_SIZE
 from warden.signing.dsse import sign_checkpoint
 from warden.signing.keys import generate_keypair, load_private_key, load_trusted_keys
 from warden.signing.manifest import SERIALIZATION_METHOD, SHARDS_METHOD, Provenance, Serialization

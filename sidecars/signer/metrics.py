@@ -1,6 +1,6 @@
 """The ``warden_signer_*`` metric families (DESIGN section 8).
 
-Label values are bounded: ``layout`` is one of :data:`sidecars.signer.policy.LAYOUTS`,
+Label values are bounded: ``layout`` is one of :data:`warden.signer.policy.LAYOUTS`,
 ``operation`` is ``sign`` or ``verify``, ``kind`` is the snake-case name of a signer
 error class, ``reason`` a verification problem code. No path or step is ever a label.
 """
@@ -11,8 +11,8 @@ import threading
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from sidecars.signer.announcements import REFUSAL_REASONS, SIGNATURE_MISSING, VIOLATION_REASONS
-from sidecars.signer.policy import LAYOUTS
+from warden.signer.announcements import REFUSAL_REASONS, SIGNATURE_MISSING, VIOLATION_REASONS
+from warden.signer.policy import LAYOUTS
 from warden.signing.verify import FILES_MISMATCH, SUBJECT_MISMATCH, UNSAFE_PATH
 
 OPERATIONS = ("sign", "verify")

@@ -9,7 +9,7 @@ Inputs:
   is refused too (``no_digest``). If a valid ``.sig`` of the announced digest already
   exists (a replay after a crash) nothing is written; one that no longer matches (the
   same step saved again after a resume) is replaced. Announcements and what was signed
-  are kept in ``<state_dir>/announced.json`` (:mod:`sidecars.signer.announcements`).
+  are kept in ``<state_dir>/announced.json`` (:mod:`warden.signer.announcements`).
 - :meth:`SignerSidecar.check`, every ``check_interval_seconds``:
   - the run's own root (``<run_dir>/checkpoints``) is audited and never signed: a
     ``step-N/`` no event announced (after ``stable_seconds``), a signed one whose ``.sig``
@@ -50,7 +50,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 import warden.layouts as verl_layout
 from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext, error_kind
-from sidecars.signer.announcements import (
+from sidecars.signer.metrics import SignerMetrics
+from warden.errors import ConfigError, IncompleteError
+from warden.journal import CHECKPOINT_SAVED, RUN_STARTED, Event
+from warden.logs import log_fields
+from warden.payloads import CheckpointSaved, PayloadError, RunStarted
+from warden.safeio import atomic_write_bytes
+from warden.signer.announcements import (
     ANNOUNCED_FILE,
     NO_DIGEST,
     SIGNATURE_MISSING,
@@ -62,9 +68,8 @@ from sidecars.signer.announcements import (
     removal_problem,
     statement_problem,
 )
-from sidecars.signer.metrics import SignerMetrics
-from sidecars.signer.policy import SIGNING_KEY_ENV, SignerPolicy
-from sidecars.signer.watch import (
+from warden.signer.policy import SIGNING_KEY_ENV, SignerPolicy
+from warden.signer.watch import (
     VERL_TRACKER,
     Candidate,
     RootWatcher,
@@ -79,11 +84,6 @@ from sidecars.signer.watch import (
     tree_state,
     unsafe_entries,
 )
-from warden.errors import ConfigError, IncompleteError
-from warden.journal import CHECKPOINT_SAVED, RUN_STARTED, Event
-from warden.logs import log_fields
-from warden.payloads import CheckpointSaved, PayloadError, RunStarted
-from warden.safeio import atomic_write_bytes
 from warden.signing.dsse import SignResult, sign_checkpoint, signature_path_for
 from warden.signing.errors import (
     AnnouncementMismatch,

@@ -22,11 +22,11 @@ import pytest
 
 from sidecars.runner import Runner
 from sidecars.runtime import Outcome, SidecarContext
-from sidecars.signer.policy import SignerPolicy
 from sidecars.signer.sidecar import SignerSidecar
 from warden.errors import ConfigError
 from warden.journal import CHECKPOINT_SAVED, RUN_STARTED, EventWriter
 from warden.policy import policy_from_mapping
+from warden.signer.policy import SignerPolicy
 from warden.signing.dsse import sign_checkpoint
 from warden.signing.errors import InsecureKeyPermissions
 from warden.signing.keys import generate_keypair, load_private_key, load_trusted_keys

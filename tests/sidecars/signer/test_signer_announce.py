@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sidecars.signer.announcements import Record, audit, statement_problem
 from tests.sidecars.signer.signer_helpers import CHECKPOINT_FILES, make_keys, write_tree
 from warden.payloads import CheckpointSaved, PayloadError
+from warden.signer.announcements import Record, audit, statement_problem
 from warden.signing.dsse import sign_checkpoint
 from warden.signing.errors import AnnouncementMismatch
 from warden.signing.manifest import Announced, Manifest, Provenance, SignedStatement, announced_root

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sidecars.signer.policy import SignerPolicy
 from tests.sidecars.signer.signer_helpers import CHECKPOINT_FILES, Keys, copy_checkpoint, make_keys, write_tree
+from warden.signer.policy import SignerPolicy
 from warden.signing import Provenance, sign_checkpoint, verify_checkpoint
 from warden.signing.dsse import decode_bundle, encode_bundle, sign_payload
 from warden.signing.errors import (

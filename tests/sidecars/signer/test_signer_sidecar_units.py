@@ -13,9 +13,10 @@ import pytest
 import sidecars.signer.sidecar as signer_sidecar
 from sidecars.runner import Runner
 from sidecars.runtime import Outcome, SidecarContext
-from sidecars.signer.policy import SignerPolicy
 from sidecars.signer.sidecar import RunRegistry, SignerSidecar
-from sidecars.signer.watch import (
+from warden.policy import PolicyError, policy_from_mapping
+from warden.signer.policy import SignerPolicy
+from warden.signer.watch import (
     Candidate,
     RootWatcher,
     StabilityTracker,
@@ -27,7 +28,6 @@ from sidecars.signer.watch import (
     remove_stale_signature_temps,
     tree_state,
 )
-from warden.policy import PolicyError, policy_from_mapping
 
 REAL_SIGN = signer_sidecar.sign_checkpoint
 
