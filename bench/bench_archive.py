@@ -46,7 +46,7 @@ from tests.sidecars.archiver.archiver_helpers import (  # noqa: E402
     snapshot_data,
     start_seaweedfs,
 )
-from warden.archive.audit import fetch_snapshot  # noqa: E402
+from warden.archive.lookup import fetch_snapshot  # noqa: E402
 from warden.archive.record import (  # noqa: E402
     ChainLink,
     Limits,

@@ -32,10 +32,11 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.dirname(os.path.abspa
 from bench_archive import populate, signed_chain  # noqa: E402
 
 from tests.sidecars.archiver.archiver_helpers import make_keys, start_seaweedfs  # noqa: E402
-from warden.archive.audit import fetch_snapshot, verify_run  # noqa: E402
+from warden.archive.lookup import fetch_snapshot  # noqa: E402
 from warden.archive.record import head_key, step_key, steps_prefix  # noqa: E402
 from warden.archive.signing import RecordSigner  # noqa: E402
 from warden.archive.store import Store, open_store  # noqa: E402
+from warden.archive.verify import verify_run  # noqa: E402
 from warden.signing.keys import TrustedKeys, load_private_key, load_trusted_keys  # noqa: E402
 
 RUN = "bench-audit"

@@ -15,20 +15,14 @@ from typing import Any
 
 import click
 
-from warden.archive.audit import (
-    DEFAULT_GRACE_SECONDS,
-    JournalAnchor,
-    RunReport,
-    Snapshot,
-    fetch_snapshot,
-    list_steps,
-    ranges,
-    verify_run,
-)
+from warden.archive.anchor import DEFAULT_GRACE_SECONDS, JournalAnchor
 from warden.archive.errors import ChainBroken, StepNotFound
+from warden.archive.findings import ranges
+from warden.archive.lookup import Snapshot, fetch_snapshot, list_steps
 from warden.archive.policy import ArchiverPolicy
 from warden.archive.record import valid_run_id
 from warden.archive.store import DEFAULT_MAX_OBJECT_BYTES, Store, open_store
+from warden.archive.verify import RunReport, verify_run
 from warden.cliutil import echo_json, format_option, option, policy_options, run_dir_option, trust_option
 from warden.errors import ConfigError
 from warden.policy import load_policy

@@ -21,9 +21,9 @@ import pytest
 from support import free_port, run_warden, scrape, spawn, stop_process, wait_http, warden_cmd
 
 from tests.sidecars.archiver.archiver_helpers import CONFIG_DIGEST, S3Server, snapshot_data, spooled_files, write_policy
-from warden.archive.audit import verify_run
 from warden.archive.record import step_key
 from warden.archive.store import open_store
+from warden.archive.verify import verify_run
 from warden.journal import EventWriter
 from warden.signing.keys import load_trusted_keys
 

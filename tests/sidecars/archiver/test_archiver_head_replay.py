@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from warden.archive.audit import may_be_a_replay
 from warden.archive.store import VersionEntry
+from warden.archive.verify import may_be_a_replay
 
 
 def _version(vid: str, etag: str) -> VersionEntry:

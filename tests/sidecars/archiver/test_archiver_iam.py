@@ -10,8 +10,9 @@ import pytest
 
 from sidecars.runtime import Outcome
 from tests.sidecars.archiver.archiver_helpers import Harness
-from warden.archive.audit import fetch_snapshot, list_steps, verify_run
+from warden.archive.lookup import fetch_snapshot, list_steps
 from warden.archive.store import open_store
+from warden.archive.verify import verify_run
 from warden.signing.keys import load_trusted_keys
 
 IAM = pathlib.Path(__file__).resolve().parents[3] / "policies" / "iam"

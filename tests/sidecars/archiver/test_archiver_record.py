@@ -9,8 +9,8 @@ import pathlib
 import pytest
 
 from tests.sidecars.archiver.archiver_helpers import make_keys
-from warden.archive.audit import ranges
 from warden.archive.errors import RecordInvalid
+from warden.archive.findings import ranges
 from warden.archive.record import (
     ChainLink,
     Limits,

@@ -11,12 +11,13 @@ from support import free_port
 
 from sidecars.runtime import Outcome
 from tests.sidecars.archiver.archiver_helpers import CONFIG_DIGEST, Harness, metric, snapshot_data
-from warden.archive.audit import fetch_snapshot, list_steps, verify_run
 from warden.archive.chain import ChainState
 from warden.archive.errors import ObjectLockMissing
+from warden.archive.lookup import fetch_snapshot, list_steps
 from warden.archive.record import head_key, step_key
 from warden.archive.spool import Spool
 from warden.archive.store import FileStore, S3Store, open_store
+from warden.archive.verify import verify_run
 from warden.signing.keys import load_trusted_keys
 
 

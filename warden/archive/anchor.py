@@ -1,0 +1,85 @@
+"""The journal as the anchor of ``warden audit verify-run --run-dir``: what the trainer emitted.
+
+Store contents alone cannot prove that the newest records existed: on a
+``file://`` store (or an S3 bucket without versioning) whoever can write the store can
+delete the newest records and write back an older head, leaving a shorter chain that is
+perfectly consistent. An independent witness is needed. :class:`JournalAnchor` is that
+witness: the trainer's journal (``<run dir>/events.jsonl``, ``--run-dir``) lists every
+``reward.snapshot`` step; a journal step newer than the store's newest record, and older
+than a grace period (uploads in flight), is reported ``rolled_back``. It proves "the store
+lost what the trainer emitted" against an attacker who can write the store but not the
+run directory (e.g. a shared bucket or NFS export, with the run directory on the
+training host); it proves nothing against someone who can rewrite both, nor when the
+archiver legitimately fell behind for longer than the grace (its spool still holds the
+records: the message says so). On versioned S3 stores (Object Lock buckets are
+versioned) the retained versions are the anchor: records cannot be removed, only hidden
+by delete markers, which the listing shows, and older head versions are compared by
+their signed step (one GET per distinct retained head version; :mod:`warden.archive.verify`).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from warden.archive.findings import Break, ranges
+from warden.archive.record import Head
+from warden.errors import ConfigError
+
+DEFAULT_GRACE_SECONDS = 600.0
+
+
+@dataclass(frozen=True)
+class JournalAnchor:
+    """The steps of a run's ``reward.snapshot`` events and when they were emitted (UTC seconds)."""
+
+    source: str
+    steps: dict[int, float]
+
+    @classmethod
+    def from_run_dir(cls, run_dir: str, run_id: str) -> JournalAnchor:
+        """Reads ``<run_dir>/events.jsonl``; raises ConfigError when there is none."""
+        from warden.journal import JournalReader
+
+        path = os.path.join(run_dir, "events.jsonl")
+        if not os.path.isfile(path):
+            raise ConfigError(f"--run-dir {run_dir}: no journal (events.jsonl) there")
+        steps: dict[int, float] = {}
+        for event, _ in JournalReader(path).read_available():
+            if event.type == "reward.snapshot" and event.run_id == run_id and event.step is not None:
+                steps[event.step] = _event_time(event.time)
+        return cls(path, steps)
+
+
+def _event_time(value: str) -> float:
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0  # unreadable time: old enough to be checked
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
+
+
+def anchor_findings(
+    anchor: JournalAnchor, present: Iterable[int], head: Head | None, now: float, grace: float
+) -> tuple[list[Break], list[int]]:
+    """Findings of ``anchor`` against the store: (breaks, journal steps within the grace period).
+
+    A journal step newer than both the newest record present and the head, emitted more
+    than ``grace`` seconds ago, is ``rolled_back``. Journal steps inside the stored chain
+    but absent from it were skipped by the archiver itself (the signed chain links across
+    them, e.g. a refused event): the chain walk judges those, not the anchor.
+    """
+    newest = max([*present, head.last_step if head else -1], default=-1)
+    beyond = sorted(s for s in anchor.steps if s > newest)
+    late = [s for s in beyond if now - anchor.steps[s] > grace]
+    recent = [s for s in beyond if s not in late]
+    if not late:
+        return [], recent
+    message = (
+        f"the journal ({anchor.source}) has reward.snapshot events for steps {ranges(late)} "
+        f"(more than {grace:.0f} s old), but the store's newest record is step {newest if newest >= 0 else 'none'}: "
+        "records were deleted and the head rolled back (or the archiver has been down since: its spool holds them)"
+    )
+    return [Break(late[0], "rolled_back", message)], recent
