@@ -403,10 +403,7 @@ def speed_bench(work: Path, count: int, vocab: int, repeat: int, distinct_count:
 
     def cold() -> None:
         ct._CACHE.clear()
-        sc.MEMO.clear()
-        sc.JUDGED.clear()
-        sc.SCANS.clear()
-        sc.BEHAVIOUR.clear()
+        sc.default_resources().clear()  # every cached parse, answer, judgement and verdict
         ct.stop_worker()
         tbe.stop_worker()
 

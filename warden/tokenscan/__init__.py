@@ -5,8 +5,11 @@ Layers: :mod:`.tree` (listing, links), :mod:`.sniff` / :mod:`.pickle_scan` / :mo
 (+ ``sandbox_child.py``: static analysis, then a battery of renders with run-time taint),
 :mod:`.tokenizer_behaviour` (+ ``tokenizer_child.py``: the tokenizer loaded with ``tokenizers``
 / ``sentencepiece`` and run on a built-in corpus), :mod:`.manifest` (SHA-256 manifests,
-approvals, drift) feed :mod:`.scanner`, which builds a :mod:`.snapshot` and runs the pure
-checks of :mod:`.checks`; :mod:`.report` renders text / JSON / SARIF;
+approvals, drift) feed :mod:`.scanner`, the entry points: :mod:`.analysis` (with :mod:`.reader`,
+:mod:`.declared` and :mod:`.exercise`) builds a :mod:`.snapshot` and runs the pure checks of
+:mod:`.checks`, :mod:`.verdict` stores and serves the verdicts of unchanged directories, all
+in the caches of a :mod:`.resources` ``ScanResources`` (:mod:`.result`: what a scan returns);
+:mod:`.report` renders text / JSON / SARIF;
 the service and the CLI are :mod:`sidecars.tokenscan`. Never imports torch.
 
 The API other parts of Warden call::

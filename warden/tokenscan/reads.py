@@ -1,13 +1,13 @@
 """The reads of a scan's analysis, recorded so that a verdict is kept only for the bytes analysed.
 
-A directory's verdict is stored under the digests the manifest computed (:func:`.scanner.verdict_key`),
+A directory's verdict is stored under the digests the manifest computed (:func:`.verdict.verdict_key`),
 but the analysis reads the files again: between the hashing and the reading, a file, or any
 directory above it (a ``rename(2)`` of a parent leaves the file's own inode, ctime and link
 count untouched), can be swapped for another. So every read of the analysis goes through
 :class:`Opened`: the file is opened once (no final link, no FIFO, regular only), every read of
 it is a ``pread`` of that one descriptor, and :class:`ReadLog` records the descriptor's
 :func:`~.manifest.stat_key` when it is opened and when it is closed, and the SHA-256 of every
-whole read. :func:`.scanner.reusable` stores a verdict only when those equal the listing's stat
+whole read. :func:`.verdict.reusable` stores a verdict only when those equal the listing's stat
 keys and the manifest's digests.
 """
 

@@ -267,9 +267,9 @@ def test_memo_makes_each_key_once_under_concurrency_and_is_bounded_by_weight():
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from warden.tokenscan.scanner import _Memo
+    from warden.caches import LRUCache
 
-    memo, made, gate = _Memo(size=8, max_weight=100), [], threading.Event()
+    memo, made, gate = LRUCache(8, max_bytes=100), [], threading.Event()
 
     def make():
         gate.wait(5)
@@ -277,15 +277,15 @@ def test_memo_makes_each_key_once_under_concurrency_and_is_bounded_by_weight():
         return "parsed"
 
     with ThreadPoolExecutor(6) as pool:
-        futures = [pool.submit(memo.get, "json", "d1", make) for _ in range(6)]
+        futures = [pool.submit(memo.get_or_make, ("json", "d1"), make) for _ in range(6)]
         gate.set()
         assert [f.result() for f in futures] == ["parsed"] * 6
     assert made == [1]  # one parse for six concurrent scans of the same content
-    memo.get("json", "big", lambda: "x", weight=60)
-    memo.get("json", "big2", lambda: "y", weight=60)  # over the weight: the oldest goes
-    assert memo.peek("json", "big") is None and memo.peek("json", "big2") == "y"
-    assert memo.get("render", "r", lambda: {"status": "crashed"}, keep=lambda a: a["status"] != "crashed")
-    assert memo.peek("render", "r") is None  # a crashed sandbox is retried by the next scan
+    memo.get_or_make(("json", "big"), lambda: "x", nbytes=60)
+    memo.get_or_make(("json", "big2"), lambda: "y", nbytes=60)  # over the weight: the oldest goes
+    assert memo.peek(("json", "big")) is None and memo.peek(("json", "big2")) == "y"
+    assert memo.get_or_make(("render", "r"), lambda: {"status": "crashed"}, keep=lambda a: a["status"] != "crashed")
+    assert memo.peek(("render", "r")) is None  # a crashed sandbox is retried by the next scan
 
 
 def test_parallel_scan_paths_finds_what_sequential_scans_find(attack_dirs, family_dirs):
@@ -296,8 +296,8 @@ def test_parallel_scan_paths_finds_what_sequential_scans_find(attack_dirs, famil
     names = ["swapped_word_ids", "normalizer_makes_role_token", "gated_on_tools", "post_processor_appends_instruction"]
     paths = [str(attack_dirs[n]) for n in names] + [str(p) for p in family_dirs.values()]
     alone = [{f.id for f in scan_directory(p, POLICY).findings} for p in paths]
-    sc.MEMO.clear()
-    sc.BEHAVIOUR.clear()
+    sc.default_resources().memo.clear()
+    sc.default_resources().behaviour.clear()
     together = [{f.id for f in s.findings} for s in sc.scan_paths(paths + paths, POLICY)]
     assert together == alone + alone
     assert all(alone[: len(names)]) and not any(alone[len(names) :])
@@ -383,9 +383,9 @@ def test_tool_supporting_family_templates_render_the_tool_exchange_and_documents
 def test_parse_budget_bounds_concurrent_scans_and_never_blocks_a_scan_alone():
     import threading
 
-    from warden.tokenscan.scanner import _ByteBudget
+    from warden.tokenscan.resources import ByteBudget
 
-    budget = _ByteBudget(100)
+    budget = ByteBudget(100)
     assert budget.admits(500)  # nothing held: a 64 MiB tokenizer.json alone always runs
     budget.acquire(150)
     assert not budget.admits(10)  # while it is held, another scan waits for its share

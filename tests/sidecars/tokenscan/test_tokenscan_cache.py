@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from warden.tokenscan import analysis
 from warden.tokenscan import chat_template as ct
 from warden.tokenscan import manifest as mf
 from warden.tokenscan import scanner as sc
@@ -51,7 +52,12 @@ def distinct_copies(benign: Path, root: Path, count: int) -> list[str]:
 
 def test_warm_rescans_of_50_distinct_tokenizers_make_no_sandbox_request(tokenscan_corpus, tmp_path, settled_now):
     dirs = distinct_copies(tokenscan_corpus.benign, tmp_path, 50)
-    for memo in (sc.MEMO, sc.JUDGED, sc.BEHAVIOUR, sc.SCANS):
+    for memo in (
+        sc.default_resources().memo,
+        sc.default_resources().judged,
+        sc.default_resources().behaviour,
+        sc.default_resources().scans,
+    ):
         memo.clear()  # another test may have scanned the same contents
     ct._CACHE.clear()
     before = requests()
@@ -59,9 +65,9 @@ def test_warm_rescans_of_50_distinct_tokenizers_make_no_sandbox_request(tokensca
     assert all(s.findings == [] and not s.errors for s in cold)
     assert requests()[0] - before[0] == 50  # each distinct tokenizer was exercised once
     assert requests()[1] - before[1] == 50  # each distinct template rendered once
-    sc.MEMO.clear()  # the parsed documents are not what a warm rescan needs
-    sc.JUDGED.clear()
-    sc.BEHAVIOUR.clear()
+    sc.default_resources().memo.clear()  # the parsed documents are not what a warm rescan needs
+    sc.default_resources().judged.clear()
+    sc.default_resources().behaviour.clear()
     cache = HashCache()
     for _ in range(2):
         warm = sc.scan_paths(dirs, POLICY, with_manifest=True, hash_cache=cache)
@@ -90,7 +96,7 @@ def test_a_tokenizer_rewritten_in_place_is_judged_again(fresh_benign, settled_no
     before = requests()
     assert sc.scan_directory(str(fresh_benign), POLICY, hash_cache=hash_cache).findings == []
     assert requests() == before  # the clean verdict was stored, and reused
-    sc.BEHAVIOUR.clear()  # the other parameter's run exercised the same new content
+    sc.default_resources().behaviour.clear()  # the other parameter's run exercised the same new content
     path = fresh_benign / "tokenizer.json"
     tok = json.loads(path.read_text(encoding="utf-8"))
     tok["normalizer"] = {"type": "Replace", "pattern": {"String": " not"}, "content": ""}
@@ -116,21 +122,21 @@ def test_no_verdict_is_stored_for_a_crash_a_racy_file_or_a_scan_without_manifest
     root = str(fresh_benign)
     key_of = lambda: sc.verdict_key(sc.build_snapshot(root, POLICY), POLICY)  # noqa: E731
     key = key_of()
-    assert key is not None and sc.SCANS.peek("scan", key) is None
+    assert key is not None and sc.default_resources().scans.peek(key) is None
     sc.scan_directory(root, POLICY)  # the files were written just now: racily clean
-    assert sc.SCANS.peek("scan", key) is None
+    assert sc.default_resources().scans.peek(key) is None
     monkeypatch.setattr(mf, "RACY_NS", 0)
     sc.scan_directory(root, POLICY, with_manifest=False)  # no digest of every file, no key
-    assert sc.SCANS.peek("scan", key) is None
+    assert sc.default_resources().scans.peek(key) is None
     monkeypatch.setattr(tbe, "run", lambda *a, **k: {"status": "crashed", "message": "test"})
-    sc.BEHAVIOUR.clear()
+    sc.default_resources().behaviour.clear()
     sc.scan_directory(root, POLICY)
-    assert sc.SCANS.peek("scan", key) is None
+    assert sc.default_resources().scans.peek(key) is None
     monkeypatch.undo()
     monkeypatch.setattr(mf, "RACY_NS", 0)
-    sc.BEHAVIOUR.clear()
+    sc.default_resources().behaviour.clear()
     sc.scan_directory(root, POLICY)
-    assert sc.SCANS.peek("scan", key) is not None
+    assert sc.default_resources().scans.peek(key) is not None
 
 
 def test_racily_clean_files_are_not_remembered_by_the_hash_cache(tmp_path):
@@ -202,11 +208,11 @@ def test_worker_pool_spreads_overlapping_requests_and_waits_when_all_are_busy():
 
 def test_a_pool_of_two_real_tokenizer_workers_gives_the_answers_of_one(tokenscan_corpus, tmp_path, monkeypatch):
     dirs = distinct_copies(tokenscan_corpus.benign, tmp_path, 8)
-    sc.BEHAVIOUR.clear()
+    sc.default_resources().behaviour.clear()
     one = [(s.findings, s.token_ids_digest) for s in sc.scan_paths(dirs, POLICY, with_manifest=False)]
     pool = ct._WorkerPool(2, tbe.CHILD, tbe.CHILD_ENV, ("tokenizers", "sentencepiece"))
     monkeypatch.setattr(tbe, "_WORKERS", pool)
-    sc.BEHAVIOUR.clear()
+    sc.default_resources().behaviour.clear()
     try:
         two = [(s.findings, s.token_ids_digest) for s in sc.scan_paths(dirs, POLICY, with_manifest=False)]
     finally:
@@ -243,7 +249,7 @@ class ParentSwap:
 
 def _hooks(swap: ParentSwap, order: str) -> dict[str, object]:
     """Scanner functions wrapped so that each step sees the copy ``order`` names for it."""
-    walk, hash_, analyse = sc.walk, sc._hash, sc._analyse
+    walk, hash_, analyse = analysis.walk, analysis.hash_listing, analysis.analyse
 
     def listing(root: str) -> object:
         out = walk(root)
@@ -270,11 +276,11 @@ def _hooks(swap: ParentSwap, order: str) -> dict[str, object]:
             swap.put("A")  # only the reader saw B
 
     if order == "hash-B-read-A":
-        return {"walk": listing, "_hash": hashing}
+        return {"walk": listing, "hash_listing": hashing}
     if order == "read-A-only":
-        return {"_analyse": reading}
+        return {"analyse": reading}
     swap.put("A")
-    return {"_analyse": reading_b}
+    return {"analyse": reading_b}
 
 
 @pytest.mark.parametrize("order", ["hash-B-read-A", "read-A-only", "read-B-only"])
@@ -285,20 +291,20 @@ def test_a_parent_directory_swapped_under_the_scan_stores_no_verdict(tmp_path, s
     its finding (before the fix, the clean verdict of A was stored under B's key and served)."""
     swap = ParentSwap(tmp_path)
     root, hash_cache = str(swap.root), HashCache() if cached else None
-    sc.SCANS.clear()
+    sc.default_resources().scans.clear()
     for name, hook in _hooks(swap, order).items():
-        monkeypatch.setattr(sc, name, hook)
+        monkeypatch.setattr(analysis, name, hook)
     raced = sc.scan_directory(root, POLICY, hash_cache=hash_cache)
     monkeypatch.undo()
     monkeypatch.setattr(mf, "RACY_NS", 0)
     expected = {"TS101"} if order == "read-B-only" else set()  # what the reader read
     assert {f.id for f in raced.findings} == expected and not raced.errors
-    assert len(sc.SCANS) == 0  # nothing is stored for a scan that read other files than it hashed
+    assert len(sc.default_resources().scans) == 0  # nothing is stored for a scan that read other files than it hashed
     swap.put("B")
     again = sc.scan_directory(root, POLICY, hash_cache=hash_cache)
     assert {f.id for f in again.findings} == {"TS101"} and again.outcome(sc.Severity.HIGH) == 1
     assert sc.scan_directory(root, POLICY, hash_cache=hash_cache).findings == again.findings  # stored now
-    assert len(sc.SCANS) == 1
+    assert len(sc.default_resources().scans) == 1
     swap.put("A")
     assert sc.scan_directory(root, POLICY, hash_cache=hash_cache).findings == []
 
@@ -334,12 +340,12 @@ def test_a_tokenizer_the_child_saw_changed_is_retried_not_remembered(fresh_benig
     this scan, kept in no cache (the answer, its judgement, the verdict), so the next scan
     exercises the tokenizer again and judges its real answer."""
     root = str(fresh_benign)
-    for memo in (sc.JUDGED, sc.BEHAVIOUR, sc.SCANS):
+    for memo in (sc.default_resources().judged, sc.default_resources().behaviour, sc.default_resources().scans):
         memo.clear()
     monkeypatch.setattr(tbe, "run", lambda *a, **k: {"status": status, "message": "test"})
     assert sc.scan_directory(root, POLICY).findings  # the child could not load what was hashed
-    assert len(sc.SCANS) == 0 and len(sc.BEHAVIOUR) == 0
+    assert len(sc.default_resources().scans) == 0 and len(sc.default_resources().behaviour) == 0
     monkeypatch.undo()
     monkeypatch.setattr(mf, "RACY_NS", 0)
     assert sc.scan_directory(root, POLICY).findings == []
-    assert len(sc.SCANS) == 1
+    assert len(sc.default_resources().scans) == 1

@@ -178,7 +178,8 @@ def test_sidecar_rescans_of_unchanged_dirs_send_no_sandbox_request(tmp_path, tok
     sc = make_sidecar(tmp_path, paths=tuple(dirs), rescan_interval_seconds=1e-6)
     try:
         assert sc.check() == Outcome.OK
-        for memo in (scanner.MEMO, scanner.JUDGED, scanner.BEHAVIOUR):
+        res = scanner.default_resources()
+        for memo in (res.memo, res.judged, res.behaviour):
             memo.clear()  # what is left: the directories' verdicts
         before = requests()
         for _ in range(3):

@@ -1,0 +1,222 @@
+"""What the sandbox children say about a snapshot: chat templates rendered with the battery of
+conversations, tokenizers loaded and run on the built-in corpus; and the judgements of both.
+
+Answers and judgements are cached by content in :class:`~.resources.ScanResources` (a crashed
+sandbox, or a file that changed under the child, is reported now and not remembered: the next
+scan retries). Tokenizer requests are futures sent through the resources' pool, so the child
+works while this process parses and renders (:func:`start_exercises`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import Any
+
+from warden.tokenscan import chat_template as ct
+from warden.tokenscan import template_battery as tb
+from warden.tokenscan import tokenizer_behaviour as tbe
+from warden.tokenscan.declared import as_dict, as_list, config_tokens, declared_tokens, specials, token
+from warden.tokenscan.policy import TokenscanPolicy
+from warden.tokenscan.resources import ScanResources
+from warden.tokenscan.snapshot import JsonDoc, Snapshot, TemplateSource
+
+SEND_WAIT_SECONDS = 0.2  # bounded: a saturated pool only delays the overlap
+
+
+# -- chat templates --------------------------------------------------------------------------
+def _json_templates(doc: JsonDoc) -> list[tuple[str, str | None, Any]]:
+    if not isinstance(doc.data, dict) or "chat_template" not in doc.data:
+        return []
+    value = doc.data["chat_template"]
+    if isinstance(value, list):
+        return [
+            (doc.rel, f"chat_template[{_name(v, i)}]", v.get("template") if isinstance(v, dict) else v)
+            for i, v in enumerate(value)
+        ]
+    if isinstance(value, dict):
+        return [(doc.rel, f"chat_template[{k}]", v) for k, v in value.items()]
+    return [(doc.rel, "chat_template", value)]
+
+
+def _name(item: Any, index: int) -> str:
+    return str(item.get("name", index)) if isinstance(item, dict) else str(index)
+
+
+def collect_templates(snap: Snapshot, jinja: list[tuple[str, str | None, str]], policy: TokenscanPolicy) -> None:
+    """Fills ``snap.templates``: the ``jinja`` texts the reader found and every config's
+    ``chat_template``, each pinned, over its cap, or statically analysed."""
+    cp = policy.chat_template
+    cap = policy.cap_for("x.jinja")
+    sources: list[tuple[str, str | None, Any]] = list(jinja)
+    for doc in snap.configs():
+        sources += _json_templates(doc)
+    for rel, key, text in sources:
+        if not isinstance(text, str):
+            issue = ct.TemplateIssue("syntax", f"chat template is a {type(text).__name__}, not a string")
+            snap.templates.append(TemplateSource(rel, key, "", "", issues=(issue,)))
+            continue
+        digest = ct.template_digest(text)
+        if digest in cp.approved_sha256:
+            snap.templates.append(TemplateSource(rel, key, text, digest, pinned=True))
+        elif cap is not None and len(text.encode("utf-8", "replace")) > cap:
+            issue = ct.TemplateIssue("size", f"{len(text)} characters, over the .jinja cap of {cap} bytes")
+            snap.templates.append(TemplateSource(rel, key, "", digest, issues=(issue,)))
+        else:
+            issues = ct.analyze(text, cp.max_loop_depth, cp.max_range, cp.max_literal_chars)
+            snap.templates.append(TemplateSource(rel, key, text, digest, issues=tuple(issues)))
+
+
+def _not_crashed(answer: dict[str, Any]) -> bool:
+    return answer.get("status") != "crashed"
+
+
+def _lasting(answer: dict[str, Any]) -> bool:
+    """Whether a tokenizer child's answer is about the content it was asked about, for good: not a
+    crash, nor a file that was not the content of the digest any more when the child read it."""
+    return answer.get("status") not in ("crashed", "changed")
+
+
+def render(snap: Snapshot, policy: TokenscanPolicy, res: ScanResources) -> None:
+    """Renders templates that parsed and show no introspection with the battery of
+    conversations, in the sandbox child, and judges the renders."""
+    cp = policy.chat_template
+    limits = ct.RenderLimits(cp.render_timeout_seconds, cp.output_cap, cp.memory_cap)
+    context: dict[str, Any] = {f"{k}_token": v or "" for k, v in snap.special_tokens.items()}
+    context |= {"add_generation_prompt": True, "documents": None}
+    renders = tb.battery_renders(context)
+    for i, t in enumerate(snap.templates):
+        if t.text and time.monotonic() > snap.deadline:
+            snap.unanalysed.append((t.rel, f"template {t.key or ''} not rendered: scan time budget spent".strip()))
+            continue
+        if not t.text or t.pinned or any(x.kind in ("syntax", "introspection", "complexity") for x in t.issues):
+            continue
+        try:
+            rkey = hashlib.sha256(json.dumps([t.digest, context, limits.__dict__], sort_keys=True).encode()).hexdigest()
+            battery = lambda text=t.text: ct.run_battery(text, renders, limits)  # noqa: E731
+            answer = res.memo.get_or_make(
+                ("render", rkey), battery, keep=_not_crashed, nbytes=lambda a: len(json.dumps(a))
+            )
+        except OSError as exc:
+            snap.errors.append(f"chat template sandbox could not start: {exc.strerror or exc}")
+            return
+        if not _not_crashed(answer):
+            snap.transient.append(f"{t.rel}: template sandbox crashed")
+        result = ct.RenderResult(str(answer["status"]), "", str(answer.get("message", "")))
+        key = t.digest + json.dumps([specials(snap), cp.max_literal_chars, context], sort_keys=True)
+        judged = lambda a=answer: tuple(tb.judge(renders, a, specials(snap), cp.max_literal_chars))  # noqa: E731
+        issues = res.judged.get_or_make(("battery", key), judged) if answer["status"] == "ok" else ()
+        snap.templates[i] = replace(t, render=result, behaviour=tuple(issues))
+
+
+# -- tokenizers ------------------------------------------------------------------------------
+def _exercise_key(kind: str, digest: str, tokens: dict[str, str | None]) -> str:
+    return hashlib.sha256((digest + json.dumps([kind, tokens], sort_keys=True)).encode()).hexdigest()
+
+
+def exercise(
+    kind: str,
+    path: str,
+    digest: str,
+    size: int,
+    tokens: dict[str, str | None],
+    policy: TokenscanPolicy,
+    res: ScanResources,
+) -> Future[dict[str, Any]]:
+    """The tokenizer child's answer for the file at ``path``, as a future shared by every scan
+    of the same content (``digest``) and tokens; the child re-checks the digest."""
+    bp = policy.behaviour
+
+    def send() -> Future[dict[str, Any]]:
+        sent = threading.Event()
+        req = tbe.request(kind, path, digest, size, tokens)
+        future = res.tokenizer_pool().submit(tbe.run, req, bp.memory_cap, bp.timeout_seconds, sent.set)
+        # the caller goes on to json.loads, which holds the GIL for its whole parse: let the
+        # pool thread write the request first, so the child loads while this process parses
+        sent.wait(SEND_WAIT_SECONDS)
+        return future
+
+    return res.behaviour.get_or_make((kind, _exercise_key(kind, digest, tokens)), send)  # type: ignore[no-any-return]
+
+
+def start_exercises(snap: Snapshot, policy: TokenscanPolicy, res: ScanResources) -> dict[str, Future[dict[str, Any]]]:
+    """Sends every tokenizer to its child now, so the child works while this process analyses
+    and renders the templates; :func:`tokenizer_behaviour` collects the answers."""
+    if not policy.behaviour.enabled or time.monotonic() > snap.deadline:
+        return {}
+    tokens = config_tokens(snap)
+    return {
+        rel: exercise(kind, path, digest, size, tokens, policy, res)
+        for rel, (kind, path, digest, size) in sorted(snap.tokenizer_files.items())
+    }
+
+
+def tokenizer_behaviour(
+    snap: Snapshot, policy: TokenscanPolicy, running: dict[str, Future[dict[str, Any]]], res: ScanResources
+) -> None:
+    """Static invariants of tokenizer.json and the behaviour of every tokenizer found
+    (``running``: the child requests :func:`start_exercises` sent)."""
+    tokens = declared_tokens(snap)
+    declared = {k: v for k, v in tokens.items() if v}
+    tok = snap.top("tokenizer.json")
+    added = [t for t in (token(a) for a in as_list((tok or {}).get("added_tokens"))) if t]
+    out = snap.tokenizer_issues
+    if tok is not None:
+        out += [("tokenizer.json", i) for i in tbe.special_token_problems(declared, added)]
+        out += [("tokenizer.json", i) for i in tbe.ordinary_special_tokens(declared, added)]
+        model = as_dict(tok.get("model"))
+        digest = snap.digests.get("tokenizer.json", "")
+        order = res.judged.get_or_make(
+            ("order", digest), lambda: tbe.merge_order_problem(model) or tbe.score_order_problem(model)
+        )
+        out += [("tokenizer.json", i) for i in tbe.rewrite_rules(tok)]
+        problem = order if policy.behaviour.bpe_ids_follow_merges else None
+        if problem:
+            out.append(("tokenizer.json", tbe.TokenizerIssue("order", problem)))
+        out += [("tokenizer.json", tbe.TokenizerIssue("order", d)) for d in _vocab_disagreements(snap, model, res)]
+    if not policy.behaviour.enabled:
+        return
+    for rel, (kind, _path, digest, _size) in sorted(snap.tokenizer_files.items()):
+        if rel not in running:
+            snap.unanalysed.append((rel, "tokenizer not exercised: scan time budget spent"))
+            continue
+        try:
+            answer = running[rel].result()
+        except OSError as exc:
+            res.behaviour.pop((kind, _exercise_key(kind, digest, config_tokens(snap))))
+            snap.errors.append(f"tokenizer sandbox could not start: {exc.strerror or exc}")
+            return
+        if not _lasting(answer):  # reported now, retried by the next scan
+            res.behaviour.pop((kind, _exercise_key(kind, digest, config_tokens(snap))))
+            snap.transient.append(f"{rel}: tokenizer sandbox {answer.get('status')}")
+        if snap.token_ids_digest is None or rel == "tokenizer.json":
+            snap.token_ids_digest = tbe.ids_digest(answer)
+        key = digest + json.dumps([kind, rel, tokens], sort_keys=True)
+        judged = lambda a=answer, r=rel: tuple(tbe.judge(a, tokens, r))  # noqa: E731
+        lasting = lambda _v, a=answer: _lasting(a)  # noqa: E731
+        out += [(rel, i) for i in res.judged.get_or_make(("judge", key), judged, keep=lasting)]
+
+
+def _vocab_disagreements(snap: Snapshot, model: dict[str, Any], res: ScanResources) -> list[str]:
+    """tokenizer.json's vocabulary against the slow tokenizer's vocab.json / vocab.txt beside it
+    (cached by the digests of the two files)."""
+    vocab = model.get("vocab")
+    if not isinstance(vocab, dict):
+        return []
+    others: dict[str, Any] = {}
+    if (doc := snap.top("vocab.json")) is not None:
+        others["vocab.json"] = lambda d=doc: d
+    if "vocab.txt" in snap.vocab_lines:
+        others["vocab.txt"] = lambda lines=snap.vocab_lines["vocab.txt"]: tbe.vocab_txt_ids(lines)
+    out = []
+    for label, mapping in others.items():
+        key = snap.digests.get("tokenizer.json", "") + label + snap.digests.get(label, "")
+        compare = lambda m=mapping, n=label: tbe.vocab_disagreement(vocab, m(), n)  # noqa: E731
+        found = res.judged.get_or_make(("vocabs", key), compare)
+        if found:
+            out.append(found)
+    return out

@@ -1,0 +1,167 @@
+"""Reads the files of a listing into a :class:`~.snapshot.Snapshot`: sniffed, parsed, collected.
+
+Every read goes through one descriptor per file (:mod:`.reads`). The format of every file is
+decided by its content, never by its name alone. Large JSON documents are parsed once per
+content (the ``memo`` cache of :class:`~.resources.ScanResources`); a tokenizer.json is sent
+to the tokenizer child before it is parsed here, so the two overlap.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+from collections.abc import Iterable
+from dataclasses import replace
+
+from warden.tokenscan.declared import config_tokens
+from warden.tokenscan.exercise import exercise
+from warden.tokenscan.gguf import GGUFError, read_strings
+from warden.tokenscan.policy import TokenscanPolicy
+from warden.tokenscan.reads import Opened
+from warden.tokenscan.resources import ScanResources
+from warden.tokenscan.snapshot import FileFacts, JsonDoc, Snapshot
+from warden.tokenscan.sniff import Budget, sniff_file
+from warden.tokenscan.spm import ProtobufError, parse_sentencepiece
+
+MEMO_MIN_BYTES = 64 << 10  # smaller files parse faster than they hash
+JSON_WEIGHT = 6  # a parsed JSON document takes about this many times its source bytes
+ANALYSIS_ERRORS = (ValueError, RecursionError, MemoryError, struct.error, EOFError, LookupError, TypeError)
+
+
+def _parse_json(rel: str, data: bytes) -> JsonDoc:
+    try:
+        return JsonDoc(rel, json.loads(data))
+    except (ValueError, RecursionError) as exc:
+        return JsonDoc(rel, error=str(exc)[:200] or type(exc).__name__)
+
+
+def parse_bytes(files: Iterable[tuple[str, str, str | None]], policy: TokenscanPolicy) -> int:
+    """What a scan of ``files`` may hold parsed: each file over :data:`MEMO_MIN_BYTES` and within
+    its size cap (the caps bound what is parsed at all)."""
+    total = 0
+    for rel, path, _link in files:
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            continue
+        cap = policy.cap_for(rel)
+        if size >= MEMO_MIN_BYTES and (cap is None or size <= cap):
+            total += size
+    return total
+
+
+def _parse_json_cached(rel: str, data: bytes, digest: str, res: ScanResources) -> JsonDoc:
+    """The parse of ``data`` (whose SHA-256 is ``digest``), shared by every copy of a large file."""
+    if len(data) < MEMO_MIN_BYTES:
+        return _parse_json(rel, data)
+    doc = res.memo.get_or_make(("json", digest), lambda: _parse_json(rel, data), nbytes=JSON_WEIGHT * len(data))
+    return JsonDoc(rel, doc.data, doc.error)
+
+
+class Reader:
+    """Reads the snapshot's content facts, collecting incomplete-scan errors. The format of
+    every file is decided by its content, never by its name alone."""
+
+    def __init__(self, snap: Snapshot, policy: TokenscanPolicy, deadline: float, res: ScanResources) -> None:
+        self.snap, self.policy, self.deadline, self.res = snap, policy, deadline, res
+        self.jinja: list[tuple[str, str | None, str]] = []
+        self.pieces: set[str] = set()
+
+    def file(self, rel: str, path: str) -> None:
+        """Analyses file ``rel`` (at ``path``): opened once, every read of it through that descriptor
+        and recorded in the snapshot's :class:`~.reads.ReadLog`."""
+        try:
+            with self.snap.reads.open(rel, path) as f:
+                if time.monotonic() > self.deadline:
+                    problem = f"scan time budget of {self.policy.scan_budget_seconds:g}s spent; not analysed"
+                    self.snap.facts[rel] = FileFacts(rel, f.size, problems=(problem,))
+                    self.snap.transient.append(f"{rel}: {problem}")
+                    return
+                self.snap.facts[rel] = self._facts(rel, path, f)
+        except OSError as exc:
+            self.snap.errors.append(f"{path}: cannot read ({exc.strerror or exc})")
+
+    def _facts(self, rel: str, path: str, f: Opened) -> FileFacts:
+        size = f.size
+        cap = self.policy.cap_for(rel)
+        over = cap if cap is not None and size > cap else None
+        budget = Budget(self.policy.pickle_cap, min(self.deadline, time.monotonic() + self.policy.file_budget_seconds))
+        try:
+            facts = FileFacts(rel, size, sniff_file(path, size, self.policy.pickle_cap, budget, f.stream), over)
+            if budget.spent():
+                self.snap.transient.append(f"{rel}: file time budget spent")
+            return facts if over is not None else self._parse(rel, path, f, facts)
+        except ANALYSIS_ERRORS as exc:  # a hostile file must end in a finding, never a traceback
+            return FileFacts(rel, size, None, over, problems=(f"content analysis failed: {type(exc).__name__}",))
+
+    def _parse(self, rel: str, path: str, f: Opened, facts: FileFacts) -> FileFacts:
+        ext = os.path.splitext(rel)[1].lower()
+        kind = facts.sniff.kind if facts.sniff else None
+        size = f.size
+        if ext == ".json" or (ext != ".jinja" and kind == "text" and _starts_like_json(f.head(256))):
+            doc = self._known_json(rel, size)
+            if doc is None:
+                data, digest = f.read(size + 1)
+                self.snap.digests[rel] = digest
+                if os.path.basename(rel) == "tokenizer.json":  # the child loads it while this parses it
+                    self._exercise_early("tokenizer", path, digest, size)
+                doc = _parse_json_cached(rel, data, digest, self.res)
+            if ext == ".json" or doc.error is None:
+                self.snap.json[rel] = doc
+                if os.path.basename(rel) == "tokenizer.json" and doc.error is None:
+                    self.snap.tokenizer_files[rel] = ("tokenizer", path, self.snap.digests[rel], size)
+                return facts
+        if kind == "gguf":
+            return self._gguf(f, facts)
+        if rel == "vocab.txt" and kind == "text":
+            data, self.snap.digests[rel] = f.read(size + 1)
+            self.snap.vocab_lines[rel] = tuple(data.decode("utf-8", "replace").split("\n"))
+            return facts
+        if ext == ".jinja" or (kind == "text" and _looks_like_template(f.head(4096))):
+            self.jinja.append((rel, None, f.read(size + 1)[0].decode("utf-8", "replace")))
+        elif ext == ".model" and kind != "text":
+            try:
+                data, digest = f.read(size + 1)
+                self.pieces.update(parse_sentencepiece(data).pieces)
+                self.snap.tokenizer_files[rel] = ("sentencepiece", path, digest, size)
+            except ProtobufError as exc:
+                return replace(facts, spm_error=str(exc))
+        return facts
+
+    def _exercise_early(self, kind: str, path: str, digest: str, size: int) -> None:
+        """Sends the tokenizer child its request now (the config files were read first, see
+        :func:`~.analysis.read_order`); :func:`~.exercise.start_exercises` later gets the same
+        request's future."""
+        if self.policy.behaviour.enabled and time.monotonic() <= self.deadline:
+            exercise(kind, path, digest, size, config_tokens(self.snap), self.policy, self.res)
+
+    def _known_json(self, rel: str, size: int) -> JsonDoc | None:
+        """The parse of a large JSON file whose digest the manifest just computed, when a scan
+        already parsed that content (no second read and hash of a multi-MiB tokenizer.json)."""
+        known = self.snap.manifest.files.get(rel) if self.snap.manifest else None
+        if known is None or known.size != size or size < MEMO_MIN_BYTES:
+            return None
+        doc = self.res.memo.peek(("json", known.sha256))
+        if doc is None:
+            return None
+        self.snap.digests[rel] = known.sha256
+        return JsonDoc(rel, doc.data, doc.error)
+
+    def _gguf(self, f: Opened, facts: FileFacts) -> FileFacts:
+        try:
+            with f.stream() as fh:
+                found = read_strings(fh, f.size)
+        except GGUFError as exc:
+            return replace(facts, problems=(f"GGUF metadata unreadable: {exc}",))
+        self.jinja += [(facts.rel, key, text) for key, text in sorted(found.items())]
+        return facts
+
+
+def _starts_like_json(head: bytes) -> bool:
+    return head.lstrip()[:1] in (b"{", b"[")
+
+
+def _looks_like_template(head: bytes) -> bool:
+    return b"{%" in head and b"messages" in head
