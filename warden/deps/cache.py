@@ -19,7 +19,7 @@ seen. Nothing is written when nothing changed.
 Directory listings (walk.walk_tree): a directory whose (inode, mtime_ns, ctime_ns) is unchanged
 is not listed again; its entries are only stat-ed (walk.py says why that is safe).
 
-Verified-clean distributions (integrity.py): by metadata directory, the RECORD's sha256, the
+Verified-clean distributions (records.py): by metadata directory, the RECORD's sha256, the
 policy it was judged under, its paths and a fingerprint of their stat identities, so an
 unchanged distribution is one comparison (its RECORD is not even parsed: installed.LazyRecord).
 
@@ -58,7 +58,7 @@ def _strings(value: Any) -> dict[str, str]:
 
 
 def _dist_ok(value: Any) -> bool:
-    """The shape integrity.py relies on: [RECORD sha256, policy tag, hashed paths, other paths, fingerprint]."""
+    """The shape records.py relies on: [RECORD sha256, policy tag, hashed paths, other paths, fingerprint]."""
     return isinstance(value, list) and len(value) == 5 and all(isinstance(v, str) for v in value)
 
 
@@ -88,7 +88,7 @@ class IntegrityCache:
         self._verdicts_used: set[str] = set()
         self.wheels: dict[str, list[Any]] = {}
         self.listings: dict[str, list[Any]] = {}  # walk.walk_tree's directory listings
-        self.dists: dict[str, list[str]] = {}  # integrity.py's verified-clean distributions
+        self.dists: dict[str, list[str]] = {}  # records.py's verified-clean distributions
         self.stdlib_state: list[str] = []  # stdlib.py: [paths, digests (NUL-joined), stat fingerprint]
         self.wheel_verdicts: set[str] = set()
         self._wheel_verdicts_used: set[str] = set()

@@ -35,7 +35,7 @@ class RecordEntry(NamedTuple):
 class LazyRecord(Sequence[RecordEntry]):
     """RECORD rows parsed on first use. Only for a RECORD whose exact bytes (its sha256) parsed
     before (the integrity cache knows it), so parsing cannot fail here; an incremental audit whose
-    files are all unchanged never needs the rows (integrity.py compares whole distributions)."""
+    files are all unchanged never needs the rows (records.py compares whole distributions)."""
 
     def __init__(self, data: bytes) -> None:
         self._data = data

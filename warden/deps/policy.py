@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warden.deps.ignores import IgnoreRule
-from warden.deps.integrity import DEFAULT_UNHASHED, SETUPTOOLS_PTH, PthRule
+from warden.deps.integrity_common import DEFAULT_UNHASHED
 from warden.deps.model import SEVERITIES
+from warden.deps.pth import SETUPTOOLS_PTH, PthRule
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ For each installed distribution whose lock entry lists hashes, the wheel files o
 version in ``lock.wheel_dirs`` (a wheelhouse, a ``pip download`` directory) are hashed; one
 whose sha256 the lock lists is the locked artifact, and its own ``*.dist-info/RECORD`` must
 describe exactly what the installed RECORD lists (the installed files themselves are re-hashed
-against the installed RECORD by integrity.py, and that RECORD against the approved baseline).
+against the installed RECORD by records.py, and that RECORD against the approved baseline).
 This closes the gap the approved baseline leaves: a rebuilt wheel of the locked name and version,
 installed from an index before the first approval, has a RECORD of its own, which the baseline
 would bless and ``direct_url.json`` (URL installs only) would never show.
@@ -26,7 +26,7 @@ Known, legitimate differences between the two RECORDs (nothing else is):
   installed script must have the hash its RECORD row names, a shebang naming the environment's own
   ``python*`` with no arguments, and equal the wheel's but for line 1;
 - rows the installer adds to the dist-info (``INSTALLER``, ``REQUESTED``, ``direct_url.json``,
-  ``RECORD``), ``__pycache__/*.pyc`` rows (integrity.py compares each with its source), and the
+  ``RECORD``), ``__pycache__/*.pyc`` rows (bytecode.py compares each with its source), and the
   console/gui-script launchers of the wheel's ``entry_points.txt`` in the scripts directory,
   each read and accepted only as the generated stub calling that entry point (launchers.py).
 

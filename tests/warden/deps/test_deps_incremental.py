@@ -14,7 +14,7 @@ import pytest
 
 from tests.warden.deps.deps_helpers import kinds
 from tests.warden.deps.test_deps_attacks import ATTACKS, EVIL, _pyc, _run
-from warden.deps import integrity, stdlib, walk
+from warden.deps import bytecode, filehash, stdlib, walk
 from warden.deps.cache import CACHE_VERSION, IntegrityCache, stat_key
 from warden.deps.installed import LazyRecord, parse_record, scan_distributions
 from warden.deps.walk import Changed, batches_of, read_as, read_small, safe_digest, settled, walk_tree
@@ -216,7 +216,7 @@ def test_a_file_swapped_in_while_hashing_is_not_cached_under_the_walked_stat(tes
     os.rename(f"{site}/idna", benign)
     os.rename(evil, f"{site}/idna")  # the malicious tree in place, for the walk
     core = f"{site}/idna/core.py"
-    _swapped_in_while(integrity, "_hash_all", f"{site}/idna", benign, monkeypatch)
+    _swapped_in_while(filehash, "hash_all", f"{site}/idna", benign, monkeypatch)
     raced = test_env.audit()
     assert raced.exit_code == 3 and _changed(raced, core), raced.incomplete
     cache = IntegrityCache.for_target(str(test_env.state_dir), (site,)).load()
@@ -245,7 +245,7 @@ def test_a_pyc_swapped_in_while_checked_keeps_no_verdict_under_the_walked_stat(t
     benign = tmp_path / "pycache_benign"
     os.rename(cache_dir, benign)
     os.rename(evil, cache_dir)
-    _swapped_in_while(integrity, "_check_pycs", cache_dir, benign, monkeypatch)
+    _swapped_in_while(bytecode, "check_pycs", cache_dir, benign, monkeypatch)
     raced = test_env.audit()
     assert raced.exit_code == 3 and _changed(raced, pyc), raced.incomplete
     monkeypatch.undo()
