@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from safetensors.torch import save as safetensors_bytes
 
+from trainer import tensorfile
 from warden import safeio
 from warden.errors import IncompleteError, quote_untrusted
 from warden.safeio import DIR_FLAGS
@@ -175,14 +175,19 @@ class CheckpointWriter:
         return safeio.fd_path(self._fd)
 
     def bytes(self, relative: str, payload: bytes) -> None:
+        self.buffers(relative, [memoryview(payload)])
+
+    def buffers(self, relative: str, parts: list[memoryview]) -> None:
+        """The file made of ``parts`` in order (kept alive until written)."""
         directory, name = self._dir_of(relative)
-        self._pending.append((relative, self._pool.submit(_hash_and_write, directory, name, payload)))
+        self._pending.append((relative, self._pool.submit(_hash_and_write, directory, name, parts)))
 
     def json(self, relative: str, obj: Any) -> None:
         self.bytes(relative, json_bytes(obj))
 
     def tensors(self, relative: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-        self.bytes(relative, safetensors_bytes(tensors, metadata=metadata))
+        """A safetensors file of ``tensors``, encoded without copying them (:mod:`trainer.tensorfile`)."""
+        self.buffers(relative, tensorfile.encode(tensors, metadata))
 
     def _dir_of(self, relative: str) -> tuple[int, str]:
         parts = relative.split("/")
@@ -225,10 +230,25 @@ class CheckpointWriter:
         self._dirs = {"": self._fd}
 
 
-def _hash_and_write(dir_fd: int, name: str, payload: bytes) -> str:
-    digest = hashlib.sha256(payload).hexdigest()
-    safeio.write_new_at(dir_fd, name, payload)
-    return digest
+HASH_WRITE_CHUNK = 8 * 1024 * 1024
+"""Bytes hashed and then written at a time: the chunk is still in cache for the write."""
+
+
+def _hash_and_write(dir_fd: int, name: str, parts: list[memoryview]) -> str:
+    """Creates ``name`` exclusively, writes ``parts`` and returns the SHA-256 of exactly those bytes."""
+    digest = hashlib.sha256()
+    fd = os.open(name, safeio.WRITE_FLAGS, 0o644, dir_fd=dir_fd)
+    try:
+        for part in parts:
+            flat = part.cast("B")
+            for start in range(0, len(flat), HASH_WRITE_CHUNK):
+                chunk = flat[start : start + HASH_WRITE_CHUNK]
+                digest.update(chunk)
+                safeio.write_all(fd, chunk)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return digest.hexdigest()
 
 
 def _files_below(dir_fd: int) -> list[str]:
