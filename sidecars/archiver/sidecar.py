@@ -1,15 +1,9 @@
 """The ``archiver`` sidecar: a signed, hash-chained record of every reward snapshot, in S3.
 
-Event handling (at least once; every handler is idempotent):
-
-- ``run.started``: the run's genesis is its ``config_digest``. A run this state directory
-  has never seen is first looked up in the store, so a lost state directory resumes the
-  stored chain instead of forking it (store unreachable, or a stored chain this key cannot
-  verify: RetryLater, the events wait in the journal);
-- ``checkpoint.saved``: remembered as the run's checkpoint reference;
-- ``reward.snapshot``: a step at or before the run's chain head is a replay and is
-  skipped; otherwise the record is built, signed, written to the spool (the commit
-  point) and the chain head advances. The event is done then: the store is not needed.
+A thin adapter over :class:`warden.archive.service.Archiver` (what each event does: the
+module docstring there): it opens the store, the spool and the chain state from the policy
+and the state directory, turns ``TryAgainLater`` into the runtime's RetryLater (the event
+waits in the journal), and maps the uploader's state to the check's outcome.
 
 The uploader (:mod:`warden.archive.uploader`) drains the spool in a thread. The first
 :meth:`ArchiverSidecar.check` drains it synchronously instead, so ``--once`` exits 0
@@ -18,52 +12,18 @@ only when every record is in the store (3 while the store is down, 1 on a confli
 
 from __future__ import annotations
 
-import contextlib
 import os
-from dataclasses import replace
-from typing import Any
 
 from sidecars.archiver.metrics import ArchiverMetrics
 from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext
-from warden.archive.chain import ChainState, RunChain, default_state_path, recover_from_store
-from warden.archive.errors import BadSnapshotEvent, ChainRecoveryError, RecordInvalid, StoreError
+from warden.archive.chain import ChainState, default_state_path
+from warden.archive.errors import TryAgainLater
 from warden.archive.policy import ArchiverPolicy
-from warden.archive.record import (
-    MAX_STEP,
-    Limits,
-    build_record,
-    genesis_for_run,
-    object_hash,
-    step_key,
-    valid_run_id,
-)
-from warden.archive.signing import RecordSigner, verify_record
+from warden.archive.service import Archiver, load_signer
+from warden.archive.signing import RecordSigner
 from warden.archive.spool import Spool
-from warden.archive.store import Retention, Store, open_store
-from warden.archive.uploader import Uploader
-from warden.errors import ConfigError
+from warden.archive.store import Store, open_store
 from warden.journal import CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_STARTED, Event
-from warden.logs import log_fields
-from warden.payloads import CheckpointSaved, PayloadError, RewardSnapshot, RunStarted
-from warden.signing.keys import load_private_key
-
-NOTE_REASONS = (
-    ("dropped", "dropped_sample"),
-    ("truncated", "truncated_text"),
-    ("UTF-8", "repaired_text"),
-    ("no 'samples'", "no_samples"),
-)
-
-
-def load_signer(policy: ArchiverPolicy) -> RecordSigner:
-    """The record signer from ``signing_key``; ConfigError when unset or unusable."""
-    path = policy.signing_key_path()
-    if path is None:
-        raise ConfigError(
-            f"archiver policy: signing_key is {policy.signing_key!r}, which does not resolve to a file; "
-            "set WARDEN_SIGNING_KEY or signing_key to the private key from `warden keys generate`"
-        )
-    return RecordSigner(load_private_key(path))
 
 
 class ArchiverSidecar(Sidecar[ArchiverPolicy]):
@@ -76,8 +36,8 @@ class ArchiverSidecar(Sidecar[ArchiverPolicy]):
 
     def __init__(self, ctx: SidecarContext, *, store: Store | None = None, signer: RecordSigner | None = None) -> None:
         super().__init__(ctx)
-        self.signer = signer or load_signer(self.policy)
-        self.store = store or open_store(
+        signer = signer or load_signer(self.policy)
+        store = store or open_store(
             self.policy.store_url(),
             addressing_style=self.policy.addressing_style,
             timeout=self.policy.request_timeout_seconds,
@@ -85,182 +45,30 @@ class ArchiverSidecar(Sidecar[ArchiverPolicy]):
             attempts=1,  # the uploader's back-off with jitter is the retry policy
         )
         os.makedirs(ctx.state_dir, exist_ok=True)
-        self.spool = Spool(os.path.join(ctx.state_dir, "spool"), clock=ctx.clock)
-        self.chains = ChainState(default_state_path(ctx.state_dir))
-        self.metrics = ArchiverMetrics(ctx.registry, self.spool)
-        self.limits = Limits(self.policy.top_k, self.policy.min_reward, self.policy.max_text_bytes)
-        retention = self.policy.retention
-        self.uploader = Uploader(
-            self.store,
-            self.spool,
-            self.chains,
-            self.signer,
-            self.metrics,
-            ctx.log,
-            retention=Retention(retention.mode, retention.days) if retention.mode != "none" else None,
-            require_object_lock=retention.needs_object_lock,
-            concurrency=self.policy.upload_concurrency,
-            backoff=self.policy.backoff,
-        )
+        spool = Spool(os.path.join(ctx.state_dir, "spool"), clock=ctx.clock)
+        chains = ChainState(default_state_path(ctx.state_dir))
+        self.metrics = ArchiverMetrics(ctx.registry, spool)
         self._first_check = True
         self._conflicts_reported = 0
-        self._head_seqs: dict[str, tuple[int, int | None]] = {}  # run -> (head step, its event seq)
-        self._refuse_without_object_lock()
-        for run_id, step in self.chains.reconcile(self.spool, self.signer.own_trust):
-            ctx.log.debug("chain head from the spool", extra=log_fields(sidecar=self.name, run_id=run_id, step=step))
+        self.archiver = Archiver(
+            self.policy,
+            store=store,
+            signer=signer,
+            spool=spool,
+            chains=chains,
+            metrics=self.metrics,
+            log=ctx.log,
+            name=self.name,
+        )
+        self.store, self.spool, self.uploader = store, spool, self.archiver.uploader
 
-    def _refuse_without_object_lock(self) -> None:
-        try:
-            ok = self.uploader.verify_object_lock()
-        except StoreError as exc:
-            self.ctx.log.warning(
-                f"cannot check Object Lock now, checking before the first upload: {exc}",
-                extra=log_fields(sidecar=self.name, kind=exc.kind),
-            )
-            return
-        if not ok:
-            self.store.close()
-            raise self.uploader.lock_missing_error()
-
-    # -- events -------------------------------------------------------------------------------
     def handle(self, event: Event) -> Outcome:
-        if not valid_run_id(event.run_id):
-            self.metrics.event_problems.labels("unusable_event").inc()
-            raise BadSnapshotEvent(f"event seq {event.seq}: run id {event.run_id!r} cannot name a key; not archived")
-        if event.type == RUN_STARTED:
-            try:
-                genesis = RunStarted.from_data(event.data).config_digest
-            except PayloadError:
-                genesis = None
-            self._ensure_run(event.run_id, genesis)
-        elif event.type == CHECKPOINT_SAVED:
-            self._remember_checkpoint(event)
-        elif event.type == REWARD_SNAPSHOT:
-            self._archive(event)
+        try:
+            self.archiver.handle(event)
+        except TryAgainLater as exc:
+            raise RetryLater(str(exc)) from None
         return Outcome.OK
 
-    def _ensure_run(self, run_id: str, genesis: str | None = None) -> RunChain:
-        chain = self.chains.get(run_id)
-        if chain is not None:
-            return chain
-        try:
-            chain = recover_from_store(self.store, run_id, self.signer.own_trust)
-        except StoreError as exc:
-            raise RetryLater(f"run {run_id}: cannot look the run up in the store: {exc}") from None
-        except ChainRecoveryError as exc:
-            # Never fork or drop: the run's events wait in the journal until someone looks.
-            raise RetryLater(
-                f"run {run_id}: {exc}; the run's events wait in the journal until the objects under "
-                f"runs/{run_id}/ are explained (restore this archiver's state directory, or move them aside)"
-            ) from None
-        if chain is not None:
-            self.ctx.log.info(
-                "continuing the chain found in the store",
-                extra=log_fields(sidecar=self.name, run_id=run_id, step=chain.head_step),
-            )
-        else:
-            source = "run.started" if genesis else "run_id"
-            chain = RunChain(run_id, genesis or genesis_for_run(run_id), source)
-        self.chains.set(chain)
-        return chain
-
-    def _remember_checkpoint(self, event: Event) -> None:
-        """The newest checkpoint, named in the following records by step, path and (when announced)
-        the root digest its signature covers, so that a record names the signed checkpoint."""
-        try:
-            saved = CheckpointSaved.from_data(event.data)
-        except PayloadError:
-            return
-        if event.step is None:
-            return
-        chain = self._ensure_run(event.run_id)
-        reference: dict[str, Any] = {"step": event.step, "path": saved.path}
-        if saved.announced is not None:
-            reference.update(root_digest=saved.root_digest, file_count=saved.file_count)
-        if chain.checkpoint != reference:
-            self.chains.set(replace(chain, checkpoint=reference))
-
-    def _archive(self, event: Event) -> None:
-        step = event.step
-        if step is None or not 0 <= step <= MAX_STEP:
-            self.metrics.event_problems.labels("unusable_event").inc()
-            raise BadSnapshotEvent(f"run {event.run_id} event seq {event.seq}: reward.snapshot without a valid step")
-        chain = self._ensure_run(event.run_id)
-        if chain.head_step is not None and step <= chain.head_step:
-            self._already_chained(event, step, chain.head_step, self._head_seq(chain))
-            return
-        record = build_record(
-            run_id=event.run_id,
-            step=step,
-            time=event.time,
-            event_seq=event.seq,
-            snapshot=_snapshot_of(event),
-            link=chain.link(),
-            limits=self.limits,
-            checkpoint=chain.checkpoint,
-        )
-        self._count_notes(record["notes"], event)
-        body = self.signer.sign_record(record)
-        self.spool.add(event.run_id, step, body)
-        self.chains.advance(event.run_id, step, object_hash(body))
-        self.metrics.spooled.inc()
-        self.uploader.notify()
-
-    def _head_seq(self, chain: RunChain) -> int | None:
-        """Journal seq of the event behind the chain's head record (spool, else store; cached)."""
-        assert chain.head_step is not None
-        cached = self._head_seqs.get(chain.run_id)
-        if cached is not None and cached[0] == chain.head_step:
-            return cached[1]
-        try:
-            if chain.head_step in self.spool.steps(chain.run_id):
-                body: bytes | None = self.spool.read(chain.run_id, chain.head_step)
-            else:
-                body = self.store.get(step_key(chain.run_id, chain.head_step))
-        except (OSError, StoreError) as exc:
-            raise RetryLater(f"run {chain.run_id}: cannot read the head record to tell a replay: {exc}") from None
-        seq = None
-        if body is not None:
-            with contextlib.suppress(RecordInvalid):
-                record, _ = verify_record(body, self.signer.own_trust, f"run {chain.run_id} step {chain.head_step}")
-                seq = record.body.get("event_seq")
-        seq = seq if isinstance(seq, int) else None
-        self._head_seqs[chain.run_id] = (chain.head_step, seq)
-        return seq
-
-    def _already_chained(self, event: Event, step: int, head_step: int, head_seq: int | None) -> None:
-        """A snapshot for a step at or before the chain's head: a replay, or a new one, dropped loudly.
-
-        A replay (a restart, a lost cursor) re-delivers events the chain already holds: their
-        seq is at most the head record's. A later seq is a new snapshot for an archived step
-        (a run resumed from an earlier checkpoint, or two runs under one run id): the first
-        record of a step stays, and that is never silent.
-        """
-        fields = log_fields(sidecar=self.name, run_id=event.run_id, step=step, head_step=head_step, seq=event.seq)
-        if head_seq is None or event.seq <= head_seq:
-            self.metrics.replayed.inc()
-            self.ctx.log.info("snapshot for a step already chained (a replay); not archived again", extra=fields)
-            return
-        self.metrics.superseded.inc()
-        self.ctx.log.warning(
-            f"run {event.run_id}: a new snapshot for step {step}, which is already archived (the chain is at step "
-            f"{head_step}); not archived: the first record of a step stays. A run resumed from an earlier step, "
-            "or two runs writing under one run id (give each its own)",
-            extra=fields,
-        )
-
-    def _count_notes(self, notes: list[str], event: Event) -> None:
-        for note in notes:
-            reason = next((label for marker, label in NOTE_REASONS if marker in note), None)
-            if reason is not None:
-                self.metrics.event_problems.labels(reason).inc()
-        if notes:
-            self.ctx.log.warning(
-                "snapshot archived with notes",
-                extra=log_fields(sidecar=self.name, run_id=event.run_id, step=event.step, notes=notes[:5]),
-            )
-
-    # -- periodic -----------------------------------------------------------------------------
     def check(self) -> Outcome:
         if self._first_check:
             self._first_check = False
@@ -277,14 +85,4 @@ class ArchiverSidecar(Sidecar[ArchiverPolicy]):
         return Outcome.OK
 
     def close(self) -> None:
-        self.uploader.close(timeout=self.policy.request_timeout_seconds + 2)
-        self.spool.close()
-        self.store.close()
-
-
-def _snapshot_of(event: Event) -> RewardSnapshot:
-    """The event's snapshot; a payload that does not parse is archived with no samples and a note."""
-    try:
-        return RewardSnapshot.from_data(event.data)
-    except PayloadError:
-        return RewardSnapshot()
+        self.archiver.close()

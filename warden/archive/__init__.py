@@ -9,6 +9,7 @@ Modules, pure logic first and I/O at the edges:
 - :mod:`~warden.archive.spool`: signed records waiting for the store, as atomic files;
 - :mod:`~warden.archive.chain`: each run's chain head, persisted, recoverable from the store;
 - :mod:`~warden.archive.uploader`: drains the spool in step order with back-off;
+- :mod:`~warden.archive.service`: the :class:`~warden.archive.service.Archiver`: what each event does;
 - what ``warden audit`` checks: :mod:`~warden.archive.lookup` (one step, the list of steps),
   :mod:`~warden.archive.verify` (the whole run), :mod:`~warden.archive.anchor` (the journal as
   the witness of what was emitted), over :mod:`~warden.archive.findings` (kinds of breaks, head reads);

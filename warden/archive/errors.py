@@ -100,6 +100,12 @@ class ChainRecoveryError(ArchiverError, ViolationError):
     """The store holds a chain for the run that this archiver cannot verify and extend."""
 
 
+class TryAgainLater(ArchiverError, IncompleteError):
+    """An event cannot be handled now (the store unreachable, a stored chain that cannot be
+    extended yet): the ``archiver`` sidecar raises the runtime's RetryLater with this message,
+    so the event waits in the journal and is handled again after a back-off."""
+
+
 # --- audit -----------------------------------------------------------------------------------
 
 
