@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
 
 import click
 
 from warden.cliutil import format_option, option, policy_options
 from warden.logs import utc_timestamp
 from warden.safeio import atomic_write_bytes
-from warden.tokenscan.manifest import ApprovalStore, ManifestError, approval_findings
+from warden.tokenscan.approval import review
+from warden.tokenscan.manifest import Approval, ApprovalStore, ManifestError
 from warden.tokenscan.policy import TokenscanPolicy, load_tokenscan_policy
 from warden.tokenscan.report import render_json, render_sarif, render_text
 from warden.tokenscan.scanner import DirectoryScan, scan_paths, worst_outcome
@@ -33,20 +33,19 @@ def _policy(path: str) -> tuple[TokenscanPolicy, str]:
     return load_tokenscan_policy(path), path
 
 
-def _compare(store: ApprovalStore, scan_result: DirectoryScan, approve: bool, policy: TokenscanPolicy) -> None:
+def _compare(store: ApprovalStore, scan_result: DirectoryScan, approve: bool, policy: TokenscanPolicy) -> DirectoryScan:
+    """The scan with its approval's findings (see :func:`~warden.tokenscan.approval.review`);
+    records the approval ``--approve`` asks for."""
+    loaded: Approval | ManifestError | None
     try:
-        record = store.load(scan_result.root)
+        loaded = store.load(scan_result.root)
     except ManifestError as exc:
-        scan_result.errors.append(str(exc))
-        return
-    if scan_result.manifest is None:
-        return
-    if record is not None and not approve:
-        found = approval_findings(record, scan_result.manifest, scan_result.token_ids_digest)
-        scan_result.findings[:0] = [replace(f, root=scan_result.root) for f in found]
-    elif approve and scan_result.outcome(policy.fail_severity) == 0:
+        loaded = exc
+    decided = review(loaded, scan_result, approve, policy)
+    if decided.save is not None:
         when = utc_timestamp(time.time())
-        store.save(scan_result.root, scan_result.manifest, when, scan_result.token_ids_digest)
+        store.save(scan_result.root, decided.save.manifest, when, decided.save.token_ids_digest)
+    return decided.scan
 
 
 @scan.command("tokenizer")
@@ -84,8 +83,7 @@ def tokenizer(
     scans = scan_paths(paths, loaded, with_manifest=bool(state_dir))
     if state_dir:
         store = ApprovalStore(state_dir)
-        for s in scans:
-            _compare(store, s, approve, loaded)
+        scans = [_compare(store, s, approve, loaded) for s in scans]
     fail_on = loaded.fail_severity
     if output_format == "text":
         text = render_text(scans, fail_on, policy_path)

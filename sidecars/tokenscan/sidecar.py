@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from sidecars.runtime import Outcome, Sidecar, SidecarContext
 from sidecars.tokenscan.metrics import TokenscanMetrics
 from sidecars.tokenscan.watch import DirWatcher
 from warden.journal import MODEL_LOADING, Event
 from warden.logs import log_fields, utc_timestamp
+from warden.tokenscan.approval import review
 from warden.tokenscan.findings import Finding, count_by_severity
-from warden.tokenscan.manifest import ApprovalStore, HashCache, ManifestError, approval_findings
+from warden.tokenscan.manifest import Approval, ApprovalStore, HashCache, ManifestError
 from warden.tokenscan.policy import TokenscanPolicy, default_policy
 from warden.tokenscan.scanner import DirectoryScan, scan_directory
 
@@ -97,7 +98,7 @@ class TokenscanSidecar(Sidecar[TokenscanPolicy]):
     # -- one scan ----------------------------------------------------------------------
     def _scan(self, path: str, state: _Dir) -> Outcome:
         scan = scan_directory(path, self.policy, with_manifest=True, hash_cache=self.cache)
-        approved = self._approval(path, scan)
+        scan, approved = self._approval(path, scan)
         code = scan.outcome(self.policy.fail_severity)
         state.last_scan = time.monotonic()
         self.metrics.record(state.label, scan, code, self.ctx.clock())
@@ -114,28 +115,25 @@ class TokenscanSidecar(Sidecar[TokenscanPolicy]):
         except ManifestError:
             return False
 
-    def _approval(self, path: str, scan: DirectoryScan) -> bool:
-        """Compares with the approved manifest (adding a drift finding), or approves a clean scan."""
+    def _approval(self, path: str, scan: DirectoryScan) -> tuple[DirectoryScan, bool]:
+        """The scan compared with the approved manifest (drift findings added), or a clean scan
+        of a directory without a record approved (see :func:`~warden.tokenscan.approval.review`);
+        and whether the directory is approved."""
         state = self.dirs.get(path)
+        loaded: Approval | ManifestError | None
         try:
-            record = self.store.load(path)
+            loaded = self.store.load(path)
         except ManifestError as exc:
-            scan.errors.append(str(exc))
-            return False
-        if scan.manifest is None:
-            return record is not None
-        if record is None:
-            if scan.outcome(self.policy.fail_severity) == 0:
-                self.store.save(path, scan.manifest, utc_timestamp(self.ctx.clock()), scan.token_ids_digest)
-                return True
-            return False
-        found = approval_findings(record, scan.manifest, scan.token_ids_digest)
-        scan.findings[:0] = [replace(f, root=scan.root) for f in found]
-        if found and state is not None and not state.drifting:
-            self.metrics.drift_detected.inc()
-        if state is not None:
-            state.drifting = bool(found)
-        return True
+            loaded = exc
+        decided = review(loaded, scan, loaded is None, self.policy)
+        if decided.save is not None:
+            when = utc_timestamp(self.ctx.clock())
+            self.store.save(path, decided.save.manifest, when, decided.save.token_ids_digest)
+        if decided.drift is not None and state is not None:
+            if decided.drift and not state.drifting:
+                self.metrics.drift_detected.inc()
+            state.drifting = bool(decided.drift)
+        return decided.scan, decided.approved
 
     def _log(self, path: str, state: _Dir, scan: DirectoryScan, code: int) -> None:
         counts = count_by_severity(scan.findings)

@@ -9,8 +9,9 @@ approvals, drift) feed :mod:`.scanner`, the entry points: :mod:`.analysis` (with
 :mod:`.declared` and :mod:`.exercise`) builds a :mod:`.snapshot` and runs the pure checks of
 :mod:`.checks`, :mod:`.verdict` stores and serves the verdicts of unchanged directories, all
 in the caches of a :mod:`.resources` ``ScanResources`` (:mod:`.result`: what a scan returns);
-:mod:`.report` renders text / JSON / SARIF;
-the service and the CLI are :mod:`sidecars.tokenscan`. Never imports torch.
+:mod:`.approval` decides what a scan adds against its approval record and what to record;
+:mod:`.report` renders text / JSON / SARIF; the service and the CLI are
+:mod:`sidecars.tokenscan`. Never imports torch.
 
 The API other parts of Warden call::
 

@@ -1,0 +1,84 @@
+"""warden.tokenscan.approval.review: the one approval decision of the CLI and the sidecar. It
+returns a new result and what to record; the scan it is given is never changed."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from warden.tokenscan.approval import Review, ToSave, review
+from warden.tokenscan.findings import finding
+from warden.tokenscan.manifest import Approval, FileDigest, Manifest, ManifestError
+from warden.tokenscan.policy import default_policy
+from warden.tokenscan.result import DirectoryScan
+
+POLICY = default_policy()
+ROOT = "/models/tok"
+APPROVED = Manifest(ROOT, {"tokenizer.json": FileDigest("a" * 64, 10)})
+CHANGED = Manifest(ROOT, {"tokenizer.json": FileDigest("b" * 64, 10)})
+
+
+def scan_of(manifest: Manifest | None = APPROVED, dirty: bool = False, ids: str | None = "c" * 64) -> DirectoryScan:
+    found = [finding("TS101", "config.json", "auto_map")] if dirty else []
+    return DirectoryScan(ROOT, found, [], 3, 30, 0.1, manifest, ids)
+
+
+def reviewed(loaded, scan: DirectoryScan, approve: bool) -> Review:
+    """:func:`review`, checking that ``scan`` is left exactly as it was and not shared."""
+    before = copy.deepcopy(scan)
+    out = review(loaded, scan, approve, POLICY)
+    assert scan == before  # not mutated
+    assert out.scan is not scan and out.scan.findings is not scan.findings and out.scan.errors is not scan.errors
+    return out
+
+
+def test_an_unreadable_record_makes_the_scan_incomplete():
+    scan = scan_of()
+    out = reviewed(ManifestError("approved/x.json: approval record unreadable"), scan, approve=True)
+    assert out.scan.errors == ["approved/x.json: approval record unreadable"] and scan.errors == []
+    assert (out.save, out.approved, out.drift) == (None, False, None)
+    assert out.scan.outcome(POLICY.fail_severity) == 3
+
+
+@pytest.mark.parametrize("approve", [False, True])
+def test_a_scan_without_a_manifest_is_neither_compared_nor_approved(approve):
+    record = Approval(APPROVED, "2026-01-01T00:00:00Z", "c" * 64)
+    out = reviewed(record, scan_of(manifest=None), approve)
+    assert (out.save, out.approved, out.drift, out.scan.findings) == (None, True, None, [])
+    out = reviewed(None, scan_of(manifest=None), approve)
+    assert (out.save, out.approved, out.drift) == (None, False, None)
+
+
+def test_approve_records_a_clean_scan_replacing_the_record_without_comparing():
+    record = Approval(APPROVED, "2026-01-01T00:00:00Z", "c" * 64)
+    out = reviewed(record, scan_of(manifest=CHANGED, ids="d" * 64), approve=True)
+    assert out.save == ToSave(CHANGED, "d" * 64) and out.approved and out.drift is None
+    assert out.scan.findings == []  # --approve re-approves: no drift finding against the old record
+    out = reviewed(None, scan_of(), approve=True)  # the sidecar's first clean scan
+    assert out.save == ToSave(APPROVED, "c" * 64) and out.approved
+
+
+def test_approve_never_records_a_scan_with_a_blocking_finding():
+    out = reviewed(None, scan_of(dirty=True), approve=True)
+    assert (out.save, out.approved, out.drift) == (None, False, None)
+    record = Approval(APPROVED, "2026-01-01T00:00:00Z")
+    out = reviewed(record, scan_of(dirty=True), approve=True)
+    assert (out.save, out.approved) == (None, True)  # the old record stands
+
+
+def test_without_approve_a_scan_is_compared_with_its_record():
+    record = Approval(APPROVED, "2026-01-01T00:00:00Z", "c" * 64)
+    scan = scan_of(manifest=CHANGED, dirty=True, ids="d" * 64)
+    out = reviewed(record, scan, approve=False)
+    assert [f.id for f in out.scan.findings] == ["TS1101", "TS1208", "TS101"]  # drift first, then the scan's
+    assert all(f.root == ROOT for f in out.scan.findings[:2]) and "at 2026-01-01" in out.scan.findings[0].message
+    assert out.drift == tuple(out.scan.findings[:2]) and out.save is None and out.approved
+    assert [f.id for f in scan.findings] == ["TS101"]
+    same = reviewed(record, scan_of(), approve=False)
+    assert same.drift == () and same.scan.findings == [] and same.approved and same.save is None
+
+
+def test_without_approve_or_record_nothing_happens():
+    out = reviewed(None, scan_of(), approve=False)
+    assert (out.save, out.approved, out.drift, out.scan) == (None, False, None, scan_of())
