@@ -39,7 +39,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 from sidecars.runner import Runner  # noqa: E402
-from tests.sidecars.archiver.archiver_helpers import (  # noqa: E402
+from tests.warden.archive.archiver_helpers import (  # noqa: E402
     CONFIG_DIGEST,
     Harness,
     make_keys,

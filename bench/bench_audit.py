@@ -31,7 +31,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.dirname(os.path.abspa
 
 from bench_archive import populate, signed_chain  # noqa: E402
 
-from tests.sidecars.archiver.archiver_helpers import make_keys, start_seaweedfs  # noqa: E402
+from tests.warden.archive.archiver_helpers import make_keys, start_seaweedfs  # noqa: E402
 from warden.archive.lookup import fetch_snapshot  # noqa: E402
 from warden.archive.record import head_key, step_key, steps_prefix  # noqa: E402
 from warden.archive.signing import RecordSigner  # noqa: E402

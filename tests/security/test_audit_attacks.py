@@ -15,8 +15,8 @@ import pytest
 from support import run_warden
 
 from sidecars.runtime import Outcome
-from tests.sidecars.archiver.archiver_helpers import Harness, audit_cli
-from tests.sidecars.archiver.conftest import keys, lock_bucket, s3env, seaweed  # noqa: F401 (fixtures)
+from tests.warden.archive.archiver_helpers import Harness, audit_cli
+from tests.warden.archive.conftest import keys, lock_bucket, s3env, seaweed  # noqa: F401 (fixtures)
 from warden.archive.record import head_key, step_key
 
 MAX_MESSAGE = 1500  # a hostile value is quoted in at most ~200 characters

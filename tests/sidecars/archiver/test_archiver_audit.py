@@ -9,7 +9,7 @@ import pytest
 from support import free_port, run_warden
 
 from sidecars.runtime import Outcome
-from tests.sidecars.archiver.archiver_helpers import Harness, audit_cli, make_keys
+from tests.warden.archive.archiver_helpers import Harness, audit_cli, make_keys
 from warden.archive.record import canonical_json, step_key
 from warden.archive.signing import RecordSigner
 from warden.signing.keys import load_private_key

@@ -20,7 +20,7 @@ import time
 import pytest
 from support import free_port, run_warden, scrape, spawn, stop_process, wait_http, warden_cmd
 
-from tests.sidecars.archiver.archiver_helpers import CONFIG_DIGEST, S3Server, snapshot_data, spooled_files, write_policy
+from tests.warden.archive.archiver_helpers import CONFIG_DIGEST, S3Server, snapshot_data, spooled_files, write_policy
 from warden.archive.record import step_key
 from warden.archive.store import open_store
 from warden.archive.verify import verify_run

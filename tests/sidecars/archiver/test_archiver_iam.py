@@ -9,7 +9,7 @@ import pathlib
 import pytest
 
 from sidecars.runtime import Outcome
-from tests.sidecars.archiver.archiver_helpers import Harness
+from tests.warden.archive.archiver_helpers import Harness
 from warden.archive.lookup import fetch_snapshot, list_steps
 from warden.archive.store import open_store
 from warden.archive.verify import verify_run

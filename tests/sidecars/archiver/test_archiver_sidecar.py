@@ -10,7 +10,7 @@ import pytest
 from support import free_port
 
 from sidecars.runtime import Outcome
-from tests.sidecars.archiver.archiver_helpers import CONFIG_DIGEST, Harness, metric, snapshot_data
+from tests.warden.archive.archiver_helpers import CONFIG_DIGEST, Harness, metric, snapshot_data
 from warden.archive.chain import ChainState
 from warden.archive.errors import ObjectLockMissing
 from warden.archive.lookup import fetch_snapshot, list_steps
@@ -90,7 +90,7 @@ def test_a_lost_state_directory_continues_the_stored_chain(harness, keys):
 
 
 def test_a_chain_signed_by_another_key_is_not_extended(tmp_path, keys):
-    from tests.sidecars.archiver.archiver_helpers import make_keys
+    from tests.warden.archive.archiver_helpers import make_keys
 
     h = Harness(tmp_path, f"file://{tmp_path}/archive", keys[0])
     h.start()

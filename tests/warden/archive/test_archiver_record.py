@@ -8,7 +8,7 @@ import pathlib
 
 import pytest
 
-from tests.sidecars.archiver.archiver_helpers import make_keys
+from tests.warden.archive.archiver_helpers import make_keys
 from warden.archive.errors import RecordInvalid
 from warden.archive.findings import ranges
 from warden.archive.record import (
@@ -175,8 +175,8 @@ def test_altered_and_foreign_records_are_refused(signer_and_trust, tmp_path):
 
 
 def test_the_shipped_policy_loads_and_bad_values_name_their_key(tmp_path, monkeypatch):
-    from sidecars.archiver.sidecar import load_signer
     from warden.archive.policy import ArchiverPolicy
+    from warden.archive.service import load_signer
     from warden.errors import ConfigError
     from warden.policy import PolicyError, load_policy, policy_from_mapping
 
