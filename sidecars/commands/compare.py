@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import click
 
-from sidecars.shadow.compare import compare_series
-from sidecars.shadow.errors import NothingToCompare
-from sidecars.shadow.journals import read_run
-from sidecars.shadow.plot import write_png
-from sidecars.shadow.policy import ShadowPolicy
-from sidecars.shadow.report import render_json, render_text
 from warden.cliutil import echo_json, format_option, option, policy_options
 from warden.errors import EXIT_OK, EXIT_VIOLATION
 from warden.policy import load_policy
+from warden.shadow.compare import compare_series
+from warden.shadow.errors import NothingToCompare
+from warden.shadow.journals import read_run
+from warden.shadow.plot import write_png
+from warden.shadow.policy import ShadowPolicy
+from warden.shadow.report import render_json, render_text
 
 
 @click.command("compare")

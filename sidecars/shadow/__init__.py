@@ -1,6 +1,4 @@
-"""The ``shadow`` sidecar and ``warden compare``: two runs compared step by step (issue 22).
-
-``align`` turns journal events into per-step series (pure), ``compare`` judges them against
-the policy's tolerances and a two-sample Kolmogorov-Smirnov test of the reward snapshots (pure),
-``journals`` reads the journals (the I/O edge), ``report`` renders text and JSON, ``plot`` the PNG.
+"""The ``shadow`` sidecar: ``sidecar`` (the :class:`ShadowSidecar`, following a baseline and a
+candidate journal) and ``metrics`` (``warden_shadow_*``). The comparison itself, which
+``warden compare`` (sidecars/commands/compare.py) uses too, is :mod:`warden.shadow`.
 """

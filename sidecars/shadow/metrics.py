@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from sidecars.shadow.align import RunSeries
-from sidecars.shadow.compare import Comparison, MetricRow
+from warden.shadow.align import RunSeries
+from warden.shadow.compare import Comparison, MetricRow
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 
 from sidecars.runtime import Outcome, Sidecar, SidecarContext
-from sidecars.shadow.compare import compare_series
-from sidecars.shadow.errors import ShadowConfigError
-from sidecars.shadow.journals import FollowedJournal, journal_location
 from sidecars.shadow.metrics import ShadowMetrics, reading_of
-from sidecars.shadow.policy import ShadowPolicy
+from warden.shadow.compare import compare_series
+from warden.shadow.errors import ShadowConfigError
+from warden.shadow.journals import FollowedJournal, journal_location
+from warden.shadow.policy import ShadowPolicy
 
 BASELINE_ENV = "WARDEN_SHADOW_BASELINE"  # the baseline when the policy names none (compose sets it)
 

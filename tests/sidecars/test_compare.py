@@ -9,9 +9,9 @@ import pytest
 import yaml
 from support import TEST_CONFIG, merge, run_warden
 
-from sidecars.shadow.policy import ShadowPolicy
 from warden.journal import JournalReader
 from warden.policy import default_policy_path, load_policy
+from warden.shadow.policy import ShadowPolicy
 
 # The trainer (torch, transformers) is the `train` extra; without it these tests skip, never error.
 pytest.importorskip("torch", reason="needs the train extra: pip install 'warden[train]'")

@@ -12,10 +12,10 @@ from prometheus_client import CollectorRegistry
 from support import free_port, http_get, parse_samples, spawn, stop_process, wait_http, warden_cmd
 
 from sidecars.runtime import Outcome, SidecarContext
-from sidecars.shadow.errors import ShadowConfigError, ShadowInputError
-from sidecars.shadow.policy import RewardTest, ShadowPolicy, Tolerance
 from sidecars.shadow.sidecar import ShadowSidecar
 from warden.journal import EventWriter
+from warden.shadow.errors import ShadowConfigError, ShadowInputError
+from warden.shadow.policy import RewardTest, ShadowPolicy, Tolerance
 
 POLICY = ShadowPolicy(
     metrics={"reward_mean": Tolerance(0.01, 0.0), "kl": Tolerance(0.01, 0.0)}, rewards=RewardTest(0.01, 3)

@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from sidecars.shadow.align import RunSeries, canonical_metrics, series_from, snapshot_rewards
-from sidecars.shadow.compare import compare_series
 from sidecars.shadow.metrics import reading_of
-from sidecars.shadow.policy import RewardTest, ShadowPolicy, Tolerance
 from warden.journal import Event
 from warden.policy import PolicyError, policy_from_mapping
+from warden.shadow.align import RunSeries, canonical_metrics, series_from, snapshot_rewards
+from warden.shadow.compare import compare_series
+from warden.shadow.policy import RewardTest, ShadowPolicy, Tolerance
 
 
 def ev(seq, etype, step, data, run_id="r"):

@@ -1,4 +1,4 @@
-"""Judges two :class:`~sidecars.shadow.align.RunSeries` against a :class:`ShadowPolicy`. Pure.
+"""Judges two :class:`~warden.shadow.align.RunSeries` against a :class:`ShadowPolicy`. Pure.
 
 Only steps both runs reached are compared; only the metrics the policy names are judged (each
 with its own tolerance); a metric one run lacks at a step is listed as missing, not as a
@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from sidecars.shadow.align import RunSeries
-from sidecars.shadow.policy import RewardTest, ShadowPolicy, Tolerance
 from warden.errors import ConfigError
+from warden.shadow.align import RunSeries
+from warden.shadow.policy import RewardTest, ShadowPolicy, Tolerance
 
 REWARDS = "rewards"  # the pseudo-metric name of the reward-distribution test
 

@@ -1,11 +1,11 @@
-"""Text and JSON renderings of a :class:`~sidecars.shadow.compare.Comparison`. Pure."""
+"""Text and JSON renderings of a :class:`~warden.shadow.compare.Comparison`. Pure."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sidecars.shadow.compare import Comparison, Divergence
 from warden.errors import quote_untrusted
+from warden.shadow.compare import Comparison, Divergence
 
 
 def _steps(steps: tuple[int, ...]) -> str:

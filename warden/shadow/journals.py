@@ -11,9 +11,9 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from sidecars.shadow.align import RunSeries
-from sidecars.shadow.errors import ShadowConfigError, ShadowInputError
 from warden.journal import JOURNAL_NAME, JournalReader
+from warden.shadow.align import RunSeries
+from warden.shadow.errors import ShadowConfigError, ShadowInputError
 
 
 def journal_path(run: str) -> str:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 import math
 
-from sidecars.shadow.align import RunSeries
-from sidecars.shadow.compare import Comparison
 from warden.errors import ConfigError
 from warden.safeio import atomic_write_bytes
+from warden.shadow.align import RunSeries
+from warden.shadow.compare import Comparison
 
 
 def curve(series: RunSeries, metric: str) -> tuple[list[int], list[float]]:
