@@ -1,12 +1,9 @@
-"""The pure parts of the shadow comparison: names, defensive parsing, tolerances, the KS test."""
+"""The pure parts of the shadow comparison (warden/shadow): names, defensive parsing, tolerances, the KS test."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
-from sidecars.shadow.metrics import reading_of
 from warden.journal import Event
 from warden.policy import PolicyError, policy_from_mapping
 from warden.shadow.align import RunSeries, canonical_metrics, series_from, snapshot_rewards
@@ -94,16 +91,6 @@ def test_too_few_rewards_are_shown_but_not_judged():
     a, b = _pair([1.0], [1.0], {1: [0.0, 0.0]}, {1: [9.0, 9.0]})
     (row,) = compare_series(a, b, policy(reward_mean=(0.01, 0.0))).reward_rows
     assert not row.judged and row.ok
-
-
-def test_reading_reports_the_newest_common_step_and_counts_divergent_steps():
-    a, b = _pair([1.0, 1.0, 1.0], [1.0, 3.0, 1.5])
-    comparison = compare_series(a, b, policy(reward_mean=(0.1, 0.0)))
-    reading = reading_of(comparison, a, b)
-    assert reading.diverged and reading.first_divergent_step == 2
-    assert reading.difference["reward_mean"] == pytest.approx(0.5)
-    assert reading.divergent_steps == {"reward_mean": 2, "rewards": 0}
-    assert math.isnan(reading.ks_p_value)
 
 
 def test_policy_rejects_negative_tolerances_and_an_empty_metric_list():
