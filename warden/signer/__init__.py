@@ -1,8 +1,13 @@
 """The signer's library: what the ``signer`` sidecar (:mod:`sidecars.signer`) runs.
 
-Modules: ``policy`` (policies/signer.yaml schema), ``watch`` (finding checkpoints in a
-root, completion and stability, the inotify root watcher) and ``announcements`` (what the
-trainer announced and what was signed, kept in the state dir, and the pure audit rules).
-The hashing, manifest, DSSE and key code is :mod:`warden.signing`. Importing this
-package never imports torch or the sidecar runtime.
+Three services over one shared :class:`~warden.signer.state.SignerState`:
+``announced_signing`` (``checkpoint.saved``: sign exactly what was announced),
+``root_scanning`` (sign the watched roots' stable checkpoints, audit the run's own root) and
+``reverification`` (re-verify every signed checkpoint on an interval). ``operations`` signs
+and verifies one checkpoint for them; ``instruments`` is the shape of the metrics they
+set. Below them: ``policy`` (policies/signer.yaml schema), ``watch`` (finding checkpoints
+in a root, completion and stability, the inotify root watcher), ``announcements`` (what the
+trainer announced and what was signed, kept in the state dir, and the pure audit rules)
+and ``runs`` (the run ids and versions seen). The hashing, manifest, DSSE and key code is
+:mod:`warden.signing`. Importing this package never imports torch or the sidecar runtime.
 """

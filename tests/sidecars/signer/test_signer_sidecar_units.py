@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-import sidecars.signer.sidecar as signer_sidecar
+import warden.signer.operations as signer_operations
 from sidecars.runner import Runner
 from sidecars.runtime import Outcome, SidecarContext
-from sidecars.signer.sidecar import RunRegistry, SignerSidecar
+from sidecars.signer.sidecar import SignerSidecar
 from warden.policy import PolicyError, policy_from_mapping
 from warden.signer.policy import SignerPolicy
+from warden.signer.runs import RunRegistry
 from warden.signer.watch import (
     Candidate,
     RootWatcher,
@@ -29,7 +30,7 @@ from warden.signer.watch import (
     tree_state,
 )
 
-REAL_SIGN = signer_sidecar.sign_checkpoint
+REAL_SIGN = signer_operations.sign_checkpoint
 
 
 def test_layouts_and_listing_skip_temporaries_links_and_files(tmp_path):
@@ -179,7 +180,7 @@ def test_a_signature_written_as_the_directory_vanished_is_removed(signer_kit, tm
         os.rename(path, path.parent / ".del-step-000000002")  # retention, after the last file was read
         return result
 
-    monkeypatch.setattr(signer_sidecar, "sign_checkpoint", sign_then_prune)
+    monkeypatch.setattr(signer_operations, "sign_checkpoint", sign_then_prune)
     sidecar, ctx = _sidecar(kit, tmp_path)
     assert Runner(sidecar).run_once() is Outcome.OK
     assert kit.signatures(kit.checkpoints) == []
@@ -202,7 +203,7 @@ def test_an_hf_checkpoint_changed_while_signed_is_signed_again_later(signer_kit,
         calls.append(1)
         return result
 
-    monkeypatch.setattr(signer_sidecar, "sign_checkpoint", sign_while_writing)
+    monkeypatch.setattr(signer_operations, "sign_checkpoint", sign_while_writing)
     sidecar, ctx = _sidecar(kit, tmp_path, watch=[{"path": str(root), "layout": "hf"}])
     assert sidecar.check() is Outcome.OK
     assert kit.signatures(root) == []
@@ -228,7 +229,7 @@ def test_cancel_during_hashing_keeps_the_event_for_later(signer_kit, tmp_path, m
 
         return REAL_SIGN(*args, **{**kwargs, "progress": and_stop})
 
-    monkeypatch.setattr(signer_sidecar, "sign_checkpoint", stop_midway)
+    monkeypatch.setattr(signer_operations, "sign_checkpoint", stop_midway)
     sidecar, ctx = _sidecar(kit, tmp_path, hash_workers=1)
     runner = Runner(sidecar)
     assert runner.run_once() is Outcome.INCOMPLETE
