@@ -21,12 +21,13 @@ import time
 from collections.abc import Iterable
 
 from warden.deps import pyccheck
-from warden.deps.cache import IntegrityCache, stat_key
+from warden.deps.cache import IntegrityCache
 from warden.deps.environment import Target, auditor_magic
 from warden.deps.integrity_common import IntegrityOptions, IntegrityStats, workers
 from warden.deps.model import Finding
 from warden.deps.pyccheck import MISMATCH, OK
 from warden.deps.walk import CHANGED, kind_of, map_in_threads, read_as, settled
+from warden.safeio import stat_identity
 
 CHUNK = 64  # at least this many .pyc files per worker process
 PYC_TIMEOUT = 1800.0
@@ -123,7 +124,7 @@ def _pair_digests(
     walk.read_as), read here without following links; the source's digest comes from the cache
     when its stat is unchanged. Raises OSError (walk.Changed: not the walked file)."""
     data = read_as(pyc, pyccheck.MAX_BYTES, walked[pyc])
-    source_digest = cache.digest(source, stat_key(walked[source]), "sha256")
+    source_digest = cache.digest(source, stat_identity(walked[source]), "sha256")
     if source_digest is None:
         source_digest = pyccheck.record_form(read_as(source, pyccheck.MAX_BYTES, walked[source]))
     return data[:16], pyccheck.record_form(data), source_digest
@@ -206,11 +207,10 @@ def _uncached_pairs(
             reason = f"{what} is a {kinds[0] if kinds[0] != 'file' else kinds[1]}, never read by the auditor"
             findings.append(_pyc_finding(pyc, reason))
             continue
-        # stat_key of both, inline: this runs once per .pyc
         key = (
-            f"{p.st_size} {p.st_mtime_ns} {p.st_ino} {p.st_ctime_ns} "
-            f"{src.st_size} {src.st_mtime_ns} {src.st_ino} {src.st_ctime_ns}"
-        )  # cache.key_text of both stat keys, inline: this runs once per .pyc
+            f"{p.st_dev} {p.st_ino} {p.st_size} {p.st_mtime_ns} {p.st_ctime_ns} "
+            f"{src.st_dev} {src.st_ino} {src.st_size} {src.st_mtime_ns} {src.st_ctime_ns}"
+        )  # cache.key_text of both stat_identity keys, inline: this runs once per .pyc
         keys[pyc] = key
         if not options.full_pass and cache.pyc_ok(pyc, key):
             stats.pyc_cached += 1

@@ -1,14 +1,14 @@
 """Incremental-audit cache: what was verified, keyed by each file's stat identity.
 
-A file whose (size, mtime_ns, inode, ctime_ns) is unchanged since it was hashed keeps its
-digest; ctime is kept beside the issue's size+mtime+inode because ``touch -d`` can put
-an mtime back but nothing in user space can set ctime. A periodic full pass re-hashes
-everything anyway. Callers store a digest or verdict under a stat key only when its bytes were
-read from a descriptor whose ``fstat`` is that key's stat (walk.safe_digest / walk.read_as with
-the walk's stat; a file renamed in or written between the walk and the read raises walk.Changed)
-and the file had settled (walk.settled: its ctime DIGEST_RACY_NS before the read). The cache
-lives in the state dir, one file per target, written atomically; a missing or corrupt cache
-only costs a full pass.
+A file whose stat identity (:data:`warden.safeio.stat_identity`: device, inode, size, mtime_ns,
+ctime_ns) is unchanged since it was hashed keeps its digest; ctime is kept beside the issue's
+size+mtime+inode because ``touch -d`` can put an mtime back but nothing in user space can set
+ctime. A periodic full pass re-hashes everything anyway. Callers store a digest or verdict under a
+stat key only when its bytes were read from a descriptor whose ``fstat`` is that key's stat
+(walk.safe_digest / walk.read_as with the walk's stat; a file renamed in or written between the
+walk and the read raises walk.Changed) and the file had settled (walk.settled: its ctime
+DIGEST_RACY_NS before the read). The cache lives in the state dir, one file per target, written
+atomically; a missing or corrupt cache only costs a full pass.
 
 ``.pyc`` verdicts are kept twice: by path with the stat identities of the pyc and its source
 (an incremental audit only stats), and by content (``verdicts``: keys of
@@ -38,16 +38,15 @@ from typing import Any
 
 from warden.safeio import atomic_write_bytes
 
-CACHE_VERSION = 4  # 3: entries as strings (half the load time of lists); 4: site-packages digests in a side file
-StatKey = tuple[int, int, int, int]
-
-
-def stat_key(st: os.stat_result) -> StatKey:
-    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+# 3: entries as strings (half the load time of lists); 4: site-packages digests in a side file;
+# 5: stat keys are warden.safeio.stat_identity (device, inode, size, mtime_ns, ctime_ns)
+CACHE_VERSION = 5
+StatKey = tuple[int, int, int, int, int]  # warden.safeio.stat_identity of a stat result
 
 
 def key_text(key: Sequence[int]) -> str:
-    """A stat key (or two) as the cache stores it: the integers joined by spaces."""
+    """A stat key (or two: :data:`warden.safeio.stat_identity`) as the cache stores it: the
+    integers joined by spaces."""
     return " ".join(map(str, key))
 
 
@@ -73,7 +72,7 @@ class IntegrityCache:
 
     def __init__(self, path: str | None, lazy_roots: tuple[str, ...] = ()) -> None:
         self.path = path
-        # path -> "size mtime_ns ino ctime_ns algo=digest"; those below ``lazy_roots`` (the
+        # path -> "dev ino size mtime_ns ctime_ns algo=digest"; those below ``lazy_roots`` (the
         # site-packages: 40,000 entries an incremental audit of unchanged distributions never
         # reads) live in ``<path>.site.json``, read on first use (_site_files)
         self.files: dict[str, str] = {}
@@ -121,7 +120,7 @@ class IntegrityCache:
         return self._site_files() if self._prefixes and path.startswith(self._prefixes) else self.files
 
     def entry(self, path: str) -> str | None:
-        """The stored entry of ``path`` ("size mtime_ns ino ctime_ns algo=digest"), if any."""
+        """The stored entry of ``path`` ("dev ino size mtime_ns ctime_ns algo=digest"), if any."""
         value = self._table(path).get(path)
         return value if isinstance(value, str) else None
 
@@ -239,8 +238,8 @@ class IntegrityCache:
     def wheel_sha(self, path: str, key: StatKey) -> str | None:
         """The hex sha256 of the wheel file ``path`` if its stat identity is still ``key``."""
         entry = self.wheels.get(path)
-        if entry and len(entry) == 5 and tuple(entry[:4]) == key and isinstance(entry[4], str):
-            return entry[4]
+        if entry and len(entry) == len(key) + 1 and tuple(entry[:-1]) == key and isinstance(entry[-1], str):
+            return entry[-1]
         return None
 
     def put_wheel_sha(self, path: str, key: StatKey, sha256: str) -> None:

@@ -11,11 +11,12 @@ import threading
 import time
 from dataclasses import dataclass
 
-from warden.deps.cache import IntegrityCache, stat_key
+from warden.deps.cache import IntegrityCache
 from warden.deps.installed import InstalledDist
 from warden.deps.integrity_common import IntegrityOptions, IntegrityStats, tampered_finding, workers
 from warden.deps.model import Finding
 from warden.deps.walk import map_in_threads, safe_digest, settled
+from warden.safeio import stat_identity
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def hash_all(
     unreadable: list[str] = []
     todo: list[HashJob] = []
     for job in jobs:
-        cached = None if options.full_pass else cache.digest(job.path, stat_key(job.st), job.algo)
+        cached = None if options.full_pass else cache.digest(job.path, stat_identity(job.st), job.algo)
         if cached is None:
             todo.append(job)
             continue
@@ -76,7 +77,7 @@ def hash_all(
         stats.files_hashed += 1
         stats.bytes_hashed += job.st.st_size
         if settled(job.st, now):
-            cache.put_digest(job.path, stat_key(job.st), digest)
+            cache.put_digest(job.path, stat_identity(job.st), digest)
         if digest != job.expected:
             findings.append(_mismatch(job))
     return findings, unreadable

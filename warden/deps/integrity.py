@@ -30,7 +30,7 @@ from typing import Any
 
 from warden.deps import bytecode, filehash, records
 from warden.deps.bytecode import CHUNK, PYC_TIMEOUT, derived_pyc_sources, pair_key
-from warden.deps.cache import IntegrityCache, stat_key
+from warden.deps.cache import IntegrityCache
 from warden.deps.environment import Target
 from warden.deps.installed import InstalledDist
 from warden.deps.integrity_common import DEFAULT_UNHASHED, IntegrityOptions, IntegrityStats, lstat_or_none, workers
@@ -41,6 +41,7 @@ from warden.deps.records import fingerprint
 from warden.deps.stdlib import StdlibResult, collect_stdlib
 from warden.deps.unowned import link_and_special_findings, unowned_findings
 from warden.deps.walk import CHANGED, safe_digest, settled, walk_tree
+from warden.safeio import stat_identity
 
 __all__ = [
     "CHUNK",
@@ -228,12 +229,12 @@ def _environment_digests(
         st = walked.get(path) or lstat_or_none(path)
         if st is None:
             continue
-        cached = cache.digest(path, stat_key(st), "sha256")
+        cached = cache.digest(path, stat_identity(st), "sha256")
         try:
             out[path] = cached or safe_digest(path, "sha256", st)  # of the file stat-ed, else walk.Changed
         except OSError as exc:
             unreadable.append(f"{path}: {exc.strerror or exc}")
             continue
         if cached or settled(st, now):
-            cache.put_digest(path, stat_key(st), out[path])
+            cache.put_digest(path, stat_identity(st), out[path])
     return out

@@ -72,9 +72,10 @@ def _unhashed_ok(dist: InstalledDist, path: str, allow: Sequence[str]) -> bool:
 
 def _cached_ok(entry: RecordEntry, st: os.stat_result | None, cached: str | None) -> bool:
     """Whether a row's file (walked, so inside the roots) is a regular file whose stat identity
-    (size, mtime_ns, inode, ctime_ns: cache.py says why ctime) is the one it had when it was last
-    hashed to exactly the row's sha256 (``cached``: the cache's entry for the path). Anything else
-    goes the long way (_row)."""
+    (warden.safeio.stat_identity: cache.py says why ctime) is the one it had when it was last
+    hashed to exactly the row's sha256 (``cached``: the cache's entry for the path, the text
+    cache.put_digest writes, built inline here: this runs once per row). Anything else goes the
+    long way (_row)."""
     return (
         st is not None
         and cached is not None
@@ -82,7 +83,7 @@ def _cached_ok(entry: RecordEntry, st: os.stat_result | None, cached: str | None
         and entry.digest.startswith("sha256=")
         and stat.S_ISREG(st.st_mode)
         and (entry.size is None or entry.size == st.st_size)
-        and cached == f"{st.st_size} {st.st_mtime_ns} {st.st_ino} {st.st_ctime_ns} {entry.digest}"
+        and cached == f"{st.st_dev} {st.st_ino} {st.st_size} {st.st_mtime_ns} {st.st_ctime_ns} {entry.digest}"
     )
 
 

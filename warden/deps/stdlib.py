@@ -38,13 +38,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from warden.deps.cache import IntegrityCache, stat_key
+from warden.deps.cache import IntegrityCache
 from warden.deps.environment import Target
 from warden.deps.interpreter import is_hook_name
 from warden.deps.model import Finding
 from warden.deps.walk import kind_of, map_in_threads, safe_digest, settled, stat_fingerprint, walk_tree
 from warden.errors import quote_untrusted
-from warden.safeio import open_regular
+from warden.safeio import open_regular, stat_identity
 
 STDLIB_KINDS = ("stdlib_changed", "stdlib_added", "stdlib_removed")
 ABSENT = "absent"
@@ -257,7 +257,7 @@ def _digests(
         if kind not in ("file", "symlink"):
             result.files[path] = f"special:{kind}"  # never opened: it could block
             continue
-        cached = None if full_pass else cache.digest(path, stat_key(st), "sha256")
+        cached = None if full_pass else cache.digest(path, stat_identity(st), "sha256")
         if cached is None:
             todo.append(path)
         else:
@@ -279,7 +279,7 @@ def _digests(
         result.files[path] = digest
         result.hashed += 1
         if settled(walked[path], now):
-            cache.put_digest(path, stat_key(walked[path]), digest)
+            cache.put_digest(path, stat_identity(walked[path]), digest)
         else:
             racy = True  # valid for this audit, not under its stat key: read again next time
     fingerprint = stat_fingerprint(paths, walked)

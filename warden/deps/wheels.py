@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from warden.deps.cache import IntegrityCache, stat_key
+from warden.deps.cache import IntegrityCache
 from warden.deps.drift import normal_hash, same_version
 from warden.deps.errors import DepsIncomplete
 from warden.deps.installed import InstalledDist, RecordEntry, parse_record
@@ -64,7 +64,7 @@ from warden.deps.model import Finding
 from warden.deps.pyccheck import record_form
 from warden.deps.walk import Changed, kind_of, read_small, same_file, settled
 from warden.errors import quote_untrusted
-from warden.safeio import open_regular_fd
+from warden.safeio import open_regular_fd, stat_identity
 
 WHEEL_KINDS = ("record_mismatch", "wheel_missing", "wheel_unusable")
 MAX_WHEEL_BYTES = 8 * 1024**3  # the largest wheels (CUDA builds of torch) are a few GiB
@@ -422,7 +422,7 @@ def _finding(kind: str, dist: InstalledDist, message: str, blocking: bool, **det
 
 
 def _wheel_sha(cand: Candidate, cache: IntegrityCache) -> str | None:
-    return cache.wheel_sha(cand.path, stat_key(cand.st))
+    return cache.wheel_sha(cand.path, stat_identity(cand.st))
 
 
 def _check_dist(
@@ -455,7 +455,7 @@ def _check_dist(
         stats.wheels_read += 1
         cacheable = settled(cand.st, started)  # the sha (and the verdict) belong to cand.st's identity
         if cacheable:
-            cache.put_wheel_sha(cand.path, stat_key(cand.st), content.sha256)
+            cache.put_wheel_sha(cand.path, stat_identity(cand.st), content.sha256)
         if f"sha256:{content.sha256}" not in locked:
             continue
         layout = install_layout(dist.site_packages)

@@ -14,11 +14,11 @@ import pytest
 
 from tests.warden.deps.deps_helpers import kinds
 from tests.warden.deps.test_deps_attacks import ATTACKS, EVIL, _pyc, _run
-from warden.deps import bytecode, filehash, stdlib, walk
-from warden.deps.cache import CACHE_VERSION, IntegrityCache, stat_key
-from warden.deps.installed import LazyRecord, parse_record, scan_distributions
+from warden.deps import bytecode, filehash, records, stdlib, walk
+from warden.deps.cache import CACHE_VERSION, IntegrityCache, key_text
+from warden.deps.installed import LazyRecord, RecordEntry, parse_record, scan_distributions
 from warden.deps.walk import Changed, batches_of, read_as, read_small, safe_digest, settled, walk_tree
-from warden.safeio import UnsafeFile, read_regular
+from warden.safeio import UnsafeFile, read_regular, stat_identity
 
 FUTURE = -(10**12)  # RACY_NS: a horizon in the future, so every listing of a fresh test tree is kept
 
@@ -133,6 +133,19 @@ def test_cache_of_another_version_or_shape_costs_a_full_pass(tmp_path):
     assert cache.digest("/x", (1, 2, 3, 5), "sha256") is None  # ctime differs
 
 
+def test_the_inline_row_check_reads_the_entries_put_digest_writes(tmp_path):
+    """records._cached_ok builds the cache's entry text inline (once per row): it is the text
+    IntegrityCache.put_digest writes under warden.safeio.stat_identity, nothing else."""
+    path = tmp_path / "a.py"
+    path.write_bytes(b"x")
+    st = os.lstat(path)
+    cache = IntegrityCache(None)
+    cache.put_digest(str(path), stat_identity(st), "sha256=x")
+    assert cache.entry(str(path)) == f"{key_text(stat_identity(st))} sha256=x"
+    assert records._cached_ok(RecordEntry("a.py", "sha256=x", 1), st, cache.entry(str(path)))
+    assert not records._cached_ok(RecordEntry("a.py", "sha256=y", 1), st, cache.entry(str(path)))
+
+
 def test_batches_keep_order_and_close_on_count_or_weight():
     assert batches_of([1, 2, 3, 4, 5], 2) == [[1, 2], [3, 4], [5]]
     assert batches_of([10, 1, 1, 1, 1], 3, weight=lambda x: x, limit=10) == [[10], [1, 1, 1], [1]]
@@ -220,7 +233,7 @@ def test_a_file_swapped_in_while_hashing_is_not_cached_under_the_walked_stat(tes
     raced = test_env.audit()
     assert raced.exit_code == 3 and _changed(raced, core), raced.incomplete
     cache = IntegrityCache.for_target(str(test_env.state_dir), (site,)).load()
-    assert cache.digest(core, stat_key(os.lstat(core)), "sha256") is None
+    assert cache.digest(core, stat_identity(os.lstat(core)), "sha256") is None
     assert not [d for d in cache.dists if os.path.basename(d).startswith("idna-")]
     monkeypatch.undo()
     monkeypatch.setattr(walk, "DIGEST_RACY_NS", -(10**12))
