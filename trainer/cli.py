@@ -49,6 +49,15 @@ from warden.cliutil import option, run_dir_option
         "Without it such a resume exits 2 naming them."
     ),
 )
+@option(
+    "--resume-past-missing",
+    is_flag=True,
+    default=False,
+    help=(
+        "Let --resume auto go on (from an older checkpoint, or from step 0) although checkpoints the journal "
+        "announced are gone without a retention event. Without it such a resume exits 1 naming them."
+    ),
+)
 def train(
     config_path: str,
     overrides: tuple[str, ...],
@@ -56,6 +65,7 @@ def train(
     run_dir: str,
     resume: str,
     resume_with_changes: bool,
+    resume_past_missing: bool,
 ) -> None:
     """Train with PPO on a local model, writing events and checkpoints into RUN_DIR.
 
@@ -77,7 +87,14 @@ def train(
     signal.signal(signal.SIGTERM, _interrupt)
     cfg = load_config(config_path, list(overrides))
     name = os.path.splitext(os.path.basename(config_path))[0]
-    trainer = PPOTrainer(cfg, run_dir, resume=resume, config_name=name, resume_with_changes=resume_with_changes)
+    trainer = PPOTrainer(
+        cfg,
+        run_dir,
+        resume=resume,
+        config_name=name,
+        resume_with_changes=resume_with_changes,
+        resume_past_missing=resume_past_missing,
+    )
     try:
         if trainer.resumed:
             click.echo(

@@ -167,7 +167,8 @@ def verl_names(m: dict[str, Any]) -> dict[str, Any]:
 
 class PPOTrainer:
     """One run. ``resume`` is ``auto``, ``never`` or a checkpoint path; ``resume_with_changes``
-    lets a resume apply a changed config (see :mod:`trainer.train_state`)."""
+    lets a resume apply a changed config (see :mod:`trainer.train_state`); ``resume_past_missing``
+    lets ``auto`` go on although announced checkpoints are gone (see :mod:`trainer.resume`)."""
 
     def __init__(
         self,
@@ -180,8 +181,10 @@ class PPOTrainer:
         serve_metrics: bool = True,
         instrumented: bool = True,
         resume_with_changes: bool = False,
+        resume_past_missing: bool = False,
     ) -> None:
         self.cfg = cfg
+        self.resume_past_missing = resume_past_missing
         self.instrumented = instrumented  # False: no events, metrics or snapshots per step (benchmarks)
         self.resume_with_changes = resume_with_changes
         self.config_changes: list[str] = []

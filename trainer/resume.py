@@ -15,7 +15,10 @@ The rule (``checkpoint.trusted_keys``, see :class:`trainer.config.CheckpointConf
 - Bytes are verified and deserialized from the same in-memory copy
   (:mod:`trainer.verified_load`); only the files the anchor names are loaded.
 
-``--resume auto`` tries the checkpoints newest first; each refused one emits
+Before anything is loaded, ``--resume auto`` reconciles the checkpoints on disk with the journal
+(:mod:`warden.ledger`): a checkpoint announced by ``checkpoint.saved`` and gone without its
+``checkpoint.pruned`` is a violation, and the resume is refused naming it (``--resume-past-missing``
+is the explicit way on). ``--resume auto`` then tries the checkpoints newest first; each refused one emits
 ``checkpoint.rejected`` (path, short why). When checkpoints exist but every one was
 refused, the resume fails with :class:`ResumeRefused` (exit 1) naming them instead of
 starting fresh: a fresh start would silently discard the run's progress, or hide an
@@ -44,6 +47,7 @@ from trainer.verified_load import (
 )
 from warden import journal as ev
 from warden.errors import ConfigError, ViolationError, quote_untrusted
+from warden.ledger import describe_missing, read_ledger, reconcile
 
 log = logging.getLogger("warden.trainer")
 
@@ -89,16 +93,46 @@ def find_resume_point(trainer: Any, mode: str) -> ResumeResult | None:
     explicit_ref = ckpt.CheckpointRef(_step_of(mode), os.path.abspath(mode)) if explicit else None
     result: ResumeResult | None = None
     rejected: list[str] = []
+    unaccounted: str | None = None
     if trainer.dist.is_main:
         ckpt.remove_stale_temporaries(root)
         candidates = [explicit_ref] if explicit_ref is not None else ckpt.list_complete(root)
-        result, rejected = _first_accepted(trainer, candidates, trusted, explicit)
-    choice = broadcast_object(_choice(result, rejected), trainer.dist)
+        if not explicit and not getattr(trainer, "resume_past_missing", False):
+            unaccounted = _unaccounted(trainer, root, candidates)
+        if unaccounted is None:
+            result, rejected = _first_accepted(trainer, candidates, trusted, explicit)
+    choice = broadcast_object(("refused", unaccounted) if unaccounted else _choice(result, rejected), trainer.dist)
+    if unaccounted is not None:
+        raise ResumeRefused(unaccounted)
     if not trainer.dist.is_main:
         result, rejected = _follow(trainer, choice, trusted, explicit)
     if result is None and rejected:
         raise ResumeRefused(_refusal(mode, root, rejected))
     return result
+
+
+def _unaccounted(trainer: Any, root: str, on_disk: list[ckpt.CheckpointRef]) -> str | None:
+    """Why ``--resume auto`` must not start: checkpoints the journal announced and never retired
+    that are not on disk (warden.ledger's rule); None when every one is accounted for.
+
+    Resuming past them would silently roll the run back (or start it over) to whatever a storage
+    writer left; ``--resume-past-missing`` (or ``--resume PATH`` / ``never``) says so explicitly.
+    """
+    ledger = read_ledger(os.path.join(trainer.run_dir, ev.JOURNAL_NAME), trainer.run_id)
+    found = reconcile(ledger, (ref.step for ref in on_disk))
+    if found.ok:
+        return None
+    for gone in found.missing:
+        trainer.emit(
+            ev.CHECKPOINT_REJECTED,
+            {"path": gone.path, "why": "announced in the journal, gone without a checkpoint.pruned event"},
+            step=gone.step,
+        )
+    return (
+        f"the journal of run {trainer.run_id} announced checkpoints that are gone from {root} without a "
+        f"retention event: {describe_missing(found.missing)}. Restore them, or resume past them explicitly "
+        "with --resume-past-missing (or --resume PATH, or --resume never to start over)"
+    )
 
 
 def _choice(result: ResumeResult | None, rejected: list[str]) -> tuple[Any, ...]:

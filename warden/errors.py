@@ -8,6 +8,7 @@ the CLI prints the message (which names the file, key or step) and never a trace
 from __future__ import annotations
 
 import enum
+import unicodedata
 
 
 class ExitCode(enum.IntEnum):
@@ -56,11 +57,28 @@ class IncompleteError(WardenError):
 QUOTE_LIMIT = 200
 
 
-def quote_untrusted(text: object, limit: int = QUOTE_LIMIT) -> str:
-    """``text`` flattened to one line and cut to ``limit`` characters, for messages and logs.
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
-    Values read from files an attacker may write (signatures, records, tokenizer files)
-    can be megabytes long or hold newlines that forge log lines; quote them through this.
+
+def _shown(char: str) -> bool:
+    """True for a character a terminal shows as itself: not a control, format (bidi, zero-width),
+    surrogate, private-use, unassigned or line/paragraph separator character."""
+    category = unicodedata.category(char)
+    return not (category[0] == "C" or category in ("Zl", "Zp"))
+
+
+def quote_untrusted(text: object, limit: int = QUOTE_LIMIT) -> str:
+    """The one sanitiser: ``text`` as one printable line of at most ``limit`` characters.
+
+    Values read from storage an attacker may write (file, key and object names, signatures,
+    records, tokenizer files) can be megabytes long or hold newlines, carriage returns, escape
+    sequences or bidi overrides that forge report and log lines. Runs of whitespace become one
+    space; every other character a terminal would not show as itself is escaped (``\\x1b``,
+    ``\\u202e``), so two different names never print alike and nothing can move the cursor.
     """
     flat = " ".join(str(text).split())
+    if not all(map(_shown, flat)):
+        flat = "".join(c if _shown(c) else _escape(c) for c in flat)
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"

@@ -25,6 +25,7 @@ from trainer.models import unwrap  # noqa: E402
 from trainer.resume import ResumeRefused, find_resume_point  # noqa: E402
 from warden import journal as ev  # noqa: E402
 from warden.errors import EXIT_VIOLATION, ConfigError  # noqa: E402
+from warden.payloads import CheckpointPruned  # noqa: E402
 from warden.signing import Provenance, generate_keypair, load_private_key, sign_checkpoint  # noqa: E402
 
 STEP2, STEP4 = "step-000000002", "step-000000004"
@@ -88,10 +89,22 @@ def checkpoints(run_dir: str) -> str:
     return os.path.join(run_dir, "checkpoints")
 
 
-def remove_checkpoint(run_dir: str, name: str) -> None:
+def delete_checkpoint(run_dir: str, name: str) -> None:
+    """The storage writer's deletion: the checkpoint and its signature gone, nothing in the journal."""
     path = os.path.join(checkpoints(run_dir), name)
     shutil.rmtree(path)
     os.unlink(path + ".sig")
+
+
+def remove_checkpoint(run_dir: str, name: str) -> None:
+    """Retention's removal: announced with checkpoint.pruned first, as the trainer does."""
+    path = os.path.join(checkpoints(run_dir), name)
+    journal = os.path.join(run_dir, ev.JOURNAL_NAME)
+    run_id = next(e.run_id for e, _ in ev.JournalReader(journal).read_available())
+    with ev.EventWriter(journal, run_id) as writer:
+        pruned = CheckpointPruned(path=path, step=int(name[5:]), reason="retention: keep_last 1")
+        writer.emit(pruned.TYPE, pruned.to_data(), step=pruned.step)
+    delete_checkpoint(run_dir, name)
 
 
 def rejections(run_dir: str) -> list:
@@ -99,9 +112,9 @@ def rejections(run_dir: str) -> list:
     return [e for e, _ in reader.read_available() if e.type == ev.CHECKPOINT_REJECTED]
 
 
-def refused(kit: Kit, run_dir: str, resume: str = "auto") -> ResumeRefused:
+def refused(kit: Kit, run_dir: str, resume: str = "auto", past_missing: bool = False) -> ResumeRefused:
     with pytest.raises(ResumeRefused) as caught:
-        PPOTrainer(load_config(kit.config), run_dir, resume=resume)
+        PPOTrainer(load_config(kit.config), run_dir, resume=resume, resume_past_missing=past_missing)
     assert caught.value.exit_code == EXIT_VIOLATION
     return caught.value
 
@@ -188,8 +201,10 @@ def test_renamed_step_is_refused(kit, tmp_path):
     root = checkpoints(run_dir)
     os.rename(os.path.join(root, STEP4), os.path.join(root, "step-000000006"))
     os.rename(os.path.join(root, STEP4 + ".sig"), os.path.join(root, "step-000000006.sig"))
-    refused(kit, run_dir)
-    (event,) = rejections(run_dir)
+    assert "step 4 (" in str(refused(kit, run_dir))  # step-4 is gone: the journal says it exists
+    assert [e.step for e in rejections(run_dir)] == [4]
+    refused(kit, run_dir, past_missing=True)  # past that, the renamed copy is refused on its own
+    (event,) = rejections(run_dir)[1:]
     assert event.data["path"].endswith("step-000000006")
     assert event.data["why"] == "the signature names checkpoint 'step-000000004', not 'step-000000006'"
 
@@ -326,3 +341,39 @@ def test_a_named_checkpoint_without_signature_is_refused(kit, tmp_path):
     assert str(error).startswith(f"--resume {named}: checkpoint refused: {named} (no valid signature: ")
     (event,) = rejections(run_dir)
     assert event.data["path"] == named
+
+
+# -- the journal is the index of what exists (warden.ledger) ----------------------------------
+def test_deleting_every_checkpoint_does_not_start_the_run_over(kit, tmp_path):
+    run_dir = kit.copy(tmp_path)
+    for name in (STEP2, STEP4):
+        delete_checkpoint(run_dir, name)
+    error = refused(kit, run_dir)
+    assert "gone from" in str(error) and "step 2 (" in str(error) and "step 4 (" in str(error)
+    assert "--resume-past-missing" in str(error)
+    assert sorted(e.step for e in rejections(run_dir)) == [2, 4]
+
+
+def test_deleting_the_newest_checkpoint_is_not_a_silent_rollback(kit, tmp_path):
+    run_dir = kit.copy(tmp_path)
+    delete_checkpoint(run_dir, STEP4)
+    error = refused(kit, run_dir)
+    assert "step 4 (" in str(error) and "step 2 (" not in str(error)
+    (event,) = rejections(run_dir)
+    assert event.step == 4 and "without a checkpoint.pruned event" in event.data["why"]
+
+
+def test_resume_past_missing_is_the_explicit_way_on(kit, tmp_path):
+    run_dir = kit.copy(tmp_path)
+    delete_checkpoint(run_dir, STEP4)
+    trainer = PPOTrainer(load_config(kit.config), run_dir, resume="auto", resume_past_missing=True)
+    trainer.close()
+    assert trainer.step == 2 and trainer.resumed is not None and trainer.resumed.path.endswith(STEP2)
+
+
+def test_announced_retention_is_accounted_for(kit, tmp_path):
+    run_dir = kit.copy(tmp_path)
+    remove_checkpoint(run_dir, STEP4)
+    trainer = PPOTrainer(load_config(kit.config), run_dir, resume="auto")
+    trainer.close()
+    assert trainer.step == 2 and rejections(run_dir) == []
