@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tokenizer/model scanner benchmark (issue 6): cost, and detection against picklescan and modelscan.
 
-1. Detection: the test corpus (``tests/sidecars/tokenscan/conftest.py``: a benign tokenizer and
+1. Detection: the test corpus (``tests/warden/tokenscan/corpus.py``: a benign tokenizer and
    one malicious variant per check) through ``warden scan`` (library), ``picklescan -p DIR`` and
    ``modelscan -p DIR`` (their CLIs; exit 1 = they flagged something). Prints what each catches.
 2. A ``--size-mb`` model directory (tokenizer files + safetensors shards of random data):
@@ -12,7 +12,7 @@
    the CLI (one process), against the anchor of loading each with ``AutoTokenizer.from_pretrained``
    (what the trainer does anyway); picklescan/modelscan over the same parent folder.
 
-4. Behaviour (issue 18): the attack corpus of ``tests/sidecars/tokenscan/attacks.py`` (one
+4. Behaviour (issue 18): the attack corpus of ``tests/warden/tokenscan/attacks.py`` (one
    generator per class, 40+ cases) and the benign family fixtures (``families.py``: Llama 3.1,
    Qwen2.5, Gemma, Mistral, Phi-3, BERT, T5) through ours, picklescan, modelscan, modelaudit
    and fickling (``fickling.is_likely_safe`` on every file, in a child process): cases caught
@@ -61,13 +61,9 @@ BIN = Path(sys.executable).parent
 
 
 def load_corpus_module():
-    path = ROOT / "tests" / "sidecars" / "tokenscan" / "conftest.py"
-    spec = importlib.util.spec_from_file_location("tokenscan_corpus_builder", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    from tests.warden.tokenscan import corpus  # the tests' corpus builders (ROOT is on sys.path)
+
+    return corpus
 
 
 def tool(name: str) -> str | None:
@@ -303,10 +299,8 @@ def run_scanner(cmd: list[str]) -> tuple[int, float]:
 
 
 def behaviour_bench(work: Path) -> None:
-    tests = ROOT / "tests" / "sidecars" / "tokenscan"
-    sys.path.insert(0, str(tests))
-    from attacks import all_cases, build_corpus
-    from families import FAMILIES, build_family
+    from tests.warden.tokenscan.attacks import all_cases, build_corpus
+    from tests.warden.tokenscan.families import FAMILIES, build_family
 
     cases = all_cases()
     dirs = build_corpus(work / "attacks", cases)
@@ -373,8 +367,7 @@ def big_tokenizer(out: Path, vocab: int, seed: int) -> None:
     tok.train_from_iterator(lines, trainer=trainer)
     out.mkdir(parents=True)
     tok.save(str(out / "tokenizer.json"))
-    sys.path.insert(0, str(ROOT / "tests" / "sidecars" / "tokenscan"))
-    from families import QWEN25_TEMPLATE
+    from tests.warden.tokenscan.families import QWEN25_TEMPLATE
 
     config = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None,
               "tokenizer_class": "Qwen2Tokenizer", "chat_template": QWEN25_TEMPLATE}  # fmt: skip

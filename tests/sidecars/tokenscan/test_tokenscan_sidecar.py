@@ -165,11 +165,7 @@ def test_registry_entry_resolves():
 def test_sidecar_rescans_of_unchanged_dirs_send_no_sandbox_request(tmp_path, tokenscan_corpus, monkeypatch):
     """The sidecar's rescans (every rescan_interval) of unchanged tokenizers reuse the stored
     verdicts: no parse, no tokenizer or template sandbox request."""
-    import sys
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from test_tokenscan_cache import distinct_copies, requests
-
+    from tests.warden.tokenscan.corpus import distinct_copies, requests
     from warden.tokenscan import manifest as mf
     from warden.tokenscan import scanner
 

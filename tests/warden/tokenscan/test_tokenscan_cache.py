@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from tests.warden.tokenscan.corpus import distinct_copies, requests
 from warden.tokenscan import analysis
 from warden.tokenscan import chat_template as ct
 from warden.tokenscan import manifest as mf
@@ -24,41 +24,15 @@ from warden.tokenscan.policy import default_policy
 POLICY = default_policy()
 
 
-def requests() -> tuple[int, int]:
-    """Sandbox requests sent so far: (tokenizer child, template child)."""
-    return tbe._WORKERS.requests, ct._WORKER.requests
-
-
 @pytest.fixture
 def settled_now(monkeypatch: pytest.MonkeyPatch) -> None:
     """Files written by the test count as settled (their change is not within a tick of now)."""
     monkeypatch.setattr(mf, "RACY_NS", 0)
 
 
-def distinct_copies(benign: Path, root: Path, count: int) -> list[str]:
-    """``count`` copies of ``benign`` whose tokenizer.json and template differ in bytes (trailing
-    whitespace, a Jinja comment), so no two share a content cache entry."""
-    text = (benign / "tokenizer.json").read_text(encoding="utf-8")
-    template = (benign / "chat_template.jinja").read_text(encoding="utf-8")
-    out = []
-    for i in range(count):
-        d = root / f"tok-{i:03d}"
-        shutil.copytree(benign, d)
-        (d / "tokenizer.json").write_text(text + " " * (i + 1), encoding="utf-8")
-        (d / "chat_template.jinja").write_text(template + f"{{# copy {i} #}}", encoding="utf-8")
-        out.append(str(d))
-    return out
-
-
 def test_warm_rescans_of_50_distinct_tokenizers_make_no_sandbox_request(tokenscan_corpus, tmp_path, settled_now):
     dirs = distinct_copies(tokenscan_corpus.benign, tmp_path, 50)
-    for memo in (
-        sc.default_resources().memo,
-        sc.default_resources().judged,
-        sc.default_resources().behaviour,
-        sc.default_resources().scans,
-    ):
-        memo.clear()  # another test may have scanned the same contents
+    sc.default_resources().clear()  # memo, judged, behaviour, scans: another test may have scanned the same contents
     ct._CACHE.clear()
     before = requests()
     cold = sc.scan_paths(dirs, POLICY, with_manifest=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from families import build_family
+from tests.warden.tokenscan.families import build_family
 
 Build = Callable[[Path], None]
 
@@ -268,7 +268,8 @@ def semantic_cases() -> list[AttackCase]:
 
 def _retrain_spm(d: Path, rules: str) -> None:
     import sentencepiece as spm
-    from families import TRAIN_TEXT
+
+    from tests.warden.tokenscan.families import TRAIN_TEXT
 
     (d / "_train.txt").write_text("\n".join(TRAIN_TEXT), encoding="utf-8")
     (d / "_rules.tsv").write_text(rules, encoding="utf-8")

@@ -1,35 +1,27 @@
 """Issue 18: what a tokenizer DOES. The attack corpus (attacks.py, one generator per class) is
 caught case by case with its finding id; the benign family fixtures (families.py) scan with no
-finding at all; crash inputs end in findings with valid JSON/SARIF; the trainer's guard refuses
-every malicious case with UnsafeTokenizer; text output cannot be forged by file names."""
+finding at all; crash inputs end in findings; the trainer's guard refuses every malicious case
+with UnsafeTokenizer; text output cannot be forged by file names. (Through the CLI: crash inputs
+give valid JSON/SARIF, --approve records the token-ids digest: tests/sidecars/tokenscan.)"""
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
-import jsonschema
 import pytest
-from support import run_warden
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-from attacks import AttackCase, all_cases, build_corpus  # noqa: E402
-from families import FAMILIES, build_family  # noqa: E402
-
-from trainer.tokenizer import UnsafeTokenizer, load_tokenizer  # noqa: E402
-from warden.tokenscan import scan_directory  # noqa: E402
-from warden.tokenscan import template_battery as tb  # noqa: E402
-from warden.tokenscan import tokenizer_behaviour as tbe  # noqa: E402
-from warden.tokenscan.policy import BehaviourPolicy, default_policy  # noqa: E402
-from warden.tokenscan.report import render_sarif, render_text  # noqa: E402
-from warden.tokenscan.scanner import DirectoryScan  # noqa: E402
+from tests.warden.tokenscan.attacks import AttackCase, all_cases, build_corpus
+from tests.warden.tokenscan.families import FAMILIES, build_family
+from trainer.tokenizer import UnsafeTokenizer, load_tokenizer
+from warden.tokenscan import scan_directory
+from warden.tokenscan import template_battery as tb
+from warden.tokenscan import tokenizer_behaviour as tbe
+from warden.tokenscan.policy import BehaviourPolicy, default_policy
+from warden.tokenscan.report import render_sarif, render_text
+from warden.tokenscan.scanner import DirectoryScan
 
 CASES = {c.name: c for c in all_cases()}
-CRASH = [c.name for c in CASES.values() if c.klass == "crash"]
 POLICY = default_policy(behaviour=BehaviourPolicy(timeout_seconds=10.0))
 GUARD_CLASSES = ("PreTrainedTokenizerFast", "Qwen2Tokenizer", "Qwen2TokenizerFast", "T5Tokenizer", "TokenizersBackend")
 
@@ -79,20 +71,6 @@ def test_benign_families_exercise_the_behavioural_checks(family_dirs):
         assert all(t.render.status == "ok" for t in rendered), family  # type: ignore[union-attr]
         if family not in ("bert", "bert-bare", "gpt2", "t5"):  # no chat template
             assert rendered, family
-
-
-def test_crash_inputs_give_findings_and_valid_json_and_sarif(attack_dirs):
-    paths = [str(attack_dirs[n]) for n in CRASH]
-    as_json = run_warden("scan", "tokenizer", *paths, "--format", "json")
-    assert as_json.returncode == 1 and "Traceback" not in as_json.stderr, as_json.stderr
-    doc = json.loads(as_json.stdout)
-    by_path = {d["path"]: d for d in doc["directories"]}
-    for name in CRASH:
-        assert CASES[name].expected in {f["id"] for f in by_path[str(attack_dirs[name])]["findings"]}, name
-    as_sarif = run_warden("scan", "tokenizer", *paths, "--format", "sarif")
-    assert as_sarif.returncode == 1 and "Traceback" not in as_sarif.stderr
-    with open(os.path.join(HERE, "tokenscan_sarif_schema.json"), encoding="utf-8") as fh:
-        jsonschema.validate(json.loads(as_sarif.stdout), json.load(fh))
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -324,48 +302,11 @@ def test_token_ids_finding_and_the_record_of_another_corpus(tmp_path):
     assert record is not None and record.token_ids_digest is None  # another corpus: not comparable
 
 
-def _scan_json(path: Path, state: Path) -> tuple[int, dict]:
-    result = run_warden("scan", "tokenizer", str(path), "--state-dir", str(state), "--format", "json")
-    return result.returncode, json.loads(result.stdout)["directories"][0]
-
-
-def test_approve_records_the_token_ids_digest_and_a_later_scan_compares_it(tmp_path):
-    """WordPiece has no merges or scores: two words swapped in tokenizer.json AND vocab.txt
-    leave the directory self-consistent, so no reference-free check can see it. The approval
-    can: --approve records the digest of the ids of the built-in corpus, a later scan compares."""
-    bert, state = build_family("bert", tmp_path / "bert"), tmp_path / "state"
-    approve = run_warden("scan", "tokenizer", str(bert), "--state-dir", str(state), "--approve", "--format", "json")
-    assert approve.returncode == 0, approve.stdout
-    digest = json.loads(approve.stdout)["directories"][0]["token_ids_digest"]
-    (record,) = (state / "approved").iterdir()
-    saved = json.loads(record.read_text())
-    assert len(digest) == 64 and saved["token_ids_digest"] == digest
-    assert saved["token_ids_corpus"] == tbe.CORPUS_VERSION
-    assert _scan_json(bert, state)[0] == 0
-
-    tok = json.loads((bert / "tokenizer.json").read_text(encoding="utf-8"))
-    (bert / "tokenizer.json").write_text(json.dumps(tok, indent=1), encoding="utf-8")  # new bytes, same ids
-    code, doc = _scan_json(bert, state)
-    assert code == 1 and [f["id"] for f in doc["findings"]] == ["TS1101"]
-
-    vocab = tok["model"]["vocab"]
-    vocab["not"], vocab["the"] = vocab["the"], vocab["not"]  # both files swapped alike
-    (bert / "tokenizer.json").write_text(json.dumps(tok), encoding="utf-8")
-    lines = (bert / "vocab.txt").read_text(encoding="utf-8").split("\n")
-    lines[vocab["not"]], lines[vocab["the"]] = "not", "the"
-    (bert / "vocab.txt").write_text("\n".join(lines), encoding="utf-8")
-    assert scan_directory(str(bert), POLICY).findings == []  # invisible without a reference
-    code, doc = _scan_json(bert, state)
-    assert code == 1 and {f["id"] for f in doc["findings"]} == {"TS1101", "TS1208"}
-    assert doc["token_ids_digest"] != digest
-
-
 @pytest.mark.parametrize("template", ["QWEN25_TEMPLATE", "LLAMA31_TEMPLATE", "LLAMA32_TEMPLATE"])
 def test_tool_supporting_family_templates_render_the_tool_exchange_and_documents(template):
     """The clean results of the tool-capable families come from renders that ran: the tool
     exchange renders, shows the tool response once and in order, and passes every invariant."""
-    import families
-
+    from tests.warden.tokenscan import families
     from warden.tokenscan import chat_template as ct
 
     context = {"bos_token": "<s>", "eos_token": "</s>", "add_generation_prompt": True, "documents": None}
