@@ -1,5 +1,5 @@
 """The ``shards`` serialization (and ``files``/blake3): hashing, statements, the tamper matrix,
-announcements and the policy fields. Interop with model_signing is in test_signer_interop.py."""
+announcements and the policy fields. Interop with model_signing is in test_signing_interop.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sidecars.signer.signer_helpers import CHECKPOINT_FILES, Keys, copy_checkpoint, make_keys, write_tree
+from tests.warden.signing.signing_helpers import CHECKPOINT_FILES, Keys, copy_checkpoint, make_keys, write_tree
 from warden.signer.policy import SignerPolicy
 from warden.signing import Provenance, sign_checkpoint, verify_checkpoint
 from warden.signing.dsse import decode_bundle, encode_bundle, sign_payload

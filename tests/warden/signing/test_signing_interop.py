@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sidecars.signer.signer_helpers import Keys, make_keys, model_signing_cli, run_model_signing, write_tree
+from tests.warden.signing.signing_helpers import Keys, make_keys, model_signing_cli, run_model_signing, write_tree
 from warden.signing import Provenance, sign_checkpoint, verify_checkpoint
 from warden.signing.dsse import decode_bundle
 from warden.signing.hashing import hash_tree

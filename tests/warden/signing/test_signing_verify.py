@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.sidecars.signer.signer_helpers import (
+from tests.warden.signing.signing_helpers import (
     CHECKPOINT_FILES,
     Keys,
     copy_checkpoint,
