@@ -59,15 +59,15 @@ class CheckpointRef:
 
 def list_complete(root: str) -> list[CheckpointRef]:
     """Complete checkpoints under ``root``, newest first."""
-    try:
-        names = os.listdir(root)
-    except FileNotFoundError:
-        return []
     refs = []
-    for name in names:
-        match = STEP_DIR.match(name)
-        if match and os.path.isdir(os.path.join(root, name)):
-            refs.append(CheckpointRef(int(match.group(1)), os.path.join(root, name)))
+    try:
+        with os.scandir(root) as entries:
+            for entry in entries:
+                match = STEP_DIR.match(entry.name)
+                if match and entry.is_dir(follow_symlinks=False):  # a link named step-N is not a checkpoint
+                    refs.append(CheckpointRef(int(match.group(1)), os.path.join(root, entry.name)))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
     return sorted(refs, key=lambda r: r.step, reverse=True)
 
 
@@ -402,13 +402,17 @@ def prune(root: str, keep_last: int, before_removal: Callable[[CheckpointRef], N
             if before_removal is not None:
                 before_removal(ref)
             name = os.path.basename(ref.path)
-            doomed = _retire_at(root_fd, name)
+            try:
+                doomed = _retire_at(root_fd, name)
+            except OSError as exc:  # gone or replaced meanwhile: nothing of ours to remove
+                log.warning("%s: not retired: %s", ref.path, exc.strerror or exc)
+                continue
             try:
                 info = os.stat(name + ".sig", dir_fd=root_fd, follow_symlinks=False)
                 if not stat.S_ISDIR(info.st_mode):
                     os.unlink(name + ".sig", dir_fd=root_fd)
-            except FileNotFoundError:
-                pass
+            except OSError:
+                pass  # no signature, or something else planted there: never followed, left alone
             _discard(root_fd, doomed)
             removed.append(ref.path)
     finally:

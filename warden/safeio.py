@@ -198,29 +198,39 @@ def atomic_write_at(dir_fd: int, name: str, payload: bytes, mode: int = 0o644) -
 
     The temporary is created ``O_CREAT | O_EXCL | O_NOFOLLOW`` under an unpredictable name
     (:func:`temp_name`), written, fsynced and renamed over ``name`` relative to ``dir_fd`` (a link at
-    ``name`` is replaced, never followed), then the directory is fsynced. On any error the temporary
-    is removed. ``name`` must be a plain entry name.
+    ``name`` is replaced, never followed), then the directory is fsynced. Where others can write the
+    directory they can still swap the temporary between the write and the rename: the entry is
+    checked afterwards to be the inode written here, and UnsafeFile is raised otherwise, so success
+    is never reported for bytes this process did not write. On any error the temporary is removed.
+    ``name`` must be a plain entry name.
     """
     if not name or "/" in name or name in (".", ".."):
         raise ValueError(f"not a plain entry name: {name!r}")
     tmp = temp_name(name)
     fd = os.open(tmp, WRITE_FLAGS, mode, dir_fd=dir_fd)
     try:
+        written = identity(os.fstat(fd))
         write_all(fd, payload)
         os.fsync(fd)
-    except BaseException:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp, dir_fd=dir_fd)
-        raise
-    os.close(fd)
-    try:
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
         raise
+    finally:
+        os.close(fd)
     os.fsync(dir_fd)
+    check_identity(dir_fd, name, written)
+
+
+def check_identity(dir_fd: int, name: str, expected: tuple[int, int]) -> None:
+    """Raises UnsafeFile unless entry ``name`` of ``dir_fd`` is the inode ``expected`` (not followed)."""
+    try:
+        found = identity(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+    except FileNotFoundError:
+        found = (-1, -1)
+    if found != expected:
+        raise UnsafeFile(name, "swapped", "was replaced by someone else right after it was written; not trusted")
 
 
 def atomic_write_bytes(path: str, payload: bytes, mode: int = 0o644) -> None:
@@ -287,7 +297,9 @@ def rename_checked(
     found = identity(os.stat(src, dir_fd=dir_fd, follow_symlinks=False))
     if found != expected:
         raise UnsafeFile(src, "swapped", f"is no longer the entry this process created ({found} != {expected})")
-    os.rename(src, dst, src_dir_fd=dir_fd, dst_dir_fd=dir_fd if dst_dir_fd is None else dst_dir_fd)
+    target_dir = dir_fd if dst_dir_fd is None else dst_dir_fd
+    os.rename(src, dst, src_dir_fd=dir_fd, dst_dir_fd=target_dir)
+    check_identity(target_dir, dst, expected)  # swapped between the check and the rename
 
 
 def remove_tree_at(
