@@ -57,6 +57,7 @@ from trainer.train_state import capture_rng, fill_checkpoint, restore_rng, seed_
 from warden import journal as ev
 from warden.errors import ConfigError, IncompleteError
 from warden.payloads import CheckpointPruned, CheckpointSaved, RewardSnapshot, RunResumed, RunStarted
+from warden.runid import journal_genesis_nonce, new_genesis_nonce
 
 __all__ = ["PPOTrainer", "StepResult", "TrainingFailed", "capture_rng", "restore_rng"]
 
@@ -220,6 +221,7 @@ class PPOTrainer:
         self.phase = "rollout"
         self._oom_hook_fired = False
         self.resumed: ResumeResult | None = None
+        self.genesis_nonce: str | None = None  # set by a resume from the checkpoint, else in _announce
         self.checkpoint_world_size: int | None = None  # set by a resume: the world size that wrote it
         self._announce(resume)
         self._server = self._serve_metrics() if serve_metrics and self.dist.is_main else None
@@ -319,6 +321,12 @@ class PPOTrainer:
 
     def _announce(self, resume: str) -> None:
         self.resumed = find_resume_point(self, resume)
+        # The run's genesis nonce: the checkpoint's (a resume), else the journal's first run.started
+        # of this run id (a torchrun restart before the first checkpoint), else a new one.
+        journal = os.path.join(self.run_dir, ev.JOURNAL_NAME)
+        if self.resumed is not None and self.resumed.cross_run:
+            self.genesis_nonce = None  # the checkpoint's nonce is its own run's, not this one's
+        self.genesis_nonce = self.genesis_nonce or journal_genesis_nonce(journal, self.run_id) or new_genesis_nonce()
         if self.resumed is not None:
             changed: dict[str, Any] = {"config_digest": self.cfg.digest(), "changed_keys": self.config_changes}
             if self.config_changes:
@@ -330,6 +338,7 @@ class PPOTrainer:
                 checkpoint=self.resumed.path,
                 verification=self.resumed.verification,
                 config_digest=config_digest,
+                genesis_nonce=self.genesis_nonce,
                 extra={**self.resumed.event_fields(), **changed, **self._elastic_fields()},
             )
             self.emit(resumed.TYPE, resumed.to_data(), step=self.step)
@@ -340,6 +349,7 @@ class PPOTrainer:
             tokenizer_path=self.paths.tokenizer,
             world_size=self.dist.world_size,
             versions=_versions(),
+            genesis_nonce=self.genesis_nonce,
             extra={
                 "config": self.cfg.to_dict(),
                 "nccl_env": self.nccl_env,

@@ -26,6 +26,7 @@ from trainer import checkpoint as ckpt
 from trainer.models import CRITIC_WEIGHTS, save_critic, save_pretrained_files, unwrap
 from trainer.verified_load import CheckpointRejected, VerifiedCheckpoint
 from warden.errors import ConfigError, quote_untrusted
+from warden.runid import valid_genesis_nonce
 
 RESUME_NEUTRAL = (
     "run.metrics_port",
@@ -140,6 +141,7 @@ def fill_checkpoint(trainer: Any, writer: ckpt.CheckpointWriter) -> None:
         "scheduler_actor": trainer.actor_sched.state_dict(),
         "world_size": trainer.dist.world_size,
         "skipped_updates": int(trainer.skipped_updates),
+        "genesis_nonce": trainer.genesis_nonce,
     }
     if trainer.critic is not None:
         save_critic(unwrap(trainer.critic), writer, "critic", trainer.paths.critic)
@@ -213,6 +215,8 @@ def load_into(trainer: Any, checkpoint: VerifiedCheckpoint) -> None:
         trainer.sampler.load_state(state["data_position"])
         trainer.kl_ctl.value = float(state["kl_coef"])
         trainer.skipped_updates = int(state.get("skipped_updates", 0))
+        nonce = state.get("genesis_nonce")
+        trainer.genesis_nonce = nonce if valid_genesis_nonce(nonce) else None
         restore_rng(rng)
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise CheckpointRejected(f"cannot restore the training state: {quote_untrusted(exc)}") from None

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from warden.journal import CHECKPOINT_PRUNED, CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_RESUMED, RUN_STARTED
+from warden.runid import valid_genesis_nonce
 from warden.signing.manifest import Announced
 
 _HEX = frozenset("0123456789abcdef")
@@ -71,6 +72,13 @@ def _opt_mapping(data: Mapping[str, Any], name: str) -> Mapping[str, Any] | None
     if value is None or isinstance(value, Mapping):
         return value
     raise _field_error(name, "an object", value)
+
+
+def _opt_nonce(data: Mapping[str, Any]) -> str | None:
+    value = data.get("genesis_nonce")
+    if value is None or valid_genesis_nonce(value):
+        return value
+    raise _field_error("genesis_nonce", "32 lowercase hex digits", value)
 
 
 class _Payload:
@@ -208,6 +216,7 @@ class RunStarted(_Payload):
     world_size: int | None = None
     versions: Mapping[str, Any] | None = None
     source: str | None = None
+    genesis_nonce: str | None = None
     extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
 
     @property
@@ -225,6 +234,7 @@ class RunStarted(_Payload):
             world_size=_opt_int(data, "world_size", 1),
             versions=_opt_mapping(data, "versions"),
             source=_opt_str(data, "source"),
+            genesis_nonce=_opt_nonce(data),
             extra=cls._extra(data),
         )
 
@@ -241,6 +251,7 @@ class RunResumed(_Payload):
     verification: str | None = None
     config_digest: str | None = None
     source: str | None = None
+    genesis_nonce: str | None = None
     extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
 
     @classmethod
@@ -251,6 +262,7 @@ class RunResumed(_Payload):
             verification=_opt_str(data, "verification"),
             config_digest=_opt_str(data, "config_digest"),
             source=_opt_str(data, "source"),
+            genesis_nonce=_opt_nonce(data),
             extra=cls._extra(data),
         )
 

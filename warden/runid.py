@@ -1,11 +1,13 @@
-"""Run ids for journals written on behalf of other trainers (verl bridge, HF callback)."""
+"""Run ids (for journals written on behalf of other trainers: verl bridge, HF callback) and run genesis."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import secrets
 
-from warden.journal import MAX_LINE_BYTES, Event
+from warden.journal import MAX_LINE_BYTES, RUN_STARTED, Event, JournalReader
 
 _BAD = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -33,3 +35,37 @@ def journal_run_id(path: str) -> str | None:
         return Event.from_dict(json.loads(first)).run_id
     except ValueError:
         return None
+
+
+# -- the run's genesis: what binds a run's archive records to this run, not to another of the same id --
+GENESIS_DOMAIN = b"warden-run-genesis-v1\0"
+
+
+def new_genesis_nonce() -> str:
+    """A fresh random nonce for the first ``run.started`` of a run id (128 bits, hex)."""
+    return secrets.token_hex(16)
+
+
+def run_genesis(nonce: str, config_digest: str | None) -> str:
+    """The run's genesis digest: SHA-256 over the nonce and the config digest (domain-separated).
+
+    Two chains of the same run id signed by the same key differ here unless they share the nonce,
+    which lives only in this run's journal and checkpoints."""
+    text = f"{nonce}\0{config_digest or ''}".encode()
+    return hashlib.sha256(GENESIS_DOMAIN + text).hexdigest()
+
+
+def journal_genesis_nonce(path: str, run_id: str) -> str | None:
+    """The ``genesis_nonce`` of the first ``run.started`` of ``run_id`` in the journal at ``path``."""
+    for event, _ in JournalReader(path).read_available():
+        if event.type == RUN_STARTED and event.run_id == run_id:
+            nonce = event.data.get("genesis_nonce")
+            return nonce if valid_genesis_nonce(nonce) else None
+    return None
+
+
+_NONCE = re.compile(r"[0-9a-f]{32}")
+
+
+def valid_genesis_nonce(value: object) -> bool:
+    return isinstance(value, str) and _NONCE.fullmatch(value) is not None

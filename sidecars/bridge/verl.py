@@ -359,8 +359,13 @@ class VerlBridge:
             "rollout_dir": self.cfg.rollout_dir,
             "checkpoint_root": self.cfg.checkpoint_root,
         }
+        nonce = runid.journal_genesis_nonce(self.cfg.journal_path, self.run_id) or runid.new_genesis_nonce()
         started = RunStarted(
-            source=SOURCE, config_digest=self.cfg.digest(), versions={"warden": __version__}, extra={"inputs": inputs}
+            source=SOURCE,
+            config_digest=self.cfg.digest(),
+            versions={"warden": __version__},
+            genesis_nonce=nonce,
+            extra={"inputs": inputs},
         )
         self._emit(started.TYPE, started.to_data(), None, marker("start"))
 
@@ -435,6 +440,7 @@ class VerlBridge:
             checkpoint = candidate if os.path.isdir(candidate) else None
         resumed = RunResumed(
             source=SOURCE,
+            genesis_nonce=runid.journal_genesis_nonce(self.cfg.journal_path, self.run_id),
             from_step=from_step,
             checkpoint=checkpoint,
             verification="not verified by the bridge",

@@ -377,3 +377,27 @@ def test_announced_retention_is_accounted_for(kit, tmp_path):
     trainer = PPOTrainer(load_config(kit.config), run_dir, resume="auto")
     trainer.close()
     assert trainer.step == 2 and rejections(run_dir) == []
+
+
+def test_the_run_genesis_nonce_survives_a_resume_and_is_not_taken_from_another_run(kit, tmp_path):
+    run_dir = kit.copy(tmp_path)
+    trainer = PPOTrainer(load_config(kit.config), run_dir, resume="auto")
+    trainer.close()
+    events = [e for e, _ in ev.JournalReader(os.path.join(run_dir, ev.JOURNAL_NAME)).read_available()]
+    started = [e.data["genesis_nonce"] for e in events if e.type == ev.RUN_STARTED]
+    resumed = [e.data["genesis_nonce"] for e in events if e.type == ev.RUN_RESUMED]
+    assert len(set(started)) == 1 and resumed == started[:1]
+    state = weights_free_state(os.path.join(checkpoints(run_dir), STEP4))
+    assert state["genesis_nonce"] == started[0]
+    named = str(kit.base / "run-b" / "checkpoints" / STEP4)
+    other = PPOTrainer(load_config(kit.config), str(tmp_path / "fresh"), resume=named, resume_with_changes=True)
+    other.close()
+    assert other.resumed is not None and other.resumed.cross_run
+    assert other.genesis_nonce != weights_free_state(str(kit.base / "run-b" / "checkpoints" / STEP4))["genesis_nonce"]
+
+
+def weights_free_state(path: str) -> dict:
+    import json
+
+    with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as fh:
+        return json.load(fh)

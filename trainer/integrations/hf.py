@@ -61,7 +61,7 @@ from warden import journal as ev
 from warden.errors import WardenError
 from warden.metric_names import HF_ALIASES, map_metrics, warden_aliases
 from warden.payloads import CheckpointSaved, RunResumed, RunStarted
-from warden.runid import journal_run_id, sanitize_run_id
+from warden.runid import journal_genesis_nonce, journal_run_id, new_genesis_nonce, sanitize_run_id
 from warden.signing.manifest import DEFAULT_IGNORE_PATHS, Announced, announce_tree
 from warden.stability import Stability, tree_state
 
@@ -220,6 +220,15 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
             self._writer = ev.EventWriter(path, run_id)
         return self._writer
 
+    def _genesis_nonce(self, args: TrainingArguments) -> str | None:
+        """The run's genesis nonce: the first run.started's in the journal, else a new one."""
+        try:
+            writer = self._journal(args)
+            return journal_genesis_nonce(writer.path, writer.run_id) or new_genesis_nonce()
+        except (OSError, ev.JournalError) as exc:
+            log.error("warden: no genesis nonce (%s)", exc)
+            return None
+
     def emit(
         self, args: TrainingArguments, state: TrainerState, etype: str, data: dict[str, Any], step: int | None
     ) -> ev.Event | None:
@@ -243,6 +252,7 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
             checkpoint = os.path.join(output_dir(args), f"checkpoint-{state.global_step}")
             resumed = RunResumed(
                 source=SOURCE,
+                genesis_nonce=self._genesis_nonce(args),
                 from_step=state.global_step,
                 checkpoint=checkpoint if os.path.isdir(checkpoint) else None,
                 verification="not verified by the callback",
@@ -252,6 +262,7 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
         model, tokenizer = kwargs.get("model"), kwargs.get("processing_class") or kwargs.get("tokenizer")
         started = RunStarted(
             source=SOURCE,
+            genesis_nonce=self._genesis_nonce(args),
             config_digest=hashlib.sha256(args.to_json_string().encode("utf-8")).hexdigest(),
             model_path=getattr(model, "name_or_path", None) or None,
             tokenizer_path=getattr(tokenizer, "name_or_path", None) or None,
