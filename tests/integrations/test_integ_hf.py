@@ -13,7 +13,8 @@ import pytest
 from integrations.hf_data import TinyText
 from support import ROOT, run_warden
 
-from warden.journal import CHECKPOINT_SAVED, RUN_FINISHED, RUN_RESUMED, RUN_STARTED, STEP_COMPLETED
+from warden.journal import CHECKPOINT_PRUNED, CHECKPOINT_SAVED, RUN_FINISHED, RUN_RESUMED, RUN_STARTED, STEP_COMPLETED
+from warden.ledger import read_ledger
 
 # find_spec, not importorskip: collecting this file must not import transformers.
 pytestmark = [
@@ -84,8 +85,12 @@ def test_a_trainer_run_with_rotation_and_resume_gets_its_checkpoints_signed(
     assert [e.data["path"] for e in saved] == [str(output_dir / f"checkpoint-{s}") for s in (1, 2, 3, 4)]
     finished = events[-1].data
     assert finished["status"] == "completed" and finished["last_step"] == 4 and "train_runtime" in finished["summary"]
-    # save_total_limit=2 deleted checkpoint-1 and -2 before on_save: the signer counts them, no error
+    # save_total_limit=2 deleted checkpoint-1 and -2 before on_save: announced as pruned after the fact
     assert sorted(p.name for p in output_dir.iterdir() if p.is_dir()) == ["checkpoint-3", "checkpoint-4"]
+    pruned = [e for e in events if e.type == CHECKPOINT_PRUNED]
+    assert [(e.step, e.data["reason"]) for e in pruned] == [(1, "save_total_limit 2"), (2, "save_total_limit 2")]
+    assert all(e.seq > next(s.seq for s in saved if s.step == e.step + 2) for e in pruned)
+    assert read_ledger(str(run_dir / "events.jsonl"), "hf-tiny").live.keys() == {3, 4}
     signer = run_warden("sidecar", "run", "signer", "--once", "--run-dir", str(run_dir), "--policy", signer_policy)
     assert signer.returncode == 0, signer.stderr
     assert sorted(p.name for p in output_dir.glob("*.sig")) == ["checkpoint-3.sig", "checkpoint-4.sig"]

@@ -50,6 +50,7 @@ import logging
 import math
 import os
 import platform
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -58,15 +59,17 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from warden import journal as ev
-from warden.errors import WardenError
+from warden.errors import WardenError, quote_untrusted
+from warden.ledger import read_ledger, reconcile
 from warden.metric_names import HF_ALIASES, map_metrics, warden_aliases
-from warden.payloads import CheckpointSaved, RunResumed, RunStarted
+from warden.payloads import CheckpointPruned, CheckpointSaved, RunResumed, RunStarted
 from warden.runid import journal_genesis_nonce, journal_run_id, new_genesis_nonce, sanitize_run_id
 from warden.signing.manifest import DEFAULT_IGNORE_PATHS, Announced, announce_tree
 from warden.stability import Stability, tree_state
 
 log = logging.getLogger("warden.hf")
 SOURCE = "hf"
+HF_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 SUMMARY_KEY = "train_runtime"  # present only in the Trainer's final summary log
 
 
@@ -104,6 +107,36 @@ def step_payload(logs: dict[str, Any]) -> dict[str, Any]:
 def output_dir(args: TrainingArguments) -> str:
     """The Trainer's output directory, absolute (HF's default name when unset)."""
     return os.path.abspath(args.output_dir or "trainer_output")
+
+
+def hf_checkpoint_steps(root: str) -> set[int]:
+    """Steps of the ``checkpoint-N`` directories (not links) under ``root``."""
+    steps = set()
+    try:
+        with os.scandir(root) as entries:
+            for entry in entries:
+                step = _step_of_checkpoint(entry.name)
+                if step is not None and entry.is_dir(follow_symlinks=False):
+                    steps.add(step)
+    except OSError:
+        return set()
+    return steps
+
+
+def _step_of_checkpoint(name: str | None) -> int | None:
+    match = HF_CHECKPOINT.fullmatch(os.path.basename(os.path.normpath(name))) if name else None
+    return int(match.group(1)) if match else None
+
+
+def rotation_removed(before: list[int], limit: int | None, best: int | None) -> set[int]:
+    """The steps HF's ``rotate_checkpoints`` deletes from the checkpoint steps ``before`` it (sorted):
+    the oldest, keeping ``save_total_limit``, the newest and the best model's. Pure."""
+    if not limit or limit <= 0 or len(before) <= limit:
+        return set()
+    protected = {before[-1], *([best] if best is not None else [])}
+    keep = max(limit, len(protected))
+    deletable = [s for s in before if s not in protected]
+    return set(deletable[: max(0, len(before) - keep)])
 
 
 def checkpoint_digest(path: str) -> Announced | None:
@@ -314,6 +347,39 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
         if self.announce_digest:
             saved = saved.with_announced(checkpoint_digest(path))
         self.emit(args, state, saved.TYPE, saved.to_data(), state.global_step)
+        try:
+            self._account_for_rotation(args, state, root)
+        except (OSError, ev.JournalError) as exc:
+            log.error("warden: could not account for HF's checkpoint rotation: %s", exc)
+
+    def _account_for_rotation(self, args: TrainingArguments, state: TrainerState, root: str) -> None:
+        """``checkpoint.pruned`` for the announced checkpoints HF's rotation removed before this
+        ``on_save`` (it rotates first); a checkpoint gone that the rule does not explain gets no such
+        event, so the signer's reconciliation with the journal reports it as a violation."""
+        writer = self._journal(args)
+        ledger = read_ledger(writer.path, writer.run_id)
+        on_disk = hf_checkpoint_steps(root)
+        gone = {a.step for a in reconcile(ledger, on_disk).missing}
+        if not gone:
+            return
+        best = _step_of_checkpoint(getattr(state, "best_model_checkpoint", None))
+        explained = rotation_removed(sorted(on_disk | gone), getattr(args, "save_total_limit", None), best)
+        for step in sorted(gone):
+            announced = ledger.live[step]
+            if step not in explained:
+                log.error(
+                    "warden: %s is gone and HF's rotation does not explain it; not announced as pruned",
+                    quote_untrusted(announced.path),
+                )
+                continue
+            pruned = CheckpointPruned(
+                path=announced.path,
+                step=step,
+                reason=f"save_total_limit {args.save_total_limit}",
+                root_digest=announced.root_digest,
+                source=SOURCE,
+            )
+            self.emit(args, state, pruned.TYPE, pruned.to_data(), step)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
