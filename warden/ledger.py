@@ -44,8 +44,9 @@ class Ledger:
         return self.live[max(self.live)] if self.live else None
 
 
-def build_ledger(events: Iterable[JournalEvent], run_id: str) -> Ledger:
-    """Folds ``run_id``'s ``checkpoint.saved`` and ``checkpoint.pruned`` events, in journal order. Pure.
+def build_ledger(events: Iterable[JournalEvent], run_id: str | None) -> Ledger:
+    """Folds ``run_id``'s (None: every run's) ``checkpoint.saved`` and ``checkpoint.pruned`` events,
+    in journal order. Pure.
 
     A saved event re-announces its step (the newest announcement wins); a pruned event retires
     it. Events whose payload does not parse are counted in ``unreadable`` and otherwise ignored.
@@ -54,7 +55,7 @@ def build_ledger(events: Iterable[JournalEvent], run_id: str) -> Ledger:
     pruned: set[int] = set()
     unreadable = 0
     for event in events:
-        if event.run_id != run_id or event.type not in (CHECKPOINT_SAVED, CHECKPOINT_PRUNED):
+        if (run_id is not None and event.run_id != run_id) or event.type not in (CHECKPOINT_SAVED, CHECKPOINT_PRUNED):
             continue
         try:
             if event.type == CHECKPOINT_SAVED:
@@ -69,10 +70,10 @@ def build_ledger(events: Iterable[JournalEvent], run_id: str) -> Ledger:
                 pruned.add(retired.step)
         except PayloadError:
             unreadable += 1
-    return Ledger(run_id, live, frozenset(pruned), unreadable)
+    return Ledger(run_id or "", live, frozenset(pruned), unreadable)
 
 
-def read_ledger(journal_path: str, run_id: str) -> Ledger:
+def read_ledger(journal_path: str, run_id: str | None) -> Ledger:
     """The ledger of ``run_id`` in the journal at ``journal_path`` (empty when there is none)."""
     reader = JournalReader(journal_path)
     return build_ledger((event for event, _ in reader.read_available()), run_id)

@@ -25,6 +25,7 @@ from sidecars.runtime import Outcome, SidecarContext
 from sidecars.signer.sidecar import SignerSidecar
 from warden.errors import ConfigError
 from warden.journal import CHECKPOINT_SAVED, RUN_STARTED, EventWriter
+from warden.payloads import CheckpointPruned
 from warden.policy import policy_from_mapping
 from warden.signer.policy import SignerPolicy
 from warden.signing.dsse import sign_checkpoint
@@ -116,6 +117,15 @@ class Victim:
         )
         sidecar = SignerSidecar(ctx, use_watchdog=False)
         return sidecar, ctx, Runner(sidecar)
+
+    def prune(self, path: Path) -> None:
+        """What the trainer's retention does: checkpoint.pruned first, then the removal."""
+        step = int(path.name.rsplit("-", 1)[1])
+        pruned = CheckpointPruned(path=str(path), step=step, reason="retention: keep_last 1")
+        self.journal.emit(pruned.TYPE, pruned.to_data(), step=step)
+        if sig(path).exists():
+            sig(path).unlink()
+        shutil.rmtree(path)
 
     def save(self, step: int, data: dict[str, object] | None = None) -> Path:
         path = write_checkpoint(self.checkpoints, step)
@@ -225,10 +235,7 @@ def test_an_event_without_a_digest_for_the_own_root_is_refused(victim):
 def test_pruning_a_checkpoint_with_its_signature_is_not_a_violation(victim):
     path = victim.save(2)
     assert victim.step() is Outcome.OK
-    doomed = path.parent / (".del-" + path.name)
-    os.rename(path, doomed)
-    sig(path).unlink()
-    shutil.rmtree(doomed)
+    victim.prune(path)  # checkpoint.pruned, then the directory and its .sig go
     assert victim.step(STABLE + 10) is Outcome.OK
     assert victim.value("warden_signer_violations_total", reason="signature_missing") == 0
 
@@ -417,15 +424,35 @@ def test_verl_retention_is_pruned_but_any_other_removal_or_change_is_a_violation
 
 def test_deleting_the_newest_checkpoint_with_its_signature_is_not_retention(victim):
     """Storage writer deletes step-4 and its .sig (a resume would fall back to step-2 silently):
-    retention removes the oldest first, so this is removed_out_of_order, and it pages."""
+    the journal has no checkpoint.pruned for it, so it is removed_without_retention, and it pages."""
     older, newest = victim.save(2), victim.save(4)
     assert victim.step() is Outcome.OK
     sig(newest).unlink()
     shutil.rmtree(newest)
     assert victim.step(STABLE + 10) is Outcome.VIOLATION
-    assert victim.value("warden_signer_violations_total", reason="removed_out_of_order") == 1
-    # The trainer's retention then removes the older one too: nothing older remains, so it clears.
-    sig(older).unlink()
-    shutil.rmtree(older)
-    assert victim.step(STABLE + 20) is Outcome.OK
-    assert victim.value("warden_signer_violating_checkpoints", reason="removed_out_of_order") == 0
+    assert victim.value("warden_signer_violations_total", reason="removed_without_retention") == 1
+    # The trainer's retention then removes the older one, announced first: that one is accounted for,
+    # the deleted newest one still pages.
+    victim.prune(older)
+    assert victim.step(STABLE + 20) is Outcome.VIOLATION
+    assert victim.value("warden_signer_violating_checkpoints", reason="removed_without_retention") == 1
+
+
+def test_deleting_every_checkpoint_at_once_is_not_retention(victim):
+    """Rollback by deleting everything: every announced checkpoint gone, no checkpoint.pruned."""
+    paths = [victim.save(step) for step in (2, 4, 6)]
+    assert victim.step() is Outcome.OK
+    for path in paths:
+        sig(path).unlink()
+        shutil.rmtree(path)
+    assert victim.step(STABLE + 10) is Outcome.VIOLATION
+    assert victim.value("warden_signer_violating_checkpoints", reason="removed_without_retention") == 3
+
+
+def test_announced_retention_is_never_a_violation(victim):
+    paths = [victim.save(step) for step in (2, 4, 6)]
+    assert victim.step() is Outcome.OK
+    for path in paths[:2]:
+        victim.prune(path)
+    assert victim.step(STABLE + 10) is Outcome.OK
+    assert victim.value("warden_signer_violations_total", reason="removed_without_retention") == 0

@@ -36,10 +36,18 @@ DIGEST_MISMATCH = "digest_mismatch"
 FILE_COUNT_MISMATCH = "file_count_mismatch"
 NO_DIGEST = "no_digest"
 UNSAFE_PATH = "unsafe_path"
-REMOVED_OUT_OF_ORDER = "removed_out_of_order"
 """A ``step-N`` / ``checkpoint-N`` / ``global_step_N`` entry that is not a real directory (a symlink...)."""
+REMOVED_WITHOUT_RETENTION = "removed_without_retention"
+"""An announced checkpoint gone from disk while the journal has no ``checkpoint.pruned`` for it."""
 REFUSAL_REASONS = (DIGEST_MISMATCH, FILE_COUNT_MISMATCH, NO_DIGEST)
-VIOLATION_REASONS = (UNANNOUNCED, SIGNATURE_MISSING, SIGNATURE_REPLACED, UNSAFE_PATH, *REFUSAL_REASONS)
+VIOLATION_REASONS = (
+    UNANNOUNCED,
+    SIGNATURE_MISSING,
+    SIGNATURE_REPLACED,
+    UNSAFE_PATH,
+    REMOVED_WITHOUT_RETENTION,
+    *REFUSAL_REASONS,
+)
 
 
 def is_hex_digest(value: object) -> bool:
@@ -197,12 +205,3 @@ def audit(record: Record | None, signature_present: bool, unannounced_for: float
     if record.signed_digest is not None:
         return SIGNATURE_MISSING
     return record.refused
-
-
-def removal_problem(removed_step: int, present_steps: list[int]) -> str | None:
-    """Why a signed checkpoint that vanished together with its ``.sig`` is not retention (pure).
-
-    The trainer's retention removes the oldest checkpoints first; a removed step newer than one
-    still present is a deletion (``removed_out_of_order``): a resume would fall back past it.
-    """
-    return REMOVED_OUT_OF_ORDER if any(step < removed_step for step in present_steps) else None

@@ -10,7 +10,8 @@ Every check (``check_interval_seconds``):
   no event announced (after ``stable_seconds``), a signed one whose ``.sig`` was deleted,
   or a ``.sig`` that does not verify or names another run, step or digest is a violation
   (``warden_signer_violating_checkpoints{reason}``, counted once in
-  ``warden_signer_violations_total``); a directory gone with its ``.sig`` was pruned.
+  ``warden_signer_violations_total``); an announced checkpoint gone from disk was pruned only if the
+  journal says so (``checkpoint.pruned``, :mod:`warden.ledger`), else it is a violation.
 """
 
 from __future__ import annotations
@@ -20,13 +21,15 @@ import math
 import os
 
 from warden.errors import ExitCode
+from warden.journal import JOURNAL_NAME
+from warden.ledger import Ledger, read_ledger
 from warden.logs import log_fields
 from warden.signer.announcements import (
+    REMOVED_WITHOUT_RETENTION,
     SIGNATURE_REPLACED,
     UNSAFE_PATH,
     Record,
     audit,
-    removal_problem,
     statement_problem,
 )
 from warden.signer.operations import count, fields, gone_before_signing, refuse, sign
@@ -42,7 +45,6 @@ from warden.signer.watch import (
     tree_state,
     unsafe_entries,
 )
-from warden.signing.dsse import signature_path_for
 from warden.signing.errors import (
     AnnouncementMismatch,
     CheckpointChanged,
@@ -197,9 +199,10 @@ class RootScan:
         or verified. Own-root violations (gauge by reason, counter on first sight, error log): ``unannounced``
         (a ``step-N/`` no event named, after ``stable_seconds``), ``signature_missing`` (its
         ``.sig`` was deleted after signing), ``signature_replaced`` (a ``.sig`` that does
-        not verify or names another run, step or digest), and refusals. A directory gone
-        together with its ``.sig`` was pruned (its record is dropped), unless an older one is
-        still there: retention removes the oldest first, so that is ``removed_out_of_order``.
+        not verify or names another run, step or digest), refusals, and
+        ``removed_without_retention``: an announced checkpoint gone from disk is retired only
+        when the journal holds its ``checkpoint.pruned`` (:func:`warden.ledger.read_ledger`, the
+        rule ``--resume`` uses too); deleting every checkpoint at once is therefore no retention.
         """
         found: dict[str, str] = {}
         for root in self.state.roots:
@@ -218,20 +221,27 @@ class RootScan:
             if reason is not None:
                 found[candidate.path] = reason
         present = {c.path for c in listed}
-        present_steps = [c.step for c in listed]
-        for path, record in announced.under(root.path):
-            if path in present or os.path.lexists(signature_path_for(path)):
-                continue
-            problem = removal_problem(record.step, present_steps) if record.signed_digest else None
-            if problem is not None:
-                found[path] = problem  # kept (and paging) while an older checkpoint remains
+        gone = [(path, record) for path, record in announced.under(root.path) if path not in present]
+        ledgers: dict[str | None, Ledger] = {}
+        for path, record in gone:
+            if record.run_id not in ledgers:
+                ledgers[record.run_id] = self._ledger(record.run_id)
+            ledger = ledgers[record.run_id]
+            if record.step in ledger.pruned and record.step not in ledger.live:
+                announced.forget(path)  # retired, and the journal says so
             else:
-                announced.forget(path)  # pruned by retention: directory and .sig both gone
+                found.setdefault(path, REMOVED_WITHOUT_RETENTION)  # pages until restored (a link there: unsafe_path)
         for path in [p for p in self._unannounced_since if os.path.dirname(p) == root.path and p not in present]:
             del self._unannounced_since[path]
         for sig_path in [p for p in self._sig_checked if os.path.dirname(p) == root.path]:
             if sig_path[: -len(".sig")] not in present:
                 del self._sig_checked[sig_path]  # bounded by the checkpoints listed
+
+    def _ledger(self, run_id: str | None) -> Ledger:
+        """What the run's journal says exists (read only when an announced checkpoint is gone)."""
+        if not self.state.run_dir:
+            return Ledger(run_id or "")
+        return read_ledger(os.path.join(self.state.run_dir, JOURNAL_NAME), run_id)
 
     def _audit_one(self, candidate: Candidate, now: float) -> str | None:
         record = self.state.announced.get(candidate.path)

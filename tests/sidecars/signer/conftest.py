@@ -21,6 +21,7 @@ import yaml
 from support import free_port, run_warden, scrape, spawn, stop_process, wait_http, warden_cmd
 
 from warden.journal import CHECKPOINT_SAVED, EventWriter
+from warden.payloads import CheckpointPruned
 from warden.signing import load_trusted_keys, read_signed_statement, verify_checkpoint
 from warden.signing.keys import generate_keypair
 from warden.signing.manifest import announced_root
@@ -202,8 +203,15 @@ class SignerKit:
         data = {"path": str(path), "root": str(path.parent), **extra}
         self.journal().emit(CHECKPOINT_SAVED, data, step=step)
 
+    def announce_pruned(self, path: Path) -> None:
+        """checkpoint.pruned for ``path``, as the trainer's retention writes it before removing."""
+        step = int(path.name.rsplit("-", 1)[1])
+        pruned = CheckpointPruned(path=str(path), step=step, reason="retention: keep_last 1")
+        self.journal().emit(pruned.TYPE, pruned.to_data(), step=step)
+
     def prune(self, path: Path) -> None:
-        """The trainer's retention: rename to ``.del-step-N``, remove the .sig, delete the tree."""
+        """The trainer's retention: checkpoint.pruned, rename to ``.del-step-N``, remove the .sig, delete the tree."""
+        self.announce_pruned(path)
         doomed = path.parent / (".del-" + path.name)
         os.rename(path, doomed)
         sig = Path(str(path) + ".sig")

@@ -30,7 +30,8 @@ def test_a_signature_written_as_the_directory_vanished_is_removed(signer_kit, tm
 
     def sign_then_prune(*args, **kwargs):  # type: ignore[no-untyped-def]
         result = REAL_SIGN(*args, **kwargs)
-        os.rename(path, path.parent / ".del-step-000000002")  # retention, after the last file was read
+        kit.announce_pruned(path)  # retention, after the last file was read
+        os.rename(path, path.parent / ".del-step-000000002")
         return result
 
     monkeypatch.setattr(signer_operations, "sign_checkpoint", sign_then_prune)
