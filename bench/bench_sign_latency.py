@@ -26,10 +26,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-from warden.journal import CHECKPOINT_SAVED, EventWriter
+from warden.journal import EventWriter
+from warden.payloads import CheckpointSaved
 from warden.safeio import fsync_dir
 from warden.signing import load_private_key, sign_checkpoint
 from warden.signing.keys import generate_keypair
+from warden.signing.manifest import announce_tree
 
 MIB = 1 << 20
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,8 +154,10 @@ def main() -> None:
                 step = 2 * round_no
                 directory = write_checkpoint(root, step, args.size_mb, pool)
                 anchor = min(timed_sign(directory, key, str(base / "anchor.sig")) for _ in range(3))
+                # what the trainer announces (it hashes while serialising; not part of the signer's latency)
+                saved = CheckpointSaved(path=str(directory), root=str(root)).with_announced(announce_tree(directory))
                 t1 = time.monotonic()  # the line is appended inside emit (then fsynced): time from before the call
-                journal.emit(CHECKPOINT_SAVED, {"path": str(directory), "root": str(root)}, step=step)
+                journal.emit(saved.TYPE, saved.to_data(), step=step)
                 latency = wait_for(str(directory) + ".sig", timeout=300) - t1
                 anchors.append(anchor)
                 latencies.append(latency)
