@@ -2,27 +2,14 @@
 
 The ``archiver`` sidecar's :class:`~sidecars.archiver.metrics.ArchiverMetrics` (prometheus_client
 counters, gauges and a histogram) has exactly these attributes; a test may pass anything shaped alike.
+The instruments' own shapes are :mod:`warden.instruments`.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-
-class Counter(Protocol):
-    def inc(self, amount: float = 1) -> None: ...
-
-
-class Gauge(Protocol):
-    def set(self, value: float) -> None: ...
-
-
-class Histogram(Protocol):
-    def observe(self, amount: float) -> None: ...
-
-
-class LabelledCounter(Protocol):
-    def labels(self, *labelvalues: str) -> Counter: ...
+from warden.instruments import Counter, Gauge, Histogram, LabelledCounter
 
 
 class UploadMetrics(Protocol):

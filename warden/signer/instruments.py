@@ -2,6 +2,7 @@
 
 The ``signer`` sidecar's :class:`~sidecars.signer.metrics.SignerMetrics` (prometheus_client
 counters, gauges and a histogram) has exactly these attributes; a test may pass anything shaped alike.
+The instruments' own shapes are :mod:`warden.instruments`.
 """
 
 from __future__ import annotations
@@ -9,29 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-
-class Counter(Protocol):
-    def inc(self, amount: float = 1) -> None: ...
-
-
-class Gauge(Protocol):
-    def set(self, value: float) -> None: ...
-
-
-class Histogram(Protocol):
-    def observe(self, amount: float) -> None: ...
-
-
-class LabelledCounter(Protocol):
-    def labels(self, *labelvalues: str) -> Counter: ...
-
-
-class LabelledGauge(Protocol):
-    def labels(self, *labelvalues: str) -> Gauge: ...
-
-
-class LabelledHistogram(Protocol):
-    def labels(self, *labelvalues: str) -> Histogram: ...
+from warden.instruments import Gauge, LabelledCounter, LabelledGauge, LabelledHistogram
 
 
 class SignerInstruments(Protocol):
