@@ -54,6 +54,22 @@ class IncompleteError(WardenError):
     exit_code = EXIT_INCOMPLETE
 
 
+class TryAgainLater(IncompleteError):
+    """An event cannot be handled now (a hash abandoned on stop, the store unreachable): the
+    sidecar adapters turn it into the runtime's RetryLater with this message, so the event's
+    cursor is not advanced and the event is handled again later."""
+
+
+def error_kind(exc: BaseException) -> str:
+    """A bounded label value for an exception: its class name in snake case."""
+    out = []
+    for i, ch in enumerate(type(exc).__name__):
+        if ch.isupper() and i:
+            out.append("_")
+        out.append(ch.lower())
+    return "".join(out)
+
+
 QUOTE_LIMIT = 200
 
 
@@ -64,9 +80,10 @@ def _escape(char: str) -> str:
 
 def _shown(char: str) -> bool:
     """True for a character a terminal shows as itself: not a control, format (bidi, zero-width),
-    surrogate, private-use, unassigned or line/paragraph separator character."""
+    surrogate, private-use, unassigned or line/paragraph separator character. A backslash is escaped
+    too, so an escape in the output always stands for exactly one input character."""
     category = unicodedata.category(char)
-    return not (category[0] == "C" or category in ("Zl", "Zp"))
+    return char != "\\" and not (category[0] == "C" or category in ("Zl", "Zp"))
 
 
 def quote_untrusted(text: object, limit: int = QUOTE_LIMIT) -> str:

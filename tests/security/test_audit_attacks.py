@@ -66,6 +66,26 @@ def test_an_intact_file_run_verifies_with_and_without_the_anchor(filerun):
     assert code == 0 and report["anchor"].endswith("events.jsonl")
 
 
+def test_a_whole_namespace_swapped_for_another_chain_of_the_same_run_id_and_key(tmp_path, keys):  # noqa: F811
+    """Two runs that share a run id and a signing key: each chain is intact on its own, so only the
+    run's genesis (its nonce, in its journal) tells them apart; verify-run --run-dir must say so."""
+    runs = {}
+    for name, nonce in (("a", "a" * 32), ("b", "b" * 32)):
+        url = f"file://{tmp_path}/{name}/archive"
+        h = Harness(tmp_path / name, url, keys[0])
+        h.start(nonce=nonce)
+        archive(h, range(1, 5))
+        runs[name] = (h, url, tmp_path / name / "archive")
+    (a, url, store_a), (_b, _url_b, store_b) = runs["a"], runs["b"]
+    code, report, _ = verify(url, a.run_id, keys[1], "--run-dir", str(a.run_dir), "--grace", "0")
+    assert code == 0, report
+    shutil.rmtree(store_a / "runs" / a.run_id)
+    shutil.copytree(store_b / "runs" / a.run_id, store_a / "runs" / a.run_id)
+    code, report, _ = verify(url, a.run_id, keys[1], "--run-dir", str(a.run_dir), "--grace", "0")
+    assert code == 1
+    assert any("another chain under the same run id" in f["message"] for f in report["findings"]), report
+
+
 def test_a_deleted_head_is_missing(filerun):
     h, url, root, pub = filerun
     os.unlink(root / head_key(h.run_id))

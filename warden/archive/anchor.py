@@ -27,16 +27,20 @@ from dataclasses import dataclass
 from warden.archive.findings import Break, ranges
 from warden.archive.record import Head
 from warden.errors import ConfigError
+from warden.payloads import PayloadError, RunStarted
+from warden.runid import run_genesis
 
 DEFAULT_GRACE_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
 class JournalAnchor:
-    """The steps of a run's ``reward.snapshot`` events and when they were emitted (UTC seconds)."""
+    """The steps of a run's ``reward.snapshot`` events and when they were emitted (UTC seconds), and
+    the run's genesis as its first ``run.started`` defines it (None when the journal has none)."""
 
     source: str
     steps: dict[int, float]
+    genesis: str | None = None
 
     @classmethod
     def from_run_dir(cls, run_dir: str, run_id: str) -> JournalAnchor:
@@ -47,10 +51,28 @@ class JournalAnchor:
         if not os.path.isfile(path):
             raise ConfigError(f"--run-dir {run_dir}: no journal (events.jsonl) there")
         steps: dict[int, float] = {}
+        genesis: str | None = None
         for event, _ in JournalReader(path).read_available():
-            if event.type == "reward.snapshot" and event.run_id == run_id and event.step is not None:
+            if event.run_id != run_id:
+                continue
+            if event.type == "reward.snapshot" and event.step is not None:
                 steps[event.step] = _event_time(event.time)
-        return cls(path, steps)
+            elif event.type == "run.started" and genesis is None:
+                genesis = genesis_of(event.data)
+        return cls(path, steps, genesis)
+
+
+def genesis_of(data: dict) -> str | None:
+    """The archive genesis a ``run.started`` payload defines: the digest of its genesis nonce and
+    config digest (:func:`warden.runid.run_genesis`), or the bare config digest for a journal written
+    before the nonce existed; None when the payload does not parse or has neither."""
+    try:
+        started = RunStarted.from_data(data)
+    except PayloadError:
+        return None
+    if started.genesis_nonce:
+        return run_genesis(started.genesis_nonce, started.config_digest)
+    return started.config_digest
 
 
 def _event_time(value: str) -> float:
@@ -71,15 +93,26 @@ def anchor_findings(
     but absent from it were skipped by the archiver itself (the signed chain links across
     them, e.g. a refused event): the chain walk judges those, not the anchor.
     """
+    breaks = []
+    if anchor.genesis and head is not None and head.genesis and head.genesis != anchor.genesis:
+        breaks.append(
+            Break(
+                None,
+                "altered",
+                f"the stored chain starts from genesis {head.genesis[:16]}…, but this run's journal "
+                f"({anchor.source}) defines genesis {anchor.genesis[:16]}…: the run's objects were replaced by "
+                "another chain under the same run id",
+            )
+        )
     newest = max([*present, head.last_step if head else -1], default=-1)
     beyond = sorted(s for s in anchor.steps if s > newest)
     late = [s for s in beyond if now - anchor.steps[s] > grace]
     recent = [s for s in beyond if s not in late]
     if not late:
-        return [], recent
+        return breaks, recent
     message = (
         f"the journal ({anchor.source}) has reward.snapshot events for steps {ranges(late)} "
         f"(more than {grace:.0f} s old), but the store's newest record is step {newest if newest >= 0 else 'none'}: "
         "records were deleted and the head rolled back (or the archiver has been down since: its spool holds them)"
     )
-    return [Break(late[0], "rolled_back", message)], recent
+    return [*breaks, Break(late[0], "rolled_back", message)], recent

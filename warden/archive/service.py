@@ -2,9 +2,10 @@
 
 Event handling (at least once; every handler is idempotent):
 
-- ``run.started``: the run's genesis is its ``config_digest``. A run this state directory
-  has never seen is first looked up in the store, so a lost state directory resumes the
-  stored chain instead of forking it (store unreachable, or a stored chain this key cannot
+- ``run.started``: the run's genesis is the digest of its ``genesis_nonce`` and ``config_digest``
+  (:func:`warden.archive.anchor.genesis_of`; the bare config digest for journals older than the
+  nonce). A run this state directory has never seen is first looked up in the store, so a lost
+  state directory resumes the stored chain instead of forking it (store unreachable, or a stored chain this key cannot
   verify: :class:`~warden.archive.errors.TryAgainLater`, which the sidecar turns into the
   runtime's RetryLater: the events wait in the journal);
 - ``checkpoint.saved``: remembered as the run's checkpoint reference;
@@ -23,6 +24,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from warden.archive.anchor import genesis_of
 from warden.archive.chain import ChainState, RunChain, recover_from_store
 from warden.archive.errors import BadSnapshotEvent, ChainRecoveryError, RecordInvalid, StoreError, TryAgainLater
 from warden.archive.instruments import ArchiveMetrics
@@ -43,7 +45,7 @@ from warden.archive.uploader import Uploader
 from warden.errors import ConfigError
 from warden.journal import CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_STARTED, Event
 from warden.logs import log_fields
-from warden.payloads import CheckpointSaved, PayloadError, RewardSnapshot, RunStarted
+from warden.payloads import CheckpointSaved, PayloadError, RewardSnapshot
 from warden.signing.keys import load_private_key
 
 NOTE_REASONS = (
@@ -126,10 +128,7 @@ class Archiver:
             self.metrics.event_problems.labels("unusable_event").inc()
             raise BadSnapshotEvent(f"event seq {event.seq}: run id {event.run_id!r} cannot name a key; not archived")
         if event.type == RUN_STARTED:
-            try:
-                genesis = RunStarted.from_data(event.data).config_digest
-            except PayloadError:
-                genesis = None
+            genesis = genesis_of(event.data)
             self._ensure_run(event.run_id, genesis)
         elif event.type == CHECKPOINT_SAVED:
             self._remember_checkpoint(event)

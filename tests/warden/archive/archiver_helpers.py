@@ -301,8 +301,11 @@ class Harness:
         sidecar = self.sidecar()
         return Runner(sidecar, use_watchdog=False).run_once(), sidecar
 
-    def start(self, digest: str = CONFIG_DIGEST) -> None:
-        self.journal.emit("run.started", {"config_digest": digest})
+    def start(self, digest: str = CONFIG_DIGEST, nonce: str | None = None) -> None:
+        data: dict[str, Any] = {"config_digest": digest}
+        if nonce is not None:
+            data["genesis_nonce"] = nonce
+        self.journal.emit("run.started", data)
 
     def snapshots(self, steps: Any, seed: int = 0) -> None:
         for step in steps:
