@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from warden.errors import ExitCode, WardenError
+from warden.errors import error_kind as error_kind  # re-exported: the runner labels failures with it
 from warden.journal import JOURNAL_NAME, Event
 
 # The result of one event or one check is an exit code: OK, VIOLATION or INCOMPLETE.
@@ -134,13 +135,3 @@ class SidecarMetrics:
 
     def error(self, kind: str) -> None:
         self.errors.labels(self.name, kind).inc()
-
-
-def error_kind(exc: BaseException) -> str:
-    """A bounded label value for an exception: its class name in snake case."""
-    out = []
-    for i, ch in enumerate(type(exc).__name__):
-        if ch.isupper() and i:
-            out.append("_")
-        out.append(ch.lower())
-    return "".join(out)

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import os
 
-from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext, error_kind
+from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext
 from sidecars.signer.metrics import SignerMetrics
+from warden.errors import TryAgainLater
 from warden.journal import CHECKPOINT_SAVED, RUN_STARTED, Event
 from warden.logs import log_fields
-from warden.signer.announced_signing import AnnouncedSigning, TryAgainLater
+from warden.signer.announced_signing import AnnouncedSigning
 from warden.signer.announcements import ANNOUNCED_FILE, AnnouncementStore
 from warden.signer.policy import SignerPolicy
 from warden.signer.reverification import Reverification
@@ -61,7 +62,6 @@ class SignerSidecar(Sidecar[SignerPolicy]):
             log=ctx.log,
             clock=ctx.clock,
             stop=ctx.stop,
-            error_kind=error_kind,
             run_dir=ctx.run_dir,
         )
         self.scan = RootScan(self.state, use_watchdog)

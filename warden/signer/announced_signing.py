@@ -9,15 +9,15 @@ run's own root announced without a digest is refused too (``no_digest``). If a v
 written; one that no longer matches (the same step saved again after a resume) is
 replaced. Announcements and what was signed are kept in ``<state_dir>/announced.json``
 (:mod:`warden.signer.announcements`). On SIGTERM the current hash is abandoned within one
-read: :class:`TryAgainLater`, which the sidecar turns into the runtime's RetryLater (the
-event's cursor is not advanced, so it is handled again on the next start).
+read: :class:`~warden.errors.TryAgainLater`, which the sidecar turns into the runtime's
+RetryLater (the event's cursor is not advanced, so it is handled again on the next start).
 """
 
 from __future__ import annotations
 
 import os
 
-from warden.errors import ExitCode, IncompleteError
+from warden.errors import ExitCode, IncompleteError, TryAgainLater
 from warden.journal import Event
 from warden.payloads import CheckpointSaved, PayloadError, RunStarted
 from warden.signer.announcements import NO_DIGEST, Record
@@ -38,11 +38,6 @@ from warden.signing.verify import VerifyResult
 
 class BadEvent(IncompleteError):
     """A ``checkpoint.saved`` event without a usable ``data.path`` (logged, counted, skipped)."""
-
-
-class TryAgainLater(IncompleteError):
-    """Hashing was abandoned on stop: the ``signer`` sidecar raises the runtime's RetryLater with
-    this message, so the event stays in the journal and is handled again."""
 
 
 class AnnouncedSigning:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import warden.layouts as verl_layout
-from warden.errors import ExitCode
+from warden.errors import ExitCode, error_kind
 from warden.logs import log_fields
 from warden.signer.announcements import Record
 from warden.signer.state import SignerState, Unsigned
@@ -170,7 +170,7 @@ def refuse(
 
 def count(state: SignerState, exc: SignerError, path: str) -> None:
     """Counts and logs a failure of one checkpoint; a vanished one is a warning, not an error."""
-    kind = state.error_kind(exc)
+    kind = error_kind(exc)
     state.metrics.errors.labels(kind).inc()
     extra = log_fields(sidecar=state.name, path=path, kind=kind)
     if isinstance(exc, CheckpointVanished):

@@ -77,8 +77,6 @@ class SignerState:
     """Unix time (the sidecar context's clock)."""
     stop: threading.Event
     """Set on SIGTERM: a hash in progress is abandoned within one read."""
-    error_kind: Callable[[BaseException], str]
-    """The bounded label value of a failure (the runtime's snake-case class name)."""
     run_dir: str | None = None
     unsigned: dict[str, Unsigned] = field(default_factory=dict)
     """Complete checkpoints of the watched roots without a signature, by path."""
