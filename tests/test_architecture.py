@@ -122,3 +122,25 @@ def test_trainer_and_each_sidecar_never_import_each_other():
 def test_the_shared_runtime_names_no_sidecar_and_no_trainer():
     runtime = [i for i in _first_party_imports("sidecars") if i[1] == "sidecars" and not i[0].startswith(COMPOSITION)]
     assert [i for i in runtime if i[2] != "sidecars" and i[2] != "warden"] == []
+
+
+# -- names read from storage are parsed as ASCII --------------------------------------------------
+# Python's \d and str.isdigit() accept every Unicode digit ("step-٠٠٠٠٠٠٠٠٤" is step 4 to int()), so
+# a name planted in a checkpoint root or an archive key could alias a real step. First-party code
+# spells digits [0-9] and checks isascii() beside isdigit(). Two modules parse text that is not a
+# name (a rendered chat template's dates, a model's answer), where any digit is a digit.
+TEXT_PARSERS = {"warden/tokenscan/template_battery.py", "trainer/rewards.py"}
+
+
+def test_digits_in_names_from_storage_are_ascii_only():
+    offenders = []
+    for top in ("warden", "trainer", "sidecars"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            relative = str(path.relative_to(ROOT))
+            if relative in TEXT_PARSERS:
+                continue
+            for number, line in enumerate(path.read_text().splitlines(), 1):
+                code = line.split("#", 1)[0]
+                if "\\d" in code or (".isdigit()" in code and ".isascii()" not in code):
+                    offenders.append(f"{relative}:{number}: {line.strip()}")
+    assert offenders == []

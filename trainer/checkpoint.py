@@ -38,7 +38,7 @@ from warden.signing.manifest import Announced, announced_root
 
 log = logging.getLogger("warden.trainer")
 
-STEP_DIR = re.compile(r"^step-(\d{9,})$")
+STEP_DIR = re.compile(r"^step-([0-9]{9,})$")
 MANIFEST = "manifest.sha256.json"
 STATE = "trainer_state.json"
 

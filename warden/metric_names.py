@@ -78,7 +78,7 @@ def prometheus_name(name: str) -> str:
     out = _OTHER.sub("_", out)
     if not out:
         return "_"
-    return "_" + out if out[0].isdigit() else out
+    return "_" + out if out[0] in "0123456789" else out
 
 
 def finite_number(value: object) -> float | None:

@@ -335,3 +335,15 @@ def test_an_oversized_object_on_s3_is_refused_before_its_body_is_read(locked):
     assert code == 1 and ("malformed", 6) in kinds(report)
     code, _, err = snapshot(url, h.run_id, pub, 6, "--max-object-bytes", str(1024 * 1024))
     assert code == 1 and "2097152 bytes, over the 1048576-byte cap" in err
+
+
+@pytest.mark.parametrize("digits", ["٠٠٠٠٠٠٠٠٠٠٠٣", "０００００００００００３", "00000000000３"])
+def test_keys_with_non_ascii_digits_do_not_hide_a_missing_record(filerun, digits):
+    """A planted key whose name is all (non-ASCII) digits must not alias step 3 or turn the audit into
+    "incomplete" (exit 3): the deleted step 5 is still reported missing (exit 1)."""
+    h, url, root, pub = filerun
+    steps_dir = root / step_key(h.run_id, 3).rsplit("/", 1)[0]
+    (steps_dir / f"{digits}.json").write_bytes((root / step_key(h.run_id, 3)).read_bytes())
+    os.unlink(root / step_key(h.run_id, 5))
+    code, report, _ = verify(url, h.run_id, pub)
+    assert code == 1 and ("missing", 5) in kinds(report)

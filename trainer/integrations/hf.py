@@ -69,7 +69,7 @@ from warden.stability import Stability, tree_state
 
 log = logging.getLogger("warden.hf")
 SOURCE = "hf"
-HF_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+HF_CHECKPOINT = re.compile(r"checkpoint-([0-9]+)")
 SUMMARY_KEY = "train_runtime"  # present only in the Trainer's final summary log
 
 

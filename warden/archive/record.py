@@ -91,7 +91,7 @@ def step_from_key(key: str) -> int | None:
     """The step of a key under ``steps/``; None for any other name."""
     name = key.rsplit("/", 1)[-1]
     stem, dot, ext = name.partition(".")
-    if ext != "json" or not dot or len(stem) != STEP_DIGITS or not stem.isdigit():
+    if ext != "json" or not dot or len(stem) != STEP_DIGITS or not (stem.isascii() and stem.isdigit()):
         return None
     return int(stem)
 

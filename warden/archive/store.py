@@ -426,8 +426,8 @@ class S3Store(Store):
         try:
             total = str(response.get("ContentRange", "")).rpartition("/")[2]
             length = int(response.get("ContentLength", 0) or 0)
-            if (total.isdigit() and int(total) > max_bytes) or length > max_bytes:
-                raise _too_large(self.url, key, total if total.isdigit() else length, max_bytes)
+            if (total.isascii() and total.isdigit() and int(total) > max_bytes) or length > max_bytes:
+                raise _too_large(self.url, key, total if total.isascii() and total.isdigit() else length, max_bytes)
             data = bytes(body.read(max_bytes + 1))
         except ObjectRefused:
             raise

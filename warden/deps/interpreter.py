@@ -110,7 +110,7 @@ def _interpreter_files(venv: str) -> list[str]:
         names = sorted(os.listdir(bin_dir))
     except OSError:
         return []
-    return [os.path.join(bin_dir, n) for n in names if re.fullmatch(r"python(\d+(\.\d+)?t?)?", n)]
+    return [os.path.join(bin_dir, n) for n in names if re.fullmatch(r"python([0-9]+(\.[0-9]+)?t?)?", n)]
 
 
 def base_interpreter(cfg: Mapping[str, str], pythons: Sequence[str]) -> str | None:
@@ -233,7 +233,7 @@ def venv_made(venv: str, path: str) -> bool:
     if rel in ("pyvenv.cfg", "lib64", ".gitignore"):
         return True
     head, _, name = rel.partition(os.sep)
-    return head == "bin" and (name in VENV_SCRIPTS or bool(re.fullmatch(r"python(\d+(\.\d+)?t?)?", name)))
+    return head == "bin" and (name in VENV_SCRIPTS or bool(re.fullmatch(r"python([0-9]+(\.[0-9]+)?t?)?", name)))
 
 
 def hook_dirs(target: Target) -> list[str]:

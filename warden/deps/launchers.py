@@ -17,8 +17,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-_SITE = re.compile(r"^(?P<prefix>/.*)/lib(?:64)?/python\d+\.\d+t?/site-packages$")
-_PYTHON = re.compile(r"python(?:\d+(?:\.\d+)?t?)?")
+_SITE = re.compile(r"^(?P<prefix>/.*)/lib(?:64)?/python[0-9]+\.[0-9]+t?/site-packages$")
+_PYTHON = re.compile(r"python(?:[0-9]+(?:\.[0-9]+)?t?)?")
 _SAFE_NAMES = frozenset({"sys", "re"})
 _SAFE_ATTRS = frozenset({"argv", "sub", "endswith", "removesuffix"})
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKMGTP]i?B|[kKMGTP]|B)?\s*$")
-_PERCENT_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*$")
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kKMGTP]i?B|[kKMGTP]|B)?\s*$")
+_PERCENT_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*$")
 _UNITS = {
     "B": 1,
     "K": 1024,

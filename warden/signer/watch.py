@@ -39,11 +39,11 @@ from warden.watching import Change, TreeWatcher
 HF_STATE_FILE = "trainer_state.json"
 VERL_TRACKER = verl_layout.TRACKER
 DIR_PATTERNS: dict[str, re.Pattern[str]] = {
-    "warden": re.compile(r"^step-(\d{9,})$"),
-    "hf": re.compile(r"^checkpoint-(\d+)$"),
-    "verl": re.compile(r"^global_step_(\d+)$"),
+    "warden": re.compile(r"^step-([0-9]{9,})$"),
+    "hf": re.compile(r"^checkpoint-([0-9]+)$"),
+    "verl": re.compile(r"^global_step_([0-9]+)$"),
 }
-_TEMP_SIGNATURE = re.compile(r"^\.tmp-.+\.sig\.(\d+)\.(\d+)$")
+_TEMP_SIGNATURE = re.compile(r"^\.tmp-.+\.sig\.([0-9]+)\.([0-9]+)$")
 STALE_TEMP_SECONDS = 600.0
 
 

@@ -150,7 +150,7 @@ def run_checks(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
     return sort_findings(with_root(_with_lines(dedupe(found), snap, policy), snap.root))
 
 
-_LINE_IN_DETAIL = re.compile(r"\(line (\d+)\)")
+_LINE_IN_DETAIL = re.compile(r"\(line ([0-9]+)\)")
 
 
 def _with_lines(found: list[Finding], snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
