@@ -118,6 +118,12 @@ class Victim:
         sidecar = SignerSidecar(ctx, use_watchdog=False)
         return sidecar, ctx, Runner(sidecar)
 
+    def forget_announcements(self) -> None:
+        """The signer restarted with its announcement records lost (the cursor kept: no replay)."""
+        self.sidecar.close()
+        os.unlink(self.tmp / "state" / "announced.json")
+        self.sidecar, self.ctx, self.runner = self.start()
+
     def prune(self, path: Path) -> None:
         """What the trainer's retention does: checkpoint.pruned first, then the removal."""
         step = int(path.name.rsplit("-", 1)[1])
@@ -456,3 +462,36 @@ def test_announced_retention_is_never_a_violation(victim):
         victim.prune(path)
     assert victim.step(STABLE + 10) is Outcome.OK
     assert victim.value("warden_signer_violations_total", reason="removed_without_retention") == 0
+
+
+def _parent_of(victim, path: Path) -> str | None:
+    from warden.signing.verify import read_signed_statement
+
+    trusted = load_trusted_keys(victim.key.parent / "signing.pub")
+    return read_signed_statement(str(sig(path)), trusted)[1].provenance.parent_root_digest
+
+
+@pytest.mark.parametrize("forget_state", [False, True])
+def test_a_lone_or_renamed_signature_never_becomes_the_chain_parent(victim, forget_state):
+    """The parent digest comes from verified statements of real checkpoints: a valid .sig copied to a
+    step-N.sig name with no directory (or beside a directory it does not sign) is no link of the chain."""
+    older = victim.save(2)
+    assert victim.step() is Outcome.OK
+    other = victim.save(4)
+    assert victim.step() is Outcome.OK
+    assert _parent_of(victim, other) == _signed_digest(victim, older)
+    shutil.copy(sig(older), victim.checkpoints / "step-000000005.sig")  # lone, verifies, below step 6
+    (victim.checkpoints / "step-000000003").mkdir()  # a directory the copied .sig does not sign
+    shutil.copy(sig(older), victim.checkpoints / "step-000000003.sig")
+    if forget_state:  # the signer's state directory lost: only the files are left to go by
+        victim.forget_announcements()
+    newest = victim.save(6)
+    victim.step()
+    assert _parent_of(victim, newest) == _signed_digest(victim, other)
+
+
+def _signed_digest(victim, path: Path) -> str:
+    from warden.signing.verify import read_signed_statement
+
+    trusted = load_trusted_keys(victim.key.parent / "signing.pub")
+    return read_signed_statement(str(sig(path)), trusted)[1].subject_digest

@@ -141,18 +141,45 @@ def _discard(signature_path: str) -> None:
 
 
 def _parent_digest(state: SignerState, candidate: Candidate, run_id: str | None) -> str | None:
-    """Root digest of the newest earlier signed checkpoint of the same run in the same root."""
-    for _step, signature in signed_steps_before(candidate.root, candidate.layout, candidate.step):
+    """The signed root digest of the newest earlier checkpoint of the same run in the same root.
+
+    Provenance comes only from verified statements, never from a name: first the signer's own record
+    of what it signed (announced checkpoints whose directory is still there); else the newest earlier
+    ``.sig`` that verifies under the trusted keys, sits beside a real checkpoint directory and signs
+    exactly that directory and step (a lone or renamed ``.sig`` is not a link of the chain)."""
+    own = [
+        record
+        for path, record in state.announced.under(candidate.root)
+        if record.step < candidate.step
+        and record.signed_digest is not None
+        and (run_id is None or record.run_id in (None, run_id))
+        and _is_real_dir(path)
+    ]
+    if own:
+        return max(own, key=lambda r: r.step).signed_digest
+    for step, signature in signed_steps_before(candidate.root, candidate.layout, candidate.step):
+        directory = signature[: -len(".sig")]
+        if not _is_real_dir(directory):
+            continue
         try:
             _key, statement = read_signed_statement(signature, state.trusted)
         except SignerError as exc:
             state.log.warning(f"previous signature skipped for the chain: {exc}", extra=fields(state, candidate))
+            continue
+        if statement.manifest.name != os.path.basename(directory) or statement.provenance.step not in (None, step):
             continue
         previous_run = statement.provenance.run_id
         if previous_run is not None and run_id is not None and previous_run != run_id:
             return None
         return statement.subject_digest
     return None
+
+
+def _is_real_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def refuse(
