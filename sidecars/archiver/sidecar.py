@@ -17,12 +17,12 @@ import os
 from sidecars.archiver.metrics import ArchiverMetrics
 from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext
 from warden.archive.chain import ChainState, default_state_path
-from warden.archive.errors import TryAgainLater
 from warden.archive.policy import ArchiverPolicy
 from warden.archive.service import Archiver, load_signer
 from warden.archive.signing import RecordSigner
 from warden.archive.spool import Spool
 from warden.archive.store import Store, open_store
+from warden.errors import TryAgainLater
 from warden.journal import CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_STARTED, Event
 
 

@@ -11,7 +11,8 @@ from warden.errors import ConfigError, IncompleteError, ViolationError, WardenEr
 
 
 class ArchiverError(WardenError):
-    """Base of every error raised by :mod:`warden.archive` (exit code 3 unless a subclass says)."""
+    """Base of every error raised by :mod:`warden.archive` (exit code 3 unless a subclass says),
+    but for :class:`warden.errors.TryAgainLater`, which the sidecar turns into RetryLater."""
 
 
 # --- the store ---------------------------------------------------------------------------
@@ -98,12 +99,6 @@ class RecordInvalid(ArchiverError, ViolationError):
 
 class ChainRecoveryError(ArchiverError, ViolationError):
     """The store holds a chain for the run that this archiver cannot verify and extend."""
-
-
-class TryAgainLater(ArchiverError, IncompleteError):
-    """An event cannot be handled now (the store unreachable, a stored chain that cannot be
-    extended yet): the ``archiver`` sidecar raises the runtime's RetryLater with this message,
-    so the event waits in the journal and is handled again after a back-off."""
 
 
 # --- audit -----------------------------------------------------------------------------------

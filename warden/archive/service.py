@@ -6,7 +6,7 @@ Event handling (at least once; every handler is idempotent):
   (:func:`warden.archive.anchor.genesis_of`; the bare config digest for journals older than the
   nonce). A run this state directory has never seen is first looked up in the store, so a lost
   state directory resumes the stored chain instead of forking it (store unreachable, or a stored chain this key cannot
-  verify: :class:`~warden.archive.errors.TryAgainLater`, which the sidecar turns into the
+  verify: :class:`~warden.errors.TryAgainLater`, which the sidecar turns into the
   runtime's RetryLater: the events wait in the journal);
 - ``checkpoint.saved``: remembered as the run's checkpoint reference;
 - ``reward.snapshot``: a step at or before the run's chain head is a replay and is
@@ -26,7 +26,7 @@ from typing import Any
 
 from warden.archive.anchor import genesis_of
 from warden.archive.chain import ChainState, RunChain, recover_from_store
-from warden.archive.errors import BadSnapshotEvent, ChainRecoveryError, RecordInvalid, StoreError, TryAgainLater
+from warden.archive.errors import BadSnapshotEvent, ChainRecoveryError, RecordInvalid, StoreError
 from warden.archive.instruments import ArchiveMetrics
 from warden.archive.policy import ArchiverPolicy
 from warden.archive.record import (
@@ -42,7 +42,7 @@ from warden.archive.signing import RecordSigner, verify_record
 from warden.archive.spool import Spool
 from warden.archive.store import Retention, Store
 from warden.archive.uploader import Uploader
-from warden.errors import ConfigError
+from warden.errors import ConfigError, TryAgainLater
 from warden.journal import CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_STARTED, Event
 from warden.logs import log_fields
 from warden.payloads import CheckpointSaved, PayloadError, RewardSnapshot
