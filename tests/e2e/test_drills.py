@@ -363,10 +363,14 @@ def test_drill_6_trainer_killed_mid_checkpoint_resumes_without_loss(drill):
     )
     while trainer.poll() is None:
         names = os.listdir(root) if os.path.isdir(root) else []
-        partial = [n for n in names if n.startswith(".tmp-step-") and int(n[-9:]) >= 4]
+        # .tmp-step-<9 digits>.<random>: the private directory a checkpoint is filled in
+        partial = [
+            int(n[10:19]) for n in names if n.startswith(".tmp-step-") and n[10:19].isascii() and n[10:19].isdigit()
+        ]
+        partial = [step for step in partial if step >= 4]
         if partial:
             trainer.send_signal(sig.SIGKILL)  # mid-checkpoint
-            killed_at = int(partial[0][-9:])
+            killed_at = partial[0]
             break
         time.sleep(0.001)
     trainer.wait()

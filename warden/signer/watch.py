@@ -44,6 +44,7 @@ DIR_PATTERNS: dict[str, re.Pattern[str]] = {
     "verl": re.compile(r"^global_step_([0-9]+)$"),
 }
 _TEMP_SIGNATURE = re.compile(r"^\.tmp-.+\.sig\.([0-9]+)\.([0-9]+)$")
+_TEMP_SIGNATURE_RANDOM = re.compile(r"^\.tmp-.+\.sig\.[0-9a-f]{16}$")
 STALE_TEMP_SECONDS = 600.0
 
 
@@ -169,30 +170,35 @@ def _pid_alive(pid: int) -> bool:
 
 
 def remove_stale_signature_temps(root: str, now: float | None = None) -> list[str]:
-    """Deletes ``.tmp-<name>.sig.<pid>.<tid>`` files left by a killed signer; returns their paths.
+    """Deletes the temporaries of ``.sig`` writes a killed signer left behind; returns their paths.
 
-    A temporary file is stale when its writer's process is gone (and it is over a second
-    old) or when it is over :data:`STALE_TEMP_SECONDS` old: a write takes milliseconds.
+    ``.tmp-<name>.sig.<16 hex>`` (:func:`warden.safeio.temp_name`) is stale when it is over
+    :data:`STALE_TEMP_SECONDS` old: a write takes milliseconds. ``.tmp-<name>.sig.<pid>.<tid>``
+    (written by older versions) also when its writer's process is gone and it is over a second old.
+    Only the entry is unlinked, relative to the root's descriptor: a link there is never followed.
     """
     moment = time.time() if now is None else now
     removed = []
     try:
-        names = os.listdir(root)
+        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return []
-    for name in names:
-        match = _TEMP_SIGNATURE.match(name)
-        if not match or int(match.group(1)) == os.getpid():
-            continue
-        path = os.path.join(root, name)
-        try:
-            age = moment - os.lstat(path).st_mtime
-            if age > STALE_TEMP_SECONDS or (age > 1.0 and not _pid_alive(int(match.group(1)))):
-                os.unlink(path)
-                removed.append(path)
-        except OSError:
-            continue
-    return removed
+    try:
+        for name in os.listdir(root_fd):
+            legacy, current = _TEMP_SIGNATURE.match(name), _TEMP_SIGNATURE_RANDOM.match(name)
+            if not (legacy or current) or (legacy and int(legacy.group(1)) == os.getpid()):
+                continue
+            try:
+                age = moment - os.stat(name, dir_fd=root_fd, follow_symlinks=False).st_mtime
+                dead = legacy is not None and age > 1.0 and not _pid_alive(int(legacy.group(1)))
+                if age > STALE_TEMP_SECONDS or dead:
+                    os.unlink(name, dir_fd=root_fd)
+                    removed.append(os.path.join(root, name))
+            except OSError:
+                continue
+    finally:
+        os.close(root_fd)
+    return sorted(removed)
 
 
 class RootWatcher:

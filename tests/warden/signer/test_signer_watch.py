@@ -90,14 +90,16 @@ def test_stale_signature_temporaries_are_removed(tmp_path):
     mine = tmp_path / f".tmp-step-000000004.sig.{os.getpid()}.140"
     alive_fresh = tmp_path / f".tmp-step-000000006.sig.{os.getppid()}.140"
     other = tmp_path / ".tmp-step-000000008"
-    for path in (left, mine, alive_fresh):
+    current = tmp_path / ".tmp-step-000000010.sig.0123456789abcdef"  # warden.safeio.temp_name's form
+    for path in (left, mine, alive_fresh, current):
         path.write_text("{")
         os.utime(path, (time.time() - 5, time.time() - 5))
     other.mkdir()
     removed = remove_stale_signature_temps(str(tmp_path))
     assert removed == [str(left)]
-    assert mine.exists() and alive_fresh.exists() and other.exists()
-    assert remove_stale_signature_temps(str(tmp_path), now=time.time() + 3600) == [str(alive_fresh)]
+    assert mine.exists() and alive_fresh.exists() and other.exists() and current.exists()
+    later = remove_stale_signature_temps(str(tmp_path), now=time.time() + 3600)
+    assert later == sorted([str(alive_fresh), str(current)])
 
 
 def test_root_watcher_marks_changes_but_not_signature_writes(tmp_path):
