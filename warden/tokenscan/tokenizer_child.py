@@ -24,6 +24,7 @@ import resource
 import stat
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 
@@ -62,6 +63,35 @@ def _unk_chars(encode: Any, unk: int | None, sample: str, ids: list[int]) -> str
     return "".join(ch for ch in sorted(set(sample)) if unk in encode(ch))
 
 
+def _answer(
+    request: dict[str, Any],
+    encode: Callable[[str], list[int]],
+    encode_special: Callable[[str], list[int]] | None,
+    decode: Callable[[list[int]], str],
+    token_id: Callable[[str], int | None],
+    unk: int | None,
+    added: list[list[Any]],
+) -> dict[str, Any]:
+    """The ``ok`` answer: every corpus sample encoded (``encode_special`` None: a tokenizer that
+    adds no special tokens, the plain ids), decoded and timed, and the request's tokens looked up."""
+    samples = []
+    for text in request["corpus"]:
+        start = time.monotonic()
+        ids = encode(text)
+        samples.append(
+            {
+                "ids": ids,
+                "ids_special": encode_special(text) if encode_special is not None else ids,
+                "decoded": decode(ids),
+                "unk_chars": _unk_chars(encode, unk, text, ids),
+                "seconds": round(time.monotonic() - start, 4),
+            }
+        )
+    tokens = {t: token_id(t) for t in request["tokens"].values() if t}
+    pieces = {t: encode(t) for t in request["tokens"].values() if t}
+    return {"status": "ok", "samples": samples, "token_ids": tokens, "token_pieces": pieces, "added": added}
+
+
 def _hf(request: dict[str, Any]) -> dict[str, Any]:
     try:
         from tokenizers import Tokenizer
@@ -78,22 +108,13 @@ def _hf(request: dict[str, Any]) -> dict[str, Any]:
     def encode(text: str, special: bool = False) -> list[int]:
         return list(tok.encode(text, add_special_tokens=special).ids)
 
-    samples = []
-    for text in request["corpus"]:
-        start = time.monotonic()
-        ids = encode(text)
-        samples.append(
-            {
-                "ids": ids,
-                "ids_special": encode(text, True),
-                "decoded": tok.decode(ids, skip_special_tokens=True),
-                "unk_chars": _unk_chars(encode, unk, text, ids),
-                "seconds": round(time.monotonic() - start, 4),
-            }
-        )
-    tokens = {t: tok.token_to_id(t) for t in request["tokens"].values() if t}
-    pieces = {t: encode(t) for t in request["tokens"].values() if t}
-    return {"status": "ok", "samples": samples, "token_ids": tokens, "token_pieces": pieces, "added": added}
+    def encode_special(text: str) -> list[int]:
+        return encode(text, True)
+
+    def decode(ids: list[int]) -> str:
+        return tok.decode(ids, skip_special_tokens=True)
+
+    return _answer(request, encode, encode_special, decode, tok.token_to_id, unk, added)
 
 
 def _spm(request: dict[str, Any]) -> dict[str, Any]:
@@ -109,22 +130,7 @@ def _spm(request: dict[str, Any]) -> dict[str, Any]:
     def encode(text: str) -> list[int]:
         return list(sp.EncodeAsIds(text))
 
-    samples = []
-    for text in request["corpus"]:
-        start = time.monotonic()
-        ids = encode(text)
-        samples.append(
-            {
-                "ids": ids,
-                "ids_special": ids,
-                "decoded": sp.DecodeIds(ids),
-                "unk_chars": _unk_chars(encode, unk, text, ids),
-                "seconds": round(time.monotonic() - start, 4),
-            }
-        )
-    tokens = {t: sp.PieceToId(t) for t in request["tokens"].values() if t}
-    pieces = {t: encode(t) for t in request["tokens"].values() if t}
-    return {"status": "ok", "samples": samples, "token_ids": tokens, "token_pieces": pieces, "added": []}
+    return _answer(request, encode, None, sp.DecodeIds, sp.PieceToId, unk, [])
 
 
 def serve_one(request: dict[str, Any]) -> dict[str, Any]:
