@@ -61,6 +61,14 @@ def _dist_ok(value: Any) -> bool:
     return isinstance(value, list) and len(value) == 5 and all(isinstance(v, str) for v in value)
 
 
+def _kept(key: str, kept: set[str], used: set[str]) -> bool:
+    """Whether the verdict ``key`` is in ``kept``; one asked about is ``used`` (pruning keeps it)."""
+    if key in kept:
+        used.add(key)
+        return True
+    return False
+
+
 def _listings(value: Any) -> dict[str, list[Any]]:
     """The directory listings of a loaded cache: a dict is taken as is (walk.walk_tree checks each
     entry's shape when it uses it: validating 7,000 entries here cost more than the rest of the load)."""
@@ -205,18 +213,19 @@ class IntegrityCache:
             self.pyc[pyc_path] = key
             self.dirty = True
 
+    def _put_kept(self, key: str, kept: set[str], used: set[str]) -> None:
+        """Keeps the verdict ``key`` in ``kept``, used by this audit (see :func:`_kept`)."""
+        used.add(key)
+        if key not in kept:
+            kept.add(key)
+            self.dirty = True
+
     def verdict_ok(self, key: str) -> bool:
         """Whether this exact (pyc bytes, source bytes, interpreter, optimisation) was verified ``ok``."""
-        if key in self.verdicts:
-            self._verdicts_used.add(key)
-            return True
-        return False
+        return _kept(key, self.verdicts, self._verdicts_used)
 
     def put_verdict_ok(self, key: str) -> None:
-        self._verdicts_used.add(key)
-        if key not in self.verdicts:
-            self.verdicts.add(key)
-            self.dirty = True
+        self._put_kept(key, self.verdicts, self._verdicts_used)
 
     def prune(self, live: set[str], full_pass: bool = False) -> None:
         """After a full pass, forgets files that no longer exist and verdicts no pair used, so the
@@ -250,16 +259,10 @@ class IntegrityCache:
 
     def wheel_ok(self, key: str) -> bool:
         """Whether this (installed RECORD, locked wheel) pair was verified equal (wheels.verdict_key)."""
-        if key in self.wheel_verdicts:
-            self._wheel_verdicts_used.add(key)
-            return True
-        return False
+        return _kept(key, self.wheel_verdicts, self._wheel_verdicts_used)
 
     def put_wheel_ok(self, key: str) -> None:
-        self._wheel_verdicts_used.add(key)
-        if key not in self.wheel_verdicts:
-            self.wheel_verdicts.add(key)
-            self.dirty = True
+        self._put_kept(key, self.wheel_verdicts, self._wheel_verdicts_used)
 
     def prune_wheels(self, live: set[str]) -> None:
         """Forgets wheel files no longer listed and verdicts this audit did not use (a changed
