@@ -199,9 +199,7 @@ class IntegrityCache:
     def put_digest(self, path: str, key: StatKey, digest: str) -> None:
         entry = f"{key_text(key)} {digest}"
         table = self._table(path)
-        if table.get(path) != entry:
-            table[path] = entry
-            self.dirty = True
+        if self._store(table, path, entry):
             self._site_dirty = self._site_dirty or table is not self.files
 
     def pyc_ok(self, pyc_path: str, key: str) -> bool:
@@ -209,8 +207,22 @@ class IntegrityCache:
         return self.pyc.get(pyc_path) == key
 
     def put_pyc_ok(self, pyc_path: str, key: str) -> None:
-        if self.pyc.get(pyc_path) != key:
-            self.pyc[pyc_path] = key
+        self._store(self.pyc, pyc_path, key)
+
+    def _store(self, table: dict[str, Any], key: str, value: Any) -> bool:
+        """Sets ``table[key]`` to ``value``; whether that changed it (the cache is then dirty)."""
+        if table.get(key) == value:
+            return False
+        table[key] = value
+        self.dirty = True
+        return True
+
+    def _keep_only(self, table: dict[str, Any], live: set[str]) -> None:
+        """Deletes, in place, the entries of ``table`` whose key is not in ``live``."""
+        stale = [k for k in table if k not in live]
+        for k in stale:
+            del table[k]
+        if stale:
             self.dirty = True
 
     def _put_kept(self, key: str, kept: set[str], used: set[str]) -> None:
@@ -252,10 +264,7 @@ class IntegrityCache:
         return None
 
     def put_wheel_sha(self, path: str, key: StatKey, sha256: str) -> None:
-        entry = [*key, sha256]
-        if self.wheels.get(path) != entry:
-            self.wheels[path] = entry
-            self.dirty = True
+        self._store(self.wheels, path, [*key, sha256])
 
     def wheel_ok(self, key: str) -> bool:
         """Whether this (installed RECORD, locked wheel) pair was verified equal (wheels.verdict_key)."""
@@ -287,11 +296,7 @@ class IntegrityCache:
 
     def prune_listings(self, visited: set[str]) -> None:
         """Forgets the listings of directories no walk visited (removed, or no longer a root)."""
-        stale = [d for d in self.listings if d not in visited]
-        for d in stale:
-            del self.listings[d]
-        if stale:
-            self.dirty = True
+        self._keep_only(self.listings, visited)
 
     def known_records(self) -> frozenset[str]:
         """sha256 digests of the RECORD files of distributions verified clean (they parsed)."""
@@ -306,10 +311,7 @@ class IntegrityCache:
         return None
 
     def put_dist(self, meta_dir: str, record_sha256: str, tag: str, hashed: str, other: str, fingerprint: str) -> None:
-        entry = [record_sha256, tag, hashed, other, fingerprint]
-        if self.dists.get(meta_dir) != entry:
-            self.dists[meta_dir] = entry
-            self.dirty = True
+        self._store(self.dists, meta_dir, [record_sha256, tag, hashed, other, fingerprint])
 
     def drop_dist(self, meta_dir: str) -> None:
         if self.dists.pop(meta_dir, None) is not None:
@@ -317,11 +319,7 @@ class IntegrityCache:
 
     def prune_dists(self, live: set[str]) -> None:
         """Forgets distributions whose metadata directory is gone."""
-        stale = [d for d in self.dists if d not in live]
-        for d in stale:
-            del self.dists[d]
-        if stale:
-            self.dirty = True
+        self._keep_only(self.dists, live)
 
     def set_stdlib_state(self, paths: str, digests: str, fingerprint: str) -> None:
         """The base interpreter's files (NUL-joined, walk order), their digests and stat fingerprint."""
