@@ -23,7 +23,7 @@ import logging
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +38,9 @@ from warden.signing.manifest import Announced, announced_root
 
 log = logging.getLogger("warden.trainer")
 
-STEP_DIR = re.compile(r"^step-([0-9]{9,})$")
+STEP_DIR = re.compile(r"step-([0-9]{9,})")
+"""A checkpoint directory's name; matched with :func:`step_of_name`, which also requires the canonical
+spelling (``step_dir_name``), so ``step-0000000004`` or a name ending in a newline is no alias of step 4."""
 MANIFEST = "manifest.sha256.json"
 STATE = "trainer_state.json"
 
@@ -49,6 +51,15 @@ class CheckpointError(IncompleteError):
 
 def step_dir_name(step: int) -> str:
     return f"step-{step:09d}"
+
+
+def step_of_name(name: str) -> int | None:
+    """The step a checkpoint directory name stands for, or None unless it is exactly ``step_dir_name``."""
+    match = STEP_DIR.fullmatch(name)
+    if match is None:
+        return None
+    step = int(match.group(1))
+    return step if step_dir_name(step) == name else None
 
 
 @dataclass(frozen=True)
@@ -63,9 +74,9 @@ def list_complete(root: str) -> list[CheckpointRef]:
     try:
         with os.scandir(root) as entries:
             for entry in entries:
-                match = STEP_DIR.match(entry.name)
-                if match and entry.is_dir(follow_symlinks=False):  # a link named step-N is not a checkpoint
-                    refs.append(CheckpointRef(int(match.group(1)), os.path.join(root, entry.name)))
+                step = step_of_name(entry.name)
+                if step is not None and entry.is_dir(follow_symlinks=False):  # a link named step-N is not one
+                    refs.append(CheckpointRef(step, os.path.join(root, entry.name)))
     except (FileNotFoundError, NotADirectoryError):
         return []
     return sorted(refs, key=lambda r: r.step, reverse=True)
@@ -387,13 +398,21 @@ def _discard(root_fd: int, name: str) -> None:
         log.warning("%s not removed: %s", safeio_quote(name), exc.strerror or exc)
 
 
-def prune(root: str, keep_last: int, before_removal: Callable[[CheckpointRef], None] | None = None) -> list[str]:
+def prune(
+    root: str,
+    keep_last: int,
+    before_removal: Callable[[CheckpointRef], None] | None = None,
+    eligible: Collection[int] | None = None,
+) -> list[str]:
     """Deletes all but the newest ``keep_last`` complete checkpoints (and their .sig files).
 
+    ``eligible``: the steps retention may count and remove (the trainer passes the checkpoints its
+    journal announced and has not retired), so a directory someone else planted under the root, even
+    one named above the current step, neither counts towards ``keep_last`` nor is ever removed.
     ``before_removal(ref)`` is called first for each (the trainer announces ``checkpoint.pruned``
     there, so the journal says why a checkpoint is gone before it is)."""
     removed: list[str] = []
-    refs = list_complete(root)[keep_last:]
+    refs = [r for r in list_complete(root) if eligible is None or r.step in eligible][keep_last:]
     if not refs:
         return removed
     root_fd = os.open(root, DIR_FLAGS)

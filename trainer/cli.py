@@ -10,6 +10,7 @@ import sys
 import click
 
 from warden.cliutil import option, run_dir_option
+from warden.logs import SafeTextFormatter
 
 
 @click.command("train")
@@ -77,7 +78,9 @@ def train(
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(SafeTextFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     from trainer.config import load_config
     from trainer.core import PPOTrainer
 

@@ -56,6 +56,7 @@ from trainer.tokenizer import load_tokenizer
 from trainer.train_state import capture_rng, fill_checkpoint, restore_rng, seed_everything
 from warden import journal as ev
 from warden.errors import ConfigError, IncompleteError
+from warden.ledger import read_ledger
 from warden.payloads import CheckpointPruned, CheckpointSaved, RewardSnapshot, RunResumed, RunStarted
 from warden.runid import journal_genesis_nonce, new_genesis_nonce
 
@@ -205,6 +206,8 @@ class PPOTrainer:
         os.makedirs(self.run_dir, mode=0o755, exist_ok=True)
         self.metrics = TrainerMetrics()
         self._announced_digests: dict[str, str] = {}  # path -> root digest, for checkpoint.pruned
+        # Steps this run announced and has not retired: the only ones retention counts or removes.
+        self._live_steps: set[int] = set()
         self.metrics.world_size.set(self.dist.world_size)
         self.metrics.restart_count.set(elastic.restart_count(os.environ) or 0)
         self.journal: ev.EventWriter | None = None
@@ -324,6 +327,8 @@ class PPOTrainer:
         # The run's genesis nonce: the checkpoint's (a resume), else the journal's first run.started
         # of this run id (a torchrun restart before the first checkpoint), else a new one.
         journal = os.path.join(self.run_dir, ev.JOURNAL_NAME)
+        if self.dist.is_main:
+            self._live_steps = set(read_ledger(journal, self.run_id).live)
         if self.resumed is not None and self.resumed.cross_run:
             self.genesis_nonce = None  # the checkpoint's nonce is its own run's, not this one's
         self.genesis_nonce = self.genesis_nonce or journal_genesis_nonce(journal, self.run_id) or new_genesis_nonce()
@@ -707,7 +712,9 @@ class PPOTrainer:
             )
             self.emit(saved.TYPE, saved.to_data(), step=self.step)
             self._announced_digests[written.path] = written.announced.root_digest
-            ckpt.prune(self.paths.checkpoint_root, self.cfg.checkpoint.keep_last, self._announce_pruned)
+            self._live_steps.add(self.step)
+            keep = self.cfg.checkpoint.keep_last
+            ckpt.prune(self.paths.checkpoint_root, keep, self._announce_pruned, eligible=self._live_steps)
             return written.path
         return None
 
@@ -720,6 +727,7 @@ class PPOTrainer:
             root_digest=self._announced_digests.pop(ref.path, None),
         )
         self.emit(pruned.TYPE, pruned.to_data(), step=ref.step)
+        self._live_steps.discard(ref.step)
 
     def _fill_checkpoint(self, writer: ckpt.CheckpointWriter) -> None:
         fill_checkpoint(self, writer)

@@ -166,7 +166,7 @@ def _first_accepted(
             verified, source_run = accept(ref, trusted, trainer.run_id, explicit, budget)
             load_into(trainer, verified)
         except CheckpointRejected as exc:
-            log.warning("checkpoint %s rejected: %s", ref.path, exc.reason)
+            log.warning("checkpoint %s rejected: %s", quote_untrusted(ref.path), quote_untrusted(exc.reason, 400))
             trainer.emit(ev.CHECKPOINT_REJECTED, {"path": ref.path, "why": exc.reason}, step=ref.step)
             rejected.append(f"{ref.path} ({exc.reason})")
             continue
@@ -281,10 +281,10 @@ def check_chain(ref: ckpt.CheckpointRef, anchor: Anchor, trusted: Any) -> None:
 
 
 def _step_of(path: str) -> int:
-    match = ckpt.STEP_DIR.match(os.path.basename(os.path.normpath(path)))
-    if not match or not os.path.isdir(path):
-        raise ConfigError(f"--resume {path}: not a checkpoint directory named step-NNNNNNNNN")
-    return int(match.group(1))
+    step = ckpt.step_of_name(os.path.basename(os.path.normpath(path)))
+    if step is None or not os.path.isdir(path):
+        raise ConfigError(f"--resume {quote_untrusted(path)}: not a checkpoint directory named step-NNNNNNNNN")
+    return step
 
 
 def load_into(trainer: Any, checkpoint: VerifiedCheckpoint) -> None:

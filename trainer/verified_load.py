@@ -39,7 +39,7 @@ from typing import Any
 
 from trainer import checkpoint as ckpt
 from warden.errors import ViolationError, quote_untrusted
-from warden.safeio import DIR_FLAGS, FILE_FLAGS
+from warden.safeio import DIR_FLAGS, FILE_FLAGS, MAX_TREE_DEPTH, MAX_TREE_ENTRIES
 
 MAX_ANCHOR_BYTES = 64 * 1024 * 1024
 """Cap on a signature bundle or manifest (a resource line is ~150 bytes)."""
@@ -292,27 +292,51 @@ def _kind(mode: int) -> str:
     return "not a regular file (FIFO, socket or device)"
 
 
-def _scan(root: int, prefix: str = "") -> tuple[set[str], set[str], dict[str, str]]:
-    """(regular files, directories, {odd entry: why}) below the directory fd ``root``, no link followed."""
+def _scan(root: int) -> tuple[set[str], set[str], dict[str, str]]:
+    """(regular files, directories, {odd entry: why}) below the directory fd ``root``, no link followed.
+
+    Iterative, bounded by :data:`warden.safeio.MAX_TREE_DEPTH` levels and
+    :data:`warden.safeio.MAX_TREE_ENTRIES` entries: a planted deep or wide tree is a rejection, never
+    a RecursionError or an exhausted memory."""
     files: set[str] = set()
     dirs: set[str] = set()
     odd: dict[str, str] = {}
-    with os.scandir(root) as entries:
-        listed = [(e.name, e.stat(follow_symlinks=False).st_mode) for e in entries]
-    for name, mode in listed:
-        rel = prefix + name
-        if stat.S_ISDIR(mode):
-            dirs.add(rel)
-            with _open_dir(name, dir_fd=root) as sub:
-                more_files, more_dirs, more_odd = _scan(sub, rel + "/")
-            files |= more_files
-            dirs |= more_dirs
-            odd.update(more_odd)
-        elif stat.S_ISREG(mode):
-            files.add(rel)
-        else:
-            odd[rel] = _kind(mode)
+    stack: list[tuple[int, str, int]] = [(os.dup(root), "", 0)]
+    try:
+        while stack:
+            fd, prefix, depth = stack.pop()
+            try:
+                with os.scandir(fd) as entries:
+                    listed = [(e.name, e.stat(follow_symlinks=False).st_mode) for e in entries]
+                if len(files) + len(dirs) + len(odd) + len(listed) > MAX_TREE_ENTRIES:
+                    raise CheckpointRejected(f"more than {MAX_TREE_ENTRIES} entries: not a checkpoint")
+                for name, mode in listed:
+                    rel = prefix + name
+                    if stat.S_ISDIR(mode):
+                        if depth + 1 > MAX_TREE_DEPTH:
+                            raise CheckpointRejected(f"{quote_untrusted(rel)}: deeper than {MAX_TREE_DEPTH} levels")
+                        dirs.add(rel)
+                        stack.append((_open_dir_fd(name, fd), rel + "/", depth + 1))
+                    elif stat.S_ISREG(mode):
+                        files.add(rel)
+                    else:
+                        odd[rel] = _kind(mode)
+            finally:
+                os.close(fd)
+    finally:
+        for fd, _, _ in stack:
+            os.close(fd)
     return files, dirs, odd
+
+
+def _open_dir_fd(name: str, dir_fd: int) -> int:
+    """A directory fd opened without following a symlink (the caller closes it); CheckpointRejected if none."""
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise CheckpointRejected(f"{quote_untrusted(name)}: not a directory (a symlink?)") from None
+        raise
 
 
 def _read_beneath(root: int, name: str, cap: int) -> bytes:

@@ -59,7 +59,9 @@ def step_dir(root: str, step: int) -> str:
 def step_of(name: str) -> int | None:
     """``12`` for ``global_step_12``; None for any other name."""
     suffix = name[len(STEP_DIR_PREFIX) :]
-    return int(suffix) if name.startswith(STEP_DIR_PREFIX) and suffix.isascii() and suffix.isdigit() else None
+    if not (name.startswith(STEP_DIR_PREFIX) and suffix.isascii() and suffix.isdigit()):
+        return None
+    return int(suffix) if str(int(suffix)) == suffix else None  # one spelling per step: no leading zeros
 
 
 def parse_tracker(text: str) -> int | None:

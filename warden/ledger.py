@@ -11,6 +11,7 @@ retention event" means the same thing everywhere: a violation, never a silent fa
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -38,6 +39,9 @@ class Ledger:
     live: dict[int, Announced] = field(default_factory=dict)
     pruned: frozenset[int] = frozenset()
     unreadable: int = 0
+    newest_saved_at: float | None = None
+    """Wall-clock time (UTC seconds) of the newest ``checkpoint.saved``: an integration announces a
+    library's rotation right after that event, so once it is old no retention event is on its way."""
 
     @property
     def newest(self) -> Announced | None:
@@ -54,6 +58,7 @@ def build_ledger(events: Iterable[JournalEvent], run_id: str | None) -> Ledger:
     live: dict[int, Announced] = {}
     pruned: set[int] = set()
     unreadable = 0
+    newest: float | None = None
     for event in events:
         if (run_id is not None and event.run_id != run_id) or event.type not in (CHECKPOINT_SAVED, CHECKPOINT_PRUNED):
             continue
@@ -64,13 +69,23 @@ def build_ledger(events: Iterable[JournalEvent], run_id: str | None) -> Ledger:
                     continue
                 live[event.step] = Announced(event.step, saved.path, saved.root_digest, event.seq)
                 pruned.discard(event.step)
+                newest = event_time(event.time)
             else:
                 retired = CheckpointPruned.from_data(event.data)
                 live.pop(retired.step, None)
                 pruned.add(retired.step)
         except PayloadError:
             unreadable += 1
-    return Ledger(run_id or "", live, frozenset(pruned), unreadable)
+    return Ledger(run_id or "", live, frozenset(pruned), unreadable, newest)
+
+
+def event_time(value: str) -> float:
+    """An event's RFC 3339 time as UTC seconds (0.0 when unreadable: as old as can be)."""
+    try:
+        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
 
 
 def read_ledger(journal_path: str, run_id: str | None) -> Ledger:

@@ -368,3 +368,48 @@ def write_new_at(dir_fd: int, name: str, payload: bytes | memoryview, mode: int 
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def open_dirs_below(root: str, parts: list[str], *, create: bool = False, mode: int = 0o755) -> int:
+    """A descriptor of ``root/parts[0]/parts[1]/...`` where no component below ``root`` is a link
+    (each is opened relative to its parent with ``O_NOFOLLOW``; with ``create``, made when missing).
+
+    ``root`` is the operator's choice; everything below it may be the storage writer's, so a planted
+    link there can never redirect a write. Raises UnsafeFile (a component is a link) or OSError."""
+    if any(p in ("", ".", "..") or "/" in p for p in parts):
+        raise UnsafeFile("/".join(parts), "not_regular", "not a plain relative directory name")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        for part in parts:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, mode, dir_fd=fd)
+            try:
+                child = os.open(part, DIR_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ENOTDIR, errno.ELOOP) and _is_link(part, fd):
+                    raise UnsafeFile(os.path.join(root, *parts), "link", f"directory {part!r} is a link") from None
+                raise
+            os.close(fd)
+            fd = child
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def create_new_at(dir_fd: int, name: str, payload: bytes, mode: int = 0o644) -> bool:
+    """Creates ``name`` in ``dir_fd`` with ``payload`` if no entry of that name exists (False if one
+    does, link or not): written to an exclusive temporary, fsynced, then hard-linked into place
+    (``link(2)`` never replaces and, relative to the descriptor, never follows a planted name)."""
+    tmp = temp_name(name)
+    write_new_at(dir_fd, tmp, payload, mode)
+    try:
+        os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+    except FileExistsError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+    os.fsync(dir_fd)
+    return True

@@ -401,3 +401,50 @@ def weights_free_state(path: str) -> dict:
 
     with open(os.path.join(path, "trainer_state.json"), encoding="utf-8") as fh:
         return json.load(fh)
+
+
+# -- red team, round 1 (see the issue's closing note) ------------------------------------------
+def test_a_planted_directory_never_drives_the_trainers_retention(kit, tmp_path):
+    """A step-999999999/ planted mid-run neither counts towards keep_last nor is removed; the
+    trainer's own newest checkpoint is never pruned because of it."""
+    config = kit.write_config("keep1.yaml", {"trusted_keys": str(kit.keys.public_key), "keep_last": 1})
+    run_dir = str(tmp_path / "run")
+    os.makedirs(checkpoints(run_dir))
+    plant = os.path.join(checkpoints(run_dir), "step-999999999")
+    os.mkdir(plant)
+    trainer = PPOTrainer(load_config(config), run_dir, resume="never")  # planted before the run: start anyway
+    trainer.train(4)
+    trainer.close()
+    events = [e for e, _ in ev.JournalReader(os.path.join(run_dir, ev.JOURNAL_NAME)).read_available()]
+    assert [(e.type, e.step) for e in events if e.type.startswith("checkpoint")] == [
+        ("checkpoint.saved", 2),
+        ("checkpoint.saved", 4),
+        ("checkpoint.pruned", 2),
+    ]
+    assert os.path.isdir(plant) and os.path.isdir(os.path.join(checkpoints(run_dir), STEP4))
+
+
+@pytest.mark.parametrize("alias", ["step-0000000004", "step-000000004\n", "step-00000000٤"])
+def test_another_spelling_of_a_step_is_not_that_checkpoint(kit, tmp_path, alias):
+    run_dir = kit.copy(tmp_path)
+    root = checkpoints(run_dir)
+    os.rename(os.path.join(root, STEP4), os.path.join(root, alias))
+    os.rename(os.path.join(root, STEP4 + ".sig"), os.path.join(root, alias + ".sig"))
+    error = refused(kit, run_dir)
+    assert "step 4 (" in str(error)  # the journal's step 4 is gone: its alias does not stand for it
+
+
+def test_a_deep_tree_inside_a_checkpoint_is_a_rejection_not_a_crash(kit, tmp_path):
+    run_dir = kit.copy(tmp_path)
+    fd = os.open(os.path.join(checkpoints(run_dir), STEP4), os.O_RDONLY)
+    for _ in range(1200):
+        os.mkdir("d", dir_fd=fd)
+        deeper = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    os.close(fd)
+    trainer = PPOTrainer(load_config(kit.config), run_dir, resume="auto")
+    trainer.close()
+    assert trainer.step == 2
+    (event,) = rejections(run_dir)
+    assert event.step == 4 and "deeper than" in event.data["why"]

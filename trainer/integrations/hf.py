@@ -124,8 +124,11 @@ def hf_checkpoint_steps(root: str) -> set[int]:
 
 
 def _step_of_checkpoint(name: str | None) -> int | None:
-    match = HF_CHECKPOINT.fullmatch(os.path.basename(os.path.normpath(name))) if name else None
-    return int(match.group(1)) if match else None
+    """The step of ``checkpoint-N`` (exactly that spelling: no leading zeros, nothing after)."""
+    base = os.path.basename(os.path.normpath(name)) if name else ""
+    match = HF_CHECKPOINT.fullmatch(base)
+    step = int(match.group(1)) if match else None
+    return step if step is not None and base == f"checkpoint-{step}" else None
 
 
 def rotation_removed(before: list[int], limit: int | None, best: int | None) -> set[int]:
@@ -363,7 +366,10 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
         if not gone:
             return
         best = _step_of_checkpoint(getattr(state, "best_model_checkpoint", None))
-        explained = rotation_removed(sorted(on_disk | gone), getattr(args, "save_total_limit", None), best)
+        # The rule is applied to the checkpoints the journal announced only: a directory someone else
+        # planted under the output dir is no checkpoint, so it can never explain a deletion.
+        known = sorted(set(ledger.live))
+        explained = rotation_removed(known, getattr(args, "save_total_limit", None), best)
         for step in sorted(gone):
             announced = ledger.live[step]
             if step not in explained:

@@ -19,7 +19,6 @@ their signed step (one GET per distinct retained head version; :mod:`warden.arch
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from warden.archive.findings import Break, ranges
 from warden.archive.record import Head
 from warden.errors import ConfigError
+from warden.ledger import event_time
 from warden.payloads import PayloadError, RunStarted
 from warden.runid import run_genesis
 
@@ -56,7 +56,7 @@ class JournalAnchor:
             if event.run_id != run_id:
                 continue
             if event.type == "reward.snapshot" and event.step is not None:
-                steps[event.step] = _event_time(event.time)
+                steps[event.step] = event_time(event.time)
             elif event.type == "run.started" and genesis is None:
                 genesis = genesis_of(event.data)
         return cls(path, steps, genesis)
@@ -73,14 +73,6 @@ def genesis_of(data: dict) -> str | None:
     if started.genesis_nonce:
         return run_genesis(started.genesis_nonce, started.config_digest)
     return started.config_digest
-
-
-def _event_time(value: str) -> float:
-    try:
-        parsed = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return 0.0  # unreadable time: old enough to be checked
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)).timestamp()
 
 
 def anchor_findings(

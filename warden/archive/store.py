@@ -38,6 +38,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from warden import safeio
 from warden.archive.errors import (
     ObjectRefused,
     StoreAccessDenied,
@@ -46,7 +47,7 @@ from warden.archive.errors import (
     StoreError,
     StoreUnavailable,
 )
-from warden.safeio import UnsafeFile, atomic_write_bytes, fsync_dir, read_regular_below
+from warden.safeio import UnsafeFile, read_regular_below
 
 DEFAULT_MAX_OBJECT_BYTES = 64 * 1024 * 1024
 
@@ -200,30 +201,29 @@ class FileStore(Store):
 
     def _put_if_absent(self, key: str, body: bytes, retention: Retention | None) -> bool:
         self._count("PutObject")
-        path = self._path(key)
-        directory = os.path.dirname(path)
-        tmp = os.path.join(directory, f".tmp-{os.path.basename(path)}.{os.getpid()}.{threading.get_ident()}")
+        self._path(key)  # refuses empty, '.' and '..' segments
+        directories, name = key.split("/")[:-1], key.rsplit("/", 1)[-1]
         try:
-            os.makedirs(directory, exist_ok=True)
-            atomic_write_bytes(tmp, body)
+            os.makedirs(self.root, exist_ok=True)  # the operator's directory; below it nothing is followed
+            dir_fd = safeio.open_dirs_below(self.root, directories, create=True)
             try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return False
+                return safeio.create_new_at(dir_fd, name, body)
             finally:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-            fsync_dir(directory)
+                os.close(dir_fd)
         except OSError as exc:
             raise self._io_error(exc, key) from None
-        return True
 
     def put(self, key: str, body: bytes, retention: Retention | None = None) -> None:
         self._count("PutObject")  # no versions on a file store: retention has nothing to keep
-        path = self._path(key)
+        self._path(key)
+        directories, name = key.split("/")[:-1], key.rsplit("/", 1)[-1]
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            atomic_write_bytes(path, body)
+            os.makedirs(self.root, exist_ok=True)  # the operator's directory; below it nothing is followed
+            dir_fd = safeio.open_dirs_below(self.root, directories, create=True)
+            try:
+                safeio.atomic_write_at(dir_fd, name, body)
+            finally:
+                os.close(dir_fd)
         except OSError as exc:
             raise self._io_error(exc, key) from None
 

@@ -19,11 +19,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 
 from warden.errors import ExitCode
 from warden.journal import JOURNAL_NAME
 from warden.ledger import Ledger, read_ledger
 from warden.logs import log_fields
+from warden.safeio import read_regular_below
 from warden.signer.announcements import (
     REMOVED_WITHOUT_RETENTION,
     SIGNATURE_REPLACED,
@@ -55,6 +57,9 @@ from warden.signing.errors import (
 )
 from warden.signing.verify import read_signed_statement
 
+MAX_STATE_BYTES = 1 << 20
+"""Cap on a watched checkpoint's ``trainer_state.json`` read for its run id."""
+
 
 class RootScan:
     """The periodic look at every root: signs the watched roots' stable checkpoints, audits the own root."""
@@ -68,6 +73,7 @@ class RootScan:
         self._unannounced_since: dict[str, float] = {}
         self._violations: dict[str, str] = {}
         self._sig_checked: dict[str, tuple[tuple[object, ...], str | None]] = {}
+        self._gone_since: dict[str, float] = {}  # watched roots: announced checkpoints not on disk, since
 
     def check(self, now: float, first: bool) -> ExitCode:
         """Rescans the roots that are due (all of them on the ``first`` check), signs what is ready, audits."""
@@ -172,12 +178,12 @@ class RootScan:
         if item.root.run_id:
             return item.root.run_id
         if item.root.layout == "warden":
-            try:
-                with open(os.path.join(item.candidate.path, "trainer_state.json"), encoding="utf-8") as fh:
-                    run_id = json.load(fh).get("run_id")
+            try:  # the storage writer's file: no link followed, no blocking, capped
+                raw = read_regular_below(item.candidate.path, "trainer_state.json", MAX_STATE_BYTES)
+                run_id = json.loads(raw).get("run_id")
                 if isinstance(run_id, str) and run_id:
                     return run_id
-            except (OSError, ValueError, AttributeError):
+            except (OSError, ValueError, AttributeError, RecursionError):
                 pass
         if item.root.default_run_id:
             return item.root.default_run_id
@@ -208,9 +214,34 @@ class RootScan:
         for root in self.state.roots:
             for candidate in unsafe_entries(root.path, root.layout):
                 found[candidate.path] = UNSAFE_PATH  # never listed, so never signed or verified
-        for root in (r for r in self.state.roots if r.announced_only):
-            self._audit_root(root, now, found)
+        for root in self.state.roots:
+            if root.announced_only:
+                self._audit_root(root, now, found)
+            else:
+                self._reconcile_watched(root, now, found)
         return self._publish_violations(found)
+
+    def _reconcile_watched(self, root: Root, now: float, found: dict[str, str]) -> None:
+        """A watched (HF, verl, other) root's announced checkpoints against the journal: one gone from
+        disk without its ``checkpoint.pruned`` for ``stable_seconds`` (the HF callback announces HF's
+        rotation right after it happened) is ``removed_without_retention``."""
+        present = {c.path for c in list_checkpoints(root.path, root.layout)}
+        gone = [(p, r) for p, r in self.state.announced.under(root.path) if p not in present]
+        for path in [p for p in self._gone_since if os.path.dirname(p) == root.path and p in present]:
+            del self._gone_since[path]
+        ledgers: dict[str | None, Ledger] = {}
+        for path, record in gone:
+            if record.run_id not in ledgers:
+                ledgers[record.run_id] = self._ledger(record.run_id)
+            ledger = ledgers[record.run_id]
+            if record.step in ledger.pruned and record.step not in ledger.live:
+                self.state.announced.forget(path)
+                self._gone_since.pop(path, None)
+            else:
+                grace = self.state.policy.stable_seconds
+                quiet = ledger.newest_saved_at is not None and time.time() - ledger.newest_saved_at >= grace
+                if quiet or now - self._gone_since.setdefault(path, now) >= grace:
+                    found.setdefault(path, REMOVED_WITHOUT_RETENTION)
 
     def _audit_root(self, root: Root, now: float, found: dict[str, str]) -> None:
         """Adds the violations of one own root to ``found``; forgets what left it."""

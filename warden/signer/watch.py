@@ -39,10 +39,25 @@ from warden.watching import Change, TreeWatcher
 HF_STATE_FILE = "trainer_state.json"
 VERL_TRACKER = verl_layout.TRACKER
 DIR_PATTERNS: dict[str, re.Pattern[str]] = {
-    "warden": re.compile(r"^step-([0-9]{9,})$"),
-    "hf": re.compile(r"^checkpoint-([0-9]+)$"),
-    "verl": re.compile(r"^global_step_([0-9]+)$"),
+    "warden": re.compile(r"step-([0-9]{9,})"),
+    "hf": re.compile(r"checkpoint-([0-9]+)"),
+    "verl": re.compile(r"global_step_([0-9]+)"),
 }
+"""Names *like* a checkpoint of each layout (matched whole: ``fullmatch``, so no trailing newline)."""
+CANONICAL: dict[str, str] = {"warden": "step-{:09d}", "hf": "checkpoint-{}", "verl": "global_step_{}"}
+"""The one spelling of step N in each layout; any other spelling of a step is no checkpoint of it."""
+
+
+def step_in_layout(layout: str, name: str) -> tuple[int, bool] | None:
+    """(step, canonical) for a name like a checkpoint of ``layout``; None for any other name.
+    ``canonical`` is False for an alias such as ``step-0000000004`` (step 4, not its name)."""
+    match = DIR_PATTERNS[layout].fullmatch(name)
+    if match is None:
+        return None
+    step = int(match.group(1))
+    return step, CANONICAL[layout].format(step) == name
+
+
 _TEMP_SIGNATURE = re.compile(r"^\.tmp-.+\.sig\.([0-9]+)\.([0-9]+)$")
 _TEMP_SIGNATURE_RANDOM = re.compile(r"^\.tmp-.+\.sig\.[0-9a-f]{16}$")
 STALE_TEMP_SECONDS = 600.0
@@ -69,25 +84,27 @@ class Candidate:
 
 def layout_of(name: str) -> tuple[str, int] | None:
     """``("hf", 500)`` for ``checkpoint-500``; None for a name no layout knows."""
-    for layout, pattern in DIR_PATTERNS.items():
-        match = pattern.match(name)
-        if match:
-            return layout, int(match.group(1))
+    for layout in DIR_PATTERNS:
+        found = step_in_layout(layout, name)
+        if found is not None and found[1]:
+            return layout, found[0]
     return None
 
 
 def _named_entries(root: str, layout: str, real_dirs: bool) -> list[Candidate]:
     """Entries of ``root`` named like a checkpoint of ``layout`` that are (``real_dirs``) or are not
-    real directories (a symlink is never one), by ascending step; [] for a missing or unreadable root."""
-    pattern = DIR_PATTERNS[layout]
+    (a symlink is never one; neither is a directory under another spelling of its step) checkpoint
+    directories, by ascending step; [] for a missing or unreadable root."""
     found = []
     try:
         with os.scandir(root) as entries:
             for entry in entries:
-                match = pattern.match(entry.name)
+                named = step_in_layout(layout, entry.name)
+                if named is None:
+                    continue
                 with contextlib.suppress(OSError):
-                    if match and entry.is_dir(follow_symlinks=False) == real_dirs:
-                        found.append(Candidate(os.path.join(root, entry.name), int(match.group(1)), layout))
+                    if (entry.is_dir(follow_symlinks=False) and named[1]) == real_dirs:
+                        found.append(Candidate(os.path.join(root, entry.name), named[0], layout))
     except OSError:
         return []
     return sorted(found, key=lambda c: c.step)
@@ -110,7 +127,6 @@ def unsafe_entries(root: str, layout: str) -> list[Candidate]:
 
 def signed_steps_before(root: str, layout: str, step: int) -> list[tuple[int, str]]:
     """(step, signature path) of the ``.sig`` files of ``layout`` below ``step``, newest first."""
-    pattern = DIR_PATTERNS[layout]
     out = []
     try:
         names = os.listdir(root)
@@ -119,9 +135,9 @@ def signed_steps_before(root: str, layout: str, step: int) -> list[tuple[int, st
     for name in names:
         if not name.endswith(SIGNATURE_SUFFIX):
             continue
-        match = pattern.match(name[: -len(SIGNATURE_SUFFIX)])
-        if match and int(match.group(1)) < step:
-            out.append((int(match.group(1)), os.path.join(root, name)))
+        named = step_in_layout(layout, name[: -len(SIGNATURE_SUFFIX)])
+        if named is not None and named[1] and named[0] < step:
+            out.append((named[0], os.path.join(root, name)))
     return sorted(out, reverse=True)
 
 
