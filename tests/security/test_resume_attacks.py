@@ -26,6 +26,7 @@ from trainer.resume import ResumeRefused, find_resume_point  # noqa: E402
 from warden import journal as ev  # noqa: E402
 from warden.errors import EXIT_VIOLATION, ConfigError  # noqa: E402
 from warden.payloads import CheckpointPruned  # noqa: E402
+from warden.safeio import remove_tree_at  # noqa: E402
 from warden.signing import Provenance, generate_keypair, load_private_key, sign_checkpoint  # noqa: E402
 
 STEP2, STEP4 = "step-000000002", "step-000000004"
@@ -443,8 +444,15 @@ def test_a_deep_tree_inside_a_checkpoint_is_a_rejection_not_a_crash(kit, tmp_pat
         os.close(fd)
         fd = deeper
     os.close(fd)
-    trainer = PPOTrainer(load_config(kit.config), run_dir, resume="auto")
-    trainer.close()
-    assert trainer.step == 2
-    (event,) = rejections(run_dir)
-    assert event.step == 4 and "deeper than" in event.data["why"]
+    try:
+        trainer = PPOTrainer(load_config(kit.config), run_dir, resume="auto")
+        trainer.close()
+        assert trainer.step == 2
+        (event,) = rejections(run_dir)
+        assert event.step == 4 and "deeper than" in event.data["why"]
+    finally:  # pytest's own clean-up of old temporary directories recurses, and would crash on it
+        top = os.open(os.path.join(checkpoints(run_dir), STEP4), os.O_RDONLY)
+        try:
+            remove_tree_at(top, "d", max_depth=2000)
+        finally:
+            os.close(top)
