@@ -145,3 +145,44 @@ def test_digits_in_names_from_storage_are_ascii_only():
                 if "\\d" in code or (".isdigit()" in code and ".isascii()" not in code):
                     offenders.append(f"{relative}:{number}: {line.strip()}")
     assert offenders == []
+
+
+# -- one I/O layer for the locations the storage writer can touch ----------------------------------
+# The modules that open, write, rename or remove entries of checkpoint roots, watched roots, .sig
+# files and file:// stores do so only through warden.safeio or descriptor-relative calls: no
+# builtin open(), no os.<name> filesystem call without dir_fd, no shutil tree operations. (The
+# operator's root itself is created with safeio.make_root.) Reading the sidecars' own state
+# directories is not covered: the storage writer cannot write there.
+STORAGE_FACING = (
+    "trainer/checkpoint.py",
+    "trainer/verified_load.py",
+    "warden/archive/store.py",
+    "warden/signing/dsse.py",
+    "warden/signer/watch.py",
+    "warden/signer/root_scanning.py",
+    "warden/signer/operations.py",
+    "warden/signer/announced_signing.py",
+    "warden/signer/reverification.py",
+)
+FS_CALLS = {"rename", "replace", "unlink", "remove", "rmdir", "mkdir", "makedirs", "link", "symlink", "open"}
+
+
+def _storage_io_offenders(relative: str):
+    tree = ast.parse((ROOT / relative).read_text())
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        keywords = {k.arg for k in node.keywords}
+        if isinstance(func, ast.Name) and func.id == "open":
+            yield f"{relative}:{node.lineno}: open()"
+        elif isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            owner, name = func.value.id, func.attr
+            if owner == "os" and name in FS_CALLS and not keywords & {"dir_fd", "src_dir_fd"}:
+                yield f"{relative}:{node.lineno}: os.{name} without a directory descriptor"
+            if owner == "shutil" and name in {"rmtree", "move", "copytree", "copy", "copyfile"}:
+                yield f"{relative}:{node.lineno}: shutil.{name}"
+
+
+def test_storage_facing_modules_use_only_the_safe_io_layer():
+    assert [o for path in STORAGE_FACING for o in _storage_io_offenders(path)] == []

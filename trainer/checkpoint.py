@@ -89,7 +89,7 @@ def remove_stale_temporaries(root: str) -> list[str]:
     iterative and bounded, so a planted deep tree or link is logged and left, never a crash."""
     removed = []
     try:
-        root_fd = os.open(root, DIR_FLAGS)
+        root_fd = safeio.open_root(root)
     except OSError:
         return []
     try:
@@ -142,11 +142,6 @@ def unflatten_state(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
     if isinstance(obj, list):
         return [unflatten_state(v, tensors) for v in obj]
     return obj
-
-
-def write_json(path: str, obj: Any) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(obj, fh, indent=1, sort_keys=True)
 
 
 def json_bytes(obj: Any) -> bytes:
@@ -284,45 +279,8 @@ def _files_below(dir_fd: int) -> list[str]:
 
 
 # -- manifest ----------------------------------------------------------------------------
-def file_sha256(path: str) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
-
-
-def tree_files(directory: str) -> list[str]:
-    out = []
-    for base, _dirs, files in os.walk(directory):
-        for name in files:
-            out.append(os.path.relpath(os.path.join(base, name), directory))
-    return sorted(out)
-
-
-def write_manifest(directory: str) -> dict[str, str]:
-    """Rewrites ``directory``'s manifest from its files as they are now (re-read; for tests and repairs)."""
-    digests = {rel: file_sha256(os.path.join(directory, rel)) for rel in tree_files(directory) if rel != MANIFEST}
-    write_json(os.path.join(directory, MANIFEST), {"algorithm": "sha256", "files": digests})
-    return digests
-
-
 def manifest_bytes(digests: dict[str, str]) -> bytes:
     return json_bytes({"algorithm": "sha256", "files": digests})
-
-
-def verify_manifest(directory: str) -> list[str]:
-    """Problems found comparing ``directory`` with its manifest; empty when intact."""
-    try:
-        with open(os.path.join(directory, MANIFEST), encoding="utf-8") as fh:
-            expected = json.load(fh)["files"]
-    except (OSError, ValueError, KeyError) as exc:
-        return [f"{MANIFEST}: unreadable ({exc})"]
-    actual = [rel for rel in tree_files(directory) if rel != MANIFEST]
-    problems = [f"{rel}: missing" for rel in sorted(set(expected) - set(actual))]
-    problems += [f"{rel}: not in the manifest" for rel in sorted(set(actual) - set(expected))]
-    for rel in sorted(set(expected) & set(actual)):
-        digest = file_sha256(os.path.join(directory, rel))
-        if digest != expected[rel]:
-            problems.append(f"{rel}: sha256 {digest} != manifest {expected[rel]}")
-    return problems
 
 
 @dataclass(frozen=True)
@@ -343,8 +301,8 @@ def write_checkpoint(root: str, step: int, fill: Callable[[CheckpointWriter], No
     """
     final = step_dir_name(step)
     try:
-        os.makedirs(root, exist_ok=True)
-        root_fd = os.open(root, DIR_FLAGS)
+        safeio.make_root(root)
+        root_fd = safeio.open_root(root)
     except OSError as exc:
         raise CheckpointError(f"{root}: checkpoint root not usable: {exc.strerror or exc}") from exc
     tmp: str | None = None
@@ -415,7 +373,7 @@ def prune(
     refs = [r for r in list_complete(root) if eligible is None or r.step in eligible][keep_last:]
     if not refs:
         return removed
-    root_fd = os.open(root, DIR_FLAGS)
+    root_fd = safeio.open_root(root)
     try:
         for ref in refs:
             if before_removal is not None:
@@ -447,10 +405,3 @@ def _retire_at(root_fd: int, name: str) -> str:
     os.rename(name, doomed, src_dir_fd=root_fd, dst_dir_fd=root_fd)
     os.fsync(root_fd)
     return doomed
-
-
-def contains_pickle(path: str) -> bool:
-    """True if the file starts like a pickle (protocol 2+) or a zip (torch.save)."""
-    with open(path, "rb") as fh:
-        head = fh.read(4)
-    return (len(head) >= 2 and head[0] == 0x80 and head[1] <= 5) or head.startswith(b"PK\x03\x04")

@@ -39,7 +39,7 @@ from typing import Any
 
 from trainer import checkpoint as ckpt
 from warden.errors import ViolationError, quote_untrusted
-from warden.safeio import DIR_FLAGS, FILE_FLAGS, MAX_TREE_DEPTH, MAX_TREE_ENTRIES
+from warden.safeio import DIR_FLAGS, FILE_FLAGS, MAX_TREE_DEPTH, MAX_TREE_ENTRIES, open_root
 
 MAX_ANCHOR_BYTES = 64 * 1024 * 1024
 """Cap on a signature bundle or manifest (a resource line is ~150 bytes)."""
@@ -126,7 +126,7 @@ def read_small_file(directory: str, name: str, *, follow_directory: bool) -> byt
     """
     try:
         if follow_directory:
-            fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+            fd = open_root(directory)
             try:
                 return _read_regular(name, fd, MAX_ANCHOR_BYTES)
             finally:

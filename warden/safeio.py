@@ -413,3 +413,15 @@ def create_new_at(dir_fd: int, name: str, payload: bytes, mode: int = 0o644) -> 
             os.unlink(tmp, dir_fd=dir_fd)
     os.fsync(dir_fd)
     return True
+
+
+def make_root(path: str) -> None:
+    """Creates the operator's root directory (and its parents) if missing. The root is the one path
+    followed as given; everything below it is opened through this module, relative to it."""
+    os.makedirs(path, exist_ok=True)
+
+
+def open_root(path: str) -> int:
+    """A descriptor of the operator's root directory ``path`` (links in it followed: it is the
+    operator's choice, e.g. a checkpoint root linked to a mount); work below it goes relative to it."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))

@@ -17,6 +17,8 @@ import pytest
 import yaml
 from support import TEST_CONFIG, merge, run_warden
 
+from tests.trainer import checkpoint_files
+
 torch = pytest.importorskip("torch")
 
 from trainer.config import load_config  # noqa: E402
@@ -144,8 +146,8 @@ def test_deleted_signature_with_a_rewritten_manifest_is_refused(kit, tmp_path):
         save_file(poisoned, os.path.join(target, ACTOR))
         os.unlink(target + ".sig")
         os.unlink(os.path.join(target, ckpt.MANIFEST))
-        ckpt.write_manifest(target)  # the integrity manifest now vouches for the poison
-        assert ckpt.verify_manifest(target) == []
+        checkpoint_files.write_manifest(target)  # the integrity manifest now vouches for the poison
+        assert checkpoint_files.verify_manifest(target) == []
     result = run_warden("train", "--config", kit.config, "--run-dir", run_dir, "--resume", "auto", timeout=240)
     assert result.returncode == EXIT_VIOLATION, result.stderr[-2000:]
     assert "refusing to start fresh" in result.stderr

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.trainer import checkpoint_files
 from trainer import checkpoint as ckpt
 
 
@@ -51,7 +52,7 @@ def test_kill_9_during_checkpoint_never_exposes_a_partial_step(tmp_path):
         seen_tmp += any(n.startswith(".tmp-") for n in names)
         complete = ckpt.list_complete(root)
         for ref in complete:
-            assert ckpt.verify_manifest(ref.path) == [], ref.path
+            assert checkpoint_files.verify_manifest(ref.path) == [], ref.path
         # What a resume does first: drop temporaries, then take the newest complete one.
         ckpt.remove_stale_temporaries(root)
         assert not any(n.startswith(".tmp-") for n in os.listdir(root))
@@ -91,7 +92,7 @@ def test_manifest_reports_missing_extra_and_changed(tmp_path):
     os.unlink(os.path.join(path, "a"))
     (pathlib.Path(path) / "b").write_text("changed")
     (pathlib.Path(path) / "z").write_text("new")
-    problems = ckpt.verify_manifest(path)
+    problems = checkpoint_files.verify_manifest(path)
     assert problems[0] == "a: missing" and problems[1] == "z: not in the manifest"
     assert problems[2].startswith("b: sha256 ")
 
@@ -240,3 +241,14 @@ def test_a_shard_signed_checkpoint_loads_and_a_changed_shard_is_rejected(tmp_pat
     (ckpt_dir / "actor" / "model.safetensors").write_bytes(content + b"tail")
     with pytest.raises(CheckpointRejected, match="after the last signed shard"):
         read_verified(str(ckpt_dir), 4, anchor, 1 << 20)
+
+
+def test_a_checkpoint_root_reached_through_a_link_is_the_operators_choice(tmp_path):
+    """The root itself may be a link (checkpoints -> /mnt/nfs/...); only what is below it is never followed."""
+    real = tmp_path / "mnt" / "checkpoints"
+    real.mkdir(parents=True)
+    (tmp_path / "checkpoints").symlink_to(real, target_is_directory=True)
+    written = ckpt.write_checkpoint(str(tmp_path / "checkpoints"), 7, lambda w: w.bytes("x.json", b"{}"))
+    assert (real / "step-000000007" / "x.json").read_bytes() == b"{}"
+    assert ckpt.prune(str(tmp_path / "checkpoints"), 0, eligible={7}) == [written.path]
+    assert list(real.iterdir()) == []

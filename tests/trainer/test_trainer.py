@@ -10,7 +10,7 @@ import pytest
 import torch
 from support import free_port, http_get, parse_samples
 
-from trainer import checkpoint as ckpt
+from tests.trainer import checkpoint_files
 from trainer.core import PPOTrainer, TrainingFailed, format_step_line
 from warden import journal as ev
 
@@ -99,11 +99,11 @@ def test_checkpoints_hold_no_pickle(make_config, tmp_path):
     trainer.train()
     trainer.close()
     root = tmp_path / "run" / "checkpoints" / "step-000000002"
-    files = ckpt.tree_files(str(root))
+    files = checkpoint_files.tree_files(str(root))
     assert len(files) >= 8
     for rel in files:
         path = os.path.join(root, rel)
-        assert not ckpt.contains_pickle(path), rel
+        assert not checkpoint_files.contains_pickle(path), rel
         with open(path, "rb") as fh:
             assert b"\x80\x04\x95" not in fh.read(64), rel  # a protocol-4 pickle frame opcode
         if rel.endswith(".json"):

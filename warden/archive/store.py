@@ -204,7 +204,7 @@ class FileStore(Store):
         self._path(key)  # refuses empty, '.' and '..' segments
         directories, name = key.split("/")[:-1], key.rsplit("/", 1)[-1]
         try:
-            os.makedirs(self.root, exist_ok=True)  # the operator's directory; below it nothing is followed
+            safeio.make_root(self.root)  # the operator's directory; below it nothing is followed
             dir_fd = safeio.open_dirs_below(self.root, directories, create=True)
             try:
                 return safeio.create_new_at(dir_fd, name, body)
@@ -218,7 +218,7 @@ class FileStore(Store):
         self._path(key)
         directories, name = key.split("/")[:-1], key.rsplit("/", 1)[-1]
         try:
-            os.makedirs(self.root, exist_ok=True)  # the operator's directory; below it nothing is followed
+            safeio.make_root(self.root)  # the operator's directory; below it nothing is followed
             dir_fd = safeio.open_dirs_below(self.root, directories, create=True)
             try:
                 safeio.atomic_write_at(dir_fd, name, body)

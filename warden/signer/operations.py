@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import warden.layouts as verl_layout
 from warden.errors import ExitCode, error_kind
 from warden.logs import log_fields
+from warden.safeio import open_root
 from warden.signer.announcements import Record
 from warden.signer.state import SignerState, Unsigned
 from warden.signer.watch import Candidate, signed_steps_before, tree_state
@@ -136,8 +137,15 @@ def _check_unchanged(candidate: Candidate, result: SignResult, before: Unsigned 
 
 
 def _discard(signature_path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(signature_path)
+    """Removes the ``.sig`` just written (its checkpoint vanished or changed meanwhile), by name
+    relative to its root: only that entry goes, whatever is linked where."""
+    with contextlib.suppress(OSError):
+        root_fd = open_root(os.path.dirname(signature_path))
+        try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.basename(signature_path), dir_fd=root_fd)
+        finally:
+            os.close(root_fd)
 
 
 def _parent_digest(state: SignerState, candidate: Candidate, run_id: str | None) -> str | None:

@@ -30,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import warden.layouts as verl_layout
+from warden.safeio import open_root
 from warden.signing.dsse import SIGNATURE_SUFFIX, signature_path_for
 from warden.stability import Stability
 from warden.stability import TreeState as TreeState  # re-exported for the sidecar
@@ -196,7 +197,7 @@ def remove_stale_signature_temps(root: str, now: float | None = None) -> list[st
     moment = time.time() if now is None else now
     removed = []
     try:
-        root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+        root_fd = open_root(root)
     except OSError:
         return []
     try:
