@@ -18,6 +18,7 @@ is :mod:`trainer.verified_load`'s job: it verifies and deserializes the same byt
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import logging
 import os
@@ -34,7 +35,7 @@ from trainer import tensorfile
 from warden import safeio
 from warden.errors import IncompleteError, quote_untrusted
 from warden.safeio import DIR_FLAGS
-from warden.signing.manifest import Announced, announced_root
+from warden.signing.manifest import Announced, announced_root, shards_root
 
 log = logging.getLogger("warden.trainer")
 
@@ -168,12 +169,14 @@ class CheckpointWriter:
     nobody else can write there) and lists it in :attr:`adopted`.
     """
 
-    def __init__(self, dir_fd: int, workers: int = 4) -> None:
+    def __init__(self, dir_fd: int, workers: int = 4, shard_size: int | None = None) -> None:
         self._fd = dir_fd
         self._dirs: dict[str, int] = {"": dir_fd}
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-write")
-        self._pending: list[tuple[str, Future[str]]] = []
+        self._pending: list[tuple[str, Future[FileDigests]]] = []
+        self.shard_size = shard_size
         self.digests: dict[str, str] = {}
+        self.shards: dict[tuple[str, int, int], bytes] = {}
         self.adopted: list[str] = []
 
     @property
@@ -186,7 +189,7 @@ class CheckpointWriter:
     def buffers(self, relative: str, parts: list[memoryview]) -> None:
         """The file made of ``parts`` in order (kept alive until written)."""
         directory, name = self._dir_of(relative)
-        self._pending.append((relative, self._pool.submit(_hash_and_write, directory, name, parts)))
+        self._pending.append((relative, self._pool.submit(_hash_and_write, directory, name, parts, self.shard_size)))
 
     def json(self, relative: str, obj: Any) -> None:
         self.bytes(relative, json_bytes(obj))
@@ -214,19 +217,24 @@ class CheckpointWriter:
         the first write error). Files written by path are adopted by hashing them once."""
         try:
             for relative, future in self._pending:
-                self.digests[relative] = future.result()
+                self._record(relative, future.result())
             for relative in _files_below(self._fd):
                 if relative not in self.digests:
                     fd = safeio.open_regular_fd(relative, dir_fd=self._fd)
                     with os.fdopen(fd, "rb") as fh:
                         os.fsync(fh.fileno())
-                        self.digests[relative] = hashlib.file_digest(fh, "sha256").hexdigest()
+                        self._record(relative, _hash_stream(fh, self.shard_size))
                     self.adopted.append(relative)
             for fd in self._dirs.values():
                 os.fsync(fd)
         finally:
             self.close()
         return dict(self.digests)
+
+    def _record(self, relative: str, digests: FileDigests) -> None:
+        self.digests[relative] = digests.whole
+        for start, end, raw in digests.shards:
+            self.shards[(relative, start, end)] = raw
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
@@ -240,21 +248,70 @@ HASH_WRITE_CHUNK = 8 * 1024 * 1024
 """Bytes hashed and then written at a time: the chunk is still in cache for the write."""
 
 
-def _hash_and_write(dir_fd: int, name: str, parts: list[memoryview]) -> str:
-    """Creates ``name`` exclusively, writes ``parts`` and returns the SHA-256 of exactly those bytes."""
-    digest = hashlib.sha256()
+@dataclass(frozen=True)
+class FileDigests:
+    """One file's SHA-256 (hex) and, with a shard size, each shard's: ``(start, end, raw digest)``."""
+
+    whole: str
+    shards: tuple[tuple[int, int, bytes], ...] = ()
+
+
+class _StreamHasher:
+    """The whole-file SHA-256 and (with ``shard_size``) model_signing's per-shard SHA-256 of bytes fed in order."""
+
+    def __init__(self, shard_size: int | None) -> None:
+        self.shard_size = shard_size
+        self.whole = hashlib.sha256()
+        self.shard = hashlib.sha256()
+        self.offset = self.shard_start = 0
+        self.shards: list[tuple[int, int, bytes]] = []
+
+    def pieces(self, data: memoryview) -> list[memoryview]:
+        """``data`` cut at shard boundaries and in chunks of at most HASH_WRITE_CHUNK, each hashed."""
+        out = []
+        while data:
+            room = HASH_WRITE_CHUNK
+            if self.shard_size is not None:
+                room = min(room, self.shard_start + self.shard_size - self.offset)
+            piece, data = data[:room], data[room:]
+            self.whole.update(piece)
+            if self.shard_size is not None:
+                self.shard.update(piece)
+            self.offset += len(piece)
+            if self.shard_size is not None and self.offset - self.shard_start == self.shard_size:
+                self._close_shard()
+            out.append(piece)
+        return out
+
+    def _close_shard(self) -> None:
+        self.shards.append((self.shard_start, self.offset, self.shard.digest()))
+        self.shard, self.shard_start = hashlib.sha256(), self.offset
+
+    def result(self) -> FileDigests:
+        if self.shard_size is not None and self.offset > self.shard_start:
+            self._close_shard()
+        return FileDigests(self.whole.hexdigest(), tuple(self.shards))
+
+
+def _hash_and_write(dir_fd: int, name: str, parts: list[memoryview], shard_size: int | None = None) -> FileDigests:
+    """Creates ``name`` exclusively, writes ``parts`` and returns the digests of exactly those bytes."""
+    hasher = _StreamHasher(shard_size)
     fd = os.open(name, safeio.WRITE_FLAGS, 0o644, dir_fd=dir_fd)
     try:
         for part in parts:
-            flat = part.cast("B")
-            for start in range(0, len(flat), HASH_WRITE_CHUNK):
-                chunk = flat[start : start + HASH_WRITE_CHUNK]
-                digest.update(chunk)
-                safeio.write_all(fd, chunk)
+            for piece in hasher.pieces(part.cast("B")):
+                safeio.write_all(fd, piece)
         os.fsync(fd)
     finally:
         os.close(fd)
-    return digest.hexdigest()
+    return hasher.result()
+
+
+def _hash_stream(fh: Any, shard_size: int | None) -> FileDigests:
+    hasher = _StreamHasher(shard_size)
+    while chunk := fh.read(HASH_WRITE_CHUNK):
+        hasher.pieces(memoryview(chunk))
+    return hasher.result()
 
 
 def _files_below(dir_fd: int) -> list[str]:
@@ -292,12 +349,15 @@ class WrittenCheckpoint:
     announced: Announced
 
 
-def write_checkpoint(root: str, step: int, fill: Callable[[CheckpointWriter], None]) -> WrittenCheckpoint:
+def write_checkpoint(
+    root: str, step: int, fill: Callable[[CheckpointWriter], None], shard_size: int | None = None
+) -> WrittenCheckpoint:
     """Calls ``fill(writer)``, writes the manifest, fsyncs and renames into place.
 
     Raises CheckpointError when the directory cannot be written; the temporary directory is
     removed then, so a failed write never looks complete. The announced digest is computed from
-    the serialised bytes (plus the manifest's own), which the signer must then find on disk.
+    the serialised bytes (plus the manifest's own), which the signer must then find on disk: per
+    file (``files``), or with ``shard_size`` per shard (model_signing's ``shards`` serialization).
     """
     final = step_dir_name(step)
     try:
@@ -310,7 +370,7 @@ def write_checkpoint(root: str, step: int, fill: Callable[[CheckpointWriter], No
         tmp, tmp_fd = safeio.make_private_dir_at(root_fd, ".tmp-" + final)
         try:
             created = safeio.identity(os.fstat(tmp_fd))
-            writer = CheckpointWriter(tmp_fd)
+            writer = CheckpointWriter(tmp_fd, shard_size=shard_size)
             try:
                 fill(writer)
             finally:
@@ -331,7 +391,12 @@ def write_checkpoint(root: str, step: int, fill: Callable[[CheckpointWriter], No
         detail = exc.strerror or exc if isinstance(exc, OSError) else exc
         raise CheckpointError(f"{os.path.join(root, '.tmp-' + final)}: checkpoint write failed: {detail}") from exc
     os.close(root_fd)
-    announced = announced_root({**digests, MANIFEST: hashlib.sha256(manifest).hexdigest()})
+    if shard_size is None:
+        announced = announced_root({**digests, MANIFEST: hashlib.sha256(manifest).hexdigest()})
+    else:
+        shards = {k: v for k, v in writer.shards.items() if k[0] != MANIFEST}
+        shards.update({(MANIFEST, s, e): raw for s, e, raw in _hash_stream(io.BytesIO(manifest), shard_size).shards})
+        announced = shards_root(shards, shard_size)
     return WrittenCheckpoint(os.path.join(root, final), digests, announced)
 
 

@@ -180,6 +180,10 @@ class CheckpointConfig:
     keep_last: int = 3
     write_retries: int = 2
     trusted_keys: str = ""  # file or directory of *.pub (relative: to the config file); set: signed only
+    # How the announced digest is serialised (model_signing's): files (per-file sha256) or shards
+    # (shard_size-byte pieces); the signer's policy must sign the same, or it refuses the checkpoint.
+    serialization: str = "files"
+    shard_size: int = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -408,6 +412,7 @@ RANGES: dict[str, Range] = {
     "checkpoint.every_steps": NON_NEGATIVE,
     "checkpoint.keep_last": AT_LEAST_1,
     "checkpoint.write_retries": NON_NEGATIVE,
+    "checkpoint.shard_size": AT_LEAST_1,
     "oom.raise_at_step": NON_NEGATIVE,
     "preflight.deadline_seconds": POSITIVE,
     "validation.every_steps": NON_NEGATIVE,
@@ -470,6 +475,7 @@ def validate(cfg: TrainerConfig, where: str = "<config>", world_size: int = 1) -
     )
     _choices(where, "algorithm.kl_controller", alg.kl_controller, ("fixed", "adaptive"))
     _choices(where, "rollout.engine", roll.engine, ("hf", "vllm"))
+    _choices(where, "checkpoint.serialization", cfg.checkpoint.serialization, ("files", "shards"))
     _choices(where, "rollout.static_cache", roll.static_cache, ("auto", "on", "off"))
     _require(
         roll.static_cache != "on" or cfg.run.device != "cpu",

@@ -692,7 +692,8 @@ class PPOTrainer:
         retries = self.cfg.checkpoint.write_retries
         for attempt in range(retries + 1):
             try:
-                written = ckpt.write_checkpoint(self.paths.checkpoint_root, self.step, self._fill_checkpoint)
+                shards = self.cfg.checkpoint.shard_size if self.cfg.checkpoint.serialization == "shards" else None
+                written = ckpt.write_checkpoint(self.paths.checkpoint_root, self.step, self._fill_checkpoint, shards)
             except ckpt.CheckpointError as exc:
                 self.metrics.checkpoint_failures.inc()
                 log.error("%s (attempt %d of %d)", exc, attempt + 1, retries + 1)

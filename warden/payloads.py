@@ -124,22 +124,37 @@ class CheckpointSaved(_Payload):
     waiting_for: tuple[str, ...] | None = None
     world_size: int | None = None
     trainer_version: str | None = None
+    serialization: str | None = None
+    """``shards`` when the digest is in model_signing's shard serialization (with ``shard_size``);
+    None (or ``files``): the per-file sha256 serialization."""
+    shard_size: int | None = None
     extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
 
     def __post_init__(self) -> None:
         if (self.root_digest is None) != (self.file_count is None):
             raise PayloadError("data.root_digest and data.file_count come together or not at all")
+        if self.serialization not in (None, "files", "shards"):
+            raise PayloadError(f"data.serialization: expected files or shards, got {str(self.serialization)[:40]!r}")
+        if (self.serialization == "shards") != (self.shard_size is not None):
+            raise PayloadError("data.shard_size comes with serialization shards, and only with it")
 
     @property
     def announced(self) -> Announced | None:
         if self.root_digest is None or self.file_count is None:
             return None
-        return Announced(self.root_digest, self.file_count)
+        return Announced(self.root_digest, self.file_count, self.shard_size)
 
     def with_announced(self, announced: Announced | None) -> CheckpointSaved:
         if announced is None:
-            return dataclasses.replace(self, root_digest=None, file_count=None)
-        return dataclasses.replace(self, root_digest=announced.root_digest, file_count=announced.file_count)
+            return dataclasses.replace(self, root_digest=None, file_count=None, serialization=None, shard_size=None)
+        sharded = announced.shard_size is not None
+        return dataclasses.replace(
+            self,
+            root_digest=announced.root_digest,
+            file_count=announced.file_count,
+            serialization="shards" if sharded else None,
+            shard_size=announced.shard_size,
+        )
 
     @classmethod
     def from_data(cls, data: Mapping[str, Any]) -> CheckpointSaved:
@@ -170,6 +185,8 @@ class CheckpointSaved(_Payload):
             waiting_for=tuple(waiting) if waiting is not None else None,
             world_size=_opt_int(data, "world_size", 1),
             trainer_version=_opt_str(data, "trainer_version"),
+            serialization=_opt_str(data, "serialization"),
+            shard_size=_opt_int(data, "shard_size", 1),
             extra=cls._extra(data),
         )
 

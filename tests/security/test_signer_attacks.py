@@ -495,3 +495,37 @@ def _signed_digest(victim, path: Path) -> str:
 
     trusted = load_trusted_keys(victim.key.parent / "signing.pub")
     return read_signed_statement(str(sig(path)), trusted)[1].subject_digest
+
+
+MIB = 1 << 20
+
+
+@pytest.mark.parametrize(
+    ("trainer_shards", "policy_shards", "signed"), [(MIB, MIB, True), (MIB, None, False), (None, MIB, True)]
+)
+def test_the_announcement_carries_its_serialization_and_the_signer_checks_it(
+    victim, trainer_shards, policy_shards, signed
+):
+    """checkpoint.serialization: shards makes the trainer announce the shard-serialization root, which
+    the signer compares with its manifest directly; a policy that signs otherwise refuses it
+    (serialization_mismatch). A files announcement under a shards policy is signed as before."""
+    from trainer import checkpoint as ckpt
+    from warden.payloads import CheckpointSaved
+
+    victim.sidecar.close()
+    shards = {"serialization": "shards", "shard_size": policy_shards} if policy_shards else {}
+    victim.sidecar, victim.ctx, victim.runner = victim.start(**shards)
+    written = ckpt.write_checkpoint(
+        str(victim.checkpoints), 2, lambda w: w.bytes("actor/model.safetensors", os.urandom(MIB + 5)), trainer_shards
+    )
+    saved = CheckpointSaved(path=written.path).with_announced(written.announced)
+    victim.journal.emit(saved.TYPE, saved.to_data(), step=2)
+    outcome = victim.step()
+    assert sig(Path(written.path)).exists() is signed
+    if signed:
+        assert outcome is Outcome.OK
+        if trainer_shards:
+            assert _signed_digest(victim, Path(written.path)) == written.announced.root_digest
+    else:
+        assert outcome is Outcome.VIOLATION
+        assert victim.value("warden_signer_refused_total", reason="serialization_mismatch") == 1

@@ -252,3 +252,35 @@ def test_a_checkpoint_root_reached_through_a_link_is_the_operators_choice(tmp_pa
     assert (real / "step-000000007" / "x.json").read_bytes() == b"{}"
     assert ckpt.prune(str(tmp_path / "checkpoints"), 0, eligible={7}) == [written.path]
     assert list(real.iterdir()) == []
+
+
+@pytest.mark.parametrize("shard_size", [None, 7, 4096])
+def test_the_announcement_is_what_the_signer_signs_in_either_serialization(tmp_path, shard_size):
+    """The trainer's in-memory digest (files, or shards of shard_size) is the root the signer computes
+    from the disk in the same serialization: one hash on the signer's side, nothing re-read here."""
+    from warden.signing import generate_keypair, load_private_key, sign_checkpoint
+    from warden.signing.manifest import FILES_SHA256, SHARDS_METHOD, Serialization
+
+    files = {"actor/model.safetensors": os.urandom(10_000), "empty.json": b"", "rng.json": b"{}"}
+    written = ckpt.write_checkpoint(
+        str(tmp_path / "ckpt"), 3, lambda w: [w.bytes(n, c) for n, c in files.items()], shard_size
+    )
+    serialization = FILES_SHA256 if shard_size is None else Serialization(SHARDS_METHOD, "sha256", shard_size)
+    key = load_private_key(generate_keypair(tmp_path / "keys").private_key)
+    signed = sign_checkpoint(written.path, key, expected=written.announced, serialization=serialization)
+    assert signed.root_digest == written.announced.root_digest
+    assert written.announced.shard_size == shard_size
+
+
+def test_an_announcement_in_another_serialization_is_refused_not_signed(tmp_path):
+    from warden.signing import generate_keypair, load_private_key, sign_checkpoint
+    from warden.signing.errors import AnnouncementMismatch
+    from warden.signing.manifest import FILES_SHA256, SHARDS_METHOD, Serialization
+
+    written = ckpt.write_checkpoint(str(tmp_path / "ckpt"), 3, lambda w: w.bytes("a.bin", b"x" * 100), 64)
+    key = load_private_key(generate_keypair(tmp_path / "keys").private_key)
+    for policy in (FILES_SHA256, Serialization(SHARDS_METHOD, "sha256", 128)):
+        with pytest.raises(AnnouncementMismatch) as caught:
+            sign_checkpoint(written.path, key, expected=written.announced, serialization=policy)
+        assert caught.value.reason == "serialization_mismatch"
+    assert not os.path.exists(written.path + ".sig")

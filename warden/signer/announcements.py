@@ -39,7 +39,9 @@ UNSAFE_PATH = "unsafe_path"
 """A ``step-N`` / ``checkpoint-N`` / ``global_step_N`` entry that is not a real directory (a symlink...)."""
 REMOVED_WITHOUT_RETENTION = "removed_without_retention"
 """An announced checkpoint gone from disk while the journal has no ``checkpoint.pruned`` for it."""
-REFUSAL_REASONS = (DIGEST_MISMATCH, FILE_COUNT_MISMATCH, NO_DIGEST)
+SERIALIZATION_MISMATCH = "serialization_mismatch"
+"""The trainer announced its digest in another serialization than the signer's policy signs."""
+REFUSAL_REASONS = (DIGEST_MISMATCH, FILE_COUNT_MISMATCH, NO_DIGEST, SERIALIZATION_MISMATCH)
 VIOLATION_REASONS = (
     UNANNOUNCED,
     SIGNATURE_MISSING,
@@ -65,13 +67,14 @@ class Record:
     file_count: int | None = None
     signed_digest: str | None = None
     refused: str | None = None
+    shard_size: int | None = None  # the announcement's shard serialization; None: files
 
     @property
     def announced(self) -> Announced | None:
         """The announcement to sign against, if the event carried one."""
         if self.root_digest is None or self.file_count is None:
             return None
-        return Announced(self.root_digest, self.file_count)
+        return Announced(self.root_digest, self.file_count, self.shard_size)
 
     @classmethod
     def from_dict(cls, raw: Any) -> Record | None:
@@ -87,8 +90,11 @@ class Record:
             return None
         if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
             return None
+        shard_size = raw.get("shard_size")
+        if shard_size is not None and (isinstance(shard_size, bool) or not isinstance(shard_size, int)):
+            return None
         return cls(raw["step"], strings["run_id"], digests["root_digest"], count, digests["signed_digest"],
-                   strings["refused"])  # fmt: skip
+                   strings["refused"], shard_size)  # fmt: skip
 
 
 class AnnouncementStore:
@@ -142,9 +148,12 @@ class AnnouncementStore:
         old = self._records.get(path)
         digest = announced.root_digest if announced else None
         count = announced.file_count if announced else None
-        if old is not None and (old.root_digest, old.file_count, old.run_id, old.step) == (digest, count, run_id, step):
+        shards = announced.shard_size if announced else None
+        same = (old.root_digest, old.file_count, old.shard_size, old.run_id, old.step) if old else None
+        if same == (digest, count, shards, run_id, step):
+            assert old is not None
             return old
-        return self.put(path, Record(step, run_id, digest, count))
+        return self.put(path, Record(step, run_id, digest, count, shard_size=shards))
 
     def mark_signed(self, path: str, record: Record, digest: str) -> Record:
         return self.put(path, replace(record, signed_digest=digest, refused=None))

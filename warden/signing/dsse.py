@@ -279,17 +279,31 @@ def sign_checkpoint(
     ignored = ignore_paths_for(directory, target, ignore_paths)
     scan = refuse_unsafe(scan_tree(directory, ignored))
     check_shardable(directory, scan.files, serialization)
+    # An announcement in the signed serialization is compared with the manifest itself (one hash);
+    # a files/sha256 announcement under another serialization also needs each file's whole SHA-256.
+    same_form = expected is not None and expected.serialization == serialization
+    if expected is not None and expected.shard_size is not None and not same_form:
+        raise AnnouncementMismatch(
+            f"{directory}: refused to sign: the trainer announced its digest in the shards serialization "
+            f"({expected.shard_size}-byte shards), this signer signs {serialization.resource_algorithm}",
+            "serialization_mismatch",
+            expected.serialization.resource_algorithm,
+            serialization.resource_algorithm,
+        )
     digests, files_digests = hash_resources(
         directory,
         scan.files,
         serialization,
-        whole_files=expected is not None,
+        whole_files=expected is not None and not same_form,
         max_workers=max_workers,
         progress=progress,
         cancel=cancel,
     )
     manifest = build_manifest(checkpoint_name(directory), digests, ignored, serialization)
-    if expected is not None:
+    if expected is not None and same_form:
+        found = Announced(manifest.root_digest.hex(), len(manifest.resources), expected.shard_size)
+        check_announced(directory, found, expected)
+    elif expected is not None:
         assert files_digests is not None
         check_announced(directory, files_root(files_digests), expected)
         if serialization != FILES_SHA256:

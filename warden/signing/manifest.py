@@ -159,10 +159,27 @@ def files_root(digests: Mapping[str, bytes]) -> Announced:
 
 @dataclass(frozen=True)
 class Announced:
-    """What a trainer announces with ``checkpoint.saved``: the manifest root digest (hex) and file count."""
+    """What a trainer announces with ``checkpoint.saved``: the manifest root digest (hex) and its
+    resource count, in the ``files``/sha256 serialization (``shard_size`` None: one resource per file)
+    or in the ``shards`` serialization with that shard size (one resource per shard)."""
 
     root_digest: str
     file_count: int
+    shard_size: int | None = None
+
+    @property
+    def serialization(self) -> Serialization:
+        if self.shard_size is None:
+            return FILES_SHA256
+        return Serialization(SHARDS_METHOD, "sha256", self.shard_size)
+
+
+def shards_root(shard_digests: Mapping[tuple[str, int, int], bytes], shard_size: int) -> Announced:
+    """The announcement in the ``shards`` serialization of ``{(path, start, end): raw sha256}``: the
+    root digest :func:`build_manifest` gives those resources, and their count."""
+    resources = shard_resources(shard_digests)
+    names = sorted(resources, key=lambda n: resource_sort_key(n, True))
+    return Announced(root_digest(resources[n] for n in names).hex(), len(names), shard_size)
 
 
 def announced_root(hex_digests: Mapping[str, str], ignore_paths: Iterable[str] = DEFAULT_IGNORE_PATHS) -> Announced:
