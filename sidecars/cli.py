@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from warden import __version__
+from warden.cliutil import echo
 from warden.errors import EXIT_INCOMPLETE, ConfigError, WardenError, quote_untrusted
 
 # Command groups that live in other modules: name -> "module:attribute". Imported lazily
@@ -65,11 +66,11 @@ class WardenGroup(click.Group):
         try:
             return super().invoke(ctx)
         except WardenError as exc:
-            click.echo(f"error: {exc}", err=True)
+            echo(f"error: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except OSError as exc:
             where = f"{exc.filename}: " if exc.filename else ""
-            click.echo(f"error: {where}{exc.strerror or exc}", err=True)
+            echo(f"error: {where}{exc.strerror or exc}", err=True)
             ctx.exit(EXIT_INCOMPLETE)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
@@ -78,7 +79,7 @@ class WardenGroup(click.Group):
         except BaseException as exc:  # the one place that turns a bug (even a native panic) into exit 3
             if os.environ.get("WARDEN_DEBUG"):
                 raise
-            click.echo(f"internal error: {type(exc).__name__}: {quote_untrusted(str(exc))}", err=True)
+            echo(f"internal error: {type(exc).__name__}: {quote_untrusted(str(exc))}", err=True)
             ctx.exit(EXIT_INCOMPLETE)
 
 

@@ -186,3 +186,17 @@ def _storage_io_offenders(relative: str):
 
 def test_storage_facing_modules_use_only_the_safe_io_layer():
     assert [o for path in STORAGE_FACING for o in _storage_io_offenders(path)] == []
+
+
+def test_every_command_prints_through_the_one_escaping_echo():
+    """Output goes through warden.cliutil.echo (escape_untrusted), so no report can carry a raw escape
+    sequence from a name the storage writer chose (click strips ANSI only when not on a terminal)."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for top in ("warden", "trainer", "sidecars")
+        for path in sorted((ROOT / top).rglob("*.py"))
+        if path != ROOT / "warden" / "cliutil.py"
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "click.echo(" in line or "click.secho(" in line
+    ]
+    assert offenders == []

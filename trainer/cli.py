@@ -9,7 +9,7 @@ import sys
 
 import click
 
-from warden.cliutil import option, run_dir_option
+from warden.cliutil import echo, option, run_dir_option
 from warden.logs import SafeTextFormatter
 
 
@@ -100,12 +100,12 @@ def train(
     )
     try:
         if trainer.resumed:
-            click.echo(
+            echo(
                 f"resumed from {trainer.resumed.path} at step {trainer.step} ({trainer.resumed.verification})", err=True
             )
         trainer.train(max_steps if max_steps is not None else cfg.max_steps)
     except KeyboardInterrupt:
-        click.echo(f"interrupted at step {trainer.step}; resume with --resume auto", err=True)
+        echo(f"interrupted at step {trainer.step}; resume with --resume auto", err=True)
         raise click.exceptions.Exit(130) from None
     finally:
         trainer.close()

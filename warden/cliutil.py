@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from warden.errors import escape_untrusted
 from warden.policy import resolve_policy_path
 
 
@@ -29,7 +30,13 @@ def format_option(*choices: str) -> Callable[[Any], Any]:
     )
 
 
+def echo(message: object = "", err: bool = False, nl: bool = True) -> None:
+    """The one way a command prints: ``click.echo`` of :func:`warden.errors.escape_untrusted` text."""
+    click.echo(escape_untrusted(str(message)), err=err, nl=nl)
+
+
 def echo_json(obj: Any) -> None:
+    """JSON output (ASCII-escaped by json.dumps: nothing a terminal acts on)."""
     click.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
 
 

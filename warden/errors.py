@@ -99,3 +99,13 @@ def quote_untrusted(text: object, limit: int = QUOTE_LIMIT) -> str:
     if not all(map(_shown, flat)):
         flat = "".join(c if _shown(c) else _escape(c) for c in flat)
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def escape_untrusted(text: str) -> str:
+    """``text`` with every character a terminal would act on or hide escaped, newlines kept: what the
+    CLI prints (:func:`warden.cliutil.echo`), so a report naming a file the storage writer chose can
+    neither move the cursor, recolour, erase nor reorder what is shown. Unlike :func:`quote_untrusted`
+    it keeps the layout (spaces, line breaks) and the length."""
+    if all(c == "\n" or c == "\\" or _shown(c) for c in text):
+        return text
+    return "".join(c if c == "\n" or c == "\\" or _shown(c) else _escape(c) for c in text)

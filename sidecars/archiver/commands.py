@@ -23,7 +23,7 @@ from warden.archive.policy import ArchiverPolicy
 from warden.archive.record import valid_run_id
 from warden.archive.store import DEFAULT_MAX_OBJECT_BYTES, Store, open_store
 from warden.archive.verify import RunReport, verify_run
-from warden.cliutil import echo_json, format_option, option, policy_options, run_dir_option, trust_option
+from warden.cliutil import echo, echo_json, format_option, option, policy_options, run_dir_option, trust_option
 from warden.errors import ConfigError
 from warden.policy import load_policy
 from warden.signing.keys import TrustedKeys, load_trusted_keys
@@ -154,7 +154,7 @@ def snapshot_command(
             }
         )
     else:
-        click.echo(_snapshot_text(snap, backend))
+        echo(_snapshot_text(snap, backend))
     if snap.problem is not None:
         raise ChainBroken(f"run {run_id} step {step}: {snap.problem.message}")
 
@@ -231,7 +231,7 @@ def verify_run_command(
     if output_format == "json":
         echo_json(report.to_dict())
     else:
-        click.echo(_report_text(report))
+        echo(_report_text(report))
     if report.problem is not None:
         raise ChainBroken(f"run {run_id}: the chain is broken: {report.problem.message}")
 
@@ -253,6 +253,6 @@ def list_command(run_id: str, store: str | None, policy: str, output_format: str
         echo_json({"run_id": run_id, "store": backend.url, "count": len(steps), "steps": steps})
         return
     if not steps:
-        click.echo(f"run {run_id}: no archived steps in {backend.url}")
+        echo(f"run {run_id}: no archived steps in {backend.url}")
         return
-    click.echo(f"run {run_id}: {len(steps)} archived steps in {backend.url}: {ranges(steps)}")
+    echo(f"run {run_id}: {len(steps)} archived steps in {backend.url}: {ranges(steps)}")

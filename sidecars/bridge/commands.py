@@ -10,7 +10,7 @@ from sidecars.bridge.service import DEFAULT_PORT, BridgeService
 from sidecars.bridge.verl import BridgeConfig, PassReport, VerlBridge
 from sidecars.runner import Runner
 from sidecars.runtime import SidecarContext
-from warden.cliutil import echo_json, format_option, option, run_dir_option
+from warden.cliutil import echo, echo_json, format_option, option, run_dir_option
 from warden.errors import ConfigError
 from warden.httpserve import MetricsServer
 from warden.logs import configure_json_logging, log_fields
@@ -26,12 +26,12 @@ def _print_report(report: PassReport, output_format: str) -> None:
         echo_json(report.to_dict())
         return
     emitted = ", ".join(f"{k} {v}" for k, v in sorted(report.emitted.items())) or "nothing new"
-    click.echo(f"emitted: {emitted}")
+    echo(f"emitted: {emitted}")
     if report.restarts:
-        click.echo(f"verl restarts detected: {report.restarts}")
+        echo(f"verl restarts detected: {report.restarts}")
     for title, items in (("waiting", report.pending), ("skipped", report.problems), ("unreadable", report.incomplete)):
         for item in items:
-            click.echo(f"{title}: {item}")
+            echo(f"{title}: {item}")
 
 
 @bridge.command("verl")

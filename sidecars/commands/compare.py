@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import click
 
-from warden.cliutil import echo_json, format_option, option, policy_options
+from warden.cliutil import echo, echo_json, format_option, option, policy_options
 from warden.errors import EXIT_OK, EXIT_VIOLATION
 from warden.policy import load_policy
 from warden.shadow.compare import compare_series
@@ -53,9 +53,9 @@ def compare(
     if output_format == "json":
         echo_json(render_json(comparison, a.path, b.path) | {"plot": plot_path})
     else:
-        click.echo(render_text(comparison, a.path, b.path))
+        echo(render_text(comparison, a.path, b.path))
     if plot_path:
         write_png(plot_path, a.series, b.series, comparison, a.path, b.path)
         if output_format == "text":
-            click.echo(f"plot: {plot_path}")
+            echo(f"plot: {plot_path}")
     ctx.exit(EXIT_OK if comparison.ok else EXIT_VIOLATION)

@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from warden.cliutil import format_option, option, run_dir_option
+from warden.cliutil import echo, format_option, option, run_dir_option
 from warden.errors import IncompleteError
 from warden.journal import JOURNAL_NAME, Cursor, Event, JournalFollower, JournalReader
 
@@ -55,15 +55,15 @@ def tail(
     path = os.path.join(run_dir, JOURNAL_NAME)
     if not follow and not os.path.exists(path):
         raise IncompleteError(f"{path}: no journal here; is --run-dir the trainer's run directory?")
-    reader = JournalReader(path, Cursor(), on_problem=lambda msg: click.echo(f"warning: {msg}", err=True))
+    reader = JournalReader(path, Cursor(), on_problem=lambda msg: echo(f"warning: {msg}", err=True))
     wanted = set(types)
 
     def emit(batch: list[Event]) -> None:
         for event in batch:
             if output_format == "json":
-                click.echo(json.dumps(event.to_dict(), ensure_ascii=False))
+                echo(json.dumps(event.to_dict(), ensure_ascii=False))
             else:
-                click.echo(format_event_text(event))
+                echo(format_event_text(event))
 
     def read_batch() -> list[Event]:
         return [e for e, _ in reader.read_available() if not wanted or e.type in wanted]

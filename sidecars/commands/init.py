@@ -7,6 +7,7 @@ import shutil
 
 import click
 
+from warden.cliutil import echo
 from warden.errors import ConfigError
 from warden.policy import DEFAULTS_DIR, packaged_policy_names
 
@@ -41,5 +42,5 @@ def init(directory: str, force: bool) -> None:
         if os.path.islink(target):
             os.unlink(target)  # never write through a link someone left there
         shutil.copyfile(os.path.join(DEFAULTS_DIR, name), target)  # follows the package's own links
-    click.echo(f"wrote {len(names)} policies and README.md to {directory}")
-    click.echo(f"use them: warden sidecar run NAME --policy-dir {directory}   (or WARDEN_POLICY_DIR={directory})")
+    echo(f"wrote {len(names)} policies and README.md to {directory}")
+    echo(f"use them: warden sidecar run NAME --policy-dir {directory}   (or WARDEN_POLICY_DIR={directory})")

@@ -10,7 +10,7 @@ import click
 from sidecars.registry import SIDECARS, sidecar_class
 from sidecars.runner import Runner
 from sidecars.runtime import Sidecar, SidecarContext
-from warden.cliutil import echo_json, format_option, option, policy_options, run_dir_option
+from warden.cliutil import echo, echo_json, format_option, option, policy_options, run_dir_option
 from warden.errors import ConfigError
 from warden.httpserve import MetricsServer
 from warden.logs import configure_json_logging, log_fields
@@ -36,7 +36,7 @@ def list_sidecars(output_format: str) -> None:
         echo_json(rows)
         return
     for row in rows:
-        click.echo(f"{row['name']:<10} :{row['port']:<6} {row['description']}")
+        echo(f"{row['name']:<10} :{row['port']:<6} {row['description']}")
 
 
 def _resolve_policy(cls: type[Sidecar], policy: str | None, policy_dir: str | None) -> tuple[object, str | None]:

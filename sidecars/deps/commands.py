@@ -10,7 +10,7 @@ from types import FrameType
 
 import click
 
-from warden.cliutil import echo_json, option, policy_options
+from warden.cliutil import echo, echo_json, option, policy_options
 from warden.deps.audit import AuditSettings, run_audit
 from warden.deps.environment import Target, discover_python, discover_self, discover_site_packages
 from warden.deps.errors import DepsConfigError
@@ -154,9 +154,9 @@ def audit(
     if output_format == "json":
         echo_json(to_json(report))
     elif output_format == "cyclonedx":
-        click.echo(json.dumps(document, indent=2))
+        echo(json.dumps(document, indent=2))
     else:
-        click.echo(to_text(report))
+        echo(to_text(report))
     ctx.exit(report.exit_code)
 
 
@@ -171,7 +171,7 @@ def osv_import(source: str, dest: str, date: str | None) -> None:
         when = server_date({"Date": date}) or _iso_time(date)
         if when is None:
             raise DepsConfigError(f"--date {date!r}: not an RFC 1123 or ISO 8601 date")
-    click.echo(import_export(source, dest, when).decode())
+    echo(import_export(source, dest, when).decode())
 
 
 def _iso_time(value: str) -> float | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from warden.cliutil import echo_json, format_option, policy_options
+from warden.cliutil import echo, echo_json, format_option, policy_options
 from warden.paths.policy import PathsPolicy
 from warden.paths.scheduler import PathState, PathWatcher, states_outcome
 from warden.policy import load_policy
@@ -62,7 +62,7 @@ def check(ctx: click.Context, policy: str, output_format: str) -> None:
         echo_json({"policy": policy, "healthy": code == 0, "exit_code": code, "paths": [s.to_dict() for s in states]})
     else:
         bad = sum(1 for s in states if not s.healthy)
-        click.echo(f"paths: {len(states) - bad} healthy, {bad} unhealthy ({policy})")
+        echo(f"paths: {len(states) - bad} healthy, {bad} unhealthy ({policy})")
         for st in states:
-            click.echo(_text_line(st))
+            echo(_text_line(st))
     ctx.exit(code)

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from warden.cliutil import trust_option
+from warden.cliutil import echo, trust_option
 from warden.errors import WardenError
 from warden.signer.policy import SHARD_SIZE
 from warden.signing.dsse import sign_checkpoint
@@ -72,7 +72,7 @@ def _parent_digest(_ctx: click.Context, _param: click.Parameter, value: str | No
 
 def _emit(fmt: str, text: str, document: dict[str, Any]) -> None:
     """Prints ``text`` or ``document`` as JSON, per ``--format``."""
-    click.echo(json.dumps(document, indent=2) if fmt == "json" else text)
+    echo(json.dumps(document, indent=2) if fmt == "json" else text)
 
 
 @click.group("keys")
@@ -102,8 +102,8 @@ def generate_command(out_dir: str, force: bool) -> None:
     the `hint` in every bundle signed with it.
     """
     files = generate_keypair(out_dir, force=force)
-    click.echo(f"wrote {files.private_key} (private, mode 0600) and {files.public_key}")
-    click.echo(f"key id {files.key_id}")
+    echo(f"wrote {files.private_key} (private, mode 0600) and {files.public_key}")
+    echo(f"key id {files.key_id}")
 
 
 @click.group("checkpoint")
@@ -283,7 +283,7 @@ def verify_command(
     except WardenError as exc:
         if fmt == "json":
             error = {"kind": type(exc).__name__, "exit_code": exc.exit_code, "message": str(exc)}
-            click.echo(json.dumps({"ok": False, "checkpoint": path, "error": error}))
+            echo(json.dumps({"ok": False, "checkpoint": path, "error": error}))
         raise
     finally:
         progress.close()

@@ -14,7 +14,7 @@ import time
 
 import click
 
-from warden.cliutil import format_option, option, policy_options
+from warden.cliutil import echo, format_option, option, policy_options
 from warden.logs import utc_timestamp
 from warden.safeio import atomic_write_bytes
 from warden.tokenscan.approval import review
@@ -93,5 +93,5 @@ def tokenizer(
     if output:  # read by CI and other processes: never half a report
         atomic_write_bytes(output, (text + "\n").encode("utf-8"))
     else:
-        click.echo(text)
+        echo(text)
     ctx.exit(worst_outcome(scans, fail_on))

@@ -144,3 +144,23 @@ def test_a_symlinked_directory_in_a_file_store_never_redirects_a_write(tmp_path)
         with pytest.raises(StoreError, match="is a link"):
             write()
     assert list(private.rglob("*")) == []
+
+
+@pytest.mark.parametrize("name", ["a\x1b[31mred", "evil\u202egnp.txt", "line\rOK: verified", "c\x9b2J"])
+def test_checkpoint_verify_never_prints_a_storage_chosen_control_character(tmp_path, name):
+    from click.testing import CliRunner
+
+    from sidecars.cli import cli
+    from warden.signing import load_private_key, sign_checkpoint
+
+    keys = generate_keypair(tmp_path / "keys")
+    directory = tmp_path / "ck" / "step-000000002"
+    directory.mkdir(parents=True)
+    (directory / name).write_bytes(b"signed")
+    sign_checkpoint(str(directory), load_private_key(keys.private_key))
+    (directory / name).write_bytes(b"changed")
+    result = CliRunner().invoke(cli, ["checkpoint", "verify", str(directory), "--trust", keys.public_key], color=True)
+    assert result.exit_code == 1
+    shown = result.output
+    assert "modified" in shown
+    assert not any(c in shown for c in "\x1b\u202e\r\x9b"), repr(shown)
