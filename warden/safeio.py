@@ -147,17 +147,8 @@ def read_regular_below(root: str, relative: str, max_bytes: int) -> bytes:
     parts = [p for p in relative.split("/") if p not in ("", ".")]
     if not parts or ".." in parts:
         raise UnsafeFile(relative, "not_regular", "not a plain relative file name")
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    fd = open_dirs_below(root, parts[:-1])
     try:
-        for part in parts[:-1]:
-            try:
-                child = os.open(part, DIR_FLAGS, dir_fd=fd)
-            except OSError as exc:
-                if exc.errno in (errno.ENOTDIR, errno.ELOOP) and _is_link(part, fd):
-                    raise UnsafeFile(os.path.join(root, relative), "link", f"directory {part!r} is a link") from None
-                raise
-            os.close(fd)
-            fd = child
         return read_regular(parts[-1], max_bytes, dir_fd=fd)
     finally:
         os.close(fd)

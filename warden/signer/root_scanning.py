@@ -231,13 +231,11 @@ class RootScan:
             del self._gone_since[path]
         ledgers: dict[str | None, Ledger] = {}
         for path, record in gone:
-            if record.run_id not in ledgers:
-                ledgers[record.run_id] = self._ledger(record.run_id)
-            ledger = ledgers[record.run_id]
-            if record.step in ledger.pruned and record.step not in ledger.live:
+            if self._retired(record, ledgers):
                 self.state.announced.forget(path)
                 self._gone_since.pop(path, None)
             else:
+                ledger = ledgers[record.run_id]
                 grace = self.state.policy.stable_seconds
                 quiet = ledger.newest_saved_at is not None and time.time() - ledger.newest_saved_at >= grace
                 if quiet or now - self._gone_since.setdefault(path, now) >= grace:
@@ -255,10 +253,7 @@ class RootScan:
         gone = [(path, record) for path, record in announced.under(root.path) if path not in present]
         ledgers: dict[str | None, Ledger] = {}
         for path, record in gone:
-            if record.run_id not in ledgers:
-                ledgers[record.run_id] = self._ledger(record.run_id)
-            ledger = ledgers[record.run_id]
-            if record.step in ledger.pruned and record.step not in ledger.live:
+            if self._retired(record, ledgers):
                 announced.forget(path)  # retired, and the journal says so
             else:
                 found.setdefault(path, REMOVED_WITHOUT_RETENTION)  # pages until restored (a link there: unsafe_path)
@@ -267,6 +262,14 @@ class RootScan:
         for sig_path in [p for p in self._sig_checked if os.path.dirname(p) == root.path]:
             if sig_path[: -len(".sig")] not in present:
                 del self._sig_checked[sig_path]  # bounded by the checkpoints listed
+
+    def _retired(self, record: Record, ledgers: dict[str | None, Ledger]) -> bool:
+        """True when the journal retired ``record``'s checkpoint (``checkpoint.pruned``, not saved again
+        since); ``ledgers`` caches one ledger per run id for the check."""
+        if record.run_id not in ledgers:
+            ledgers[record.run_id] = self._ledger(record.run_id)
+        ledger = ledgers[record.run_id]
+        return record.step in ledger.pruned and record.step not in ledger.live
 
     def _ledger(self, run_id: str | None) -> Ledger:
         """What the run's journal says exists (read only when an announced checkpoint is gone)."""
