@@ -146,7 +146,10 @@ def test_a_symlinked_directory_in_a_file_store_never_redirects_a_write(tmp_path)
     assert list(private.rglob("*")) == []
 
 
-@pytest.mark.parametrize("name", ["a\x1b[31mred", "evil\u202egnp.txt", "line\rOK: verified", "c\x9b2J"])
+@pytest.mark.parametrize(
+    "name",
+    ["a\x1b[31mred", "evil\u202egnp.txt", "line\rOK: verified", "c\x9b2J", "z\nOK step-000000002: all files match"],
+)
 def test_checkpoint_verify_never_prints_a_storage_chosen_control_character(tmp_path, name):
     from click.testing import CliRunner
 
@@ -164,3 +167,4 @@ def test_checkpoint_verify_never_prints_a_storage_chosen_control_character(tmp_p
     shown = result.output
     assert "modified" in shown
     assert not any(c in shown for c in "\x1b\u202e\r\x9b"), repr(shown)
+    assert not any(line.startswith("OK") for line in shown.splitlines()), shown

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from warden.errors import quote_untrusted
 from warden.safeio import FILE_FLAGS
 from warden.signing.dsse import (
     PAYLOAD_TYPE,
@@ -110,8 +111,10 @@ class VerifyResult:
         """One line: OK with counts, or INVALID with the first problems."""
         if self.ok:
             counts = f"{self.files_checked} files ({self.bytes_checked} bytes)"
-            return f"OK {self.checkpoint}: {counts} match {self.signature}"
-        return f"INVALID {self.checkpoint}: " + "; ".join(p.message for p in self.problems)
+            return f"OK {quote_untrusted(self.checkpoint, 500)}: {counts} match {quote_untrusted(self.signature, 500)}"
+        return f"INVALID {quote_untrusted(self.checkpoint, 500)}: " + "; ".join(
+            quote_untrusted(p.message, 1000) for p in self.problems
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready report (``--format json``)."""
@@ -139,11 +142,15 @@ class VerifyResult:
             info = self.provenance.to_dict() if self.provenance is not None else {}
             lines += [f"  {k}: {v}" for k, v in info.items()]
             return "\n".join(lines)
-        lines = [f"INVALID {self.checkpoint} (signature {self.signature})"]
-        lines += [f"  {p.code}: {p.message}" for p in self.problems]
-        lines += [f"    modified {d.name}: signed sha256:{d.expected}, found sha256:{d.actual}" for d in self.modified]
-        lines += [f"    missing  {d.name}: signed sha256:{d.expected}" for d in self.missing]
-        lines += [f"    extra    {d.name}: found sha256:{d.actual}" for d in self.extra]
+        # names come from the directory (the storage writer's): one quoted line each, never a newline
+        lines = [f"INVALID {quote_untrusted(self.checkpoint, 500)} (signature {quote_untrusted(self.signature, 500)})"]
+        lines += [f"  {p.code}: {quote_untrusted(p.message, 1000)}" for p in self.problems]
+        lines += [
+            f"    modified {quote_untrusted(d.name, 300)}: signed sha256:{d.expected}, found sha256:{d.actual}"
+            for d in self.modified
+        ]
+        lines += [f"    missing  {quote_untrusted(d.name, 300)}: signed sha256:{d.expected}" for d in self.missing]
+        lines += [f"    extra    {quote_untrusted(d.name, 300)}: found sha256:{d.actual}" for d in self.extra]
         return "\n".join(lines)
 
     def raise_for_problems(self) -> None:
