@@ -158,6 +158,7 @@ STORAGE_FACING = (
     "trainer/verified_load.py",
     "warden/archive/store.py",
     "warden/signing/dsse.py",
+    "warden/signing/hashing.py",
     "warden/signer/watch.py",
     "warden/signer/root_scanning.py",
     "warden/signer/operations.py",

@@ -396,7 +396,7 @@ def write_checkpoint(
     else:
         shards = {k: v for k, v in writer.shards.items() if k[0] != MANIFEST}
         shards.update({(MANIFEST, s, e): raw for s, e, raw in _hash_stream(io.BytesIO(manifest), shard_size).shards})
-        announced = shards_root(shards, shard_size)
+        announced = shards_root(shards, shard_size, [*digests, MANIFEST])
     return WrittenCheckpoint(os.path.join(root, final), digests, announced)
 
 

@@ -29,6 +29,7 @@ but otherwise checks the same; a refused PATH is exit 1 too.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from dataclasses import dataclass
@@ -223,6 +224,8 @@ def accept(
         check_provenance(anchor.run_id, anchor.step, ref.step, run_id, explicit, "signed")
         check_chain(ref, anchor, trusted)
     verified = read_verified(ref.path, ref.step, anchor, budget)
+    if anchor.signed:
+        check_own_manifest(verified)
     state = verified.json(ckpt.STATE)
     if not isinstance(state, dict):
         raise CheckpointRejected(f"{ckpt.STATE}: not a JSON object")
@@ -236,6 +239,23 @@ def accept(
     else:
         check_provenance(state_run, state_step, ref.step, run_id, explicit, ckpt.STATE)
     return verified, state_run if isinstance(state_run, str) else None
+
+
+def check_own_manifest(verified: VerifiedCheckpoint) -> None:
+    """The signed files are exactly those the trainer's own manifest lists, with its digests: the
+    signature binds bytes, the manifest (signed with them) binds the names the trainer gave them, so
+    a file renamed, split or added before signing is refused here. Raises CheckpointRejected."""
+    try:
+        listed = verified.json(ckpt.MANIFEST)["files"]
+    except (CheckpointRejected, KeyError, TypeError):
+        raise CheckpointRejected(f"{ckpt.MANIFEST}: missing or unreadable among the signed files") from None
+    if not isinstance(listed, dict):
+        raise CheckpointRejected(f"{ckpt.MANIFEST}: 'files' is not an object")
+    present = {name: hashlib.sha256(data).hexdigest() for name, data in verified.files.items() if name != ckpt.MANIFEST}
+    if present != listed:
+        differing = sorted(set(present) ^ set(listed)) or sorted(n for n in present if present[n] != listed.get(n))
+        shown = ", ".join(quote_untrusted(n, 80) for n in differing[:5])
+        raise CheckpointRejected(f"the signed files differ from the trainer's {ckpt.MANIFEST}: {shown}")
 
 
 def check_provenance(

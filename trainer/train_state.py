@@ -178,9 +178,16 @@ def guard_config(trainer: Any, state: dict[str, Any]) -> list[str]:
     return changed
 
 
-def _critic_state(checkpoint: VerifiedCheckpoint, trainer: Any) -> tuple[Any, Any] | None:
-    """(critic weights, critic optimizer state), None when this run has no critic or the checkpoint none."""
-    if trainer.critic is None or f"critic/{CRITIC_WEIGHTS}" not in checkpoint.files:
+def _critic_state(checkpoint: VerifiedCheckpoint, trainer: Any, state: dict[str, Any]) -> tuple[Any, Any] | None:
+    """(critic weights, critic optimizer state), None when this run has no critic or the checkpoint none.
+
+    A checkpoint whose state says it saved a critic (``scheduler_critic``) but whose files hold none is
+    rejected, never resumed with a fresh critic."""
+    if trainer.critic is None:
+        return None
+    if f"critic/{CRITIC_WEIGHTS}" not in checkpoint.files:
+        if "scheduler_critic" in state:
+            raise CheckpointRejected(f"critic/{CRITIC_WEIGHTS}: missing, but {ckpt.STATE} says a critic was saved")
         return None
     weights = checkpoint.tensors(f"critic/{CRITIC_WEIGHTS}")
     _check_weights("critic", unwrap(trainer.critic), weights, False)
@@ -202,7 +209,7 @@ def load_into(trainer: Any, checkpoint: VerifiedCheckpoint) -> None:
         weights.update(checkpoint.tensors(name))
     actor = unwrap(trainer.actor)
     _check_weights("actor", actor, weights, bool(getattr(actor.config, "tie_word_embeddings", False)))
-    critic = _critic_state(checkpoint, trainer)
+    critic = _critic_state(checkpoint, trainer, state)
     optim_actor, rng = checkpoint.state("optim_actor"), checkpoint.state("rng")
     try:
         actor.load_state_dict(weights, strict=False)  # copy_ casts a bf16 checkpoint into fp32 masters

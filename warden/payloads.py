@@ -128,9 +128,13 @@ class CheckpointSaved(_Payload):
     """``shards`` when the digest is in model_signing's shard serialization (with ``shard_size``);
     None (or ``files``): the per-file sha256 serialization."""
     shard_size: int | None = None
+    names_digest: str | None = None
+    """Binds the announcement to the file names (``warden.signing.manifest.names_digest``)."""
     extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
 
     def __post_init__(self) -> None:
+        if self.names_digest is not None and not is_hex_digest(self.names_digest):
+            raise PayloadError("data.names_digest is not a lowercase sha256 hex digest")
         if (self.root_digest is None) != (self.file_count is None):
             raise PayloadError("data.root_digest and data.file_count come together or not at all")
         if self.serialization not in (None, "files", "shards"):
@@ -142,11 +146,13 @@ class CheckpointSaved(_Payload):
     def announced(self) -> Announced | None:
         if self.root_digest is None or self.file_count is None:
             return None
-        return Announced(self.root_digest, self.file_count, self.shard_size)
+        return Announced(self.root_digest, self.file_count, self.shard_size, self.names_digest)
 
     def with_announced(self, announced: Announced | None) -> CheckpointSaved:
         if announced is None:
-            return dataclasses.replace(self, root_digest=None, file_count=None, serialization=None, shard_size=None)
+            return dataclasses.replace(
+                self, root_digest=None, file_count=None, serialization=None, shard_size=None, names_digest=None
+            )
         sharded = announced.shard_size is not None
         return dataclasses.replace(
             self,
@@ -154,6 +160,7 @@ class CheckpointSaved(_Payload):
             file_count=announced.file_count,
             serialization="shards" if sharded else None,
             shard_size=announced.shard_size,
+            names_digest=announced.names_digest,
         )
 
     @classmethod
@@ -187,6 +194,7 @@ class CheckpointSaved(_Payload):
             trainer_version=_opt_str(data, "trainer_version"),
             serialization=_opt_str(data, "serialization"),
             shard_size=_opt_int(data, "shard_size", 1),
+            names_digest=_opt_str(data, "names_digest"),
             extra=cls._extra(data),
         )
 

@@ -131,6 +131,29 @@ def _check_atomic(world: dict, outcome: Outcome) -> list[str]:
     return [] if st.st_nlink == 1 else ["the new file shares its inode with another name"]
 
 
+def _with_published(scratch: str) -> dict:
+    """A published checkpoint whose directories the storage writer can write (0o777), and a key."""
+    from warden.signing import generate_keypair, load_private_key
+
+    world = _with_written(scratch)
+    world["key"] = load_private_key(generate_keypair(os.path.join(world["keys"], "signer")).private_key)
+    return world
+
+
+def _sign(world: dict):
+    from warden.signing import sign_checkpoint
+
+    return sign_checkpoint(world["written"].path, world["key"], expected=world["written"].announced)
+
+
+def _check_sign(world: dict, outcome: Outcome) -> list[str]:
+    if outcome.kind != "ok":
+        return []
+    if outcome.value.root_digest != world["written"].announced.root_digest:
+        return ["I2: a signature over bytes other than the announced ones"]
+    return []
+
+
 OPERATIONS = [
     _common("save", _world, lambda w: ckpt.write_checkpoint(w["root"], 5, _fill), _check_save),
     _common("prune", _with_steps, lambda w: ckpt.prune(w["root"], 2, lambda ref: None), lambda w, o: []),
@@ -141,6 +164,7 @@ OPERATIONS = [
         lambda w: read_verified(w["written"].path, 5, w["anchor"], budget=1 << 20),
         _check_read,
     ),
+    _common("sign", _with_published, _sign, _check_sign),
     _common(
         "sig-write",
         _world,

@@ -168,3 +168,57 @@ def test_checkpoint_verify_never_prints_a_storage_chosen_control_character(tmp_p
     assert "modified" in shown
     assert not any(c in shown for c in "\x1b\u202e\r\x9b"), repr(shown)
     assert not any(line.startswith("OK") for line in shown.splitlines()), shown
+
+
+# -- round 2 ---------------------------------------------------------------------------------------
+def _written(tmp_path, shard_size=None):
+    from trainer import checkpoint as ckpt
+
+    files = {"actor/model.safetensors": os.urandom((1 << 20) * 2 + 100), "critic/critic.safetensors": b"c" * 50}
+    return ckpt.write_checkpoint(
+        str(tmp_path / "ckpt"), 4, lambda w: [w.bytes(n, c) for n, c in files.items()], shard_size
+    )
+
+
+@pytest.mark.parametrize("shard_size", [None, 1 << 20])
+@pytest.mark.parametrize("change", ["rename_in_order", "split_at_a_shard", "empty_file_added"])
+def test_the_announcement_binds_file_names_not_only_bytes(tmp_path, shard_size, change):
+    """model_signing's root covers digests in name order only: a rename that keeps the order, a split
+    at a shard boundary or an added empty file left it unchanged. The names digest refuses them."""
+    from warden.signing import load_private_key, sign_checkpoint
+    from warden.signing.errors import AnnouncementMismatch
+    from warden.signing.manifest import FILES_SHA256, SHARDS_METHOD, Serialization
+
+    written = _written(tmp_path, shard_size)
+    directory = Path(written.path)
+    if change == "rename_in_order":
+        os.rename(directory / "critic" / "critic.safetensors", directory / "critic" / "critic.safetensors.bak")
+    elif change == "split_at_a_shard":
+        data = (directory / "actor" / "model.safetensors").read_bytes()
+        (directory / "actor" / "model.safetensors").write_bytes(data[: 2 << 20])
+        (directory / "actor" / "model.safetensors0").write_bytes(data[2 << 20 :])
+    else:
+        (directory / "config.json").write_bytes(b"")
+    serialization = FILES_SHA256 if shard_size is None else Serialization(SHARDS_METHOD, "sha256", shard_size)
+    key = load_private_key(generate_keypair(tmp_path / "keys").private_key)
+    try:
+        sign_checkpoint(str(directory), key, expected=written.announced, serialization=serialization)
+    except AnnouncementMismatch:
+        return  # refused: the names differ (or, for a split in files mode, the bytes do)
+    raise AssertionError(f"{change} was signed")
+
+
+def test_resume_refuses_signed_files_that_are_not_the_trainers_manifest(tmp_path):
+    """Even a signature over renamed files (made by a signer that trusted the announcement less) does
+    not resume: the signed files must be exactly those of the trainer's own manifest."""
+    from trainer.resume import check_own_manifest
+    from trainer.verified_load import Anchor, CheckpointRejected, VerifiedCheckpoint
+
+    written = _written(tmp_path)
+    directory = Path(written.path)
+    files = {str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
+    anchor = Anchor({}, "signed", True)
+    check_own_manifest(VerifiedCheckpoint(str(directory), 4, anchor, files))
+    files["critic/critic.safetensors.bak"] = files.pop("critic/critic.safetensors")
+    with pytest.raises(CheckpointRejected, match="differ from the trainer's manifest"):
+        check_own_manifest(VerifiedCheckpoint(str(directory), 4, anchor, files))

@@ -131,8 +131,11 @@ class AnnouncedSigning:
         run_dir = self.state.run_dir
         base = run_dir or os.getcwd()
         path = os.path.normpath(raw if os.path.isabs(raw) else os.path.join(base, raw))
-        if not os.path.lexists(path) and run_dir:
-            # The trainer may see the run volume at another mount point than this container.
+        named = layout_of(os.path.basename(path))
+        if not os.path.lexists(path) and run_dir and named is not None and named[0] == "warden":
+            # The trainer may see the run volume at another mount point than this container. Only a
+            # step-N of Warden's own layout is looked for there: an HF or verl checkpoint moved into
+            # the run's root is not the one announced.
             moved = os.path.join(run_dir, RUN_CHECKPOINTS, os.path.basename(path))
             path = moved if os.path.lexists(moved) else path
         known = layout_of(os.path.basename(path))

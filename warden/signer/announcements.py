@@ -68,13 +68,14 @@ class Record:
     signed_digest: str | None = None
     refused: str | None = None
     shard_size: int | None = None  # the announcement's shard serialization; None: files
+    names_digest: str | None = None  # the announcement's names digest (binds the file names)
 
     @property
     def announced(self) -> Announced | None:
         """The announcement to sign against, if the event carried one."""
         if self.root_digest is None or self.file_count is None:
             return None
-        return Announced(self.root_digest, self.file_count, self.shard_size)
+        return Announced(self.root_digest, self.file_count, self.shard_size, self.names_digest)
 
     @classmethod
     def from_dict(cls, raw: Any) -> Record | None:
@@ -90,11 +91,13 @@ class Record:
             return None
         if count is not None and (isinstance(count, bool) or not isinstance(count, int)):
             return None
-        shard_size = raw.get("shard_size")
+        shard_size, names = raw.get("shard_size"), raw.get("names_digest")
         if shard_size is not None and (isinstance(shard_size, bool) or not isinstance(shard_size, int)):
             return None
+        if names is not None and not is_hex_digest(names):
+            return None
         return cls(raw["step"], strings["run_id"], digests["root_digest"], count, digests["signed_digest"],
-                   strings["refused"], shard_size)  # fmt: skip
+                   strings["refused"], shard_size, names)  # fmt: skip
 
 
 class AnnouncementStore:
@@ -149,11 +152,14 @@ class AnnouncementStore:
         digest = announced.root_digest if announced else None
         count = announced.file_count if announced else None
         shards = announced.shard_size if announced else None
-        same = (old.root_digest, old.file_count, old.shard_size, old.run_id, old.step) if old else None
-        if same == (digest, count, shards, run_id, step):
+        names = announced.names_digest if announced else None
+        same = (
+            (old.root_digest, old.file_count, old.shard_size, old.names_digest, old.run_id, old.step) if old else None
+        )
+        if same == (digest, count, shards, names, run_id, step):
             assert old is not None
             return old
-        return self.put(path, Record(step, run_id, digest, count, shard_size=shards))
+        return self.put(path, Record(step, run_id, digest, count, shard_size=shards, names_digest=names))
 
     def mark_signed(self, path: str, record: Record, digest: str) -> Record:
         return self.put(path, replace(record, signed_digest=digest, refused=None))

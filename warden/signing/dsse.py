@@ -59,6 +59,7 @@ from warden.signing.manifest import (
     build_statement,
     encode_statement,
     files_root,
+    names_digest,
     parse_json,
     shard_resources,
 )
@@ -301,7 +302,8 @@ def sign_checkpoint(
     )
     manifest = build_manifest(checkpoint_name(directory), digests, ignored, serialization)
     if expected is not None and same_form:
-        found = Announced(manifest.root_digest.hex(), len(manifest.resources), expected.shard_size)
+        names = names_digest([r.name for r in manifest.resources], [f.name for f in scan.files])
+        found = Announced(manifest.root_digest.hex(), len(manifest.resources), expected.shard_size, names)
         check_announced(directory, found, expected)
     elif expected is not None:
         assert files_digests is not None
@@ -386,6 +388,14 @@ def check_announced(directory: str, actual: Announced, expected: Announced) -> N
             "file_count_mismatch",
             str(expected.file_count),
             str(actual.file_count),
+        )
+    if expected.names_digest is not None and actual.names_digest != expected.names_digest:
+        raise AnnouncementMismatch(
+            f"{directory}: refused to sign: the bytes match the announcement but the file names do not "
+            "(renamed, split or added files)",
+            "digest_mismatch",
+            f"names {expected.names_digest}",
+            f"names {actual.names_digest}",
         )
 
 

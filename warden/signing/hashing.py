@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Protocol, cast
 
-from warden.safeio import FILE_FLAGS
+from warden.safeio import FILE_FLAGS, UnsafeFile, open_dirs_below
 from warden.signing.errors import (
     CheckpointChanged,
     CheckpointUnreadable,
@@ -296,10 +296,23 @@ class _Tracker:
             self.progress(self.done, self.total)
 
 
-def _open_regular(path: str) -> tuple[int, int]:
-    """Opens ``path`` without following links or blocking; returns (fd, size). Refuses non-files."""
+def _open_regular(root: str, name: str) -> tuple[int, int]:
+    """Opens ``root/name`` without following links (at any depth below ``root``: each directory is
+    opened relative to its parent, so one swapped for a link while hashing is refused) or blocking;
+    returns (fd, size). Refuses non-files."""
+    path = os.path.join(root, name)
+    parts = name.split("/")
     try:
-        fd = os.open(path, FILE_FLAGS)
+        dir_fd = open_dirs_below(root, parts[:-1])
+    except FileNotFoundError:
+        raise CheckpointVanished(f"{path}: deleted while the checkpoint was being hashed", path) from None
+    except UnsafeFile:
+        reason = "below a directory that became a link"
+        raise UnsafePathError(f"{path}: refused, {reason} while hashing", ((path, reason),)) from None
+    except OSError as exc:
+        raise CheckpointUnreadable(f"{path}: cannot open: {exc.strerror}") from None
+    try:
+        fd = os.open(parts[-1], FILE_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         raise CheckpointVanished(f"{path}: deleted while the checkpoint was being hashed", path) from None
     except OSError as exc:
@@ -307,6 +320,8 @@ def _open_regular(path: str) -> tuple[int, int]:
             reason = _symlink_reason(path)
             raise UnsafePathError(f"{path}: refused, became {reason} while hashing", ((path, reason),)) from None
         raise CheckpointUnreadable(f"{path}: cannot open: {exc.strerror}") from None
+    finally:
+        os.close(dir_fd)
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
@@ -472,7 +487,7 @@ def run_job(root: str, job: HashJob, tracker: _Tracker) -> JobDigests:
     """Hashes one job: opens the file safely (no link followed, regular files only), reads each
     bound once and checks the file still has its listed size afterwards (no growth, no truncation)."""
     path = os.path.join(root, job.entry.name)
-    fd, size = _open_regular(path)
+    fd, size = _open_regular(root, job.entry.name)
     try:
         if size != job.entry.size:
             raise _changed(path, job.entry.size, size, "before reading")

@@ -151,10 +151,26 @@ def shard_resources(shards: Mapping[tuple[str, int, int], bytes]) -> dict[str, b
     return {shard_name(*key): digest for key, digest in shards.items()}
 
 
+def names_digest(resource_names: Iterable[str], file_names: Iterable[str]) -> str:
+    """SHA-256 over the resource names in manifest order and every file's name (empty files too).
+
+    model_signing's root digest covers the resources' digests only, in name order: a file renamed
+    within that order, a file split at a shard boundary or an empty file added leaves it unchanged.
+    An announcement carries this digest too, so what is signed is bound to the names the trainer
+    wrote as well as to their bytes."""
+    hasher = hashlib.sha256(b"warden-names-v1\0")
+    for name in resource_names:
+        hasher.update(name.encode("utf-8", "surrogateescape") + b"\0")
+    hasher.update(b"\1")
+    for name in sorted(file_names, key=sort_key):
+        hasher.update(name.encode("utf-8", "surrogateescape") + b"\0")
+    return hasher.hexdigest()
+
+
 def files_root(digests: Mapping[str, bytes]) -> Announced:
-    """The announcement form (``files``/sha256 root and file count) of ``{name: raw sha256}``."""
+    """The announcement form (``files``/sha256 root, file count and names) of ``{name: raw sha256}``."""
     names = sorted(digests, key=sort_key)
-    return Announced(root_digest(digests[n] for n in names).hex(), len(names))
+    return Announced(root_digest(digests[n] for n in names).hex(), len(names), None, names_digest(names, names))
 
 
 @dataclass(frozen=True)
@@ -166,6 +182,8 @@ class Announced:
     root_digest: str
     file_count: int
     shard_size: int | None = None
+    names_digest: str | None = None
+    """:func:`names_digest` of the resources and files; None from producers that predate it."""
 
     @property
     def serialization(self) -> Serialization:
@@ -174,12 +192,16 @@ class Announced:
         return Serialization(SHARDS_METHOD, "sha256", self.shard_size)
 
 
-def shards_root(shard_digests: Mapping[tuple[str, int, int], bytes], shard_size: int) -> Announced:
+def shards_root(
+    shard_digests: Mapping[tuple[str, int, int], bytes], shard_size: int, file_names: Iterable[str]
+) -> Announced:
     """The announcement in the ``shards`` serialization of ``{(path, start, end): raw sha256}``: the
-    root digest :func:`build_manifest` gives those resources, and their count."""
+    root digest :func:`build_manifest` gives those resources, their count, and the names digest over
+    them and ``file_names`` (every file, empty ones included: they have no shard)."""
     resources = shard_resources(shard_digests)
     names = sorted(resources, key=lambda n: resource_sort_key(n, True))
-    return Announced(root_digest(resources[n] for n in names).hex(), len(names), shard_size)
+    root = root_digest(resources[n] for n in names).hex()
+    return Announced(root, len(names), shard_size, names_digest(names, file_names))
 
 
 def announced_root(hex_digests: Mapping[str, str], ignore_paths: Iterable[str] = DEFAULT_IGNORE_PATHS) -> Announced:

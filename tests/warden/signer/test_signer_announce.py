@@ -13,7 +13,14 @@ from warden.payloads import CheckpointSaved, PayloadError
 from warden.signer.announcements import Record, audit, statement_problem
 from warden.signing.dsse import sign_checkpoint
 from warden.signing.errors import AnnouncementMismatch
-from warden.signing.manifest import Announced, Manifest, Provenance, SignedStatement, announced_root
+from warden.signing.manifest import (
+    Announced,
+    Manifest,
+    Provenance,
+    SignedStatement,
+    announced_root,
+    names_digest,
+)
 
 
 def test_trainer_announcement_equals_what_sign_checkpoint_signs(tmp_path: Path) -> None:
@@ -27,7 +34,8 @@ def test_trainer_announcement_equals_what_sign_checkpoint_signs(tmp_path: Path) 
     written = ckpt.write_checkpoint(str(tmp_path / "checkpoints"), 50, fill)
     announced = written.announced
     signed = sign_checkpoint(written.path, make_keys(tmp_path / "keys").private)
-    assert announced == Announced(signed.root_digest, len(signed.manifest.resources))
+    names = names_digest([r.name for r in signed.manifest.resources], [r.name for r in signed.manifest.resources])
+    assert announced == Announced(signed.root_digest, len(signed.manifest.resources), None, names)
     assert announced.file_count == len(CHECKPOINT_FILES) + 2  # + rng.json + the trainer's manifest
 
 
@@ -37,7 +45,8 @@ def test_hf_callback_digest_equals_what_sign_checkpoint_signs(tmp_path: Path) ->
 
     directory = write_tree(tmp_path / "checkpoint-7", {**CHECKPOINT_FILES, ".git/HEAD": b"ref"})
     signed = sign_checkpoint(directory, make_keys(tmp_path / "keys").private)
-    assert checkpoint_digest(str(directory)) == Announced(signed.root_digest, len(CHECKPOINT_FILES))
+    names = names_digest([r.name for r in signed.manifest.resources], [r.name for r in signed.manifest.resources])
+    assert checkpoint_digest(str(directory)) == Announced(signed.root_digest, len(CHECKPOINT_FILES), None, names)
     os.symlink("/etc/passwd", directory / "evil")
     assert checkpoint_digest(str(directory)) is None
 
