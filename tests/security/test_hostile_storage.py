@@ -154,6 +154,75 @@ def _check_sign(world: dict, outcome: Outcome) -> list[str]:
     return []
 
 
+def _with_signed(scratch: str) -> dict:
+    """A published checkpoint signed by the signer, its .sig beside it (all writable by the attacker)."""
+    from warden.signing import load_trusted_keys
+
+    world = _with_published(scratch)
+    _sign(world)
+    world["trusted"] = load_trusted_keys(os.path.join(world["keys"], "signer", "signing.pub"))
+    return world
+
+
+def _reverify(world: dict):
+    from warden.signing.verify import verify_checkpoint
+
+    return verify_checkpoint(world["written"].path, world["trusted"])
+
+
+def _check_reverify(world: dict, outcome: Outcome) -> list[str]:
+    if outcome.kind != "ok" or not outcome.value.ok:
+        return []
+    on_disk = {n: c for n, c in _tree_bytes(world["written"].path).items() if n != ckpt.MANIFEST}
+    return [] if on_disk == FILES else ["re-verification passed a directory that is not the signed bytes"]
+
+
+def _tree_bytes(top: str) -> dict[str, bytes]:
+    out = {}
+    for base, _dirs, files in os.walk(top):
+        for name in files:
+            full = os.path.join(base, name)
+            if os.path.isfile(full) and not os.path.islink(full):
+                with open(full, "rb") as fh:
+                    out[os.path.relpath(full, top)] = fh.read()
+    return out
+
+
+def _with_store(scratch: str) -> dict:
+    """A file:// archive store the storage writer can write, holding one run's signed head and records."""
+    from warden.archive.record import head_key, step_key
+    from warden.archive.store import open_store
+
+    world = _world(scratch)
+    store_root = os.path.join(world["root"], "store")
+    os.makedirs(store_root)
+    os.chmod(store_root, 0o777)
+    world["store"] = open_store(f"file://{store_root}")
+    for step in (1, 2):
+        world["store"].create(step_key("run-1", step), b'{"record": %d}' % step)
+    world["store"].put(head_key("run-1"), b'{"head": 2}')
+    for base, dirs, _files in os.walk(store_root):
+        for name in dirs:
+            os.chmod(os.path.join(base, name), 0o777)
+    return world
+
+
+def _archive_put(world: dict):
+    from warden.archive.record import head_key, step_key
+
+    world["store"].put(head_key("run-1"), b'{"head": 3}')
+    return world["store"].create(step_key("run-1", 3), b'{"record": 3}')
+
+
+def _archive_read(world: dict):
+    from warden.archive.record import head_key, step_key
+
+    keys = world["store"].list_keys("runs/run-1/steps/")
+    blob = world["store"].read(step_key("run-1", 2))
+    head = world["store"].read(head_key("run-1"))
+    return keys, blob, head
+
+
 OPERATIONS = [
     _common("save", _world, lambda w: ckpt.write_checkpoint(w["root"], 5, _fill), _check_save),
     _common("prune", _with_steps, lambda w: ckpt.prune(w["root"], 2, lambda ref: None), lambda w, o: []),
@@ -165,6 +234,11 @@ OPERATIONS = [
         _check_read,
     ),
     _common("sign", _with_published, _sign, _check_sign),
+    _common("re-verify", _with_signed, _reverify, _check_reverify),
+    _common("archive-put", _with_store, _archive_put, lambda w, o: []),
+    # raw store reads vouch for nothing (records are verified by signature above them): the invariants
+    # here are I1 and I4, checked for every operation
+    _common("archive-read", _with_store, _archive_read, lambda w, o: []),
     _common(
         "sig-write",
         _world,
