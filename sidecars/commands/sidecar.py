@@ -15,6 +15,7 @@ from warden.errors import ConfigError
 from warden.httpserve import MetricsServer
 from warden.logs import configure_json_logging, log_fields
 from warden.policy import load_policy, resolve_policy_path
+from warden.statedir import default_state_dir
 
 
 @click.group()
@@ -52,7 +53,8 @@ def _resolve_policy(cls: type[Sidecar], policy: str | None, policy_dir: str | No
 @option(
     "--state-dir",
     type=click.Path(file_okay=False),
-    help="Where cursors and spools live. Default: <run-dir>/state/<name>, else ./state/<name>.",
+    help="Where cursors and spools live. Default: <run-dir>/state/<name>, else $XDG_STATE_HOME/warden/<name> "
+    "(~/.local/state/warden/<name>); never the current directory.",
 )
 @policy_options()
 @option("--port", type=int, help="Port of /metrics and /healthz. Default: the sidecar's own (see `sidecar list`).")
@@ -88,7 +90,8 @@ def run_sidecar(
         raise click.UsageError(f"sidecar {name!r} follows a journal: pass --run-dir DIR (or WARDEN_RUN_DIR)")
     policy_obj, policy_path = _resolve_policy(cls, policy, policy_dir)
     if state_dir is None:
-        state_dir = os.path.join(run_dir, "state", name) if run_dir else os.path.join("state", name)
+        state_dir = default_state_dir(name, run_dir)
+        echo(f"state: {state_dir} (--state-dir to choose)", err=True)
     os.makedirs(state_dir, exist_ok=True)
     ctx = SidecarContext(
         name=name,

@@ -24,6 +24,7 @@ from warden.deps.sbom import build_sbom
 from warden.logs import configure_json_logging, log_fields
 from warden.policy import load_policy
 from warden.safeio import atomic_write_bytes
+from warden.statedir import default_state_dir
 
 OSV_SERVE_PORT = 9469
 
@@ -90,7 +91,11 @@ def build_settings(
 @option("--python", "python", type=click.Path(dir_okay=False), help="Audit the environment of this interpreter.")
 @option("--site-packages", type=click.Path(file_okay=False), help="Audit this site-packages directory (read only).")
 @option("--osv-db", type=click.Path(), help="OSV export: a directory or all.zip; overrides vulnerabilities.osv_db.")
-@option("--state-dir", default=os.path.join("state", "deps"), show_default=True, help="Cache and baseline directory.")
+@option(
+    "--state-dir",
+    help="Cache and baseline directory. Default: $XDG_STATE_HOME/warden/deps (~/.local/state/warden/deps); "
+    "never the current directory.",
+)
 @option("--baseline", type=click.Path(dir_okay=False), help="Approved baseline. Default: <state-dir>/baseline.json.")
 @option("--approve", is_flag=True, help="Record the current RECORDs as the approved baseline (if integrity is clean).")
 @option("--check", "checks", multiple=True, type=click.Choice(CHECKS), help="Run only these checks (repeatable).")
@@ -115,7 +120,7 @@ def audit(
     python: str | None,
     site_packages: str | None,
     osv_db: str | None,
-    state_dir: str,
+    state_dir: str | None,
     baseline: str | None,
     approve: bool,
     checks: tuple[str, ...],
@@ -132,6 +137,9 @@ def audit(
     reports its site-packages; nothing of it is imported), or --site-packages DIR.
     """
     loaded, policy_path = load_deps_policy(policy)
+    if state_dir is None:
+        state_dir = default_state_dir("deps")
+        echo(f"state: {state_dir} (--state-dir to choose)", err=True)
     target = pick_target(python, site_packages, loaded)
     settings = build_settings(
         loaded,
