@@ -99,17 +99,14 @@ def remove_stale_temporaries(root: str) -> list[str]:
                 try:
                     safeio.remove_tree_at(root_fd, name)
                 except OSError as exc:
-                    log.warning("%s: stale temporary %s not removed: %s", root, safeio_quote(name), exc.strerror or exc)
+                    log.warning(
+                        "%s: stale temporary %s not removed: %s", root, quote_untrusted(name, 120), exc.strerror or exc
+                    )
                     continue
                 removed.append(name)
     finally:
         os.close(root_fd)
     return removed
-
-
-def safeio_quote(name: str) -> str:
-    """A name read from storage, as it may be shown (:func:`warden.errors.quote_untrusted`)."""
-    return quote_untrusted(name, 120)
 
 
 # -- nested state <-> (JSON, tensors) --------------------------------------------------
@@ -418,7 +415,7 @@ def _discard(root_fd: int, name: str) -> None:
     try:
         safeio.remove_tree_at(root_fd, name)
     except OSError as exc:
-        log.warning("%s not removed: %s", safeio_quote(name), exc.strerror or exc)
+        log.warning("%s not removed: %s", quote_untrusted(name, 120), exc.strerror or exc)
 
 
 def prune(

@@ -58,7 +58,7 @@ from warden import journal as ev
 from warden.errors import ConfigError, IncompleteError
 from warden.ledger import read_ledger
 from warden.payloads import CheckpointPruned, CheckpointSaved, RewardSnapshot, RunResumed, RunStarted
-from warden.runid import journal_genesis_nonce, new_genesis_nonce
+from warden.runid import new_genesis_nonce
 
 __all__ = ["PPOTrainer", "StepResult", "TrainingFailed", "capture_rng", "restore_rng"]
 
@@ -323,15 +323,18 @@ class PPOTrainer:
             self.val_ids = self._encode(self.val_prompts)
 
     def _announce(self, resume: str) -> None:
-        self.resumed = find_resume_point(self, resume)
+        # One read of the journal (rank 0, which owns it) for the resume's reconciliation, the steps
+        # retention may remove and the run's genesis nonce.
+        ledger = read_ledger(os.path.join(self.run_dir, ev.JOURNAL_NAME), self.run_id) if self.dist.is_main else None
+        self.resumed = find_resume_point(self, resume, ledger)
+        if ledger is not None:
+            self._live_steps = set(ledger.live)
         # The run's genesis nonce: the checkpoint's (a resume), else the journal's first run.started
         # of this run id (a torchrun restart before the first checkpoint), else a new one.
-        journal = os.path.join(self.run_dir, ev.JOURNAL_NAME)
-        if self.dist.is_main:
-            self._live_steps = set(read_ledger(journal, self.run_id).live)
         if self.resumed is not None and self.resumed.cross_run:
             self.genesis_nonce = None  # the checkpoint's nonce is its own run's, not this one's
-        self.genesis_nonce = self.genesis_nonce or journal_genesis_nonce(journal, self.run_id) or new_genesis_nonce()
+        journal_nonce = ledger.genesis_nonce if ledger is not None else None
+        self.genesis_nonce = self.genesis_nonce or journal_nonce or new_genesis_nonce()
         if self.resumed is not None:
             changed: dict[str, Any] = {"config_digest": self.cfg.digest(), "changed_keys": self.config_changes}
             if self.config_changes:

@@ -48,7 +48,7 @@ from trainer.verified_load import (
 )
 from warden import journal as ev
 from warden.errors import ConfigError, ViolationError, quote_untrusted
-from warden.ledger import describe_missing, read_ledger, reconcile
+from warden.ledger import Ledger, describe_missing, read_ledger, reconcile
 
 log = logging.getLogger("warden.trainer")
 
@@ -75,7 +75,7 @@ class ResumeResult:
         return {"source_run_id": self.source_run_id, "cross_run": self.cross_run}
 
 
-def find_resume_point(trainer: Any, mode: str) -> ResumeResult | None:
+def find_resume_point(trainer: Any, mode: str, ledger: Ledger | None = None) -> ResumeResult | None:
     """Loads the checkpoint to resume from into ``trainer``; None for a fresh start.
 
     Under torchrun rank 0 chooses (as the module doc says) and every other rank loads
@@ -99,7 +99,7 @@ def find_resume_point(trainer: Any, mode: str) -> ResumeResult | None:
         ckpt.remove_stale_temporaries(root)
         candidates = [explicit_ref] if explicit_ref is not None else ckpt.list_complete(root)
         if not explicit and not getattr(trainer, "resume_past_missing", False):
-            unaccounted = _unaccounted(trainer, root, candidates)
+            unaccounted = _unaccounted(trainer, root, candidates, ledger)
         if unaccounted is None:
             result, rejected = _first_accepted(trainer, candidates, trusted, explicit)
     choice = broadcast_object(("refused", unaccounted) if unaccounted else _choice(result, rejected), trainer.dist)
@@ -112,14 +112,17 @@ def find_resume_point(trainer: Any, mode: str) -> ResumeResult | None:
     return result
 
 
-def _unaccounted(trainer: Any, root: str, on_disk: list[ckpt.CheckpointRef]) -> str | None:
+def _unaccounted(
+    trainer: Any, root: str, on_disk: list[ckpt.CheckpointRef], ledger: Ledger | None = None
+) -> str | None:
     """Why ``--resume auto`` must not start: checkpoints the journal announced and never retired
     that are not on disk (warden.ledger's rule); None when every one is accounted for.
 
     Resuming past them would silently roll the run back (or start it over) to whatever a storage
     writer left; ``--resume-past-missing`` (or ``--resume PATH`` / ``never``) says so explicitly.
     """
-    ledger = read_ledger(os.path.join(trainer.run_dir, ev.JOURNAL_NAME), trainer.run_id)
+    if ledger is None:
+        ledger = read_ledger(os.path.join(trainer.run_dir, ev.JOURNAL_NAME), trainer.run_id)
     found = reconcile(ledger, (ref.step for ref in on_disk))
     if found.ok:
         return None
@@ -251,7 +254,13 @@ def check_own_manifest(verified: VerifiedCheckpoint) -> None:
         raise CheckpointRejected(f"{ckpt.MANIFEST}: missing or unreadable among the signed files") from None
     if not isinstance(listed, dict):
         raise CheckpointRejected(f"{ckpt.MANIFEST}: 'files' is not an object")
-    present = {name: hashlib.sha256(data).hexdigest() for name, data in verified.files.items() if name != ckpt.MANIFEST}
+    # Each file's sha256 is the signature's own digest in the files serialization (verified already:
+    # no second hash); only files signed in shards are hashed whole here.
+    present = {
+        name: digest if isinstance(digest, str) else hashlib.sha256(verified.files[name]).hexdigest()
+        for name, digest in verified.anchor.digests.items()
+        if name != ckpt.MANIFEST
+    }
     if present != listed:
         differing = sorted(set(present) ^ set(listed)) or sorted(n for n in present if present[n] != listed.get(n))
         shown = ", ".join(quote_untrusted(n, 80) for n in differing[:5])

@@ -1,4 +1,5 @@
-"""The journal as the index of what exists: which checkpoints a run has announced and not retired.
+"""The journal as the index of what exists: which checkpoints a run has announced and not retired
+(and the run's genesis nonce, from the same one read of the journal).
 
 Every checkpoint a trainer writes is announced with ``checkpoint.saved``; every checkpoint
 retention removes is announced with ``checkpoint.pruned`` (before the removal by Warden's
@@ -16,9 +17,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from warden.errors import quote_untrusted
-from warden.journal import CHECKPOINT_SAVED, JournalReader
+from warden.journal import CHECKPOINT_SAVED, RUN_STARTED, JournalReader
 from warden.journal import Event as JournalEvent
 from warden.payloads import CHECKPOINT_PRUNED, CheckpointPruned, CheckpointSaved, PayloadError
+from warden.runid import valid_genesis_nonce
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,8 @@ class Ledger:
     newest_saved_at: float | None = None
     """Wall-clock time (UTC seconds) of the newest ``checkpoint.saved``: an integration announces a
     library's rotation right after that event, so once it is old no retention event is on its way."""
+    genesis_nonce: str | None = None
+    """The ``genesis_nonce`` of the run's first ``run.started`` (``warden.runid.run_genesis``)."""
 
     @property
     def newest(self) -> Announced | None:
@@ -59,8 +63,14 @@ def build_ledger(events: Iterable[JournalEvent], run_id: str | None) -> Ledger:
     pruned: set[int] = set()
     unreadable = 0
     newest: float | None = None
+    nonce: str | None = None
     for event in events:
-        if (run_id is not None and event.run_id != run_id) or event.type not in (CHECKPOINT_SAVED, CHECKPOINT_PRUNED):
+        if run_id is not None and event.run_id != run_id:
+            continue
+        if event.type == RUN_STARTED and nonce is None:
+            candidate = event.data.get("genesis_nonce")
+            nonce = candidate if valid_genesis_nonce(candidate) else None
+        if event.type not in (CHECKPOINT_SAVED, CHECKPOINT_PRUNED):
             continue
         try:
             if event.type == CHECKPOINT_SAVED:
@@ -76,7 +86,7 @@ def build_ledger(events: Iterable[JournalEvent], run_id: str | None) -> Ledger:
                 pruned.add(retired.step)
         except PayloadError:
             unreadable += 1
-    return Ledger(run_id or "", live, frozenset(pruned), unreadable, newest)
+    return Ledger(run_id or "", live, frozenset(pruned), unreadable, newest, nonce)
 
 
 def event_time(value: str) -> float:

@@ -7,7 +7,7 @@ import json
 import re
 import secrets
 
-from warden.journal import MAX_LINE_BYTES, RUN_STARTED, Event, JournalReader
+from warden.journal import MAX_LINE_BYTES, Event
 
 _BAD = re.compile(r"[^A-Za-z0-9._-]+")
 
@@ -53,15 +53,6 @@ def run_genesis(nonce: str, config_digest: str | None) -> str:
     which lives only in this run's journal and checkpoints."""
     text = f"{nonce}\0{config_digest or ''}".encode()
     return hashlib.sha256(GENESIS_DOMAIN + text).hexdigest()
-
-
-def journal_genesis_nonce(path: str, run_id: str) -> str | None:
-    """The ``genesis_nonce`` of the first ``run.started`` of ``run_id`` in the journal at ``path``."""
-    for event, _ in JournalReader(path).read_available():
-        if event.type == RUN_STARTED and event.run_id == run_id:
-            nonce = event.data.get("genesis_nonce")
-            return nonce if valid_genesis_nonce(nonce) else None
-    return None
 
 
 _NONCE = re.compile(r"[0-9a-f]{32}")

@@ -60,6 +60,7 @@ from warden.journal import (
     JournalReader,
     JournalTruncated,
 )
+from warden.ledger import read_ledger
 from warden.logs import log_fields
 from warden.metric_names import map_metrics, prometheus_name, warden_aliases
 from warden.payloads import CheckpointSaved, RunResumed, RunStarted
@@ -359,7 +360,7 @@ class VerlBridge:
             "rollout_dir": self.cfg.rollout_dir,
             "checkpoint_root": self.cfg.checkpoint_root,
         }
-        nonce = runid.journal_genesis_nonce(self.cfg.journal_path, self.run_id) or runid.new_genesis_nonce()
+        nonce = read_ledger(self.cfg.journal_path, self.run_id).genesis_nonce or runid.new_genesis_nonce()
         started = RunStarted(
             source=SOURCE,
             config_digest=self.cfg.digest(),
@@ -440,7 +441,7 @@ class VerlBridge:
             checkpoint = candidate if os.path.isdir(candidate) else None
         resumed = RunResumed(
             source=SOURCE,
-            genesis_nonce=runid.journal_genesis_nonce(self.cfg.journal_path, self.run_id),
+            genesis_nonce=read_ledger(self.cfg.journal_path, self.run_id).genesis_nonce,
             from_step=from_step,
             checkpoint=checkpoint,
             verification="not verified by the bridge",

@@ -9,6 +9,7 @@ resume are in test_resume_attacks.py.)
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
@@ -217,8 +218,11 @@ def test_resume_refuses_signed_files_that_are_not_the_trainers_manifest(tmp_path
     written = _written(tmp_path)
     directory = Path(written.path)
     files = {str(p.relative_to(directory)): p.read_bytes() for p in directory.rglob("*") if p.is_file()}
-    anchor = Anchor({}, "signed", True)
-    check_own_manifest(VerifiedCheckpoint(str(directory), 4, anchor, files))
+
+    def signed_over(contents):  # what a files-serialization signature over ``contents`` vouches for
+        return Anchor({n: hashlib.sha256(c).hexdigest() for n, c in contents.items()}, "signed", True)
+
+    check_own_manifest(VerifiedCheckpoint(str(directory), 4, signed_over(files), files))
     files["critic/critic.safetensors.bak"] = files.pop("critic/critic.safetensors")
     with pytest.raises(CheckpointRejected, match="differ from the trainer's manifest"):
-        check_own_manifest(VerifiedCheckpoint(str(directory), 4, anchor, files))
+        check_own_manifest(VerifiedCheckpoint(str(directory), 4, signed_over(files), files))

@@ -63,7 +63,7 @@ from warden.errors import WardenError, quote_untrusted
 from warden.ledger import read_ledger, reconcile
 from warden.metric_names import HF_ALIASES, map_metrics, warden_aliases
 from warden.payloads import CheckpointPruned, CheckpointSaved, RunResumed, RunStarted
-from warden.runid import journal_genesis_nonce, journal_run_id, new_genesis_nonce, sanitize_run_id
+from warden.runid import journal_run_id, new_genesis_nonce, sanitize_run_id
 from warden.signing.manifest import DEFAULT_IGNORE_PATHS, Announced, announce_tree
 from warden.stability import Stability, tree_state
 
@@ -260,7 +260,7 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
         """The run's genesis nonce: the first run.started's in the journal, else a new one."""
         try:
             writer = self._journal(args)
-            return journal_genesis_nonce(writer.path, writer.run_id) or new_genesis_nonce()
+            return read_ledger(writer.path, writer.run_id).genesis_nonce or new_genesis_nonce()
         except (OSError, ev.JournalError) as exc:
             log.error("warden: no genesis nonce (%s)", exc)
             return None
