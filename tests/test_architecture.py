@@ -129,11 +129,15 @@ def test_the_shared_runtime_names_no_sidecar_and_no_trainer():
 # Python's \d and str.isdigit() accept every Unicode digit ("step-٠٠٠٠٠٠٠٠٤" is step 4 to int()), so
 # a name planted in a checkpoint root or an archive key could alias a real step. First-party code
 # spells digits [0-9] and checks isascii() beside isdigit(). Two modules parse text that is not a
-# name (a rendered chat template's dates, a model's answer), where any digit is a digit.
-TEXT_PARSERS = {"warden/tokenscan/template_battery.py", "trainer/rewards.py"}
+# name (a rendered chat template's dates, a model's answer, lock-file lines).
+TEXT_PARSERS = {
+    "warden/tokenscan/template_battery.py",
+    "trainer/rewards.py",
+    "warden/deps/locks/requirements.py",  # a line-oriented comment pattern over lock-file lines
+}
 
 
-def test_digits_in_names_from_storage_are_ascii_only():
+def test_digits_in_names_from_storage_are_ascii_only_and_patterns_end_at_the_end():
     offenders = []
     for top in ("warden", "trainer", "sidecars"):
         for path in sorted((ROOT / top).rglob("*.py")):
@@ -142,7 +146,9 @@ def test_digits_in_names_from_storage_are_ascii_only():
                 continue
             for number, line in enumerate(path.read_text().splitlines(), 1):
                 code = line.split("#", 1)[0]
-                if "\\d" in code or (".isdigit()" in code and ".isascii()" not in code):
+                # ...and a pattern ends with \Z: "$" also matches before a trailing newline ("run\n")
+                dollar_end = ('$")' in code or "$'" in code) and ("re." in code or "compile" in code)
+                if "\\d" in code or (".isdigit()" in code and ".isascii()" not in code) or dollar_end:
                     offenders.append(f"{relative}:{number}: {line.strip()}")
     assert offenders == []
 

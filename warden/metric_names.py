@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 SUBSTITUTIONS: tuple[tuple[str, str], ...] = (("@", "_at_"), ("/", "_"), ("-", "_"), (".", "_"))
 _OTHER = re.compile(r"[^A-Za-z0-9_]")
-VALID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+VALID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 # Warden trainer metric name -> verl names that mean it, first present wins.
 VERL_ALIASES: dict[str, tuple[str, ...]] = {

@@ -29,7 +29,7 @@ from typing import Any
 from warden.metric_names import finite_number
 from warden.payloads import RewardSnapshot
 
-DUMP_NAME = re.compile(r"^([0-9]+)\.jsonl$")
+DUMP_NAME = re.compile(r"^([0-9]+)\.jsonl\Z")
 
 
 @dataclass(frozen=True)

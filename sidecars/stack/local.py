@@ -79,7 +79,7 @@ def map_path(value: str, opts: StackOptions) -> str:
     """Container path -> local path (see module docstring)."""
     if value.startswith("/run/warden"):
         return opts.run_dir + value[len("/run/warden") :]
-    match = re.match(r"^/var/lib/warden/([^/]+)(.*)$", value)
+    match = re.match(r"^/var/lib/warden/([^/]+)(.*)\Z", value, re.S)
     if match:
         return os.path.join(opts.run_dir, "state", match.group(1)) + match.group(2)
     if value.startswith("/opt/warden/policies"):

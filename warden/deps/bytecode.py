@@ -31,7 +31,7 @@ from warden.safeio import stat_identity
 
 CHUNK = 64  # at least this many .pyc files per worker process
 PYC_TIMEOUT = 1800.0
-_PYC_NAME = re.compile(r"^(?P<stem>[^.]+)\.(?P<tag>[a-z]+-[0-9]+)(?:\.opt-[0-9])?\.pyc$")
+_PYC_NAME = re.compile(r"^(?P<stem>[^.]+)\.(?P<tag>[a-z]+-[0-9]+)(?:\.opt-[0-9])?\.pyc\Z")
 
 
 def derived_pyc_sources(walked: dict[str, os.stat_result]) -> dict[str, str]:

@@ -86,8 +86,8 @@ print(SENTINEL + json.dumps({
 """
 )
 
-_PY_DIR = re.compile(r"python([0-9]+)\.([0-9]+)t?$")
-_PYC_TAG = re.compile(r"\.([a-z]+-[0-9]+)(?:\.opt-[0-9])?\.pyc$")
+_PY_DIR = re.compile(r"python([0-9]+)\.([0-9]+)t?\Z")
+_PYC_TAG = re.compile(r"\.([a-z]+-[0-9]+)(?:\.opt-[0-9])?\.pyc\Z")
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ def discover_site_packages(directory: str, policy_markers: Mapping[str, str] | N
     markers: dict[str, str] = {str(k): str(v) for k, v in {**default_environment(), **(policy_markers or {})}.items()}
     tag = _guess_cache_tag(directory)
     version = _guess_version(directory)
-    if version is None and tag and (m := re.match(r"cpython-([0-9])([0-9]+)$", tag)):
+    if version is None and tag and (m := re.match(r"cpython-([0-9])([0-9]+)\Z", tag)):
         version = int(m.group(1)), int(m.group(2))
     if version is not None:
         short = f"{version[0]}.{version[1]}"

@@ -17,7 +17,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-_SITE = re.compile(r"^(?P<prefix>/.*)/lib(?:64)?/python[0-9]+\.[0-9]+t?/site-packages$")
+_SITE = re.compile(r"^(?P<prefix>/.*)/lib(?:64)?/python[0-9]+\.[0-9]+t?/site-packages\Z")
 _PYTHON = re.compile(r"python(?:[0-9]+(?:\.[0-9]+)?t?)?")
 _SAFE_NAMES = frozenset({"sys", "re"})
 _SAFE_ATTRS = frozenset({"argv", "sub", "endswith", "removesuffix"})

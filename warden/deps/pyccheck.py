@@ -33,7 +33,7 @@ if not __package__:  # run as a script by the auditor (python -I): put the packa
 
 from warden.safeio import open_regular
 
-_OPT = re.compile(r"\.opt-([0-9])\.pyc$")
+_OPT = re.compile(r"\.opt-([0-9])\.pyc\Z")
 MAX_BYTES = 64 * 1024 * 1024
 
 OK, STALE, MISMATCH, ERROR = "ok", "stale", "mismatch", "error"

@@ -14,9 +14,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kKMGTP]i?B|[kKMGTP]|B)?\s*$")
-_PERCENT_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*$")
+NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,62}\Z")
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kKMGTP]i?B|[kKMGTP]|B)?\s*\Z")
+_PERCENT_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*%\s*\Z")
 _UNITS = {
     "B": 1,
     "K": 1024,

@@ -59,8 +59,8 @@ def step_in_layout(layout: str, name: str) -> tuple[int, bool] | None:
     return step, CANONICAL[layout].format(step) == name
 
 
-_TEMP_SIGNATURE = re.compile(r"^\.tmp-.+\.sig\.([0-9]+)\.([0-9]+)$")
-_TEMP_SIGNATURE_RANDOM = re.compile(r"^\.tmp-.+\.sig\.[0-9a-f]{16}$")
+_TEMP_SIGNATURE = re.compile(r"^\.tmp-.+\.sig\.([0-9]+)\.([0-9]+)\Z")
+_TEMP_SIGNATURE_RANDOM = re.compile(r"^\.tmp-.+\.sig\.[0-9a-f]{16}\Z")
 STALE_TEMP_SECONDS = 600.0
 
 

@@ -51,7 +51,7 @@ _STRING_OPS = frozenset(
 _GET_OPS = frozenset({"GET", "BINGET", "LONG_BINGET"})
 _PUT_OPS = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 _CALL_OPS = frozenset({"REDUCE", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX", "BUILD"})
-_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 _MARK = object()
 
 

@@ -319,7 +319,7 @@ def special_token_problems(declared: Mapping[str, str | None], known: Iterable[s
     return out
 
 
-WORDLIKE_RE = re.compile(r"^[\w'-]+$")
+WORDLIKE_RE = re.compile(r"^[\w'-]+\Z")
 
 
 def ordinary_special_tokens(declared: Mapping[str, str | None], added: Iterable[str]) -> list[TokenizerIssue]:
