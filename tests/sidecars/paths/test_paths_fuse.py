@@ -63,6 +63,7 @@ def test_unkillable_hang_is_stuck_bounded_and_recovers(paths_kit, faultfs, tmp_p
     )
     sidecar = paths_kit.start_sidecar(policy)
     sidecar.wait_for("warden_path_up", 1, 10, path="data")
+    sidecar.wait_for("warden_path_up", 1, 10, path="scratch")
 
     faultfs.mode("hang")
     t0 = time.monotonic()

@@ -40,6 +40,8 @@ def test_fifo_hang_marks_stuck_metrics_stay_fast_and_recovery_clears_it(paths_ki
     )
     sidecar = paths_kit.start_sidecar(policy)
     sidecar.wait_for("warden_path_up", 1, 10, path="data")
+    # Each path is probed on its own schedule: wait for both, not only the first.
+    sidecar.wait_for("warden_path_up", 1, 10, path="scratch")
     samples = sidecar.scrape()
     names = {name for name, _ in samples}
     for family in FAMILIES:
