@@ -162,6 +162,11 @@ class SnapshotConfig:
     max_text_chars: int = 4000
 
 
+ASYNC_SAVE_CHOICES = ("auto", "on", "off")
+ASYNC_FALLBACK_CHOICES = ("fail", "sync")
+ON_NO_SPACE_CHOICES = ("prune_first", "skip", "fail")
+
+
 @dataclass(frozen=True)
 class CheckpointConfig:
     """Where checkpoints go, and what a resume trusts (trainer/resume.py has the details).
@@ -184,6 +189,15 @@ class CheckpointConfig:
     # (shard_size-byte pieces); the signer's policy must sign the same, or it refuses the checkpoint.
     serialization: str = "files"
     shard_size: int = 256 << 20
+    # Asynchronous saves (trainer/saver.py): the step copies the state into reused host buffers
+    # (pinned on CUDA) and a writer thread serialises, hashes, writes and announces it. auto: on
+    # for CUDA, off on CPU. When the host memory cannot be had: fail, or sync (log and go on).
+    async_save: str = "auto"
+    async_fallback: str = "fail"
+    # A save that would not fit the checkpoint root's free space (trainer/space.py): prune_first
+    # (remove the oldest announced checkpoints first; skip when even that is not enough), skip
+    # (no checkpoint this time; event, metric, page) or fail (stop cleanly, exit 1).
+    on_no_space: str = "prune_first"
 
 
 @dataclass(frozen=True)
@@ -476,6 +490,9 @@ def validate(cfg: TrainerConfig, where: str = "<config>", world_size: int = 1) -
     _choices(where, "algorithm.kl_controller", alg.kl_controller, ("fixed", "adaptive"))
     _choices(where, "rollout.engine", roll.engine, ("hf", "vllm"))
     _choices(where, "checkpoint.serialization", cfg.checkpoint.serialization, ("files", "shards"))
+    _choices(where, "checkpoint.async_save", cfg.checkpoint.async_save, ASYNC_SAVE_CHOICES)
+    _choices(where, "checkpoint.async_fallback", cfg.checkpoint.async_fallback, ASYNC_FALLBACK_CHOICES)
+    _choices(where, "checkpoint.on_no_space", cfg.checkpoint.on_no_space, ON_NO_SPACE_CHOICES)
     _choices(where, "rollout.static_cache", roll.static_cache, ("auto", "on", "off"))
     _require(
         roll.static_cache != "on" or cfg.run.device != "cpu",

@@ -50,6 +50,47 @@ class TrainerMetrics:
         self.checkpoint_failures = Counter(
             p + "checkpoint_write_failures", "Checkpoint writes that failed.", registry=reg
         )
+        # Saves (trainer/saver.py) and the space they need (trainer/space.py).
+        self.checkpoint_stall = Gauge(
+            p + "checkpoint_stall_seconds",
+            "Time the last save held training: the copy into host buffers (async) or the whole write (sync).",
+            registry=reg,
+        )
+        self.checkpoint_write = Gauge(
+            p + "checkpoint_write_seconds",
+            "Time from the start of the last completed save to its bytes being durable and renamed into place.",
+            registry=reg,
+        )
+        self.checkpoint_waits = Counter(
+            p + "checkpoint_waits", "Saves that had to wait for the previous asynchronous save.", registry=reg
+        )
+        self.checkpoint_wait_seconds = Counter(
+            p + "checkpoint_wait_seconds", "Time training waited for a previous asynchronous save.", registry=reg
+        )
+        self.checkpoint_in_flight = Gauge(
+            p + "checkpoint_in_flight", "1 while an asynchronous save is being written.", registry=reg
+        )
+        self.checkpoint_host_buffer_bytes = Gauge(
+            p + "checkpoint_host_buffer_bytes",
+            "Host memory held for asynchronous saves (pinned on CUDA); 0 for synchronous saves.",
+            registry=reg,
+        )
+        self.checkpoint_space_free = Gauge(
+            p + "checkpoint_space_free_bytes",
+            "Free bytes of the checkpoint root's filesystem (for an unprivileged writer), measured before each save.",
+            registry=reg,
+        )
+        self.checkpoint_space_needed = Gauge(
+            p + "checkpoint_space_needed_bytes",
+            "Bytes the next checkpoint is expected to take (the last one's size, else the state's byte count).",
+            registry=reg,
+        )
+        self.checkpoint_skipped = Counter(
+            p + "checkpoint_skipped",
+            "Saves not made, by reason (no_space: would not fit even after pruning; write_failed: every retry failed).",
+            ["reason"],
+            registry=reg,
+        )
         self.skipped_updates = Counter(
             p + "skipped_updates", "Optimizer steps skipped because a gradient was not finite.", registry=reg
         )
@@ -80,3 +121,5 @@ class TrainerMetrics:
             registry=reg,
         )
         self.oom.labels("step")
+        for reason in ("no_space", "write_failed"):
+            self.checkpoint_skipped.labels(reason)
