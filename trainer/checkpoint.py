@@ -27,7 +27,7 @@ import stat
 from collections.abc import Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -146,7 +146,20 @@ def json_bytes(obj: Any) -> bytes:
     return json.dumps(obj, indent=1, sort_keys=True).encode("utf-8")
 
 
-def save_state(writer: CheckpointWriter, name: str, state: Any) -> None:
+class CheckpointSink(Protocol):
+    """What a fill function writes into: a :class:`CheckpointWriter`, or a
+    :class:`trainer.staging.StagedImage` that copies the state for a later write."""
+
+    def bytes(self, relative: str, payload: bytes) -> None: ...
+
+    def json(self, relative: str, obj: Any) -> None: ...
+
+    def tensors(
+        self, relative: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None
+    ) -> None: ...
+
+
+def save_state(writer: CheckpointSink, name: str, state: Any) -> None:
     """``name.json`` + ``name.safetensors`` (the latter only when there are tensors)."""
     tensors: dict[str, torch.Tensor] = {}
     skeleton = flatten_state(state, tensors)

@@ -51,11 +51,13 @@ from trainer.resume import ResumeResult, find_resume_point
 from trainer.rewards import RewardSources, build_reward
 from trainer.rollout import SamplingPlan, build_rollout
 from trainer.rollout_vllm import RolloutCollector, SchedulerState
+from trainer.saver import CheckpointSaver, SaveTiming
 from trainer.setup import ResolvedPaths, check_environment, resolve_paths
+from trainer.staging import HostArena, HostMemoryError, available_host_bytes, reserve_arena
 from trainer.tokenizer import load_tokenizer
-from trainer.train_state import capture_rng, fill_checkpoint, restore_rng, seed_everything
+from trainer.train_state import capture_rng, estimate_state_bytes, fill_checkpoint, restore_rng, seed_everything
 from warden import journal as ev
-from warden.errors import ConfigError, IncompleteError
+from warden.errors import ConfigError, IncompleteError, quote_untrusted
 from warden.ledger import read_ledger
 from warden.payloads import CheckpointPruned, CheckpointSaved, RewardSnapshot, RunResumed, RunStarted
 from warden.runid import new_genesis_nonce
@@ -226,6 +228,7 @@ class PPOTrainer:
         self.resumed: ResumeResult | None = None
         self.genesis_nonce: str | None = None  # set by a resume from the checkpoint, else in _announce
         self.checkpoint_world_size: int | None = None  # set by a resume: the world size that wrote it
+        self.saver = self._build_saver()
         self._announce(resume)
         self._server = self._serve_metrics() if serve_metrics and self.dist.is_main else None
 
@@ -427,8 +430,23 @@ class PPOTrainer:
             status, error = "failed", f"{type(exc).__name__}: {exc}"
             raise
         finally:
-            self.emit(ev.RUN_FINISHED, {"status": status, "error": error, "last_step": self.step}, step=self.step)
+            try:
+                self._finish_saves(failing=status != "completed")
+            finally:
+                self.emit(ev.RUN_FINISHED, {"status": status, "error": error, "last_step": self.step}, step=self.step)
         return results
+
+    def _finish_saves(self, failing: bool) -> None:
+        """The final checkpoint, SIGTERM or a failure: a save in flight is finished, never abandoned
+        (a writer error is raised, or only logged when the run is failing already)."""
+        if self.saver.in_flight:
+            log.info("waiting for the checkpoint being written before exiting")
+        try:
+            self.saver.wait()
+        except Exception as exc:
+            if not failing:
+                raise
+            log.error("the checkpoint writer failed too: %s", quote_untrusted(exc, 300))
 
     def _test_hooks(self, step: int) -> None:
         """``oom.raise_at_step``: an OutOfMemoryError at that step, once (drills and tests)."""
@@ -683,44 +701,74 @@ class PPOTrainer:
         if every and (self.step % every == 0 or final):
             self.save_checkpoint()
 
-    def save_checkpoint(self) -> str | None:
-        """Rank 0 writes ``step-N/`` atomically (retrying per config); all ranks wait for it."""
-        path = None
+    def save_checkpoint(self) -> None:
+        """Rank 0 saves ``step-N/`` (:mod:`trainer.saver`: asynchronously when configured, so it may
+        still be in flight on return); all ranks wait until rank 0's state is captured."""
         if self.dist.is_main:
-            path = self._write_with_retries()
+            self.saver.save(self.step, self._fill_checkpoint)
         barrier(self.dist)
-        return path
 
-    def _write_with_retries(self) -> str | None:
-        retries = self.cfg.checkpoint.write_retries
-        for attempt in range(retries + 1):
-            try:
-                shards = self.cfg.checkpoint.shard_size if self.cfg.checkpoint.serialization == "shards" else None
-                written = ckpt.write_checkpoint(self.paths.checkpoint_root, self.step, self._fill_checkpoint, shards)
-            except ckpt.CheckpointError as exc:
-                self.metrics.checkpoint_failures.inc()
-                log.error("%s (attempt %d of %d)", exc, attempt + 1, retries + 1)
-                if attempt == retries:
-                    self.emit(
-                        ev.CHECKPOINT_REJECTED,
-                        {"path": ckpt.step_dir_name(self.step), "why": f"write failed: {exc}"},
-                        step=self.step,
-                    )
-                    return None
-                time.sleep(min(5.0, 0.5 * 2**attempt))
-                continue
-            self.metrics.last_checkpoint_step.set(self.step)
-            self.metrics.last_checkpoint_time.set(time.time())
-            saved = CheckpointSaved(path=written.path, root=self.paths.checkpoint_root).with_announced(
-                written.announced
-            )
-            self.emit(saved.TYPE, saved.to_data(), step=self.step)
-            self._announced_digests[written.path] = written.announced.root_digest
-            self._live_steps.add(self.step)
-            keep = self.cfg.checkpoint.keep_last
-            ckpt.prune(self.paths.checkpoint_root, keep, self._announce_pruned, eligible=self._live_steps)
-            return written.path
-        return None
+    def _build_saver(self) -> CheckpointSaver:
+        cfg = self.cfg.checkpoint
+        shards = cfg.shard_size if cfg.serialization == "shards" else None
+        root = self.paths.checkpoint_root
+
+        def write(step: int, fill: Any) -> ckpt.WrittenCheckpoint:
+            return ckpt.write_checkpoint(root, step, fill, shards)
+
+        arena = self._reserve_arena() if self.dist.is_main else None
+        return CheckpointSaver(
+            write,
+            arena=arena,
+            device=self.device,
+            retries=cfg.write_retries,
+            metrics=self.metrics,
+            on_saved=self._announce_saved,
+            on_failed=self._announce_failed,
+        )
+
+    def _reserve_arena(self) -> HostArena | None:
+        """The host copy for asynchronous saves (None: synchronous), sized and checked now, at start."""
+        mode, cuda = self.cfg.checkpoint.async_save, self.device.type == "cuda"
+        if mode == "off" or (mode == "auto" and not cuda):
+            return None
+        capacity = estimate_state_bytes(self)
+        try:
+            arena = reserve_arena(capacity, pinned=cuda, available=available_host_bytes())
+        except HostMemoryError as exc:
+            if self.cfg.checkpoint.async_fallback != "sync":
+                raise TrainingFailed(str(exc)) from None
+            log.warning("%s; saving checkpoints synchronously (checkpoint.async_fallback: sync)", exc)
+            return None
+        self.metrics.checkpoint_host_buffer_bytes.set(arena.nbytes)
+        log.info(
+            "checkpoints are saved asynchronously: %.2f GiB of %s host memory hold the copy of the state",
+            arena.nbytes / (1 << 30),
+            "pinned" if cuda else "pageable",
+        )
+        return arena
+
+    def _announce_saved(self, written: ckpt.WrittenCheckpoint, timing: SaveTiming) -> None:
+        """``checkpoint.saved`` once the bytes are durable, then retention (the writer thread's, when async)."""
+        step = ckpt.step_of_name(os.path.basename(written.path))
+        self.metrics.last_checkpoint_step.set(step or 0)
+        self.metrics.last_checkpoint_time.set(time.time())
+        saved = CheckpointSaved(
+            path=written.path, root=self.paths.checkpoint_root, extra=timing.event_fields()
+        ).with_announced(written.announced)
+        self.emit(saved.TYPE, saved.to_data(), step=step)
+        self._announced_digests[written.path] = written.announced.root_digest
+        if step is not None:
+            self._live_steps.add(step)
+        keep = self.cfg.checkpoint.keep_last
+        ckpt.prune(self.paths.checkpoint_root, keep, self._announce_pruned, eligible=self._live_steps)
+
+    def _announce_failed(self, step: int, exc: ckpt.CheckpointError, attempts: int) -> None:
+        self.emit(
+            ev.CHECKPOINT_REJECTED,
+            {"path": ckpt.step_dir_name(step), "why": f"write failed after {attempts} attempt(s): {exc}"},
+            step=step,
+        )
 
     def _announce_pruned(self, ref: ckpt.CheckpointRef) -> None:
         """``checkpoint.pruned`` before retention removes ``ref``: the journal accounts for it."""
@@ -733,10 +781,13 @@ class PPOTrainer:
         self.emit(pruned.TYPE, pruned.to_data(), step=ref.step)
         self._live_steps.discard(ref.step)
 
-    def _fill_checkpoint(self, writer: ckpt.CheckpointWriter) -> None:
+    def _fill_checkpoint(self, writer: ckpt.CheckpointSink) -> None:
         fill_checkpoint(self, writer)
 
     def close(self) -> None:
+        saver = getattr(self, "saver", None)
+        if saver is not None:
+            self._finish_saves(failing=True)  # before the journal closes: the writer announces there
         closer = getattr(self.rollout, "close", None)
         if closer is not None:
             closer()  # the vLLM engine holds memory and worker threads

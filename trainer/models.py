@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from trainer.checkpoint import CheckpointWriter
+from trainer.checkpoint import CheckpointSink
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 CRITIC_WEIGHTS = "critic.safetensors"
@@ -75,9 +75,9 @@ def load_critic(path: str, dtype: str, device: torch.device) -> Critic:
     return critic.to(device)
 
 
-def save_critic(critic: Critic, writer: CheckpointWriter, out_dir: str, source_config_dir: str) -> None:
+def save_critic(critic: Critic, writer: CheckpointSink, out_dir: str, source_config_dir: str) -> None:
     """Serialises ``critic.safetensors`` and the backbone's ``config.json`` into ``out_dir`` of the checkpoint."""
-    state = {k: v.detach().contiguous().cpu() for k, v in critic.state_dict().items()}
+    state = {k: v.detach() for k, v in critic.state_dict().items()}  # the sink copies to the host
     writer.tensors(f"{out_dir}/{CRITIC_WEIGHTS}", state)
     from transformers import AutoConfig
 
@@ -85,7 +85,7 @@ def save_critic(critic: Critic, writer: CheckpointWriter, out_dir: str, source_c
     writer.bytes(f"{out_dir}/config.json", config.to_json_string(use_diff=True).encode("utf-8"))
 
 
-def save_pretrained_files(writer: CheckpointWriter, out_dir: str, model: Any) -> None:
+def save_pretrained_files(writer: CheckpointSink, out_dir: str, model: Any) -> None:
     """What ``save_pretrained(out_dir, safe_serialization=True)`` writes (``config.json``,
     ``generation_config.json`` when the model has one, ``model.safetensors`` without the tied
     duplicates), serialised in memory so each byte is hashed as it is written.
@@ -104,7 +104,7 @@ def save_pretrained_files(writer: CheckpointWriter, out_dir: str, model: Any) ->
         if key in seen:
             continue
         seen.add(key)
-        tensors[name] = tensor.detach().contiguous().cpu()
+        tensors[name] = tensor.detach()  # the sink copies it to the host (the writer, or the staging arena)
     writer.bytes(f"{out_dir}/config.json", model.config.to_json_string(use_diff=True).encode("utf-8"))
     generation = getattr(model, "generation_config", None)
     if generation is not None and model.can_generate():

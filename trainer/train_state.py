@@ -127,7 +127,7 @@ def describe_changes(saved: Any, current: dict[str, Any], keys: list[str]) -> st
 
 
 # -- save -------------------------------------------------------------------------------------
-def fill_checkpoint(trainer: Any, writer: ckpt.CheckpointWriter) -> None:
+def fill_checkpoint(trainer: Any, writer: ckpt.CheckpointSink) -> None:
     """Serialises ``trainer``'s state into the checkpoint being written (every byte hashed in memory)."""
     save_pretrained_files(writer, "actor", unwrap(trainer.actor))
     ckpt.save_state(writer, "optim_actor", trainer.actor_opt.state_dict())
@@ -149,6 +149,23 @@ def fill_checkpoint(trainer: Any, writer: ckpt.CheckpointWriter) -> None:
         state["scheduler_critic"] = trainer.critic_sched.state_dict()
     ckpt.save_state(writer, "rng", capture_rng())
     writer.json(ckpt.STATE, state)
+
+
+ADAM_MOMENTS = 2
+"""Tensors of optimizer state per trainable parameter (AdamW's two moments, in the parameter's dtype)."""
+STATE_SLACK_BYTES = 16 << 20
+"""RNG state, step counters and anything else small a checkpoint holds besides weights and moments."""
+
+
+def estimate_state_bytes(trainer: Any) -> int:
+    """Bytes of tensors :func:`fill_checkpoint` will save, known before the optimizer has state:
+    every model's parameters and buffers, plus AdamW's moments of each trainable parameter."""
+    from trainer.staging import state_bytes
+
+    models = [unwrap(m) for m in (trainer.actor, trainer.critic) if m is not None]
+    weights = state_bytes(t for m in models for t in m.state_dict().values())
+    moments = state_bytes(p for m in models for p in m.parameters() if p.requires_grad)
+    return weights + ADAM_MOMENTS * moments + STATE_SLACK_BYTES
 
 
 # -- load -------------------------------------------------------------------------------------

@@ -61,3 +61,12 @@ def contains_pickle(path: str) -> bool:
     with open(path, "rb") as fh:
         head = fh.read(4)
     return (len(head) >= 2 and head[0] == 0x80 and head[1] <= 5) or head.startswith(b"PK\x03\x04")
+
+
+def read_tree(directory: str) -> dict[str, bytes]:
+    """``{relative name: bytes}`` of every file below ``directory`` (to compare two checkpoints)."""
+    out = {}
+    for rel in tree_files(directory):
+        with open(os.path.join(directory, rel), "rb") as fh:
+            out[rel] = fh.read()
+    return out

@@ -1,0 +1,171 @@
+"""A copy of the training state in host memory, for a save that training does not wait for.
+
+An asynchronous save (:mod:`trainer.saver`) lets the next step start while the checkpoint is
+written, so what it writes must be a copy that training never touches. :class:`HostArena` holds
+that copy: host buffers (pinned on CUDA, so the device-to-host copy runs at the bus's speed)
+allocated once, at start, and reused by every save: a capture hands out slices in call order and
+the next capture starts again at the first slice, so the same state lands in the same memory.
+
+:class:`StagedImage` records what :func:`trainer.train_state.fill_checkpoint` writes, with the
+same three calls as :class:`trainer.checkpoint.CheckpointWriter` (``bytes``, ``json``,
+``tensors``): JSON is serialised at once, tensors are copied into the arena. ``replay(writer)``
+later writes exactly those bytes into a real checkpoint writer, which hashes them as it writes, so
+the announced digest is still the digest of the serialised bytes (threat model I2).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from trainer.checkpoint import CheckpointError, CheckpointSink, CheckpointWriter, json_bytes
+
+log = logging.getLogger("warden.trainer")
+
+ALIGN = 64
+"""Each slice starts at a multiple of this many bytes (every dtype's alignment, and a cache line)."""
+GROW_BYTES = 256 << 20
+"""Smallest extra buffer allocated when a capture outgrows the arena (logged: the estimate was short)."""
+GIB = 1 << 30
+
+
+class HostMemoryError(CheckpointError):
+    """Host memory for asynchronous saves cannot be had; the message says how much and what to do."""
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // ALIGN) * ALIGN
+
+
+class HostArena:
+    """Reused host buffers of at least ``capacity`` bytes (pinned when ``pinned``).
+
+    Raises :class:`HostMemoryError` when the memory cannot be allocated. :meth:`reset` starts a
+    capture; :meth:`stage` copies a tensor into the next slice and returns the copy.
+    """
+
+    def __init__(self, capacity: int, pinned: bool) -> None:
+        self.pinned = pinned
+        self.chunks: list[torch.Tensor] = []
+        self._chunk = self._offset = 0
+        self._grow(max(capacity, ALIGN))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(c.numel()) for c in self.chunks)
+
+    def _grow(self, nbytes: int) -> None:
+        kind = "pinned host" if self.pinned else "host"
+        try:
+            self.chunks.append(torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned))
+        except RuntimeError as exc:
+            raise HostMemoryError(
+                f"cannot allocate {nbytes / GIB:.2f} GiB of {kind} memory for asynchronous checkpoints "
+                f"({str(exc).splitlines()[0][:200]}); set checkpoint.async_save: off, or "
+                "checkpoint.async_fallback: sync to save synchronously instead"
+            ) from None
+
+    def reset(self) -> None:
+        self._chunk = self._offset = 0
+
+    def _take(self, nbytes: int) -> torch.Tensor:
+        while True:
+            if self._chunk < len(self.chunks):
+                chunk = self.chunks[self._chunk]
+                start = _aligned(self._offset)
+                if start + nbytes <= chunk.numel():
+                    self._offset = start + nbytes
+                    return chunk[start : start + nbytes]
+                self._chunk, self._offset = self._chunk + 1, 0
+                continue
+            log.warning(
+                "asynchronous checkpoints: the state outgrew the %.2f GiB host buffer; adding %.2f GiB",
+                self.nbytes / GIB,
+                max(nbytes, GROW_BYTES) / GIB,
+            )
+            self._grow(max(nbytes, GROW_BYTES))
+
+    def stage(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A contiguous host copy of ``tensor`` in the arena (on CUDA the copy is queued on the
+        current stream: call :func:`copies_done` before anything reads it)."""
+        source = tensor.detach()
+        nbytes = source.numel() * source.element_size()
+        if nbytes == 0:
+            return torch.empty(source.shape, dtype=source.dtype)
+        out = self._take(nbytes).view(source.dtype).view(source.shape)
+        out.copy_(source, non_blocking=self.pinned and source.device.type == "cuda")
+        return out
+
+
+def copies_done(device: torch.device) -> None:
+    """Waits until every queued device-to-host copy on ``device``'s current stream has landed."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+
+
+@dataclass
+class StagedImage:
+    """The files of one checkpoint as recorded from a fill function, in the order written."""
+
+    arena: HostArena
+    files: list[tuple[str, Any, dict[str, str] | None]] = field(default_factory=list)
+
+    def bytes(self, relative: str, payload: bytes) -> None:
+        self.files.append((relative, bytes(payload), None))
+
+    def json(self, relative: str, obj: Any) -> None:
+        self.files.append((relative, json_bytes(obj), None))
+
+    def tensors(self, relative: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+        staged = {name: self.arena.stage(tensor) for name, tensor in tensors.items()}
+        self.files.append((relative, staged, dict(metadata) if metadata else None))
+
+    def replay(self, writer: CheckpointWriter) -> None:
+        """Writes the recorded files into ``writer`` (which hashes the bytes as it writes them)."""
+        for relative, payload, metadata in self.files:
+            if isinstance(payload, bytes):
+                writer.bytes(relative, payload)
+            else:
+                writer.tensors(relative, payload, metadata)
+
+
+def capture(fill: Callable[[CheckpointSink], None], arena: HostArena, device: torch.device) -> StagedImage:
+    """Runs ``fill`` into a new image in ``arena`` and waits for its copies: training may go on after."""
+    arena.reset()
+    image = StagedImage(arena)
+    fill(image)
+    copies_done(device)
+    return image
+
+
+def state_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of ``tensors`` (element size times count)."""
+    return sum(int(t.numel()) * t.element_size() for t in tensors)
+
+
+def available_host_bytes(meminfo: str = "/proc/meminfo") -> int | None:
+    """``MemAvailable`` of the host in bytes, None where the kernel does not say."""
+    try:
+        with open(meminfo, encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def reserve_arena(capacity: int, pinned: bool, available: int | None) -> HostArena:
+    """The arena for asynchronous saves, after checking ``capacity`` against the host's available
+    memory (leaving a quarter of it to everything else); HostMemoryError names both figures."""
+    if available is not None and capacity > available * 3 // 4:
+        raise HostMemoryError(
+            f"asynchronous checkpoints need {capacity / GIB:.2f} GiB of host memory for a copy of the state, "
+            f"and only {available / GIB:.2f} GiB is available (MemAvailable, of which Warden takes at most "
+            "three quarters); set checkpoint.async_save: off, or checkpoint.async_fallback: sync"
+        )
+    return HostArena(capacity, pinned)
