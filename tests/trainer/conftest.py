@@ -1,7 +1,12 @@
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+
 import pytest
 import yaml
+from faults import mounted, need
 from support import TEST_CONFIG, merge
 
 # The trainer (torch, transformers) is the `train` extra; without it these tests skip, never error.
@@ -34,3 +39,44 @@ def make_config(tiny_cache, tmp_path):
         return load_config(str(path)), str(path)
 
     return build
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """small_fs(size) -> the path of a fresh tmpfs of ``size`` bytes (the kernel rounds up to pages), for a
+    real ENOSPC. Each is unmounted at teardown (lazily if busy) and the teardown fails if one stays mounted.
+    Needs mount(8) permission (root): skipped without it locally, failed under CI=true."""
+    points: list[str] = []
+
+    def make(size: int) -> str:
+        point = os.path.realpath(tmp_path / f"small-fs-{len(points)}")  # mountinfo lists the real path
+        os.mkdir(point)
+        refused = _mount_tmpfs(point, size)
+        need(refused is None, f"mount -t tmpfs not permitted here: {refused}")
+        points.append(point)
+        return point
+
+    yield make
+    left = [point for point in reversed(points) if not _unmount(point)]
+    assert left == [], f"small_fs: still mounted after umount and umount -l: {left}"
+
+
+def _mount_tmpfs(point: str, size: int) -> str | None:
+    """Mounts a ``size``-byte tmpfs on ``point``; None when done, else why not."""
+    mount = shutil.which("mount")
+    if mount is None:
+        return "no mount(8)"
+    options = f"size={int(size)},mode=0755,nosuid,nodev"
+    result = subprocess.run(
+        [mount, "-t", "tmpfs", "-o", options, "tmpfs", point], capture_output=True, text=True, timeout=30
+    )
+    return None if result.returncode == 0 and mounted(point) else (result.stderr.strip() or "not in the mount table")
+
+
+def _unmount(point: str) -> bool:
+    """Unmounts ``point``; a busy mount (a test kept a file open) is detached lazily. True once it is gone."""
+    for args in (["umount", point], ["umount", "-l", point]):
+        if not mounted(point):
+            return True
+        subprocess.run(args, capture_output=True, timeout=30)
+    return not mounted(point)
