@@ -162,6 +162,7 @@ def test_digits_in_names_from_storage_are_ascii_only_and_patterns_end_at_the_end
 STORAGE_FACING = (
     "trainer/checkpoint.py",
     "trainer/verified_load.py",
+    "trainer/space.py",
     "warden/archive/store.py",
     "warden/signing/dsse.py",
     "warden/signing/hashing.py",
