@@ -992,7 +992,34 @@ def checkpoint_row() -> Row:
         description="The gap between the lines is the work a crash would lose.",
         interpolation="stepAfter",
     )
-    return Row("Checkpoints and signatures", [*stats, timeline, progress])
+    return Row("Checkpoints and signatures", [*stats, timeline, progress, *checkpoint_space()])
+
+
+def checkpoint_space() -> list[Spec]:
+    """Whether the next checkpoint fits (trainer/space.py), and the saves that did not happen."""
+    skipped = f"sum by (reason) (increase({tm('warden_trainer_checkpoint_skipped_total')}[{RATE}]))"
+    return [
+        timeseries(
+            "Checkpoint space",
+            [
+                (tm("warden_trainer_checkpoint_space_free_bytes"), "free {{instance}}"),
+                (tm("warden_trainer_checkpoint_space_needed_bytes"), "next needs {{instance}}"),
+            ],
+            "bytes",
+            description="Free bytes of the checkpoint root's filesystem and what the next checkpoint needs, measured "
+            "before and after each save; WardenCheckpointSpaceInsufficient pages while free is below needed.",
+            interpolation="stepAfter",
+            minimum=0,
+        ),
+        timeseries(
+            "Skipped saves",
+            [(skipped, "{{reason}}")],
+            "short",
+            description="Saves not made, by reason (no_space: would not fit even after pruning; write_failed: every "
+            "retry failed); WardenCheckpointSkipped pages on any.",
+            minimum=0,
+        ),
+    ]
 
 
 def vllm_row() -> Row:
