@@ -149,6 +149,47 @@ class SigWatcher:
         self._thread.join()
 
 
+class NullSink:
+    """Takes what a fill writes and keeps nothing: the fill's own cost, without any copy."""
+
+    def bytes(self, relative: str, payload: bytes) -> None:
+        pass
+
+    def json(self, relative: str, obj: Any) -> None:
+        from trainer.checkpoint import json_bytes
+
+        json_bytes(obj)
+
+    def tensors(self, relative: str, tensors: dict, metadata: dict | None = None) -> None:
+        pass
+
+
+def capture_breakdown(trainer: Any, device: str) -> dict[str, Any]:
+    """The stall taken apart, on the trainer's own state: the fill alone, the capture as the saver
+    does it (gathered transfers), and with one transfer per tensor."""
+    from trainer.staging import HostArena, capture
+
+    arena = trainer.saver.arena
+    if arena is None:
+        return {}
+    dev = torch.device(device)
+    out: dict[str, Any] = {"pinned": bool(arena.chunks[0].is_pinned()), "bucket_bytes": arena.bucket_bytes}
+    t0 = time.perf_counter()
+    trainer._fill_checkpoint(NullSink())
+    out["fill_only_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    capture(trainer._fill_checkpoint, arena, dev)
+    out["capture_gathered_s"] = time.perf_counter() - t0
+    direct = HostArena(arena.nbytes, pinned=arena.pinned, bucket_bytes=0)
+    capture(trainer._fill_checkpoint, direct, dev)  # first use of that memory: not timed
+    t0 = time.perf_counter()
+    capture(trainer._fill_checkpoint, direct, dev)
+    out["capture_per_tensor_s"] = time.perf_counter() - t0
+    del direct
+    log("capture breakdown: " + ", ".join(f"{k} {v}" for k, v in out.items()))
+    return out
+
+
 def journal_events(run_dir: str, etype: str) -> list[Any]:
     from warden import journal as ev
 
@@ -286,6 +327,7 @@ def async_run(raw: dict, run_dir: Path, args: argparse.Namespace, scratch: Path,
         t0 = time.perf_counter()
         trainer.saver.wait()
         final_wait = time.perf_counter() - t0
+        capture_parts = capture_breakdown(trainer, args.device)
         release(trainer)
         saved = journal_events(str(run_dir), "checkpoint.saved")
         sig = {}
@@ -302,6 +344,7 @@ def async_run(raw: dict, run_dir: Path, args: argparse.Namespace, scratch: Path,
         "arena_bytes": arena,
         "rows": rows,
         "final_wait_s": final_wait,
+        "capture": capture_parts,
         "saves": [
             {"step": e.step, **{k: e.data.get(k) for k in ("stall_seconds", "waited_seconds", "write_seconds")}}
             for e in saved
@@ -387,6 +430,11 @@ def report(res: dict[str, Any]) -> list[str]:
         "",
         f"waits for a previous save (reported apart): {sum(1 for w in waited if w > 0)} of {len(waited)} saves,"
         f" {sum(waited):.2f} s in all; the final save's wait {a['final_wait_s']:.2f} s",
+        "the capture taken apart (re-run after the training, same state): "
+        + ", ".join(
+            f"{key} {value:.3f}" if isinstance(value, float) else f"{key} {value}"
+            for key, value in a["capture"].items()
+        ),
         f"resume {r['resume_s']:.2f} s, fresh start {r['fresh_s']:.2f} s; cold read {k['cold_read_s']:.3f} s"
         f" ({size / k['cold_read_s'] / GB:.2f} GB/s), hash {k['hash_s']:.3f} s ({size / k['hash_s'] / GB:.2f} GB/s)",
     ]

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from trainer import checkpoint as ckpt
-from trainer import elastic
+from trainer import elastic, space
 from trainer.algorithm import Experience, Precision, Trainables, make_experience, ppo_update
 from trainer.config import TrainerConfig
 from trainer.data import PromptRow, PromptSampler, batch_digest, encode_prompts, left_pad, load_prompts
@@ -57,9 +57,17 @@ from trainer.staging import HostArena, HostMemoryError, available_host_bytes, re
 from trainer.tokenizer import load_tokenizer
 from trainer.train_state import capture_rng, estimate_state_bytes, fill_checkpoint, restore_rng, seed_everything
 from warden import journal as ev
-from warden.errors import ConfigError, IncompleteError, quote_untrusted
+from warden.errors import ConfigError, IncompleteError, ViolationError, quote_untrusted
 from warden.ledger import read_ledger
-from warden.payloads import CheckpointPruned, CheckpointSaved, RewardSnapshot, RunResumed, RunStarted
+from warden.payloads import (
+    CheckpointPruned,
+    CheckpointRejection,
+    CheckpointSaved,
+    CheckpointSkipped,
+    RewardSnapshot,
+    RunResumed,
+    RunStarted,
+)
 from warden.runid import new_genesis_nonce
 
 __all__ = ["PPOTrainer", "StepResult", "TrainingFailed", "capture_rng", "restore_rng"]
@@ -69,6 +77,16 @@ log = logging.getLogger("warden.trainer")
 
 class TrainingFailed(IncompleteError):
     """Training stopped on an error that the config says is fatal (an OOM with oom.action=fail)."""
+
+
+class NoSpaceForCheckpoint(ViolationError):
+    """``checkpoint.on_no_space: fail`` and the next checkpoint would not fit (exit 1, the run stops)."""
+
+
+STAGING_SLACK_BYTES = 16 << 20
+"""Host buffer beyond the state's estimate: RNG state, step counters, anything small besides weights and moments."""
+SPACE_MARGIN_BYTES = 64 << 20
+"""Free bytes a save must leave beyond the checkpoint itself (the journal, logs, the filesystem's own)."""
 
 
 @dataclass
@@ -228,6 +246,7 @@ class PPOTrainer:
         self.resumed: ResumeResult | None = None
         self.genesis_nonce: str | None = None  # set by a resume from the checkpoint, else in _announce
         self.checkpoint_world_size: int | None = None  # set by a resume: the world size that wrote it
+        self._state_bytes = estimate_state_bytes(self)
         self.saver = self._build_saver()
         self._announce(resume)
         self._server = self._serve_metrics() if serve_metrics and self.dist.is_main else None
@@ -705,8 +724,78 @@ class PPOTrainer:
         """Rank 0 saves ``step-N/`` (:mod:`trainer.saver`: asynchronously when configured, so it may
         still be in flight on return); all ranks wait until rank 0's state is captured."""
         if self.dist.is_main:
-            self.saver.save(self.step, self._fill_checkpoint)
+            self.saver.settle()  # the previous save is complete: its size and retention are known
+            if self._room_for_save():
+                self.saver.save(self.step, self._fill_checkpoint)
         barrier(self.dist)
+
+    def _space_inputs(self) -> tuple[int, list[tuple[int, int]], int] | None:
+        """(free bytes, live checkpoints as (step, bytes), bytes the next one needs); None when the
+        root's free space cannot be read (the write then tries, and fails per write_retries)."""
+        root = self.paths.checkpoint_root
+        try:
+            free = space.free_bytes(root)
+        except space.SpaceError as exc:
+            log.warning("checkpoint space not measured: %s", exc)
+            return None
+        sizes = []
+        for step in sorted(self._live_steps):
+            try:
+                sizes.append((step, space.tree_bytes(os.path.join(root, ckpt.step_dir_name(step)))))
+            except space.SpaceError:
+                continue  # gone: the resume's and the signer's reconciliation report it
+        needed = space.estimate_needed(sizes[-1][1] if sizes else None, self._state_bytes) + SPACE_MARGIN_BYTES
+        return free, sizes, needed
+
+    def _publish_space(self, free: int, sizes: list[tuple[int, int]], needed: int) -> None:
+        """The gauges the WardenCheckpointSpaceInsufficient alert compares, for the next save."""
+        self.metrics.checkpoint_space_free.set(free)
+        self.metrics.checkpoint_space_needed.set(needed)
+        reclaimable = sum(b for _s, b in sizes[:-1]) if self.cfg.checkpoint.on_no_space == "prune_first" else 0
+        self.metrics.checkpoint_space_reclaimable.set(reclaimable)
+
+    def _room_for_save(self) -> bool:
+        """Plans the save against the root's free space (:func:`trainer.space.plan_save`) and acts:
+        True to write (after pruning the oldest when planned), False when skipped; a ``fail``
+        plan stops the run (exit 1)."""
+        inputs = self._space_inputs()
+        if inputs is None:
+            return True
+        free, sizes, needed = inputs
+        self._publish_space(free, sizes, needed)
+        plan = space.plan_save(
+            root=self.paths.checkpoint_root,
+            free=free,
+            needed=needed - SPACE_MARGIN_BYTES,
+            checkpoints=sizes,
+            keep_last=self.cfg.checkpoint.keep_last,
+            mode=self.cfg.checkpoint.on_no_space,
+            margin=SPACE_MARGIN_BYTES,
+        )
+        if plan.action == "write":
+            return True
+        path = os.path.join(self.paths.checkpoint_root, ckpt.step_dir_name(self.step))
+        if plan.action == "fail":
+            raise NoSpaceForCheckpoint(f"{path}: not saved: {plan.reason}")
+        if plan.action == "prune_then_write":
+            log.warning("%s: %s", path, plan.reason)
+            self._prune_steps(plan.prune_steps, f"on_no_space: prune_first before step {self.step}")
+            return True
+        log.error("%s: checkpoint skipped: %s", path, plan.reason)
+        skipped = CheckpointSkipped(path=path, reason=plan.reason, needed_bytes=needed, free_bytes=free)
+        self.emit(skipped.TYPE, skipped.to_data(), step=self.step)
+        self.metrics.checkpoint_skipped.labels("no_space").inc()
+        return False
+
+    def _prune_steps(self, steps: tuple[int, ...], reason: str) -> None:
+        """Removes exactly the announced checkpoints ``steps`` (oldest first), each announced first."""
+        doomed = set(steps)
+
+        def announce(ref: ckpt.CheckpointRef) -> None:
+            self._announce_pruned(ref, reason)
+
+        keep = len(self._live_steps - doomed)
+        ckpt.prune(self.paths.checkpoint_root, keep, announce, eligible=set(self._live_steps))
 
     def _build_saver(self) -> CheckpointSaver:
         cfg = self.cfg.checkpoint
@@ -732,7 +821,7 @@ class PPOTrainer:
         mode, cuda = self.cfg.checkpoint.async_save, self.device.type == "cuda"
         if mode == "off" or (mode == "auto" and not cuda):
             return None
-        capacity = estimate_state_bytes(self)
+        capacity = self._state_bytes + STAGING_SLACK_BYTES
         try:
             arena = reserve_arena(capacity, pinned=cuda, available=available_host_bytes())
         except HostMemoryError as exc:
@@ -761,21 +850,37 @@ class PPOTrainer:
         if step is not None:
             self._live_steps.add(step)
         keep = self.cfg.checkpoint.keep_last
-        ckpt.prune(self.paths.checkpoint_root, keep, self._announce_pruned, eligible=self._live_steps)
+        retention = f"retention: keep_last {keep}"
+        root = self.paths.checkpoint_root
+        ckpt.prune(root, keep, lambda ref: self._announce_pruned(ref, retention), eligible=self._live_steps)
+        inputs = self._space_inputs()
+        if inputs is not None:
+            self._publish_space(*inputs)  # for the next save: the alert pages before it, not during it
 
     def _announce_failed(self, step: int, exc: ckpt.CheckpointError, attempts: int) -> None:
-        self.emit(
-            ev.CHECKPOINT_REJECTED,
-            {"path": ckpt.step_dir_name(step), "why": f"write failed after {attempts} attempt(s): {exc}"},
-            step=step,
+        """``checkpoint.rejected`` for a save that failed every attempt: the path, the errno, the
+        bytes needed and free; the previous checkpoints stay as they were, announced."""
+        path = os.path.join(self.paths.checkpoint_root, ckpt.step_dir_name(step))
+        inputs = self._space_inputs()
+        free, needed = (inputs[0], inputs[2]) if inputs else (None, 0)
+        why, errno_name = space.describe_write_failure(exc, path=path, needed=needed, free=free)
+        log.error("%s: checkpoint not saved after %d attempt(s): %s", path, attempts, why)
+        rejection = CheckpointRejection(
+            path=path,
+            why=f"write failed after {attempts} attempt(s): {why}",
+            needed_bytes=needed or None,
+            free_bytes=free,
+            errno=errno_name,
         )
+        self.emit(rejection.TYPE, rejection.to_data(), step=step)
+        self.metrics.checkpoint_skipped.labels("write_failed").inc()
 
-    def _announce_pruned(self, ref: ckpt.CheckpointRef) -> None:
+    def _announce_pruned(self, ref: ckpt.CheckpointRef, reason: str) -> None:
         """``checkpoint.pruned`` before retention removes ``ref``: the journal accounts for it."""
         pruned = CheckpointPruned(
             path=ref.path,
             step=ref.step,
-            reason=f"retention: keep_last {self.cfg.checkpoint.keep_last}",
+            reason=reason,
             root_digest=self._announced_digests.pop(ref.path, None),
         )
         self.emit(pruned.TYPE, pruned.to_data(), step=ref.step)

@@ -85,6 +85,12 @@ class TrainerMetrics:
             "Bytes the next checkpoint is expected to take (the last one's size, else the state's byte count).",
             registry=reg,
         )
+        self.checkpoint_space_reclaimable = Gauge(
+            p + "checkpoint_space_reclaimable_bytes",
+            "Bytes of announced checkpoints the next save may remove first (checkpoint.on_no_space: "
+            "prune_first; all but the newest), 0 in the other modes.",
+            registry=reg,
+        )
         self.checkpoint_skipped = Counter(
             p + "checkpoint_skipped",
             "Saves not made, by reason (no_space: would not fit even after pruning; write_failed: every retry failed).",

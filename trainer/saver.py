@@ -82,6 +82,7 @@ class CheckpointSaver:
         self.clock, self.sleep = clock, sleep
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._waited = 0.0
 
     @property
     def asynchronous(self) -> bool:
@@ -89,11 +90,8 @@ class CheckpointSaver:
 
     def save(self, step: int, fill: Fill) -> None:
         """Saves the state ``fill`` writes as checkpoint ``step`` (see the module doc)."""
-        was_in_flight = self.in_flight
-        waited = self.wait()
-        if was_in_flight:
-            self.metrics.checkpoint_waits.inc()
-            self.metrics.checkpoint_wait_seconds.inc(waited)
+        self.settle()
+        waited, self._waited = self._waited, 0.0
         started = self.clock()
         if self.arena is None:
             self._attempts(step, fill, SaveTiming("sync", waited, 0.0, 0.0, 0), started)
@@ -112,6 +110,17 @@ class CheckpointSaver:
     def in_flight(self) -> bool:
         """Whether a save is being written now."""
         return self._thread is not None and self._thread.is_alive()
+
+    def settle(self) -> None:
+        """Waits for the previous save before the next one (the trainer calls it before it plans the
+        space for the save); a wait is counted, exported, and reported with the next save."""
+        if not self.in_flight:
+            self.wait()
+            return
+        waited = self.wait()
+        self.metrics.checkpoint_waits.inc()
+        self.metrics.checkpoint_wait_seconds.inc(waited)
+        self._waited += waited
 
     def wait(self) -> float:
         """Blocks until no save is in flight; the seconds waited (0 when none was)."""

@@ -25,9 +25,9 @@ from warden import safeio
 from warden.errors import IncompleteError, quote_untrusted
 
 GIB = 1 << 30
-NEEDED_SLACK_BYTES = 16 << 20
-"""Added to a checkpoint's expected size for what is not tensors: JSON skeletons, trainer state, the
-config, the manifest (kilobytes to a few megabytes in practice)."""
+NEEDED_SLACK_BYTES = 1 << 20
+"""Added to the state's tensor bytes for what is not tensors: JSON skeletons, trainer state, the
+config, the manifest (kilobytes to a megabyte in practice). A measured checkpoint holds them already."""
 MODES = ("prune_first", "skip", "fail")
 """The choices of ``checkpoint.on_no_space`` (trainer/config.py)."""
 CHAIN_LIMIT = 64
@@ -166,11 +166,11 @@ def state_bytes(tensors: Iterable[Any]) -> int:
 def estimate_needed(last_bytes: int | None, state_bytes: int) -> int:
     """Bytes the next checkpoint is expected to take: ``last_bytes`` (the newest checkpoint's
     :func:`tree_bytes`) when known, else ``state_bytes`` (the state's tensor bytes, with the optimizer
-    moments it will have by then), plus :data:`NEEDED_SLACK_BYTES` for the non-tensor files."""
+    moments it will have by then) plus :data:`NEEDED_SLACK_BYTES` for the non-tensor files."""
     base = state_bytes if last_bytes is None else last_bytes
     if base < 0:
         raise ValueError(f"a negative checkpoint size: {base}")
-    return base + NEEDED_SLACK_BYTES
+    return base + NEEDED_SLACK_BYTES if last_bytes is None else base
 
 
 # -- planning (pure) ---------------------------------------------------------------------------------

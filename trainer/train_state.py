@@ -153,8 +153,6 @@ def fill_checkpoint(trainer: Any, writer: ckpt.CheckpointSink) -> None:
 
 ADAM_MOMENTS = 2
 """Tensors of optimizer state per trainable parameter (AdamW's two moments, in the parameter's dtype)."""
-STATE_SLACK_BYTES = 16 << 20
-"""RNG state, step counters and anything else small a checkpoint holds besides weights and moments."""
 
 
 def estimate_state_bytes(trainer: Any) -> int:
@@ -165,7 +163,7 @@ def estimate_state_bytes(trainer: Any) -> int:
     models = [unwrap(m) for m in (trainer.actor, trainer.critic) if m is not None]
     weights = state_bytes(t for m in models for t in m.state_dict().values())
     moments = state_bytes(p for m in models for p in m.parameters() if p.requires_grad)
-    return weights + ADAM_MOMENTS * moments + STATE_SLACK_BYTES
+    return weights + ADAM_MOMENTS * moments
 
 
 # -- load -------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ REWARD_SNAPSHOT = "reward.snapshot"
 CHECKPOINT_SAVED = "checkpoint.saved"
 CHECKPOINT_REJECTED = "checkpoint.rejected"
 CHECKPOINT_PRUNED = "checkpoint.pruned"
+CHECKPOINT_SKIPPED = "checkpoint.skipped"
 MODEL_LOADING = "model.loading"
 OOM = "oom"
 RUN_FINISHED = "run.finished"
@@ -56,6 +57,7 @@ EVENT_TYPES: frozenset[str] = frozenset(
         CHECKPOINT_SAVED,
         CHECKPOINT_REJECTED,
         CHECKPOINT_PRUNED,
+        CHECKPOINT_SKIPPED,
         MODEL_LOADING,
         OOM,
         RUN_FINISHED,
@@ -72,6 +74,7 @@ FSYNC_TYPES: frozenset[str] = frozenset(
         CHECKPOINT_SAVED,
         CHECKPOINT_REJECTED,
         CHECKPOINT_PRUNED,
+        CHECKPOINT_SKIPPED,
         REWARD_SNAPSHOT,
     }
 )

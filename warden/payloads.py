@@ -20,7 +20,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from warden.journal import CHECKPOINT_PRUNED, CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_RESUMED, RUN_STARTED
+from warden.journal import (
+    CHECKPOINT_PRUNED,
+    CHECKPOINT_REJECTED,
+    CHECKPOINT_SAVED,
+    CHECKPOINT_SKIPPED,
+    REWARD_SNAPSHOT,
+    RUN_RESUMED,
+    RUN_STARTED,
+)
 from warden.runid import valid_genesis_nonce
 from warden.signing.manifest import Announced
 
@@ -227,6 +235,57 @@ class CheckpointPruned(_Payload):
         if digest is not None and not is_hex_digest(digest):
             raise _field_error("root_digest", "a lowercase sha256 hex digest", digest)
         return cls(path, step, reason, digest, _opt_str(data, "source"), cls._extra(data))
+
+
+def _required_str(data: Mapping[str, Any], name: str) -> str:
+    value = data.get(name)
+    if not isinstance(value, str) or not value:
+        raise _field_error(name, "a non-empty string", value)
+    return value
+
+
+@dataclass(frozen=True)
+class CheckpointRejection(_Payload):
+    """``checkpoint.rejected``: a checkpoint a resume refused, or a save that failed after its
+    retries (then with the bytes it needed, the free bytes and the errno behind the failure)."""
+
+    TYPE: ClassVar[str] = CHECKPOINT_REJECTED
+    path: str
+    why: str
+    needed_bytes: int | None = None
+    free_bytes: int | None = None
+    errno: str | None = None
+    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> CheckpointRejection:
+        return cls(
+            _required_str(data, "path"),
+            _required_str(data, "why"),
+            _opt_int(data, "needed_bytes"),
+            _opt_int(data, "free_bytes"),
+            _opt_str(data, "errno"),
+            cls._extra(data),
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointSkipped(_Payload):
+    """``checkpoint.skipped``: a save not made because it would not fit (``checkpoint.on_no_space``)."""
+
+    TYPE: ClassVar[str] = CHECKPOINT_SKIPPED
+    path: str
+    reason: str
+    needed_bytes: int
+    free_bytes: int
+    extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> CheckpointSkipped:
+        needed, free = _opt_int(data, "needed_bytes"), _opt_int(data, "free_bytes")
+        if needed is None or free is None:
+            raise _field_error("needed_bytes" if needed is None else "free_bytes", "an integer >= 0", None)
+        return cls(_required_str(data, "path"), _required_str(data, "reason"), needed, free, cls._extra(data))
 
 
 @dataclass(frozen=True)

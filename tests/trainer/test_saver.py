@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import pathlib
 import random
 import signal
 import threading
@@ -154,6 +155,29 @@ def test_the_arena_is_reused_and_grows_when_the_state_outgrows_it(caplog):
     assert "outgrew" in caplog.text
 
 
+def test_gathered_copies_equal_direct_ones_across_buckets_and_chunks():
+    gen = torch.Generator().manual_seed(5)
+    tensors = {
+        f"t{i}": torch.randn(int(n), generator=gen).to(dtype)
+        for i, (n, dtype) in enumerate(
+            (n, (torch.float32, torch.bfloat16, torch.int64)[i % 3])
+            for i, n in enumerate(torch.randint(0, 900, (60,), generator=gen))
+        )
+    }
+    tensors["big"] = torch.randn(5000, generator=gen)  # above the bucket: copied directly
+    direct = capture(_fill_of(tensors, 1), HostArena(1 << 16, pinned=False), CPU)
+    gathered_arena = HostArena(1 << 14, pinned=False, bucket_bytes=4096)  # small: fills chunks and buckets
+    for _ in range(2):  # a second capture reuses the same bucket and slices
+        gathered = capture(_fill_of(tensors, 1), gathered_arena, CPU)
+        assert len(gathered_arena.chunks) > 1
+        for (name, want, _m), (other, got, _n) in zip(direct.files, gathered.files, strict=True):
+            assert name == other
+            if isinstance(want, dict):
+                assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want), name
+            else:
+                assert want == got, name
+
+
 def test_host_memory_is_checked_before_it_is_taken():
     with pytest.raises(HostMemoryError, match=r"need 3\.00 GiB .* only 2\.00 GiB is available"):
         reserve_arena(3 << 30, pinned=False, available=2 << 30)
@@ -213,7 +237,7 @@ def test_kill_9_during_an_async_save_leaves_the_previous_checkpoint_newest(tmp_p
         complete = ckpt.list_complete(root)
         for ref in complete:
             assert checkpoint_files.verify_manifest(ref.path) == [], ref.path
-            state = json.loads(open(os.path.join(ref.path, ckpt.STATE), "rb").read())
+            state = json.loads(pathlib.Path(ref.path, ckpt.STATE).read_bytes())
             assert state == {"step": ref.step}
         ckpt.remove_stale_temporaries(root)
         newest = complete[0].step if complete else newest
