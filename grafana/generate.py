@@ -1004,10 +1004,26 @@ def checkpoint_space() -> list[Spec]:
             [
                 (tm("warden_trainer_checkpoint_space_free_bytes"), "free {{instance}}"),
                 (tm("warden_trainer_checkpoint_space_needed_bytes"), "next needs {{instance}}"),
+                (tm("warden_trainer_checkpoint_space_reclaimable_bytes"), "prune_first may free {{instance}}"),
             ],
             "bytes",
             description="Free bytes of the checkpoint root's filesystem and what the next checkpoint needs, measured "
-            "before and after each save; WardenCheckpointSpaceInsufficient pages while free is below needed.",
+            "before and after each save; WardenCheckpointSpaceInsufficient pages while free plus what prune_first "
+            "may free is below needed.",
+            interpolation="stepAfter",
+            minimum=0,
+        ),
+        timeseries(
+            "Save timing",
+            [
+                (tm("warden_trainer_checkpoint_stall_seconds"), "training held {{instance}}"),
+                (tm("warden_trainer_checkpoint_write_seconds"), "until durable {{instance}}"),
+                (f"increase({tm('warden_trainer_checkpoint_wait_seconds_total')}[{RATE}])", "waited {{instance}}"),
+            ],
+            "s",
+            description="The last save: how long training was held (the copy into host buffers when "
+            "checkpoint.async_save is on, the whole write when off), how long until its bytes were durable, and "
+            "the time saves waited for a previous one still being written.",
             interpolation="stepAfter",
             minimum=0,
         ),
