@@ -10,15 +10,18 @@ key. Contracts:
 - :func:`read_verified` walks the directory through file descriptors opened with
   ``O_NOFOLLOW`` (no symlink is ever followed, at any depth), requires the tree to hold
   exactly the files the anchor names (an extra file, an extra or empty directory, a
-  symlink, a FIFO or a missing file rejects the checkpoint), reads each file once into
-  memory (``O_NONBLOCK``, regular files only by ``fstat``, bounded by a byte budget),
-  hashes those bytes and compares them with the anchor. Deserialization then uses only
-  those bytes (:meth:`VerifiedCheckpoint.tensors`, :meth:`VerifiedCheckpoint.json`).
+  symlink, a FIFO or a missing file rejects the checkpoint), opens each file (``O_NONBLOCK``,
+  regular files only by ``fstat``, bounded by a byte budget) and reads it once into a buffer of
+  its ``fstat`` size, hashing each chunk as it arrives (still in cache) and comparing with the
+  anchor; a file that grows or shrinks meanwhile is a rejection. Reading runs in a thread pool:
+  a file signed in shards is split across the workers (each reads its shards at their offsets
+  into the same buffer), a whole-file digest is one worker's; the first failure stops the rest.
+  Deserialization then uses only those buffers (:meth:`VerifiedCheckpoint.tensors`: tensors are
+  views of them, :func:`trainer.tensorfile.decode`; :meth:`VerifiedCheckpoint.json`).
 - The signed statement carries digests but no sizes, so the size cap is a byte budget
   for the whole checkpoint that the caller derives from the model it will load into.
-- The whole checkpoint is held in memory once (plus the tensors built from it), which is
-  fine for the models this project trains; a multi-GB model would want per-file
-  streaming of verify-then-deserialize instead.
+- The whole checkpoint is held in memory once (the tensors are views of it, not copies): one
+  pass over the bytes, at the storage's read rate and the cores' hashing rate.
 
 Every refusal raises :class:`CheckpointRejected` (exit 1) with a short reason in which
 values read from files are quoted through :func:`quote_untrusted`.
@@ -29,20 +32,46 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import mmap
 import os
 import stat
+import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
 from trainer import checkpoint as ckpt
+from trainer.tensorfile import TensorFileError, decode
 from warden.errors import ViolationError, quote_untrusted
 from warden.safeio import DIR_FLAGS, FILE_FLAGS, MAX_TREE_DEPTH, MAX_TREE_ENTRIES, open_root
 
 MAX_ANCHOR_BYTES = 64 * 1024 * 1024
 """Cap on a signature bundle or manifest (a resource line is ~150 bytes)."""
+READ_CHUNK = 1 << 20
+"""Bytes read and then hashed at a time: the chunk is still in the core's cache for the hash."""
+PIECE_BYTES = 64 << 20
+"""Consecutive signed shards are read as one task of about this many bytes: enough tasks to spread one
+large file over every worker, few enough that handing them out costs nothing."""
+OPEN_BATCH = 256
+"""Files held open at once: a checkpoint of many files is read in batches, never out of descriptors."""
+MAPPED_BYTES = 1 << 20
+"""Buffers from this size up are private anonymous mappings, whose pages the reading thread asks the
+kernel to supply just before each chunk (``MADV_POPULATE_WRITE``: a fraction of what a page fault per
+4 KiB costs), instead of a zero-filled bytearray. No ``MADV_HUGEPAGE``: where the kernel compacts
+memory for it, a fault can stall for milliseconds."""
+POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
+"""Linux 5.14; elsewhere madvise refuses it and pages arrive by faults, as they would anyway."""
+
+Pieces = tuple[tuple[int, int, str], ...]
+"""Signed shards of one file, ``(start, end, sha256 hex)`` in order."""
+
+
+def default_workers() -> int:
+    """Reading threads: one per core, at most 16 (hashing releases the GIL, so threads scale)."""
+    return min(16, os.cpu_count() or 1)
 
 
 class CheckpointRejected(ViolationError):
@@ -61,7 +90,7 @@ class Anchor:
     are None (the caller takes run id and step from the loaded ``trainer_state.json``).
     """
 
-    digests: Mapping[str, str | tuple[tuple[int, int, str], ...]]  # per file: sha256 hex, or its signed shards
+    digests: Mapping[str, str | Pieces]  # per file: sha256 hex, or its signed shards
     how: str
     signed: bool
     run_id: str | None = None
@@ -72,12 +101,13 @@ class Anchor:
 
 @dataclass(frozen=True)
 class VerifiedCheckpoint:
-    """A checkpoint whose every file was read once and matched its anchor: ``{name: bytes}``."""
+    """A checkpoint whose every file was read once and matched its anchor: ``{name: its buffer}``
+    (a writable memoryview the tensors of :meth:`tensors` are views of)."""
 
     path: str
     step: int
     anchor: Anchor
-    files: Mapping[str, bytes]
+    files: Mapping[str, memoryview]
 
     def names(self, directory: str, suffix: str) -> list[str]:
         """Sorted names directly inside ``directory`` ending in ``suffix`` (only anchored files exist)."""
@@ -88,17 +118,15 @@ class VerifiedCheckpoint:
     def json(self, name: str) -> Any:
         """``json.loads`` of a verified file; CheckpointRejected if it is absent or not JSON."""
         try:
-            return json.loads(self._bytes(name))
+            return json.loads(bytes(self._bytes(name)))
         except ValueError as exc:
             raise CheckpointRejected(f"{name}: not JSON ({quote_untrusted(exc)})") from None
 
     def tensors(self, name: str) -> dict[str, Any]:
-        """``safetensors.torch.load`` of a verified file's bytes."""
-        from safetensors.torch import load
-
+        """The tensors of a verified safetensors file, as views of its buffer (:func:`trainer.tensorfile.decode`)."""
         try:
-            return load(self._bytes(name))
-        except Exception as exc:  # safetensors raises its own SafetensorError; any failure is a refusal
+            return decode(self._bytes(name))
+        except TensorFileError as exc:
             raise CheckpointRejected(f"{name}: not a safetensors file ({quote_untrusted(exc)})") from None
 
     def state(self, name: str) -> Any:
@@ -111,7 +139,7 @@ class VerifiedCheckpoint:
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointRejected(f"{name}.json: not a saved state ({quote_untrusted(exc)})") from None
 
-    def _bytes(self, name: str) -> bytes:
+    def _bytes(self, name: str) -> memoryview:
         if name not in self.files:
             raise CheckpointRejected(f"{name}: required but not part of the verified checkpoint")
         return self.files[name]
@@ -173,7 +201,7 @@ def signed_anchor(path: str, trusted: Any) -> Anchor:
     )
 
 
-def file_pieces(manifest: Any) -> dict[str, str | tuple[tuple[int, int, str], ...]]:
+def file_pieces(manifest: Any) -> dict[str, str | Pieces]:
     """What the signature vouches for per file: a sha256 hex (``files``), or the file's shards as
     ``(start, end, sha256 hex)`` in order (``shards``). Raises CheckpointRejected for a hash the
     trainer cannot check (BLAKE3: sign run checkpoints with sha256)."""
@@ -191,10 +219,12 @@ def file_pieces(manifest: Any) -> dict[str, str | tuple[tuple[int, int, str], ..
     return {path: tuple(sorted(found)) for path, found in pieces.items()}
 
 
-def digest_problem(name: str, data: bytes, expected: str | tuple[tuple[int, int, str], ...]) -> str | None:
+def digest_problem(name: str, data: bytes, expected: str | Pieces) -> str | None:
     """Why ``data`` does not match what was vouched for ``name`` (pure); None when it does.
 
-    Shards must cover the file exactly, from 0 to its length, each matching its digest.
+    Shards must cover the file exactly, from 0 to its length, each matching its digest. The reference
+    semantics of :func:`read_verified`, which checks the layout first (:func:`layout_problem`) and
+    the digests while reading: the same verdicts, the first problem found possibly another one.
     """
     if isinstance(expected, str):
         digest = hashlib.sha256(data).hexdigest()
@@ -207,6 +237,19 @@ def digest_problem(name: str, data: bytes, expected: str | tuple[tuple[int, int,
             return f"{name}: bytes {start}..{end} differ from the signed shard"
         position = end
     return None if position == len(data) else f"{name}: {len(data) - position} bytes after the last signed shard"
+
+
+def layout_problem(name: str, size: int, shards: Pieces) -> str | None:
+    """Why signed shards cannot describe a file of ``size`` bytes (pure): :func:`digest_problem`'s
+    coverage rules, without the digests. None when they tile ``0..size``."""
+    position = 0
+    for start, end, _ in shards:
+        if start != position:
+            return f"{name}: the signed shards do not cover bytes {position}..{start}"
+        if end > size:
+            return f"{name}: bytes {start}..{end} differ from the signed shard"
+        position = end
+    return None if position == size else f"{name}: {size - position} bytes after the last signed shard"
 
 
 def integrity_anchor(path: str) -> Anchor:
@@ -237,10 +280,11 @@ def tree_problems(anchored: set[str], files: set[str], dirs: set[str], odd: Mapp
     return problems
 
 
-def read_verified(path: str, step: int, anchor: Anchor, budget: int) -> VerifiedCheckpoint:
-    """Scans ``path``, reads every anchored file once and checks its digest; see the module doc.
+def read_verified(path: str, step: int, anchor: Anchor, budget: int, workers: int | None = None) -> VerifiedCheckpoint:
+    """Scans ``path``, reads every anchored file once and checks its digests; see the module doc.
 
-    ``budget`` caps the bytes read in total. Raises CheckpointRejected.
+    ``budget`` caps the bytes read in total; ``workers`` reading threads (:func:`default_workers`).
+    Raises CheckpointRejected.
     """
     try:
         with _open_dir(path) as root:
@@ -249,16 +293,11 @@ def read_verified(path: str, step: int, anchor: Anchor, budget: int) -> Verified
             if problems:
                 listing = "signed manifest" if anchor.signed else ckpt.MANIFEST
                 raise CheckpointRejected(_summary(f"the directory differs from the {listing}", problems))
-            contents: dict[str, bytes] = {}
-            for name in sorted(anchor.digests):
-                data = _read_beneath(root, name, budget)
-                budget -= len(data)
-                problem = digest_problem(name, data, anchor.digests[name])
-                if problem is not None:
-                    raise CheckpointRejected(
-                        f"files differ from the {'signature' if anchor.signed else ckpt.MANIFEST}: {problem}"
-                    )
-                contents[name] = data
+            contents = _read_all(root, anchor, budget, workers or default_workers())
+    except _Differs as exc:
+        raise CheckpointRejected(
+            f"files differ from the {'signature' if anchor.signed else ckpt.MANIFEST}: {exc}"
+        ) from None
     except FileNotFoundError as exc:
         raise CheckpointRejected(f"{quote_untrusted(exc.filename or path)}: vanished while read") from None
     except OSError as exc:
@@ -339,21 +378,181 @@ def _open_dir_fd(name: str, dir_fd: int) -> int:
         raise
 
 
-def _read_beneath(root: int, name: str, cap: int) -> bytes:
-    """Reads ``name`` (relative POSIX path) below ``root``, opening each component with O_NOFOLLOW."""
-    return _read_parts(root, PurePosixPath(name).parts, cap, name)
+# -- reading in parallel ----------------------------------------------------------------------
+class _Differs(Exception):
+    """A file's bytes are not what the anchor vouches for; the message is :func:`digest_problem`'s kind."""
 
 
-def _read_parts(directory: int, parts: tuple[str, ...], cap: int, shown: str) -> bytes:
+@dataclass(frozen=True)
+class _File:
+    """One anchored file being read: its descriptor, ``fstat`` size, the buffer it is read into and the
+    digests to check as pieces (one piece covering the file for a whole-file sha256)."""
+
+    name: str
+    fd: int
+    size: int
+    view: memoryview
+    region: mmap.mmap | None
+    shards: Pieces
+    whole: bool
+
+    def tasks(self) -> list[Pieces]:
+        """The file's shards grouped into tasks of about PIECE_BYTES, in order (a whole digest: one)."""
+        tasks: list[Pieces] = []
+        current: list[tuple[int, int, str]] = []
+        size = 0
+        for shard in self.shards:
+            current.append(shard)
+            size += max(0, shard[1] - shard[0])
+            if size >= PIECE_BYTES:
+                tasks.append(tuple(current))
+                current, size = [], 0
+        return [*tasks, tuple(current)] if current else tasks
+
+    def mismatch(self, start: int, end: int, digest: str, expected: str) -> str:
+        if self.whole:
+            return f"{self.name}: sha256 {digest} != {quote_untrusted(expected, 80)}"
+        return f"{self.name}: bytes {start}..{end} differ from the signed shard"
+
+
+def _read_all(root: int, anchor: Anchor, budget: int, workers: int) -> dict[str, memoryview]:
+    """Every anchored file below ``root`` read and checked in a pool of ``workers`` threads.
+
+    Files are opened one after the other in name order by the calling thread (the budget counts
+    their ``fstat`` sizes in that order), in batches of OPEN_BATCH; each file's tasks go to the pool
+    as soon as it is open. Raises _Differs, CheckpointRejected or OSError (the first failure)."""
+    contents: dict[str, memoryview] = {}
+    names = sorted(anchor.digests)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-read") as pool:
+        for first in range(0, len(names), OPEN_BATCH):
+            batch = _Batch(pool)
+            try:
+                for name in names[first : first + OPEN_BATCH]:
+                    if batch.stop.is_set():
+                        break  # a task failed already: finish() raises it
+                    batch.add(_open_file(root, name, anchor.digests[name], budget))
+                    budget -= batch.files[-1].size
+                batch.finish()
+            finally:
+                batch.close()
+            contents.update((file.name, file.view) for file in batch.files)
+    return contents
+
+
+class _Batch:
+    """Files whose tasks run in the pool; the first task to fail stops the others at their next chunk."""
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self.pool = pool
+        self.stop = threading.Event()
+        self.files: list[_File] = []
+        self.tasks: list[tuple[tuple[str, int], Future[None]]] = []
+
+    def add(self, file: _File) -> None:
+        self.files.append(file)
+        for task in file.tasks():
+            self.tasks.append(((file.name, task[0][0]), self.pool.submit(_read_task, file, task, self.stop)))
+
+    def finish(self) -> None:
+        """Waits for the tasks; raises the first failure in (name, offset) order, or CheckpointRejected
+        for a file that is longer now than its ``fstat`` size (it grew while read)."""
+        wait([future for _, future in self.tasks], return_when=FIRST_EXCEPTION)
+        self._halt()
+        failures = [(key, exc) for key, f in self.tasks if not f.cancelled() and (exc := f.exception()) is not None]
+        if failures:
+            raise min(failures, key=lambda failure: failure[0])[1]
+        for file in self.files:
+            if os.pread(file.fd, 1, file.size):
+                raise CheckpointRejected(f"{file.name}: grew while read (past its {file.size} bytes)")
+
+    def _halt(self) -> None:
+        self.stop.set()
+        for _, future in self.tasks:
+            future.cancel()
+        wait([future for _, future in self.tasks])
+
+    def close(self) -> None:
+        """Stops and waits for every task (none touches a descriptor afterwards), then closes them."""
+        self._halt()
+        for file in self.files:
+            os.close(file.fd)
+
+
+def _read_task(file: _File, task: Pieces, stop: threading.Event) -> None:
+    """Reads the bytes of ``task``'s shards into the file's buffer, hashing each chunk as it arrives.
+
+    Returns early once ``stop`` is set (another task failed); sets it when this one fails. Raises
+    _Differs for a digest that does not match, CheckpointRejected for a file that shrank, OSError."""
+    try:
+        for start, end, expected in task:
+            hasher = hashlib.sha256()
+            for offset in range(start, end, READ_CHUNK):
+                if stop.is_set():
+                    return
+                chunk = file.view[offset : min(end, offset + READ_CHUNK)]
+                _populate(file, offset, len(chunk))
+                _fill(file, chunk, offset)
+                hasher.update(chunk)
+            if hasher.hexdigest() != expected:
+                raise _Differs(file.mismatch(start, end, hasher.hexdigest(), expected))
+    except BaseException:
+        stop.set()
+        raise
+
+
+def _fill(file: _File, chunk: memoryview, offset: int) -> None:
+    """``chunk`` filled from the file at ``offset``; CheckpointRejected if the file ends first."""
+    while chunk:
+        got = os.preadv(file.fd, [chunk], offset)
+        if got == 0:
+            raise CheckpointRejected(f"{file.name}: shrank while read (below its {file.size} bytes)")
+        chunk, offset = chunk[got:], offset + got
+
+
+def _open_file(root: int, name: str, expected: str | Pieces, cap: int) -> _File:
+    """``name`` (relative POSIX path) opened below ``root``, each component with O_NOFOLLOW, with its
+    buffer; CheckpointRejected beyond ``cap`` bytes, _Differs for shards that cannot describe it."""
+    fd, size = _open_parts(root, PurePosixPath(name).parts, cap, name)
+    try:
+        if isinstance(expected, str):
+            return _File(name, fd, size, *_buffer(size), ((0, size, expected),), whole=True)
+        problem = layout_problem(name, size, expected)
+        if problem is not None:
+            raise _Differs(problem)
+        return _File(name, fd, size, *_buffer(size), expected, whole=False)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _buffer(size: int) -> tuple[memoryview, mmap.mmap | None]:
+    """A writable buffer of ``size`` bytes that nobody else can write, and its mapping where it is one
+    (from MAPPED_BYTES up: not zero-filled first, the kernel supplies each page as it is read into)."""
+    if size < MAPPED_BYTES:
+        return memoryview(bytearray(size)), None
+    region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return memoryview(region), region
+
+
+def _populate(file: _File, offset: int, length: int) -> None:
+    """Has the kernel supply the buffer's pages under ``offset..offset+length`` in one call."""
+    if file.region is None:
+        return
+    start = offset - offset % mmap.PAGESIZE
+    with suppress(OSError):  # an older kernel: the pages arrive by faults during the read instead
+        file.region.madvise(POPULATE_WRITE, start, offset + length - start)
+
+
+def _open_parts(directory: int, parts: tuple[str, ...], cap: int, shown: str) -> tuple[int, int]:
     if len(parts) == 1:
-        return _read_regular(parts[0], directory, cap, shown)
+        return _open_regular(parts[0], directory, cap, shown)
     with _open_dir(parts[0], dir_fd=directory) as sub:
-        return _read_parts(sub, parts[1:], cap, shown)
+        return _open_parts(sub, parts[1:], cap, shown)
 
 
-def _read_regular(name: str, dir_fd: int, cap: int, shown: str | None = None) -> bytes:
-    """All bytes of a regular file, at most ``cap``; never follows a link or blocks on a FIFO."""
-    shown = shown or name
+def _open_regular(name: str, dir_fd: int, cap: int, shown: str) -> tuple[int, int]:
+    """(descriptor, size) of a regular file of at most ``cap`` bytes; never follows a link or blocks
+    on a FIFO. The caller closes the descriptor."""
     try:
         fd = os.open(name, FILE_FLAGS, dir_fd=dir_fd)
     except OSError as exc:
@@ -366,12 +565,22 @@ def _read_regular(name: str, dir_fd: int, cap: int, shown: str | None = None) ->
             raise CheckpointRejected(f"{shown}: {_kind(st.st_mode)}")
         if st.st_size > cap:
             raise CheckpointRejected(f"{shown}: {st.st_size} bytes, over the {cap} bytes left in the budget")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st.st_size
+
+
+def _read_regular(name: str, dir_fd: int, cap: int) -> bytes:
+    """All bytes of a small regular file (an anchor), at most ``cap``; never follows a link or blocks on a FIFO."""
+    fd, _ = _open_regular(name, dir_fd, cap, name)
+    try:
         chunks, total = [], 0
         while chunk := os.read(fd, min(1 << 24, cap + 1 - total) or 1):
             chunks.append(chunk)
             total += len(chunk)
             if total > cap:
-                raise CheckpointRejected(f"{shown}: grew past the {cap} bytes left in the budget while read")
+                raise CheckpointRejected(f"{name}: grew past the {cap} bytes left in the budget while read")
         return b"".join(chunks)
     finally:
         os.close(fd)
