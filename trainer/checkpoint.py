@@ -346,8 +346,19 @@ def _files_below(dir_fd: int) -> list[str]:
 
 
 # -- manifest ----------------------------------------------------------------------------
-def manifest_bytes(digests: dict[str, str]) -> bytes:
-    return json_bytes({"algorithm": "sha256", "files": digests})
+def manifest_bytes(digests: dict[str, str], shards: dict[tuple[str, int, int], bytes] | None = None) -> bytes:
+    """``manifest.sha256.json``: ``files`` maps each name to its sha256 hex; with ``shards`` (the
+    writer's ``{(name, start, end): raw sha256}`` in the shards serialization) ``shards`` also maps each
+    name of ``digests`` to its ``[[start, end, hex], ...]`` in order (an empty file: ``[]``), so a resume
+    can match a shard signature against the trainer's names without hashing the files again."""
+    manifest: dict[str, Any] = {"algorithm": "sha256", "files": digests}
+    if shards is not None:
+        listed: dict[str, list[list[Any]]] = {name: [] for name in digests}
+        for (name, start, end), raw in sorted(shards.items()):
+            if name in listed:
+                listed[name].append([start, end, raw.hex()])
+        manifest["shards"] = listed
+    return json_bytes(manifest)
 
 
 @dataclass(frozen=True)
@@ -386,7 +397,7 @@ def write_checkpoint(
             finally:
                 digests = writer.finish()
             digests.pop(MANIFEST, None)
-            manifest = manifest_bytes(digests)
+            manifest = manifest_bytes(digests, None if shard_size is None else writer.shards)
             safeio.write_new_at(tmp_fd, MANIFEST, manifest)
             os.fsync(tmp_fd)
             os.fchmod(tmp_fd, 0o755)  # readable to the signer only now, complete

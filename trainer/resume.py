@@ -41,6 +41,7 @@ from trainer.models import unwrap
 from trainer.verified_load import (
     Anchor,
     CheckpointRejected,
+    Pieces,
     VerifiedCheckpoint,
     integrity_anchor,
     read_verified,
@@ -247,24 +248,65 @@ def accept(
 def check_own_manifest(verified: VerifiedCheckpoint) -> None:
     """The signed files are exactly those the trainer's own manifest lists, with its digests: the
     signature binds bytes, the manifest (signed with them) binds the names the trainer gave them, so
-    a file renamed, split or added before signing is refused here. Raises CheckpointRejected."""
+    a file renamed, split or added before signing is refused here. Raises CheckpointRejected.
+
+    Nothing is hashed again where the manifest can be matched against the signature as it stands:
+    a files signature's per-file sha256 against ``files``, a shards signature's shards against the
+    manifest's ``shards`` (written in the shards serialization). Only a file signed in shards that
+    the manifest does not list with the same boundaries (a checkpoint written before the manifest
+    listed shards, or signed with another shard size) is hashed whole, from the verified buffer."""
     try:
-        listed = verified.json(ckpt.MANIFEST)["files"]
+        manifest = verified.json(ckpt.MANIFEST)
+        listed = manifest["files"]
     except (CheckpointRejected, KeyError, TypeError):
         raise CheckpointRejected(f"{ckpt.MANIFEST}: missing or unreadable among the signed files") from None
     if not isinstance(listed, dict):
         raise CheckpointRejected(f"{ckpt.MANIFEST}: 'files' is not an object")
-    # Each file's sha256 is the signature's own digest in the files serialization (verified already:
-    # no second hash); only files signed in shards are hashed whole here.
-    present = {
-        name: digest if isinstance(digest, str) else hashlib.sha256(verified.files[name]).hexdigest()
-        for name, digest in verified.anchor.digests.items()
-        if name != ckpt.MANIFEST
-    }
-    if present != listed:
-        differing = sorted(set(present) ^ set(listed)) or sorted(n for n in present if present[n] != listed.get(n))
+    signed, own = _signed_and_own(verified, listed, manifest_shards(manifest))
+    if set(signed) != set(listed) or signed != own:
+        differing = sorted(set(signed) ^ set(listed)) or sorted(n for n in signed if signed[n] != own[n])
         shown = ", ".join(quote_untrusted(n, 80) for n in differing[:5])
         raise CheckpointRejected(f"the signed files differ from the trainer's {ckpt.MANIFEST}: {shown}")
+
+
+def _signed_and_own(
+    verified: VerifiedCheckpoint, listed: dict[str, Any], own_shards: dict[str, Pieces]
+) -> tuple[dict[str, object], dict[str, object]]:
+    """Per signed file (the manifest aside): (what the signature says, what the manifest says), in the
+    same terms: both shard lists where the manifest lists the signed boundaries, else whole sha256s."""
+    signed: dict[str, object] = {}
+    own: dict[str, object] = {}
+    for name, digest in verified.anchor.digests.items():
+        if name == ckpt.MANIFEST:
+            continue
+        mine = own_shards.get(name)
+        if not isinstance(digest, str) and mine is not None and _bounds(mine) == _bounds(digest):
+            signed[name], own[name] = digest, mine
+        else:
+            signed[name] = digest if isinstance(digest, str) else hashlib.sha256(verified.files[name]).hexdigest()
+            own[name] = listed.get(name)
+    return signed, own
+
+
+def manifest_shards(manifest: Any) -> dict[str, Pieces]:
+    """The manifest's ``shards`` as the anchor spells them, ``{name: ((start, end, hex), ...)}``; empty
+    when it has none (files serialization, or an older checkpoint). CheckpointRejected if malformed. Pure."""
+    shards = manifest.get("shards", {}) if isinstance(manifest, dict) else {}
+    if not isinstance(shards, dict) or not all(isinstance(v, list) for v in shards.values()):
+        raise CheckpointRejected(f"{ckpt.MANIFEST}: 'shards' must map names to lists of shards")
+    return {name: tuple(_shard_entry(item) for item in items) for name, items in shards.items()}
+
+
+def _shard_entry(item: object) -> tuple[int, int, str]:
+    if isinstance(item, list) and len(item) == 3:
+        start, end, digest = item
+        if all(isinstance(n, int) and not isinstance(n, bool) for n in (start, end)) and isinstance(digest, str):
+            return start, end, digest
+    raise CheckpointRejected(f"{ckpt.MANIFEST}: a shard must be [start, end, hex]")
+
+
+def _bounds(shards: Pieces) -> list[tuple[int, int]]:
+    return [(start, end) for start, end, _ in shards]
 
 
 def check_provenance(
