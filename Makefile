@@ -45,6 +45,7 @@ bench: $(STAMP)
 	$(PY) bench/bench_hashing.py --size-mb 512
 	$(PY) bench/bench_sign_latency.py --size-mb 200 --rounds 3
 	$(PY) bench/bench_checkpoint_save.py --size-mb 256 --rounds 3
+	$(PY) bench/bench_resume.py --size-gib 0.5 --rounds 2
 	$(PY) bench/bench_archive.py
 	$(PY) bench/bench_audit.py
 	$(PY) bench/bench_tokenscan.py --size-mb 500 --dirs 50
