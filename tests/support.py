@@ -6,6 +6,8 @@ Fakes that implement real interfaces also live here, so there is one place to lo
 from __future__ import annotations
 
 import copy
+import heapq
+import itertools
 import os
 import re
 import shutil
@@ -17,9 +19,12 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
+
+from warden.archive.errors import StoreUnavailable
+from warden.archive.store import DEFAULT_MAX_OBJECT_BYTES, Blob, Retention, Store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -170,6 +175,108 @@ class WebhookSink:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class FakeClock:
+    """Simulated time for code that takes ``monotonic`` and ``wait(event, timeout)`` callables.
+
+    :meth:`wait` returns at once when the event is set; otherwise it advances time by the
+    timeout, running what :meth:`at` scheduled for that span in order (an action may set
+    the event, which ends the wait then, as a real wait would). ``waits`` records each
+    wait as (start time, timeout). A loop that turns without waiting cannot advance this
+    clock, so it would run forever: more than ``max_reads`` reads of :meth:`monotonic`
+    between two waits, or more than ``max_waits`` waits in all, fail the test instead.
+    """
+
+    def __init__(self, start: float = 0.0, *, max_reads: int = 1000, max_waits: int = 100_000) -> None:
+        self.now = start
+        self.waits: list[tuple[float, float]] = []
+        self.max_reads, self.max_waits = max_reads, max_waits
+        self._reads = 0
+        self._due: list[tuple[float, int, Callable[[], object]]] = []
+        self._order = itertools.count()
+
+    def monotonic(self) -> float:
+        self._reads += 1
+        if self._reads > self.max_reads:
+            raise AssertionError(f"{self._reads} clock reads without a wait, at t={self.now}: a loop spins")
+        return self.now
+
+    def at(self, when: float, action: Callable[[], object]) -> None:
+        """Runs ``action`` when simulated time reaches ``when`` (during a wait)."""
+        heapq.heappush(self._due, (when, next(self._order), action))
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        self._reads = 0
+        self.waits.append((self.now, timeout))
+        if len(self.waits) > self.max_waits:
+            raise AssertionError(f"{len(self.waits)} waits by t={self.now}: a loop spins")
+        end = self.now + timeout
+        while not event.is_set() and self._due and self._due[0][0] <= end:
+            when, _, action = heapq.heappop(self._due)
+            self.now = max(self.now, when)
+            action()
+        if not event.is_set():
+            self.now = end
+        return event.is_set()
+
+
+class FakeStore(Store):
+    """An in-memory :class:`~warden.archive.store.Store` that can be taken down.
+
+    While ``down`` every request fails as a refused connection does (StoreUnavailable, kind
+    ``connect``). ``attempts`` lists every request as (``clock()``, operation, succeeded);
+    ``object_lock`` is what :meth:`object_lock_enabled` answers. No versions.
+    """
+
+    def __init__(
+        self, url: str = "fake://store", *, object_lock: bool = True, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        super().__init__(url)
+        self.objects: dict[str, bytes] = {}
+        self.object_lock = object_lock
+        self.down = False
+        self.clock = clock
+        self.attempts: list[tuple[float, str, bool]] = []
+
+    def _request(self, operation: str) -> None:
+        self._count(operation)
+        self.attempts.append((self.clock(), operation, not self.down))
+        if self.down:
+            raise StoreUnavailable(f"{self.url}: {operation}: connection refused (store down)", "connect")
+
+    def failed_attempts(self) -> list[float]:
+        """When each failed request was sent."""
+        return [when for when, _, ok in self.attempts if not ok]
+
+    def _put_if_absent(self, key: str, body: bytes, retention: Retention | None) -> bool:
+        self._request("PutObject")
+        with self._lock:
+            if key in self.objects:
+                return False
+            self.objects[key] = body
+            return True
+
+    def put(self, key: str, body: bytes, retention: Retention | None = None) -> None:
+        self._request("PutObject")
+        with self._lock:
+            self.objects[key] = body
+
+    def read(self, key: str, max_bytes: int = DEFAULT_MAX_OBJECT_BYTES, version_id: str | None = None) -> Blob | None:
+        self._request("GetObject")
+        with self._lock:
+            body = self.objects.get(key)
+        return None if body is None or version_id is not None else Blob(body)
+
+    def list_keys(self, prefix: str, start_after: str | None = None, limit: int | None = None) -> list[str]:
+        self._request("ListObjectsV2")
+        with self._lock:
+            keys = sorted(k for k in self.objects if k.startswith(prefix) and (start_after is None or k > start_after))
+        return keys[:limit] if limit is not None else keys
+
+    def object_lock_enabled(self) -> bool:
+        self._request("GetObjectLockConfiguration")
+        return self.object_lock
 
 
 class StackProcess:

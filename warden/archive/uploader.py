@@ -15,9 +15,15 @@ A crash anywhere leaves records still to upload (answered "already stored") or a
 put again; the spool's head file is never removed, so it and the spooled records always
 give the chain head (see :mod:`warden.archive.chain`).
 
-:meth:`Uploader.start` runs passes in a thread: at once when :meth:`notify` is called,
-otherwise every second, and after a failure only when the back-off delay (doubling from
-``initial_seconds`` up to ``max_seconds``, times a random factor in [0.5, 1)) has passed.
+:meth:`Uploader.start` runs passes in a thread (:meth:`Uploader.serve`): at once when
+:meth:`notify` is called, otherwise every second, and after a failure only when the
+back-off delay (doubling from ``initial_seconds`` up to ``max_seconds``, times a random
+factor in [0.5, 1)) has passed. Each turn of that loop first waits, with a timeout, on
+one condition (new records, or, while the store is failing, the back-off deadline; stop
+ends either), then acts: so it never turns without waiting. After a failure the retry
+happens at the deadline even with nothing spooled (:meth:`Uploader.probe`: one cheap
+request), so every failed attempt is counted in ``store_errors`` and a store that comes
+back is noticed.
 """
 
 from __future__ import annotations
@@ -44,6 +50,15 @@ from warden.logs import log_fields
 # Stored records are dropped from the spool (after the head covering them is spooled) in
 # groups this large, or at the end of a run's drain: one atomic head write per group.
 FORGET_EVERY = 256
+# With nothing to upload and the store healthy, the loop looks at the spool this often
+# (records are normally announced by notify()).
+IDLE_SECONDS = 1.0
+# What a probe lists (one key at most): the archiver's own prefix, which its IAM policy may list.
+PROBE_PREFIX = "runs/"
+
+
+def _event_wait(event: threading.Event, timeout: float) -> bool:
+    return event.wait(timeout)
 
 
 @dataclass
@@ -71,7 +86,10 @@ class Uploader:
         backoff: BackoffPolicy,
         rng: random.Random | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        wait: Callable[[threading.Event, float], bool] = _event_wait,
     ) -> None:
+        """``rng`` draws the back-off jitter; ``monotonic`` and ``wait`` (``event.wait(timeout)``,
+        the only way the loop waits) are the clock: a test passes a simulated one of each."""
         self.store, self.spool, self.chains, self.signer = store, spool, chains, signer
         self.metrics, self.log = metrics, log
         self.retention = retention
@@ -79,6 +97,7 @@ class Uploader:
         self.backoff = backoff
         self._rng = rng or random.Random()
         self._monotonic = monotonic
+        self._wait = wait
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="archiver-put") if concurrency > 1 else None
         self._pass_lock = threading.Lock()
         self._work = threading.Event()
@@ -109,16 +128,41 @@ class Uploader:
 
     # -- one pass ------------------------------------------------------------------------------
     def run_pass(self) -> PassResult:
-        """Uploads everything spooled now; stops at the first store failure."""
+        """Uploads everything spooled now; stops at the first store failure.
+
+        Every outcome goes through :meth:`_after_pass`, a bucket without the Object Lock the
+        policy requires included: a failure always sets the next retry's deadline.
+        """
         result = PassResult()
         with self._pass_lock:
             try:
                 if not self.verify_object_lock():
                     result.failure = self.lock_missing_error()
-                    return result
-                for run_id in self.spool.runs():
-                    if self._stop.is_set() or not self._drain_run(run_id, result):
-                        break
+                else:
+                    for run_id in self.spool.runs():
+                        if self._stop.is_set() or not self._drain_run(run_id, result):
+                            break
+            except StoreError as exc:
+                result.failure = exc
+            self._after_pass(result)
+        return result
+
+    def probe(self) -> PassResult:
+        """One cheap question to the store, the retry after a failure when nothing is spooled.
+
+        The Object Lock check while it is unknown (it must be asked anyway), else a listing of
+        at most one key. Counted and backed off like a pass (``store_errors``, ``store_up``).
+        """
+        result = PassResult()
+        with self._pass_lock:
+            try:
+                if self.lock_state is None:
+                    if not self.verify_object_lock():
+                        result.failure = self.lock_missing_error()
+                elif self.lock_state is False:
+                    result.failure = self.lock_missing_error()
+                else:
+                    self.store.list_keys(PROBE_PREFIX, limit=1)
             except StoreError as exc:
                 result.failure = exc
             self._after_pass(result)
@@ -256,22 +300,34 @@ class Uploader:
 
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="archiver-upload", daemon=True)
+            self._thread = threading.Thread(target=self.serve, name="archiver-upload", daemon=True)
             self._thread.start()
 
-    def _loop(self) -> None:
+    def serve(self) -> None:
+        """Uploads until :meth:`close`: what :meth:`start`'s thread runs.
+
+        Every turn waits exactly once, with a timeout, before it acts: while the store is
+        failing, on stop until the back-off deadline (new records wait for the retry too),
+        then retries (a pass, or a :meth:`probe` with nothing spooled), which moves the
+        deadline on or ends the failure; otherwise on new records (:meth:`notify`) or stop,
+        for at most :data:`IDLE_SECONDS`, then passes when anything is spooled.
+        """
         while not self._stop.is_set():
-            wait = self.retry_at - self._monotonic()
-            if wait > 0:
-                self._stop.wait(min(wait, 1.0))
-                continue
-            if self.failing is None:  # after a failure the back-off alone decides when to try again
-                self._work.wait(1.0)
-            self._work.clear()
-            if self._stop.is_set() or (self.spool.depth() == 0 and not self.heads_pending()):
-                continue
+            if self.failing is not None:
+                self._wait(self._stop, max(0.0, self.retry_at - self._monotonic()))
+            else:
+                self._wait(self._work, IDLE_SECONDS)
+            if self._stop.is_set():
+                return
+            self._work.clear()  # before looking: a record spooled from now on wakes the next turn
+            pending = self.spool.depth() > 0 or self.heads_pending()
+            if not pending and self.failing is None:
+                continue  # idle: this turn waited
             try:
-                self.run_pass()
+                if pending:
+                    self.run_pass()
+                else:
+                    self.probe()
             except Exception:  # a bug must not end uploads for good: log, back off, go on
                 self.log.exception("upload pass crashed", extra=log_fields(store=self.store.url))
                 self._after_pass(PassResult(failure=StoreError("upload pass crashed", "internal")))
