@@ -142,6 +142,7 @@ class Archiver:
         try:
             chain = recover_from_store(self.store, run_id, self.signer.own_trust)
         except StoreError as exc:
+            self._store_failed(exc)
             raise TryAgainLater(f"run {run_id}: cannot look the run up in the store: {exc}") from None
         except ChainRecoveryError as exc:
             # Never fork or drop: the run's events wait in the journal until someone looks.
@@ -214,6 +215,8 @@ class Archiver:
             else:
                 body = self.store.get(step_key(chain.run_id, chain.head_step))
         except (OSError, StoreError) as exc:
+            if isinstance(exc, StoreError):
+                self._store_failed(exc)
             raise TryAgainLater(f"run {chain.run_id}: cannot read the head record to tell a replay: {exc}") from None
         seq = None
         if body is not None:
@@ -223,6 +226,11 @@ class Archiver:
         seq = seq if isinstance(seq, int) else None
         self._head_seqs[chain.run_id] = (chain.head_step, seq)
         return seq
+
+    def _store_failed(self, exc: StoreError) -> None:
+        """A failed store request of the event path, counted like the uploader's (the event waits)."""
+        self.metrics.store_errors.labels(exc.kind).inc()
+        self.metrics.store_up.set(0)
 
     def _already_chained(self, event: Event, step: int, head_step: int, head_seq: int | None) -> None:
         """A snapshot for a step at or before the chain's head: a replay, or a new one, dropped loudly.

@@ -19,11 +19,14 @@ from support import FakeClock, FakeStore
 from sidecars.archiver.metrics import ArchiverMetrics
 from warden.archive.chain import ChainState
 from warden.archive.errors import StoreError
-from warden.archive.policy import BackoffPolicy
+from warden.archive.policy import ArchiverPolicy, BackoffPolicy
 from warden.archive.record import head_key, step_key
+from warden.archive.service import Archiver
 from warden.archive.signing import RecordSigner
 from warden.archive.spool import Spool
 from warden.archive.uploader import IDLE_SECONDS, Uploader
+from warden.errors import TryAgainLater
+from warden.journal import RUN_STARTED, Event
 from warden.signing.keys import load_private_key
 
 BACKOFF = BackoffPolicy(initial_seconds=0.5, max_seconds=30.0)  # the shipped policy's
@@ -226,3 +229,23 @@ def test_a_probe_is_a_counted_request(rig):
     assert uploader.probe().failure is None
     assert uploader.failing is None and uploader.retry_at == 0.0
     assert rig.sample("warden_archiver_store_up") == 1
+
+
+def test_the_archivers_failed_run_look_up_is_a_counted_store_error(rig):
+    """run.started looks the run up in the store: a failure there is a failed store request too."""
+    rig.store.down = True
+    archiver = Archiver(
+        ArchiverPolicy(),
+        store=rig.store,
+        signer=rig.signer,
+        spool=rig.spool,
+        chains=rig.chains,
+        metrics=rig.metrics,
+        log=logging.getLogger("test.archiver"),
+    )
+    before = rig.sample("warden_archiver_store_errors_total", kind="connect")  # the start's Object Lock check
+    event = Event(seq=1, run_id=RUN, type=RUN_STARTED, time="2025-01-01T00:00:00Z", data={"config_digest": "ab"})
+    with pytest.raises(TryAgainLater):
+        archiver.handle(event)
+    assert rig.sample("warden_archiver_store_errors_total", kind="connect") == before + 1
+    assert rig.sample("warden_archiver_store_up") == 0
