@@ -117,7 +117,7 @@ def flatten_state(obj: Any, tensors: dict[str, torch.Tensor], path: str = "t") -
     """
     if isinstance(obj, torch.Tensor):
         key = f"{path}"
-        tensors[key] = obj.detach().contiguous().cpu().clone()
+        tensors[key] = obj.detach()  # the sink copies it (the writer as it writes, the staging arena at once)
         return {"__tensor__": key}
     if isinstance(obj, dict):
         return {"__items__": [[k, flatten_state(v, tensors, f"{path}.{k}")] for k, v in obj.items()]}

@@ -46,13 +46,13 @@ class HostArena:
 
     Raises :class:`HostMemoryError` when the memory cannot be allocated. :meth:`reset` starts a
     capture; :meth:`stage` copies a tensor into the next slice and returns the copy, valid once
-    :meth:`flush` and :func:`copies_done` have run. With ``bucket_bytes``, device tensors smaller
-    than that are gathered into one device buffer first and reach the host in one transfer per
+    :meth:`flush` and :func:`copies_done` have run. With ``bucket_bytes``, tensors on
+    ``bucket_device`` smaller than that are gathered into one device buffer first and reach the host in one transfer per
     bucket: a model's state is hundreds of tensors, and each transfer has a fixed cost.
     """
 
-    def __init__(self, capacity: int, pinned: bool, bucket_bytes: int = 0) -> None:
-        self.pinned, self.bucket_bytes = pinned, bucket_bytes
+    def __init__(self, capacity: int, pinned: bool, bucket_bytes: int = 0, bucket_device: str = "cuda") -> None:
+        self.pinned, self.bucket_bytes, self.bucket_device = pinned, bucket_bytes, bucket_device
         self.chunks: list[torch.Tensor] = []
         self._chunk = self._offset = 0
         self._bucket: torch.Tensor | None = None
@@ -103,7 +103,7 @@ class HostArena:
             return torch.empty(source.shape, dtype=source.dtype)
         chunk, start = self._take(nbytes)
         out = self.chunks[chunk][start : start + nbytes].view(source.dtype).view(source.shape)
-        if nbytes < self.bucket_bytes:
+        if nbytes < self.bucket_bytes and source.device.type == self.bucket_device:
             self._gather(source, chunk, start, nbytes)
         else:
             out.copy_(source, non_blocking=self.pinned and source.device.type == "cuda")

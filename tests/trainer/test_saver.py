@@ -166,7 +166,8 @@ def test_gathered_copies_equal_direct_ones_across_buckets_and_chunks():
     }
     tensors["big"] = torch.randn(5000, generator=gen)  # above the bucket: copied directly
     direct = capture(_fill_of(tensors, 1), HostArena(1 << 16, pinned=False), CPU)
-    gathered_arena = HostArena(1 << 14, pinned=False, bucket_bytes=4096)  # small: fills chunks and buckets
+    # small: fills chunks and buckets
+    gathered_arena = HostArena(1 << 14, pinned=False, bucket_bytes=4096, bucket_device="cpu")
     for _ in range(2):  # a second capture reuses the same bucket and slices
         gathered = capture(_fill_of(tensors, 1), gathered_arena, CPU)
         assert len(gathered_arena.chunks) > 1
