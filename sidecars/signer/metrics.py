@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from warden.signer.announcements import REFUSAL_REASONS, SIGNATURE_MISSING, VIOLATION_REASONS
 from warden.signer.policy import LAYOUTS
+from warden.signer.resumes import CHECKPOINT_MISSING, RESULTS
 from warden.signing.verify import FILES_MISMATCH, SUBJECT_MISMATCH, UNSAFE_PATH
 
 OPERATIONS = ("sign", "verify")
@@ -34,6 +35,7 @@ VERIFY_REASONS = (
     UNSAFE_PATH,
     FILES_MISMATCH,
     SIGNATURE_MISSING,
+    CHECKPOINT_MISSING,
 )
 HASH_SECONDS_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
@@ -45,19 +47,21 @@ class SignerMetrics:
         self.signed = Counter("warden_signer_signed", "Checkpoints signed, by layout.", ["layout"], registry=registry)
         self.verifications = Counter(
             "warden_signer_verifications",
-            "Periodic re-verifications of signed checkpoints, by result (ok, failed, incomplete).",
+            "Re-verifications of signed checkpoints (periodic, and of the checkpoint a run.resumed names), "
+            "by result (ok, failed, incomplete).",
             ["result"],
             registry=registry,
         )
         self.verify_failures = Counter(
             "warden_signer_verify_failures",
-            "Re-verifications that found a signed checkpoint altered or its signature invalid (first problem code).",
+            "Re-verifications that found a signed checkpoint altered or its signature invalid (first problem code; "
+            "checkpoint_missing: a resumed checkpoint gone without a checkpoint.pruned).",
             ["reason"],
             registry=registry,
         )
         self.invalid = Gauge(
             "warden_signer_invalid_checkpoints",
-            "Signed checkpoints whose last re-verification failed.",
+            "Signed checkpoints (and checkpoints a run resumed from) whose last re-verification failed.",
             registry=registry,
         )
         self.hashed_bytes = Counter(
@@ -133,6 +137,14 @@ class SignerMetrics:
             ["layout"],
             registry=registry,
         )
+        self.resumed_checks = Counter(
+            "warden_signer_resumed_checks",
+            "run.resumed events, by what verifying the checkpoint the run went on from found: ok, failed (counted "
+            "in warden_signer_invalid_checkpoints too), pruned (retired since), incomplete, refused (a path the "
+            "signer does not check), unnamed (no checkpoint known).",
+            ["result"],
+            registry=registry,
+        )
         self.violating_reasons = VIOLATION_REASONS
         for reason in REFUSAL_REASONS:
             self.refused.labels(reason)
@@ -151,6 +163,8 @@ class SignerMetrics:
             self.verify_failures.labels(reason)
         for result in ("ok", "failed", "incomplete"):
             self.verifications.labels(result)
+        for result in RESULTS:
+            self.resumed_checks.labels(result)
 
     def progress(self, operation: str) -> ByteProgress:
         """A progress callback for the hashing layer that feeds ``hashed_bytes`` as it goes."""

@@ -1,6 +1,6 @@
 """The ``signer`` sidecar: signs announced checkpoints and re-verifies signed ones.
 
-The work is three services of :mod:`warden.signer` over one shared
+The work is four services of :mod:`warden.signer` over one shared
 :class:`~warden.signer.state.SignerState`; this module wires them to the runtime:
 
 - ``checkpoint.saved`` and ``run.started`` events go to
@@ -8,12 +8,17 @@ The work is three services of :mod:`warden.signer` over one shared
   if its bytes hash to the ``root_digest`` and ``file_count`` the event announced, else
   refused (``warden_signer_refused_total{reason}``, a violation); a hash abandoned on
   SIGTERM is RetryLater (the event is handled again on the next start);
+- ``run.resumed`` (Warden's trainer, the HF callback, the verl bridge) goes to
+  :class:`~warden.signer.resume_checking.ResumeChecking`: the checkpoint the run went on from
+  is verified at once by the periodic re-verification's code; one that does not verify counts
+  in ``warden_signer_invalid_checkpoints`` (it pages) and is kept in ``<state_dir>/resumed.json``
+  across restarts; every event counts in ``warden_signer_resumed_checks_total{result}``;
 - :meth:`SignerSidecar.check`, every ``check_interval_seconds``, runs
   :class:`~warden.signer.root_scanning.RootScan` (the policy's ``watch`` roots: sign
   complete, stable, unsigned checkpoints; the run's own root ``<run_dir>/checkpoints``:
   audited, never signed, ``warden_signer_violating_checkpoints{reason}``) and then
   :class:`~warden.signer.reverification.Reverification` (every signed checkpoint once per
-  ``reverify_interval_seconds``).
+  ``reverify_interval_seconds``, and the failed resumed checkpoints on the first check).
 
 The metric families are :mod:`sidecars.signer.metrics`; the ``keys`` and ``checkpoint``
 commands :mod:`sidecars.signer.commands`.
@@ -26,11 +31,13 @@ import os
 from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext
 from sidecars.signer.metrics import SignerMetrics
 from warden.errors import TryAgainLater
-from warden.journal import CHECKPOINT_SAVED, RUN_STARTED, Event
+from warden.journal import CHECKPOINT_SAVED, RUN_RESUMED, RUN_STARTED, Event
 from warden.logs import log_fields
 from warden.signer.announced_signing import AnnouncedSigning
 from warden.signer.announcements import ANNOUNCED_FILE, AnnouncementStore
 from warden.signer.policy import SignerPolicy
+from warden.signer.resume_checking import ResumeChecking
+from warden.signer.resumes import RESUMED_FILE, ResumedStore
 from warden.signer.reverification import Reverification
 from warden.signer.root_scanning import RootScan
 from warden.signer.runs import RUNS_FILE, RunRegistry
@@ -39,10 +46,10 @@ from warden.signer.state import SignerState, policy_dir, roots_of, signing_key, 
 
 class SignerSidecar(Sidecar[SignerPolicy]):
     name = "signer"
-    description = "hashes and signs checkpoints (checkpoint.saved, HF and verl roots), re-verifies them"
+    description = "hashes and signs checkpoints (checkpoint.saved, HF and verl roots), re-verifies them (and on resume)"
     default_port = 9461
     policy_schema = SignerPolicy
-    handles = frozenset({CHECKPOINT_SAVED, RUN_STARTED})
+    handles = frozenset({CHECKPOINT_SAVED, RUN_STARTED, RUN_RESUMED})
     needs_run_dir = False
 
     def __init__(self, ctx: SidecarContext, use_watchdog: bool = True) -> None:
@@ -68,13 +75,19 @@ class SignerSidecar(Sidecar[SignerPolicy]):
         if self.state.announced.load_error:
             ctx.log.error(self.state.announced.load_error, extra=log_fields(sidecar=self.name))
         self.events = AnnouncedSigning(self.state)
-        self.reverify = Reverification(self.state)
+        resumed = ResumedStore(os.path.join(ctx.state_dir, RESUMED_FILE))
+        if resumed.load_error:
+            ctx.log.error(resumed.load_error, extra=log_fields(sidecar=self.name))
+        self.reverify = Reverification(self.state, resumed)
+        self.resumes = ResumeChecking(self.state, self.reverify)
         self._first_check = True
 
     def handle(self, event: Event) -> Outcome:
         if event.type == RUN_STARTED:
             return self.events.run_started(event)
         try:
+            if event.type == RUN_RESUMED:
+                return self.resumes.run_resumed(event)
             return self.events.checkpoint_saved(event)
         except TryAgainLater as exc:
             raise RetryLater(str(exc)) from None

@@ -60,7 +60,7 @@ class AnnouncedSigning:
         raw = event.data.get("path")
         if not isinstance(raw, str) or not raw:
             raise BadEvent(f"checkpoint.saved seq {event.seq} (step {event.step}) has no data.path; skipped")
-        candidate = self._event_candidate(event, raw)
+        candidate = event_candidate(self.state, raw, event.step)
         self.state.runs.record(event.run_id, None)
         try:
             saved = CheckpointSaved.from_data(event.data)
@@ -126,22 +126,6 @@ class AnnouncedSigning:
         roots = self.state.roots
         return any(r.announced_only and r.path == candidate.root for r in roots) and candidate.layout == "warden"
 
-    def _event_candidate(self, event: Event, raw: str) -> Candidate:
-        """The checkpoint an event names (``raw``: its data.path); relative paths are under the run dir."""
-        run_dir = self.state.run_dir
-        base = run_dir or os.getcwd()
-        path = os.path.normpath(raw if os.path.isabs(raw) else os.path.join(base, raw))
-        named = layout_of(os.path.basename(path))
-        if not os.path.lexists(path) and run_dir and named is not None and named[0] == "warden":
-            # The trainer may see the run volume at another mount point than this container. Only a
-            # step-N of Warden's own layout is looked for there: an HF or verl checkpoint moved into
-            # the run's root is not the one announced.
-            moved = os.path.join(run_dir, RUN_CHECKPOINTS, os.path.basename(path))
-            path = moved if os.path.lexists(moved) else path
-        known = layout_of(os.path.basename(path))
-        layout, step = known if known else ("warden", event.step if event.step is not None else 0)
-        return Candidate(path, step, layout)
-
     def _already_signed(self, candidate: Candidate, announced: Announced | None = None) -> str | None:
         """The signed root digest when a ``.sig`` exists, verifies and (if announced) covers the
         announced digest; None otherwise. A mismatching one is about to be replaced (the same
@@ -162,6 +146,24 @@ class AnnouncedSigning:
         why = result.summary() if not result.ok else f"it signs root {result.signed_root_digest}, not the announced one"
         self.state.log.warning(f"replacing a signature that does not match: {why}", extra=fields(self.state, candidate))
         return None
+
+
+def event_candidate(state: SignerState, raw: str, step: int | None) -> Candidate:
+    """The checkpoint an event names (``raw``: its path; ``step``: the event's, for a name no layout
+    knows). A relative path is under the run dir; a ``step-N`` of Warden's layout not found where it
+    is named is looked for in the run's own root (the trainer may see the run volume at another
+    mount point than this container; an HF or verl checkpoint moved into the run's root is not the
+    one announced). ``checkpoint.saved`` and ``run.resumed`` both resolve their paths here."""
+    run_dir = state.run_dir
+    base = run_dir or os.getcwd()
+    path = os.path.normpath(raw if os.path.isabs(raw) else os.path.join(base, raw))
+    named = layout_of(os.path.basename(path))
+    if not os.path.lexists(path) and run_dir and named is not None and named[0] == "warden":
+        moved = os.path.join(run_dir, RUN_CHECKPOINTS, os.path.basename(path))
+        path = moved if os.path.lexists(moved) else path
+    known = layout_of(os.path.basename(path))
+    layout, found = known if known else ("warden", step if step is not None else 0)
+    return Candidate(path, found, layout)
 
 
 def announcement_digests(result: VerifyResult) -> set[str | None]:

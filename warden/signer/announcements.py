@@ -129,6 +129,14 @@ class AnnouncementStore:
             if os.path.dirname(path) == root:
                 yield path, record
 
+    def items(self) -> Iterator[tuple[str, Record]]:
+        """Every record, oldest first."""
+        yield from list(self._records.items())
+
+    def directories(self) -> set[str]:
+        """The directories announced checkpoints live in (their roots, watched or not)."""
+        return {os.path.dirname(path) for path in self._records}
+
     def signed(self) -> Iterator[tuple[str, Record]]:
         """Records of checkpoints this signer signed (or adopted), oldest first."""
         for path, record in list(self._records.items()):

@@ -14,7 +14,7 @@ from warden.instruments import Gauge, LabelledCounter, LabelledGauge, LabelledHi
 
 
 class SignerInstruments(Protocol):
-    """What the three services (:mod:`warden.signer.state`) count and set."""
+    """What the services (:mod:`warden.signer.state`) count and set."""
 
     @property
     def signed(self) -> LabelledCounter: ...
@@ -46,6 +46,8 @@ class SignerInstruments(Protocol):
     def violating(self) -> LabelledGauge: ...
     @property
     def pruned(self) -> LabelledCounter: ...
+    @property
+    def resumed_checks(self) -> LabelledCounter: ...
     @property
     def violating_reasons(self) -> Sequence[str]: ...
 

@@ -1,9 +1,10 @@
-"""What the signer's three services share, and how its keys and roots come from the policy.
+"""What the signer's services share, and how its keys and roots come from the policy.
 
 :class:`SignerState` holds the settings, keys, stores, instruments and clock that
 :class:`~warden.signer.announced_signing.AnnouncedSigning` (``checkpoint.saved``),
 :class:`~warden.signer.root_scanning.RootScan` (the roots: sign what is stable, audit the
-run's own root) and :class:`~warden.signer.reverification.Reverification` work on, plus the
+run's own root), :class:`~warden.signer.reverification.Reverification` and
+:class:`~warden.signer.resume_checking.ResumeChecking` (``run.resumed``) work on, plus the
 one piece of bookkeeping two of them touch: the watched roots' unsigned checkpoints and their
 failed attempts (any signature written, from an event too, takes its checkpoint off both).
 What only one service needs stays in that service.

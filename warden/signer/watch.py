@@ -47,11 +47,15 @@ DIR_PATTERNS: dict[str, re.Pattern[str]] = {
 """Names *like* a checkpoint of each layout (matched whole: ``fullmatch``, so no trailing newline)."""
 CANONICAL: dict[str, str] = {"warden": "step-{:09d}", "hf": "checkpoint-{}", "verl": "global_step_{}"}
 """The one spelling of step N in each layout; any other spelling of a step is no checkpoint of it."""
+NAME_MAX = 255
 
 
 def step_in_layout(layout: str, name: str) -> tuple[int, bool] | None:
     """(step, canonical) for a name like a checkpoint of ``layout``; None for any other name.
-    ``canonical`` is False for an alias such as ``step-0000000004`` (step 4, not its name)."""
+    ``canonical`` is False for an alias such as ``step-0000000004`` (step 4, not its name). A name
+    over :data:`NAME_MAX` characters is none (no file system holds one; nor is its number parsed)."""
+    if len(name) > NAME_MAX:
+        return None
     match = DIR_PATTERNS[layout].fullmatch(name)
     if match is None:
         return None
