@@ -171,6 +171,8 @@ STORAGE_FACING = (
     "warden/signer/operations.py",
     "warden/signer/announced_signing.py",
     "warden/signer/reverification.py",
+    "warden/signer/resume_checking.py",
+    "trainer/saver.py",
 )
 FS_CALLS = {"rename", "replace", "unlink", "remove", "rmdir", "mkdir", "makedirs", "link", "symlink", "open"}
 
