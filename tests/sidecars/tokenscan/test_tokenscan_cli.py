@@ -183,3 +183,20 @@ def test_cli_output_file_is_written_whole(fresh_benign, tmp_path):
     assert result.returncode == 0 and result.stdout == ""
     assert json.loads(out.read_text())["directories"][0]["outcome"] == "clean"
     assert [p.name for p in out.parent.iterdir()] == ["scan.json"]  # no temporary file left beside it
+
+
+def test_a_repositorys_own_policy_never_weakens_a_scan(tokenscan_corpus, tmp_path):
+    """A repository that ships ``policies/tokenscan.yaml`` (here one that fails only on critical) does not
+    change what ``warden scan tokenizer`` enforces when run from it; only --policy-dir / WARDEN_POLICY_DIR
+    or --policy select another policy, and then the weakening shows (the control)."""
+    repo = tmp_path / "repo"
+    (repo / "policies").mkdir(parents=True)
+    (repo / "policies" / "tokenscan.yaml").write_text("version: 1\nfail_on: critical\n")
+    target = str(tokenscan_corpus.case("requirements_txt"))
+    env = {"WARDEN_FORMAT": "json"}
+    from_repo = run_warden("scan", "tokenizer", target, env=env, cwd=str(repo))
+    assert from_repo.returncode == 1, from_repo.stdout + from_repo.stderr
+    assert json.loads(from_repo.stdout)["counts"]["high"] >= 1
+    chosen = run_warden("scan", "tokenizer", target, env={**env, "WARDEN_POLICY_DIR": "policies"}, cwd=str(repo))
+    assert chosen.returncode == 0, chosen.stdout + chosen.stderr  # the same finding, below its fail_on
+    assert json.loads(chosen.stdout)["counts"]["high"] >= 1
