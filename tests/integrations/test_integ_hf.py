@@ -96,12 +96,14 @@ def test_a_trainer_run_with_rotation_and_resume_gets_its_checkpoints_signed(
     assert sorted(p.name for p in output_dir.glob("*.sig")) == ["checkpoint-3.sig", "checkpoint-4.sig"]
 
     # resume for two more steps: run.resumed, then more checkpoints (rotation deletes 3 and 4, and their .sig stay)
-    trainer = make_trainer(tiny, output_dir, WardenCallback(run_dir=str(run_dir)), max_steps=6)
-    trainer.train(resume_from_checkpoint=True)
+    callback = WardenCallback(run_dir=str(run_dir), trusted_keys=str(signing_keys.pub))
+    trainer = make_trainer(tiny, output_dir, callback, max_steps=6)
+    trainer.train(resume_from_checkpoint=True)  # checkpoint-4, signed by the signer sidecar: verified
     events = read_events(run_dir)
     resumed = [e for e in events if e.type == RUN_RESUMED]
     assert len(resumed) == 1 and resumed[0].data["from_step"] == 4 and resumed[0].run_id == "hf-tiny"
     assert resumed[0].data["checkpoint"] == str(output_dir / "checkpoint-4")
+    assert resumed[0].data["verification"].startswith("signature verified")
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     signer = run_warden("sidecar", "run", "signer", "--once", "--run-dir", str(run_dir), "--policy", signer_policy)
     assert signer.returncode == 0, signer.stderr
@@ -129,7 +131,7 @@ def test_only_the_world_process_zero_writes_and_failures_do_not_stop_training(tm
     callback.on_save(args, zero, TrainerControl())  # checkpoint-3 is not there: nothing claimed
     callback.close()
     (event,) = read_events(tmp_path / "env-run")
-    assert event.run_id == "env-run" and event.data["kind"] == "eval"
+    assert event.run_id.startswith("env-run-") and event.data["kind"] == "eval"
     assert event.data["hf_logs"]["loss"] is None and "loss" not in event.data
     assert event.data["rewards_acc_mean"] == 1.0
     assert step_payload({"reward": 0.5})["reward_mean"] == 0.5

@@ -12,7 +12,8 @@ Trainer hook                      event                   data
 ================================  ======================  =====================================
 ``on_train_begin`` (fresh)        ``run.started``         config digest, model/tokenizer paths,
                                                           world size, versions
-``on_train_begin`` (resumed)      ``run.resumed``         ``from_step``, ``checkpoint``
+``on_train_begin`` (resumed)      ``run.resumed``         ``from_step``, ``checkpoint``,
+                                                          ``verification``, ``verified``
 ``on_log``                        ``step.completed``      mapped metric names, Warden aliases,
                                                           ``hf_logs`` (the original dict)
 ``on_save``                       ``checkpoint.saved``    ``path`` of ``checkpoint-{global_step}``,
@@ -40,17 +41,28 @@ behind: the signer treats a checkpoint that vanished before it was hashed as cou
 not as an error. A journal write failure is logged and never stops training unless
 ``strict=True``. Run directory: ``run_dir``, else ``$WARDEN_RUN_DIR``, else the
 Trainer's ``output_dir``; run id: ``run_id``, else the journal's, else ``$WARDEN_RUN_ID``,
-else the run directory's name.
+else a new one: the run directory's name, the UTC time and a random suffix
+(``sft-1-20260102-030405-a1b2c3``), so two runs whose run directories share a name get two ids;
+a resumed run keeps the id its journal holds.
+
+Resume is verified: ``on_train_begin`` of a resumed run checks the checkpoint HF resumed from
+(:func:`trainer.integrations.hf_resume.verify_hf_checkpoint`: the signature by ``trusted_keys``,
+the signed run id and step, every file's bytes) and raises :class:`HFResumeRefused` before the
+first step when it does not verify, or when no ``trusted_keys`` were given; ``verify_resume=False``
+resumes unverified, and ``run.resumed`` says so. HF has loaded the weights by then, so pick the
+checkpoint with :func:`trainer.integrations.hf_resume.warden_resume_checkpoint` before ``train()``.
 """
 
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import math
 import os
 import platform
 import re
+import secrets
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -115,7 +127,7 @@ def hf_checkpoint_steps(root: str) -> set[int]:
     try:
         with os.scandir(root) as entries:
             for entry in entries:
-                step = _step_of_checkpoint(entry.name)
+                step = step_of_checkpoint(entry.name)
                 if step is not None and entry.is_dir(follow_symlinks=False):
                     steps.add(step)
     except OSError:
@@ -123,12 +135,59 @@ def hf_checkpoint_steps(root: str) -> set[int]:
     return steps
 
 
-def _step_of_checkpoint(name: str | None) -> int | None:
+def step_of_checkpoint(name: str | None) -> int | None:
     """The step of ``checkpoint-N`` (exactly that spelling: no leading zeros, nothing after)."""
     base = os.path.basename(os.path.normpath(name)) if name else ""
     match = HF_CHECKPOINT.fullmatch(base)
     step = int(match.group(1)) if match else None
     return step if step is not None and base == f"checkpoint-{step}" else None
+
+
+def new_run_id(run_dir: str) -> str:
+    """A new run id: the run directory's name, the UTC time and a random suffix (as the verl
+    bridge derives its ids), valid per :func:`warden.runid.sanitize_run_id`."""
+    name = sanitize_run_id(os.path.basename(os.path.abspath(run_dir)), "hf-run")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    return sanitize_run_id(f"{name[:100]}-{stamp}-{secrets.token_hex(3)}", "hf-run")
+
+
+def resolve_run_id(journal_path: str, run_dir: str, explicit: str | None = None, *, mint: bool = True) -> str | None:
+    """``explicit``, else the journal's run id (a resumed run keeps its id), else ``$WARDEN_RUN_ID``,
+    else a new one (None with ``mint=False``)."""
+    found = explicit or journal_run_id(journal_path) or os.environ.get("WARDEN_RUN_ID")
+    return found or (new_run_id(run_dir) if mint else None)
+
+
+def journal_writer(run_dir: str, run_id: str | None = None) -> ev.EventWriter:
+    """The writer of ``<run_dir>/events.jsonl`` under :func:`resolve_run_id`'s id (the directory made)."""
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, ev.JOURNAL_NAME)
+    return ev.EventWriter(path, str(resolve_run_id(path, run_dir, run_id)))
+
+
+def resumed_checkpoint(args: TrainingArguments, state: TrainerState) -> str | None:
+    """The checkpoint HF resumed from, seen from ``on_train_begin``.
+
+    transformers (5.x) passes callbacks no path: ``state`` holds the resumed ``trainer_state.json``
+    (``global_step``) and ``args.resume_from_checkpoint`` is not what ``train()`` was given. The path
+    is the ``resume_from_checkpoint`` local of ``Trainer._inner_training_loop`` (what HF loaded,
+    ``True`` already resolved to a directory), found by walking up the calling frames; where that
+    is not found, ``<output_dir>/checkpoint-{global_step}`` if it exists. None: not a resume.
+    """
+    frame = inspect.currentframe()
+    try:
+        depth = 0
+        while frame is not None and depth < 16:
+            if frame.f_code.co_name == "_inner_training_loop" and "resume_from_checkpoint" in frame.f_locals:
+                value = frame.f_locals["resume_from_checkpoint"]
+                return os.path.abspath(value) if isinstance(value, str | os.PathLike) and value else None
+            frame, depth = frame.f_back, depth + 1
+    finally:
+        del frame
+    if state.global_step <= 0:
+        return None
+    guess = os.path.join(output_dir(args), f"checkpoint-{state.global_step}")
+    return guess if os.path.isdir(guess) else None
 
 
 def rotation_removed(before: list[int], limit: int | None, best: int | None) -> set[int]:
@@ -228,7 +287,11 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
         announce_digest: bool = True,
         rank_wait_seconds: float = 600.0,
         settle_seconds: float = 2.0,
+        trusted_keys: Any = None,
+        verify_resume: bool = True,
     ) -> None:
+        self.trusted_keys = trusted_keys
+        self.verify_resume = verify_resume
         self.run_dir = run_dir
         self.run_id = run_id
         self.strict = strict
@@ -244,17 +307,19 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
 
     def _journal(self, args: TrainingArguments) -> ev.EventWriter:
         if self._writer is None:
-            run_dir = self.resolve_run_dir(args)
-            os.makedirs(run_dir, exist_ok=True)
-            path = os.path.join(run_dir, ev.JOURNAL_NAME)
-            run_id = (
-                self.run_id
-                or journal_run_id(path)
-                or os.environ.get("WARDEN_RUN_ID")
-                or sanitize_run_id(os.path.basename(run_dir), "hf-run")
-            )
-            self._writer = ev.EventWriter(path, run_id)
+            self._writer = journal_writer(self.resolve_run_dir(args), self.run_id)
         return self._writer
+
+    def _run_id_to_match(self, args: TrainingArguments, state: TrainerState) -> str | None:
+        """The run id a resumed checkpoint must be signed for: the journal's (rank 0 opens it;
+        the other ranks read it, and mint nothing)."""
+        if state.is_world_process_zero:
+            try:
+                return self._journal(args).run_id
+            except (OSError, ev.JournalError) as exc:
+                log.error("warden: cannot open the journal: %s", exc)
+        run_dir = self.resolve_run_dir(args)
+        return resolve_run_id(os.path.join(run_dir, ev.JOURNAL_NAME), run_dir, self.run_id, mint=False)
 
     def _genesis_nonce(self, args: TrainingArguments) -> str | None:
         """The run's genesis nonce: the first run.started's in the journal, else a new one."""
@@ -284,14 +349,16 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self._summary = None
-        if state.global_step > 0:
-            checkpoint = os.path.join(output_dir(args), f"checkpoint-{state.global_step}")
+        checkpoint = resumed_checkpoint(args, state)
+        if checkpoint is not None or state.global_step > 0:
+            verification = self._verify_resume(args, state, checkpoint)
             resumed = RunResumed(
                 source=SOURCE,
                 genesis_nonce=self._genesis_nonce(args),
                 from_step=state.global_step,
-                checkpoint=checkpoint if os.path.isdir(checkpoint) else None,
-                verification="not verified by the callback",
+                checkpoint=checkpoint,
+                verification=verification,
+                extra={"verified": self.verify_resume},
             )
             self.emit(args, state, resumed.TYPE, resumed.to_data(), state.global_step)
             return
@@ -307,6 +374,53 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
             extra={"max_steps": state.max_steps, "output_dir": output_dir(args)},
         )
         self.emit(args, state, started.TYPE, started.to_data(), None)
+
+    def _verify_resume(self, args: TrainingArguments, state: TrainerState, checkpoint: str | None) -> str:
+        """How the resumed checkpoint was verified; raises HFResumeRefused (after journalling
+        ``checkpoint.rejected``) when it does not verify, unless ``verify_resume=False``."""
+        from trainer.integrations.hf_resume import (
+            HFResumeRefused,
+            journal_rejection,
+            load_trusted,
+            verify_hf_checkpoint,
+        )
+        from trainer.verified_load import CheckpointRejected
+
+        if not self.verify_resume:
+            log.warning("warden: resuming from %s unverified (verify_resume=False)", checkpoint)
+            return "skipped: verify_resume=False"
+        path = checkpoint or os.path.join(output_dir(args), f"checkpoint-{state.global_step}")
+        try:
+            if checkpoint is None:
+                raise CheckpointRejected(f"resumed at step {state.global_step}, but HF's checkpoint was not found")
+            if self.trusted_keys is None:
+                raise CheckpointRejected(
+                    "no trusted_keys to verify it with (pass trusted_keys=, or verify_resume=False to "
+                    "resume unverified)"
+                )
+            trusted = load_trusted(self.trusted_keys)
+            verified = verify_hf_checkpoint(checkpoint, trusted, self._run_id_to_match(args, state))
+            if verified.step != state.global_step:
+                raise CheckpointRejected(f"signed step {verified.step}, but HF resumed at step {state.global_step}")
+        except CheckpointRejected as exc:
+            writer = self._writer_or_none(args, state)
+            journal_rejection(writer, path, step_of_checkpoint(path), exc.reason, resumed_by="hf")
+            self.close()
+            raise HFResumeRefused(
+                f"refusing to train on from {path}: {exc.reason}. Resume with the path "
+                "warden_resume_checkpoint() returns, or pass verify_resume=False to resume unverified",
+                (path,),
+            ) from None
+        return verified.how
+
+    def _writer_or_none(self, args: TrainingArguments, state: TrainerState) -> ev.EventWriter | None:
+        if not state.is_world_process_zero:
+            return None
+        try:
+            return self._journal(args)
+        except (OSError, ev.JournalError) as exc:
+            log.error("warden: cannot open the journal: %s", exc)
+            return None
 
     def on_log(
         self,
@@ -365,7 +479,7 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
         gone = {a.step for a in reconcile(ledger, on_disk).missing}
         if not gone:
             return
-        best = _step_of_checkpoint(getattr(state, "best_model_checkpoint", None))
+        best = step_of_checkpoint(getattr(state, "best_model_checkpoint", None))
         # The rule is applied to the checkpoints the journal announced only: a directory someone else
         # planted under the output dir is no checkpoint, so it can never explain a deletion.
         known = sorted(set(ledger.live))
