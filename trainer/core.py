@@ -68,7 +68,7 @@ from warden.payloads import (
     RunResumed,
     RunStarted,
 )
-from warden.runid import new_genesis_nonce
+from warden.runid import journal_run_id, new_genesis_nonce
 
 __all__ = ["PPOTrainer", "StepResult", "TrainingFailed", "capture_rng", "restore_rng"]
 
@@ -232,7 +232,7 @@ class PPOTrainer:
         self.metrics.restart_count.set(elastic.restart_count(os.environ) or 0)
         self.journal: ev.EventWriter | None = None
         journal_path = os.path.join(self.run_dir, ev.JOURNAL_NAME)
-        self.run_id = cfg.run.run_id or _existing_run_id(journal_path) or _new_run_id(config_name)
+        self.run_id = cfg.run.run_id or journal_run_id(journal_path) or _new_run_id(config_name)
         # Rank 0's: another rank may look before the journal exists, or a second later (the id has the time).
         self.run_id = str(broadcast_object(self.run_id, self.dist))
         if self.dist.is_main and emit_events:
@@ -924,15 +924,6 @@ def format_step_line(step: int, m: dict[str, Any]) -> str:
     rate = f"{tps / 1000:.1f}k" if tps >= 1000 else f"{tps:.0f}"
     loss = m["policy_loss"] + m.get("value_loss", 0.0)  # GRPO: no critic, no value loss
     return f"step {step} | reward {m['reward_mean']:.2f} | kl {m['kl']:.3f} | loss {loss:.2f} | {rate} tok/s"
-
-
-def _existing_run_id(journal_path: str) -> str | None:
-    try:
-        with open(journal_path, "rb") as fh:
-            first = fh.readline()
-        return ev.Event.from_dict(__import__("json").loads(first)).run_id
-    except (OSError, ValueError):
-        return None
 
 
 def _new_run_id(name: str) -> str:
