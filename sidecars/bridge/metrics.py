@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from warden.journal import CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_RESUMED, RUN_STARTED, STEP_COMPLETED
+
 VERL_PREFIX = "warden_verl_"
 MAX_VERL_METRICS = 2000
 
@@ -77,4 +79,8 @@ class BridgeMetrics:
             self.pending.labels(source).set(0)
         for source in ("log", "rollout", "event"):
             self.skipped.labels(source)
+        # At 0 from the start: a type's series first seen at 1 has increase() 0 until the next
+        # event, so WardenVerlCheckpointOverdue fired for an hour after a run's first checkpoint.
+        for etype in (RUN_STARTED, RUN_RESUMED, STEP_COMPLETED, REWARD_SNAPSHOT, CHECKPOINT_SAVED):
+            self.emitted.labels(etype)
         self.up.set(1)
