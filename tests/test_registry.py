@@ -15,7 +15,7 @@ import pytest
 import yaml
 from support import ROOT
 
-from sidecars.registry import SIDECARS, sidecar_class
+from sidecars.registry import DEPLOYMENTS, SIDECARS, sidecar_class
 
 NAMES = sorted(SIDECARS)
 
@@ -35,8 +35,8 @@ def _alert_names(rule_file: str) -> list[str]:
     return [rule["alert"] for group in groups for rule in group["rules"] if "alert" in rule]
 
 
-def _scrape_jobs() -> dict[str, list[str]]:
-    jobs = _yaml("alerts", "prometheus.yml")["scrape_configs"]
+def _scrape_jobs(config: str = "prometheus.yml") -> dict[str, list[str]]:
+    jobs = _yaml("alerts", config)["scrape_configs"]
     return {job["job_name"]: [t for sc in job.get("static_configs", []) for t in sc["targets"]] for job in jobs}
 
 
@@ -108,7 +108,55 @@ def test_nothing_outside_the_registry_claims_to_be_a_sidecar():
     services = _yaml("docker-compose.yml")["services"]
     running = {str(s["command"][2]) for s in services.values() if s.get("command", [None])[:2] == ["sidecar", "run"]}
     assert running <= set(NAMES), running - set(NAMES)
-    runbook_meta = _yaml("alerts", "rules", "meta.yml")
-    absent = {r["alert"] for g in runbook_meta["groups"] for r in g["rules"] if r["alert"].endswith("Absent")}
+    absent = {
+        alert
+        for rule_file in ("meta.yml", "meta-trainer.yml", "meta-bridge.yml")
+        for alert in _alert_names(rule_file)
+        if alert.endswith("Absent")
+    }
     known = {f"Warden{n.capitalize()}Absent" for n in [*NAMES, "trainer", "bridge"]}
     assert absent <= known, absent - known
+
+
+# Each deployment kind (Warden's trainer, verl, HF/TRL) scrapes every sidecar and loads every
+# sidecar's rules; what it adds is its trainer side, declared in DEPLOYMENTS and nowhere else.
+COMMON_RULES = {"rules/meta.yml", "rules/sidecars.yml", *(f"rules/{n}.yml" for n in NAMES)}
+
+
+@pytest.mark.parametrize("kind", sorted(DEPLOYMENTS))
+def test_deployment_config_is_the_sidecars_plus_its_trainer_side(kind):
+    deployment = DEPLOYMENTS[kind]
+    config = _yaml("alerts", deployment.prometheus)
+    jobs = _scrape_jobs(deployment.prometheus)
+    for name in NAMES:
+        port = sidecar_class(name).default_port
+        assert jobs.get(name) == [f"{name}:{port}"], f"alerts/{deployment.prometheus}: job {name!r}"
+    assert set(jobs) == {*NAMES, *deployment.jobs}, f"alerts/{deployment.prometheus}: jobs {sorted(jobs)}"
+    rule_files = config["rule_files"]
+    assert len(rule_files) == len(set(rule_files)), rule_files
+    assert set(rule_files) == COMMON_RULES | set(deployment.rules), f"alerts/{deployment.prometheus}: rule_files"
+    assert config["global"] == _yaml("alerts", "prometheus.yml")["global"]
+    assert config["alerting"] == _yaml("alerts", "prometheus.yml")["alerting"]
+
+
+@pytest.mark.parametrize("kind", sorted(DEPLOYMENTS))
+def test_a_deployment_expects_only_the_trainer_side_it_scrapes(kind):
+    """The false page of the issue: an absent alert for a job the deployment does not declare."""
+    deployment = DEPLOYMENTS[kind]
+    loaded = [r.removeprefix("rules/") for r in _yaml("alerts", deployment.prometheus)["rule_files"]]
+    jobs = set(_scrape_jobs(deployment.prometheus))
+    for rule_file in loaded:
+        for group in _yaml("alerts", "rules", rule_file)["groups"]:
+            for rule in group["rules"]:
+                for job in re.findall(r'absent\(up\{job="([^"]+)"\}\)', rule.get("expr", "")):
+                    assert job in jobs, f"alerts/{deployment.prometheus}: {rule['alert']} expects job {job!r}"
+    for job in deployment.jobs:
+        absent = f"Warden{job.capitalize()}Absent"
+        if kind != "warden" or job == "trainer":  # the default stack's bridge is optional
+            assert any(absent in _alert_names(r) for r in loaded), f"alerts/{deployment.prometheus}: no {absent}"
+
+
+def test_every_rule_file_is_loaded_by_some_deployment():
+    on_disk = {f"rules/{f}" for f in os.listdir(os.path.join(ROOT, "alerts", "rules")) if f.endswith(".yml")}
+    loaded = {r for d in DEPLOYMENTS.values() for r in _yaml("alerts", d.prometheus)["rule_files"]}
+    assert loaded == on_disk, on_disk ^ loaded
