@@ -411,6 +411,11 @@ def write_checkpoint(
         os.close(root_fd)
         detail = exc.strerror or exc if isinstance(exc, OSError) else exc
         raise CheckpointError(f"{os.path.join(root, '.tmp-' + final)}: checkpoint write failed: {detail}") from exc
+    except BaseException:  # a bug in the fill (an unsupported dtype, say): never leave a temporary behind
+        if tmp is not None:
+            _discard(root_fd, tmp)
+        os.close(root_fd)
+        raise
     os.close(root_fd)
     if shard_size is None:
         announced = announced_root({**digests, MANIFEST: hashlib.sha256(manifest).hexdigest()})

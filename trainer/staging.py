@@ -46,17 +46,14 @@ class HostArena:
 
     Raises :class:`HostMemoryError` when the memory cannot be allocated. :meth:`reset` starts a
     capture; :meth:`stage` copies a tensor into the next slice and returns the copy, valid once
-    :meth:`flush` and :func:`copies_done` have run. With ``bucket_bytes``, tensors on
-    ``bucket_device`` smaller than that are gathered into one device buffer first and reach the host in one transfer per
-    bucket: a model's state is hundreds of tensors, and each transfer has a fixed cost.
+    :func:`copies_done` has run. One transfer per tensor: gathering small tensors into device
+    buffers first measured no faster on the H200 (0.215 s against 0.211 s for 10.8 GB) and is gone.
     """
 
-    def __init__(self, capacity: int, pinned: bool, bucket_bytes: int = 0, bucket_device: str = "cuda") -> None:
-        self.pinned, self.bucket_bytes, self.bucket_device = pinned, bucket_bytes, bucket_device
+    def __init__(self, capacity: int, pinned: bool) -> None:
+        self.pinned = pinned
         self.chunks: list[torch.Tensor] = []
         self._chunk = self._offset = 0
-        self._bucket: torch.Tensor | None = None
-        self._group: tuple[int, int, int] | None = None  # (chunk, first byte, end) gathered in the bucket
         self._grow(max(capacity, ALIGN))
 
     @property
@@ -76,7 +73,6 @@ class HostArena:
 
     def reset(self) -> None:
         self._chunk = self._offset = 0
-        self._group = None
 
     def _take(self, nbytes: int) -> tuple[int, int]:
         """(chunk index, first byte) of the next ``nbytes``-byte slice."""
@@ -103,34 +99,8 @@ class HostArena:
             return torch.empty(source.shape, dtype=source.dtype)
         chunk, start = self._take(nbytes)
         out = self.chunks[chunk][start : start + nbytes].view(source.dtype).view(source.shape)
-        if nbytes < self.bucket_bytes and source.device.type == self.bucket_device:
-            self._gather(source, chunk, start, nbytes)
-        else:
-            out.copy_(source, non_blocking=self.pinned and source.device.type == "cuda")
+        out.copy_(source, non_blocking=self.pinned and source.device.type == "cuda")
         return out
-
-    def _gather(self, source: torch.Tensor, chunk: int, start: int, nbytes: int) -> None:
-        """Copies ``source`` into the device bucket at the place its host slice has in the group."""
-        group = self._group
-        if group is not None and (group[0] != chunk or start + nbytes - group[1] > self.bucket_bytes):
-            self.flush()
-            group = None
-        if group is None:
-            group = (chunk, start, start)
-        if self._bucket is None or self._bucket.device != source.device:
-            self._bucket = torch.empty(self.bucket_bytes, dtype=torch.uint8, device=source.device)
-        offset = start - group[1]
-        self._bucket[offset : offset + nbytes].view(source.dtype).view(source.shape).copy_(source)
-        self._group = (chunk, group[1], start + nbytes)
-
-    def flush(self) -> None:
-        """Queues the host transfer of the bucket gathered so far (stream order keeps the bucket
-        from being overwritten before its transfer has read it)."""
-        if self._group is None or self._bucket is None:
-            return
-        chunk, first, end = self._group
-        self.chunks[chunk][first:end].copy_(self._bucket[: end - first], non_blocking=self.pinned)
-        self._group = None
 
 
 def copies_done(device: torch.device) -> None:
@@ -170,7 +140,6 @@ def capture(fill: Callable[[CheckpointSink], None], arena: HostArena, device: to
     arena.reset()
     image = StagedImage(arena)
     fill(image)
-    arena.flush()
     copies_done(device)
     return image
 
@@ -192,10 +161,6 @@ def available_host_bytes(meminfo: str = "/proc/meminfo") -> int | None:
     return None
 
 
-BUCKET_BYTES = 256 << 20
-"""Device tensors below this size reach the host gathered, one transfer per this many bytes."""
-
-
 def reserve_arena(capacity: int, pinned: bool, available: int | None) -> HostArena:
     """The arena for asynchronous saves, after checking ``capacity`` against the host's available
     memory (leaving a quarter of it to everything else); HostMemoryError names both figures."""
@@ -205,4 +170,4 @@ def reserve_arena(capacity: int, pinned: bool, available: int | None) -> HostAre
             f"and only {available / GIB:.2f} GiB is available (MemAvailable, of which Warden takes at most "
             "three quarters); set checkpoint.async_save: off, or checkpoint.async_fallback: sync"
         )
-    return HostArena(capacity, pinned, bucket_bytes=BUCKET_BYTES if pinned else 0)
+    return HostArena(capacity, pinned)

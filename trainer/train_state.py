@@ -180,6 +180,37 @@ def _check_weights(where: str, model: Any, tensors: dict[str, Any], may_miss: bo
         )
 
 
+def _check_optimizer_state(where: str, optimizer: Any, saved: Any) -> None:
+    """Each saved moment has its parameter's shape (0-dim entries, the step counters, excepted):
+    a wrongly shaped state would be accepted and fail only at the next optimizer step."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    entries = saved.get("state") if isinstance(saved, dict) else None
+    if not isinstance(entries, dict):
+        raise CheckpointRejected(f"{where}: the optimizer state has no 'state' mapping")
+    for index, values in entries.items():
+        if not isinstance(index, int) or not 0 <= index < len(params) or not isinstance(values, dict):
+            raise CheckpointRejected(f"{where}: optimizer state for parameter {quote_untrusted(index)}")
+        for name, value in values.items():
+            if isinstance(value, torch.Tensor) and value.dim() and tuple(value.shape) != tuple(params[index].shape):
+                raise CheckpointRejected(
+                    f"{where}: {quote_untrusted(name)} of parameter {index} has shape {list(value.shape)}, "
+                    f"the parameter {list(params[index].shape)}"
+                )
+
+
+RESTORE_ERRORS = (
+    KeyError,
+    TypeError,
+    ValueError,
+    RuntimeError,
+    AttributeError,
+    IndexError,
+    OverflowError,
+    RecursionError,
+)
+"""What restoring hostile-but-verified state can raise (integrity-only mode: the manifest is writable too)."""
+
+
 def guard_config(trainer: Any, state: dict[str, Any]) -> list[str]:
     """The changed training keys; ConfigError (exit 2) listing them unless changes are allowed."""
     current = trainer.cfg.to_dict()
@@ -211,7 +242,10 @@ def _critic_state(checkpoint: VerifiedCheckpoint, trainer: Any, state: dict[str,
 
 def load_into(trainer: Any, checkpoint: VerifiedCheckpoint) -> None:
     """Restores weights, optimizers, schedulers, data position, KL coefficient and RNG from
-    the verified bytes; everything is decoded and checked before the trainer is touched."""
+    the verified bytes. Everything is decoded, and weights and optimizer moments checked against
+    the models, before the trainer is touched; a value that fails while being restored (hostile
+    bytes in integrity-only mode) is a CheckpointRejected, and the next candidate restores every
+    part again."""
     state = checkpoint.json(ckpt.STATE)
     if not isinstance(state, dict):
         raise CheckpointRejected(f"{ckpt.STATE}: not a JSON object")
@@ -226,6 +260,9 @@ def load_into(trainer: Any, checkpoint: VerifiedCheckpoint) -> None:
     _check_weights("actor", actor, weights, bool(getattr(actor.config, "tie_word_embeddings", False)))
     critic = _critic_state(checkpoint, trainer, state)
     optim_actor, rng = checkpoint.state("optim_actor"), checkpoint.state("rng")
+    _check_optimizer_state("optim_actor", trainer.actor_opt, optim_actor)
+    if critic is not None:
+        _check_optimizer_state("optim_critic", trainer.critic_opt, critic[1])
     try:
         actor.load_state_dict(weights, strict=False)  # copy_ casts a bf16 checkpoint into fp32 masters
         trainer.actor_opt.load_state_dict(optim_actor)
@@ -240,7 +277,7 @@ def load_into(trainer: Any, checkpoint: VerifiedCheckpoint) -> None:
         nonce = state.get("genesis_nonce")
         trainer.genesis_nonce = nonce if valid_genesis_nonce(nonce) else None
         restore_rng(rng)
-    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+    except RESTORE_ERRORS as exc:
         raise CheckpointRejected(f"cannot restore the training state: {quote_untrusted(exc)}") from None
     trainer.step = checkpoint.step
     # Not part of the config guard: a resume at another world size (an elastic restart after a

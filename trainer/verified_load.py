@@ -121,6 +121,8 @@ class VerifiedCheckpoint:
             return json.loads(bytes(self._bytes(name)))
         except ValueError as exc:
             raise CheckpointRejected(f"{name}: not JSON ({quote_untrusted(exc)})") from None
+        except RecursionError:
+            raise CheckpointRejected(f"{name}: JSON nested too deeply") from None
 
     def tensors(self, name: str) -> dict[str, Any]:
         """The tensors of a verified safetensors file, as views of its buffer (:func:`trainer.tensorfile.decode`)."""
@@ -138,6 +140,8 @@ class VerifiedCheckpoint:
             return ckpt.unflatten_state(skeleton, tensors)
         except (KeyError, TypeError, ValueError) as exc:
             raise CheckpointRejected(f"{name}.json: not a saved state ({quote_untrusted(exc)})") from None
+        except RecursionError:
+            raise CheckpointRejected(f"{name}.json: nested too deeply to be a saved state") from None
 
     def _bytes(self, name: str) -> memoryview:
         if name not in self.files:

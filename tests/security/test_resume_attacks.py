@@ -458,3 +458,65 @@ def test_a_deep_tree_inside_a_checkpoint_is_a_rejection_not_a_crash(kit, tmp_pat
             remove_tree_at(top, "d", max_depth=2000)
         finally:
             os.close(top)
+
+
+# -- integrity-only mode: the manifest is writable too, so the bytes may be anything -----------------
+def _replace_tensor_refs(node, key: str, value):
+    """``node`` with the saved-state reference to tensor ``key`` replaced by ``value``."""
+    if isinstance(node, dict):
+        if node.get("__tensor__") == key:
+            return value
+        return {k: _replace_tensor_refs(v, key, value) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_replace_tensor_refs(v, key, value) for v in node]
+    return node
+
+
+def _edit_json(path: str, edit) -> None:
+    import json
+
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(edit(data) if isinstance(edit(data), str) else json.dumps(edit(data)))
+
+
+def _moment_of_wrong_shape(step_dir: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    path = os.path.join(step_dir, "optim_actor.safetensors")
+    tensors = load_file(path)
+    name = next(k for k, v in tensors.items() if v.dim() >= 2)
+    tensors[name] = torch.zeros(1)
+    save_file(tensors, path)
+
+
+HOSTILE_STATE = {
+    "deeply nested trainer state": lambda d: _edit_json(
+        os.path.join(d, "trainer_state.json"), lambda _: "[" * 100_000 + "]" * 100_000
+    ),
+    "deeply nested rng state": lambda d: _edit_json(
+        os.path.join(d, "rng.json"), lambda _: '{"__items__": [["x", ' * 5000 + "1" + "]]}" * 5000
+    ),
+    "rng state of the wrong type": lambda d: _edit_json(
+        os.path.join(d, "rng.json"), lambda data: _replace_tensor_refs(data, "t.numpy.state", 7)
+    ),
+    "an infinite counter": lambda d: _edit_json(
+        os.path.join(d, "trainer_state.json"), lambda data: {**data, "skipped_updates": float("inf")}
+    ),
+    "an optimizer moment of the wrong shape": _moment_of_wrong_shape,
+}
+
+
+@pytest.mark.parametrize("attack", sorted(HOSTILE_STATE))
+def test_hostile_state_in_integrity_only_mode_is_a_refusal_never_a_crash(kit, tmp_path, attack):
+    """Found by this round's red team: each of these ended in a RecursionError, AttributeError,
+    OverflowError, or an accepted checkpoint that failed at the first step."""
+    run_dir = kit.copy(tmp_path)
+    step4 = os.path.join(checkpoints(run_dir), STEP4)
+    HOSTILE_STATE[attack](step4)
+    checkpoint_files.write_manifest(step4)  # the attacker rewrites the manifest too
+    trainer = PPOTrainer(load_config(kit.integrity_config), run_dir, resume="auto")
+    trainer.close()
+    assert trainer.step == 2, "fell back to the untouched checkpoint"
+    assert [os.path.basename(e.data["path"]) for e in rejections(run_dir)] == [STEP4]

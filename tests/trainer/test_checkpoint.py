@@ -284,3 +284,16 @@ def test_an_announcement_in_another_serialization_is_refused_not_signed(tmp_path
             sign_checkpoint(written.path, key, expected=written.announced, serialization=policy)
         assert caught.value.reason == "serialization_mismatch"
     assert not os.path.exists(written.path + ".sig")
+
+
+def test_a_fill_that_fails_with_a_bug_leaves_no_temporary(tmp_path):
+    """Not an OSError: an unsupported dtype (found by this round's red team) once left .tmp-step-N behind."""
+    from trainer.tensorfile import TensorFileError
+
+    def fill(writer: ckpt.CheckpointWriter) -> None:
+        writer.json("a.json", {})
+        writer.tensors("t.safetensors", {"w": torch.zeros(3, dtype=torch.uint16)})
+
+    with pytest.raises(TensorFileError):
+        ckpt.write_checkpoint(str(tmp_path), 3, fill)
+    assert os.listdir(tmp_path) == []
