@@ -18,6 +18,10 @@ Trainer hook                      event                   data
                                                           ``hf_logs`` (the original dict)
 ``on_save``                       ``checkpoint.saved``    ``path`` of ``checkpoint-{global_step}``,
                                                           ``root_digest``, ``file_count``
+``on_step_end``                   ``reward.snapshot``     the step's best ``top_k`` samples recorded
+                                                          with :meth:`WardenCallback.record_samples`
+                                                          (only when some were; the typed
+                                                          :class:`warden.payloads.RewardSnapshot`)
 ``on_train_end``                  ``run.finished``        status, last step, the train summary
 ================================  ======================  =====================================
 
@@ -45,6 +49,12 @@ else a new one: the run directory's name, the UTC time and a random suffix
 (``sft-1-20260102-030405-a1b2c3``), so two runs whose run directories share a name get two ids;
 a resumed run keeps the id its journal holds.
 
+``metrics_port`` (0, the default: off) serves ``/metrics`` on rank 0 with Warden's trainer's
+families (:class:`trainer.metrics.TrainerMetrics`: ``warden_trainer_steps_total``,
+``_last_step``, ``_reward_mean``, ``_kl``, ``_last_checkpoint_step``, ...; see
+:mod:`trainer.integrations.hf_audit`) from ``on_train_begin`` to ``on_train_end``, so the
+trainer alerts of ``alerts/rules/trainer.yml`` apply to HF runs.
+
 Resume is verified: ``on_train_begin`` of a resumed run checks the checkpoint HF resumed from
 (:func:`trainer.integrations.hf_resume.verify_hf_checkpoint`: the signature by ``trusted_keys``,
 the signed run id and step, every file's bytes) and raises :class:`HFResumeRefused` before the
@@ -55,6 +65,7 @@ checkpoint with :func:`trainer.integrations.hf_resume.warden_resume_checkpoint` 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import logging
@@ -70,11 +81,12 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from trainer.integrations.hf_audit import DEFAULT_TOP_K, MAX_TEXT_CHARS, HFMetrics, SampleBuffer, top_samples
 from warden import journal as ev
 from warden.errors import WardenError, quote_untrusted
 from warden.ledger import read_ledger, reconcile
 from warden.metric_names import HF_ALIASES, map_metrics, warden_aliases
-from warden.payloads import CheckpointPruned, CheckpointSaved, RunResumed, RunStarted
+from warden.payloads import CheckpointPruned, CheckpointSaved, RewardSnapshot, RunResumed, RunStarted
 from warden.runid import journal_run_id, new_genesis_nonce, sanitize_run_id
 from warden.signing.manifest import DEFAULT_IGNORE_PATHS, Announced, announce_tree
 from warden.stability import Stability, tree_state
@@ -289,7 +301,18 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
         settle_seconds: float = 2.0,
         trusted_keys: Any = None,
         verify_resume: bool = True,
+        top_k: int = DEFAULT_TOP_K,
+        min_reward: float | None = None,
+        max_text_chars: int = MAX_TEXT_CHARS,
+        metrics_port: int = 0,
+        metrics_listen: str = "127.0.0.1",
     ) -> None:
+        if top_k < 0 or max_text_chars < 1 or not 0 <= metrics_port <= 65535:
+            raise ValueError("WardenCallback: top_k >= 0, max_text_chars >= 1 and 0 <= metrics_port <= 65535")
+        self.top_k, self.min_reward, self.max_text_chars = top_k, min_reward, max_text_chars
+        self.metrics = HFMetrics(metrics_port, metrics_listen)
+        self._samples = SampleBuffer()
+        self._is_zero = True  # until a hook says otherwise
         self.trusted_keys = trusted_keys
         self.verify_resume = verify_resume
         self.run_dir = run_dir
@@ -349,6 +372,8 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self._summary = None
+        self._is_zero = bool(state.is_world_process_zero)
+        self._samples.clear()
         checkpoint = resumed_checkpoint(args, state)
         if checkpoint is not None or state.global_step > 0:
             verification = self._verify_resume(args, state, checkpoint)
@@ -361,6 +386,7 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
                 extra={"verified": self.verify_resume},
             )
             self.emit(args, state, resumed.TYPE, resumed.to_data(), state.global_step)
+            self._start_metrics(args, state)
             return
         model, tokenizer = kwargs.get("model"), kwargs.get("processing_class") or kwargs.get("tokenizer")
         started = RunStarted(
@@ -374,6 +400,75 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
             extra={"max_steps": state.max_steps, "output_dir": output_dir(args)},
         )
         self.emit(args, state, started.TYPE, started.to_data(), None)
+        self._start_metrics(args, state)
+
+    def _start_metrics(self, args: TrainingArguments, state: TrainerState) -> None:
+        """``/metrics`` on rank 0 (``metrics_port``; 0: not served), ``warden_trainer_run_info`` set."""
+        if not state.is_world_process_zero:
+            return
+        writer = self._writer_or_none(args, state)
+        self.metrics.start(writer.run_id if writer is not None else self.run_id, _versions())
+
+    # -- reward snapshots ---------------------------------------------------------------------
+    def record_samples(self, prompts: Iterable[Any], responses: Iterable[Any], rewards: Iterable[Any]) -> int:
+        """Records scored samples of the current optimizer step; returns how many were taken.
+
+        Call it with each batch the step scores (equally long sequences: prompts and responses
+        as text, or chats as lists of ``{"content": ...}``; rewards as numbers, tensors' elements
+        or numpy scalars). Several calls in one step add up (gradient accumulation; ``index``
+        continues). At ``on_step_end`` the callback writes one ``reward.snapshot`` for the step
+        (the best ``top_k`` at or above ``min_reward``, texts cut to ``max_text_chars``) and
+        sets ``warden_trainer_reward_mean``/``_max`` from all of them. On other ranks than the
+        world's process zero it keeps nothing (returns 0).
+        """
+        if not self._is_zero:
+            return 0
+        return self._samples.add(prompts, responses, rewards)
+
+    def reward_function(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` (a TRL reward function: ``fn(prompts=, completions=, **kw) -> list of float``)
+        wrapped so that what it scores is recorded with :meth:`record_samples`."""
+
+        @functools.wraps(fn)  # TRL logs rewards/<__name__>
+        def scored(*args: Any, **kwargs: Any) -> Any:
+            rewards = fn(*args, **kwargs)
+            prompts, completions = kwargs.get("prompts"), kwargs.get("completions")
+            if prompts is not None and completions is not None and rewards is not None:
+                finite = [math.nan if r is None else r for r in rewards]  # TRL: None = not scored
+                self.record_samples(prompts, completions, finite)
+            return rewards
+
+        return scored
+
+    def record_oom(self, phase: str = "step") -> None:
+        """Counts an out-of-memory error in ``warden_trainer_oom_events_total{phase}``: HF has no
+        hook for errors, so a script that catches ``torch.OutOfMemoryError`` calls this."""
+        self.metrics.oom(phase)
+
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        if state.is_world_process_zero:
+            self.metrics.step_begun()
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        """Once per optimizer step: the step's ``reward.snapshot`` (when samples were recorded) and
+        the step metrics."""
+        self._is_zero = bool(state.is_world_process_zero)
+        try:
+            if not self._is_zero:
+                return
+            self.metrics.step_done(state.global_step, self._samples)
+            if not len(self._samples) or self.top_k <= 0:
+                return
+            buf = self._samples
+            samples = top_samples(
+                buf.prompts, buf.responses, buf.rewards, self.top_k, self.min_reward, self.max_text_chars
+            )
+            payload = RewardSnapshot(samples=tuple(samples), k=self.top_k, min_reward=self.min_reward, source=SOURCE)
+            self.emit(args, state, payload.TYPE, payload.to_data(), state.global_step)
+        finally:
+            self._samples.clear()
 
     def _verify_resume(self, args: TrainingArguments, state: TrainerState, checkpoint: str | None) -> str:
         """How the resumed checkpoint was verified; raises HFResumeRefused (after journalling
@@ -435,6 +530,8 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
         if SUMMARY_KEY in logs:
             self._summary = json_safe(logs)
             return
+        if state.is_world_process_zero:
+            self.metrics.logged(json_safe(logs))
         self.emit(args, state, ev.STEP_COMPLETED, step_payload(logs), state.global_step)
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
@@ -464,6 +561,7 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
         if self.announce_digest:
             saved = saved.with_announced(checkpoint_digest(path))
         self.emit(args, state, saved.TYPE, saved.to_data(), state.global_step)
+        self.metrics.checkpoint_done(state.global_step)
         try:
             self._account_for_rotation(args, state, root)
         except (OSError, ev.JournalError) as exc:
@@ -515,7 +613,8 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
         self.close()
 
     def close(self) -> None:
-        """Closes the journal (it is reopened if training starts again)."""
+        """Closes the journal (it is reopened if training starts again) and stops ``/metrics``."""
+        self.metrics.stop()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
