@@ -1,11 +1,12 @@
-"""Live: the verl deployment's Prometheus config pages nothing while a verl run is healthy.
+"""Live: the verl and HF/TRL deployments' Prometheus configs page nothing while a run is healthy.
 
 A real Prometheus (loopback, scratch dir, stopped by PID) with alerts/prometheus.verl.yml and
 the repo's rules scrapes a following `warden bridge verl` over a verl run that keeps stepping
 and saving, and the signer, archiver, journal and paths sidecars on the bridge's run directory.
 The control: alerts/prometheus.yml (Warden's trainer expected) over the same processes shows the
 false page of the issue (WardenTargetDown for job trainer; WardenTrainerAbsent once the trainer
-job is dropped from it).
+job is dropped from it). Likewise alerts/prometheus.hf.yml over a real tiny HF Trainer run with
+WardenCallback (training in a thread) and the same sidecars, nothing trainer-side scraped.
 
 Synchronisation is on Prometheus' own state: every target up, then N new evaluations of every
 rule group (/api/v1/rules lastEvaluation), collecting /api/v1/alerts at each poll.
@@ -13,6 +14,7 @@ rule group (/api/v1/rules lastEvaluation), collecting /api/v1/alerts at each pol
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -23,6 +25,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,7 +34,7 @@ from support import ROOT, free_port, need_binary, spawn, stop_process, wait_http
 
 from sidecars.registry import DEPLOYMENTS
 
-pytestmark = pytest.mark.slow  # real Prometheus and five real processes: about 20 s a test
+pytestmark = pytest.mark.slow  # a real Prometheus and four or five real processes: about 20 s a test
 
 ALERTS = os.path.join(ROOT, "alerts")
 SIDECARS_HERE = ("signer", "archiver", "journal", "paths")
@@ -69,11 +72,9 @@ class VerlStepper(threading.Thread):
             self.error = exc
 
 
-@pytest.fixture
-def verl_deployment(request, tmp_path, run_dir, verl_run, signer_policy, archiver_setup):
-    """The bridge and the sidecars, all following run_dir: {job: port}."""
+def sidecar_policies(request, tmp_path, signer_policy, archiver_policy) -> dict[str, str]:
     # The paths sidecar watches a mount the test does not fill: on the run's own filesystem, the
-    # test's verl run (checkpoints every second) extrapolated over seconds of history makes
+    # test's run (checkpoints every second) extrapolated over seconds of history makes
     # WardenPathSpaceRunningOut pending (for: 30m keeps it from paging a real deployment).
     watched = Path(tempfile.mkdtemp(prefix="warden-paths-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
     request.addfinalizer(lambda: shutil.rmtree(watched, ignore_errors=True))
@@ -87,40 +88,22 @@ def verl_deployment(request, tmp_path, run_dir, verl_run, signer_policy, archive
             }
         )
     )
-    policies = {
+    return {
         "signer": signer_policy,
-        "archiver": archiver_setup[0],
+        "archiver": archiver_policy,
         "journal": os.path.join(ROOT, "policies", "journal.yaml"),
         "paths": str(paths_policy),
     }
-    verl_run.start()
-    stepper = VerlStepper(verl_run)
-    stepper.start()
+
+
+@contextlib.contextmanager
+def running(tmp_path: Path, commands: dict[str, list[str]]) -> Iterator[dict[str, int]]:
+    """The warden processes of ``commands`` ({job: argv after `warden`}), each on a free port,
+    healthy on /healthz, then stopped by PID: {job: port}. No traceback in their logs."""
     procs: list[subprocess.Popen[bytes]] = []
     logs = []
     ports: dict[str, int] = {}
     try:
-        commands = {
-            "bridge": [
-                "bridge",
-                "verl",
-                "--run-dir",
-                str(run_dir),
-                "--verl-log",
-                str(verl_run.log_path),
-                "--rollout-dir",
-                str(verl_run.rollout_dir),
-                "--checkpoint-root",
-                str(verl_run.ckpt_root),
-                "--poll-interval",
-                "0.2",
-                "--stable-seconds",
-                "0.3",
-            ]
-        }
-        for name in SIDECARS_HERE:
-            commands[name] = ["sidecar", "run", name, "--run-dir", str(run_dir), "--policy", policies[name]]
-            commands[name] += ["--state-dir", str(tmp_path / "state" / name)]
         for name, args in commands.items():
             ports[name] = free_port()
             log = open(tmp_path / f"{name}.log", "wb")  # noqa: SIM115 (closed below)
@@ -130,19 +113,58 @@ def verl_deployment(request, tmp_path, run_dir, verl_run, signer_policy, archive
             wait_http(f"http://127.0.0.1:{ports[name]}/healthz", proc=proc, deadline_s=60)
         yield ports
     finally:
-        stepper.halt.set()
-        stepper.join(5)
         for proc in procs:
             stop_process(proc, signal.SIGTERM)
         for log in logs:
             log.close()
-    assert stepper.error is None, stepper.error
     for name in commands:
         text = (tmp_path / f"{name}.log").read_text(errors="replace")
         # warden/httpserve.py logs a traceback when Prometheus, stopped mid-scrape, hangs up on
         # /metrics (BrokenPipeError): noise of the test's teardown, not a failure of the process.
         crashes = [t for t in text.split("Traceback")[1:] if "BrokenPipeError" not in t.split("----")[0]]
         assert not crashes, f"{name}:\n{text[-3000:]}"
+
+
+def sidecar_commands(tmp_path: Path, run_dir: Path, policies: dict[str, str]) -> dict[str, list[str]]:
+    return {
+        name: [
+            *("sidecar", "run", name, "--run-dir", str(run_dir)),
+            *("--policy", policies[name], "--state-dir", str(tmp_path / "state" / name)),
+        ]
+        for name in SIDECARS_HERE
+    }
+
+
+@pytest.fixture
+def verl_deployment(request, tmp_path, run_dir, verl_run, signer_policy, archiver_setup):
+    """The bridge and the sidecars, all following run_dir, over a stepping verl run: {job: port}."""
+    policies = sidecar_policies(request, tmp_path, signer_policy, archiver_setup[0])
+    verl_run.start()
+    stepper = VerlStepper(verl_run)
+    stepper.start()
+    bridge = [
+        "bridge",
+        "verl",
+        "--run-dir",
+        str(run_dir),
+        "--verl-log",
+        str(verl_run.log_path),
+        "--rollout-dir",
+        str(verl_run.rollout_dir),
+        "--checkpoint-root",
+        str(verl_run.ckpt_root),
+        "--poll-interval",
+        "0.2",
+        "--stable-seconds",
+        "0.3",
+    ]
+    try:
+        with running(tmp_path, {"bridge": bridge, **sidecar_commands(tmp_path, run_dir, policies)}) as ports:
+            yield ports
+    finally:
+        stepper.halt.set()
+        stepper.join(5)
+    assert stepper.error is None, stepper.error
 
 
 def prometheus_config(source: str, scratch: Path, ports: dict[str, int], drop_jobs: tuple[str, ...] = ()) -> Path:
@@ -157,7 +179,8 @@ def prometheus_config(source: str, scratch: Path, ports: dict[str, int], drop_jo
     conf.pop("alerting", None)
     targets = scratch / "targets"
     targets.mkdir()
-    (targets / "bridge.json").write_text(json.dumps([{"targets": [f"127.0.0.1:{ports['bridge']}"]}]))
+    if "bridge" in ports:
+        (targets / "bridge.json").write_text(json.dumps([{"targets": [f"127.0.0.1:{ports['bridge']}"]}]))
     kept = []
     for job in conf["scrape_configs"]:
         name = job["job_name"]
@@ -214,18 +237,23 @@ class Prometheus:
         return get_json(f"{self.url}/api/v1/query?{urllib.parse.urlencode({'query': expr})}")["data"]["result"]
 
 
-def observe(prom: Prometheus, want_up: set[str], timeout: float = 60) -> list[dict]:
+BRIDGE_BASELINE = (
+    'warden_bridge_last_step > 0 and on () warden_bridge_events_emitted_total{type="checkpoint.saved"} > 0'
+)
+
+
+def observe(
+    prom: Prometheus, want_up: set[str], baseline: str | None = BRIDGE_BASELINE, timeout: float = 60
+) -> list[dict]:
     """Every alert Prometheus reported once each rule group was evaluated WARM_UP times after the
     jobs in ``want_up`` were all up, until it was evaluated EVALUATIONS more times."""
     deadline = time.monotonic() + timeout
     while not want_up <= {job for job, health in prom.targets() if health == "up"}:
         assert time.monotonic() < deadline, f"targets never all up: {prom.targets()}"
         time.sleep(0.2)
-    # a healthy baseline: the bridge has reported a step and a checkpoint
-    while not prom.query(
-        'warden_bridge_last_step > 0 and on () warden_bridge_events_emitted_total{type="checkpoint.saved"} > 0'
-    ):
-        assert time.monotonic() < deadline, "the bridge never reported a step and a checkpoint"
+    # a healthy baseline (the bridge has reported a step and a checkpoint)
+    while baseline and not prom.query(baseline):
+        assert time.monotonic() < deadline, f"never true: {baseline}"
         time.sleep(0.2)
     seen: dict[str, set[str]] = {}
     start = prom.evaluations()
@@ -288,3 +316,75 @@ def test_control_the_default_config_pages_for_the_missing_trainer(verl_deploymen
     assert false_page in pages, active(alerts)
     unexpected = {a for a in active(alerts) if a[0] not in ("Watchdog", false_page[0]) and a[0] not in LEFT_OUT_ABSENT}
     assert unexpected == set(), unexpected  # only the trainer's absence differs from the verl config
+
+
+class StopLater:
+    """A TrainerCallback that keeps a tiny HF run going at a human pace until told to stop."""
+
+    def __new__(cls, halt: threading.Event):
+        from transformers import TrainerCallback
+
+        class _Stop(TrainerCallback):
+            def on_step_end(self, args, state, control, **kwargs):
+                halt.wait(0.3)
+                control.should_training_stop = halt.is_set()
+                return control
+
+        return _Stop()
+
+
+@pytest.fixture
+def hf_deployment(request, tmp_path, run_dir, tiny, signer_policy, archiver_setup):
+    """A real HF Trainer with WardenCallback training in a thread (a checkpoint every 3 steps),
+    the sidecars following its run directory: {job: port}."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")
+    from integrations.test_integ_hf import make_trainer
+
+    from trainer.integrations import WardenCallback
+
+    policies = sidecar_policies(request, tmp_path, signer_policy, archiver_setup[0])
+    halt = threading.Event()
+    trainer = make_trainer(tiny, tmp_path / "out", WardenCallback(run_dir=str(run_dir), run_id="hf-live"), 10_000)
+    trainer.args.save_steps = 3
+    trainer.add_callback(StopLater(halt))
+    errors: list[BaseException] = []
+
+    def train() -> None:
+        try:
+            trainer.train()
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    thread = threading.Thread(target=train, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not (run_dir / "events.jsonl").exists():
+        assert thread.is_alive() and time.monotonic() < deadline, errors or "the callback wrote no journal"
+        time.sleep(0.1)
+    try:
+        with running(tmp_path, sidecar_commands(tmp_path, run_dir, policies)) as ports:
+            yield ports
+    finally:
+        halt.set()
+        thread.join(60)
+    assert not errors, errors
+
+
+def test_the_hf_config_pages_nothing_while_the_run_is_healthy(hf_deployment, tmp_path):
+    assert DEPLOYMENTS["hf"].prometheus == "prometheus.hf.yml" and DEPLOYMENTS["hf"].jobs == ()
+    scratch = tmp_path / "prom"
+    scratch.mkdir()
+    prom = Prometheus(prometheus_config("prometheus.hf.yml", scratch, hf_deployment), scratch)
+    try:
+        # a healthy baseline: the signer signed a checkpoint the callback announced
+        alerts = observe(prom, set(SIDECARS_HERE), baseline="sum(warden_signer_signed_total) > 0")
+        groups = set(prom.evaluations())
+        jobs = {job for job, _ in prom.targets()}
+    finally:
+        prom.stop()
+    assert jobs == set(SIDECARS_HERE), jobs  # nothing trainer-side is scraped
+    assert "warden-meta" in groups and not groups & {"warden-meta-trainer", "warden-trainer", "warden-bridge"}, groups
+    unexpected = {a for a in active(alerts) if a[0] != "Watchdog" and a[0] not in LEFT_OUT_ABSENT}
+    assert unexpected == set(), unexpected
+    assert ("Watchdog", "", "firing") in active(alerts)
