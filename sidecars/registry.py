@@ -49,7 +49,7 @@ DEPLOYMENTS: dict[str, Deployment] = {
     ),
     # verl: `warden bridge verl` is the trainer side; no bridge target listed pages.
     "verl": Deployment("prometheus.verl.yml", jobs=("bridge",), rules=("rules/bridge.yml", "rules/meta-bridge.yml")),
-    # HF Trainer / TRL with WardenCallback: it serves no /metrics, so nothing trainer-side.
+    # HF Trainer / TRL with WardenCallback, metrics_port 0 (its default): no /metrics, nothing trainer-side.
     "hf": Deployment("prometheus.hf.yml", jobs=(), rules=()),
 }
 
