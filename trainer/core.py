@@ -67,6 +67,7 @@ from warden.payloads import (
     RewardSnapshot,
     RunResumed,
     RunStarted,
+    top_samples,
 )
 from warden.runid import journal_run_id, new_genesis_nonce
 
@@ -698,19 +699,8 @@ class PPOTrainer:
         snap = self.cfg.snapshot
         if snap.top_k <= 0:
             return
-        order = sorted(range(len(texts)), key=lambda i: (-float(scores[i]), i))
-        cap = snap.max_text_chars
-        samples = [
-            {
-                "index": i,
-                "prompt": prompts[i][:cap],
-                "response": texts[i][:cap],
-                "reward": float(scores[i]),
-                "truncated": len(prompts[i]) > cap or len(texts[i]) > cap,
-            }
-            for i in order
-            if snap.min_reward is None or float(scores[i]) >= snap.min_reward
-        ][: snap.top_k]
+        rewards = [float(x) for x in scores]
+        samples = top_samples(prompts, texts, rewards, snap.top_k, snap.min_reward, snap.max_text_chars)
         payload = RewardSnapshot(samples=tuple(samples), k=snap.top_k, min_reward=snap.min_reward)
         self.emit(payload.TYPE, payload.to_data(), step=step)
 

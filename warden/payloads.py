@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import types
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -349,6 +349,40 @@ class RunResumed(_Payload):
             genesis_nonce=_opt_nonce(data),
             extra=cls._extra(data),
         )
+
+
+def top_samples(
+    prompts: Sequence[str],
+    responses: Sequence[str],
+    rewards: Sequence[float],
+    top_k: int,
+    min_reward: float | None = None,
+    max_text_chars: int = 4000,
+) -> list[dict[str, Any]]:
+    """The samples a ``reward.snapshot`` keeps (Warden's trainer and the HF callback): the best
+    ``top_k`` by reward, ties in recorded order, texts cut to ``max_text_chars``.
+
+    Non-finite rewards are left out (the archiver drops them anyway); ``index`` is the
+    sample's position in the step's samples.
+    """
+    if top_k <= 0:
+        return []
+    order = sorted(
+        (i for i in range(len(rewards)) if math.isfinite(rewards[i])),
+        key=lambda i: (-rewards[i], i),
+    )
+    cap = max_text_chars
+    return [
+        {
+            "index": i,
+            "prompt": prompts[i][:cap],
+            "response": responses[i][:cap],
+            "reward": float(rewards[i]),
+            "truncated": len(prompts[i]) > cap or len(responses[i]) > cap,
+        }
+        for i in order
+        if min_reward is None or rewards[i] >= min_reward
+    ][:top_k]
 
 
 @dataclass(frozen=True)

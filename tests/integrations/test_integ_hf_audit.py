@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from integrations.hf_data import TinyText
 from support import free_port, run_warden, scrape
 
-from trainer.integrations.hf_audit import MAX_TEXT_CHARS, top_samples
+from trainer.integrations.hf_audit import MAX_TEXT_CHARS
 from warden.journal import REWARD_SNAPSHOT, STEP_COMPLETED
-from warden.payloads import RewardSnapshot
+from warden.payloads import RewardSnapshot, top_samples
 
 EXAMPLES = int(os.environ.get("WARDEN_HYPOTHESIS_EXAMPLES", 25))
 needs_hf = [

@@ -81,12 +81,12 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from trainer.integrations.hf_audit import DEFAULT_TOP_K, MAX_TEXT_CHARS, HFMetrics, SampleBuffer, top_samples
+from trainer.integrations.hf_audit import DEFAULT_TOP_K, MAX_TEXT_CHARS, HFMetrics, SampleBuffer
 from warden import journal as ev
 from warden.errors import WardenError, quote_untrusted
 from warden.ledger import read_ledger, reconcile
 from warden.metric_names import HF_ALIASES, map_metrics, warden_aliases
-from warden.payloads import CheckpointPruned, CheckpointSaved, RewardSnapshot, RunResumed, RunStarted
+from warden.payloads import CheckpointPruned, CheckpointSaved, RewardSnapshot, RunResumed, RunStarted, top_samples
 from warden.runid import journal_run_id, new_genesis_nonce, sanitize_run_id
 from warden.signing.manifest import DEFAULT_IGNORE_PATHS, Announced, announce_tree
 from warden.stability import Stability, tree_state

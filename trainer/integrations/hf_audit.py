@@ -1,11 +1,7 @@
 """The audit trail and ``/metrics`` of :class:`trainer.integrations.hf.WardenCallback`.
 
-- :func:`top_samples`: a step's scored samples shaped as Warden's trainer shapes its
-  ``reward.snapshot`` (``trainer.core.PPOTrainer._snapshot``): best reward first, ties by the
-  lower index (stable), those under ``min_reward`` dropped, at most ``top_k``, prompt and
-  response cut to ``max_text_chars`` (``truncated`` says so). Pure. One difference: a
-  non-finite reward (NaN, inf, TRL's None) is left out here, where Warden's trainer would sort
-  it somewhere and the archiver drop it.
+- the samples of a step's ``reward.snapshot`` are chosen by :func:`warden.payloads.top_samples`,
+  the one rule Warden's trainer uses too (non-finite rewards, TRL's None among them, left out).
 - :class:`SampleBuffer`: what ``WardenCallback.record_samples`` gathered since the last
   optimizer step (several calls per step under gradient accumulation; indices continue).
 - :class:`HFMetrics`: Warden's trainer's Prometheus families (:class:`trainer.metrics.TrainerMetrics`,
@@ -18,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,39 +48,6 @@ def _reward(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"a reward must be a number, not {type(value).__name__}")
     return float(value)
-
-
-def top_samples(
-    prompts: Sequence[str],
-    responses: Sequence[str],
-    rewards: Sequence[float],
-    top_k: int,
-    min_reward: float | None = None,
-    max_text_chars: int = MAX_TEXT_CHARS,
-) -> list[dict[str, Any]]:
-    """The samples a ``reward.snapshot`` keeps, shaped as Warden's trainer shapes them.
-
-    Non-finite rewards are left out (the archiver drops them anyway); ``index`` is the
-    sample's position in the step's samples.
-    """
-    if top_k <= 0:
-        return []
-    order = sorted(
-        (i for i in range(len(rewards)) if math.isfinite(rewards[i])),
-        key=lambda i: (-rewards[i], i),
-    )
-    cap = max_text_chars
-    return [
-        {
-            "index": i,
-            "prompt": prompts[i][:cap],
-            "response": responses[i][:cap],
-            "reward": float(rewards[i]),
-            "truncated": len(prompts[i]) > cap or len(responses[i]) > cap,
-        }
-        for i in order
-        if min_reward is None or rewards[i] >= min_reward
-    ][:top_k]
 
 
 @dataclass
