@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from integrations.hf_data import TinyText
+from integrations.hf_data import tiny_trainer
 from support import ROOT, run_warden
 
 from warden.journal import CHECKPOINT_PRUNED, CHECKPOINT_SAVED, RUN_FINISHED, RUN_RESUMED, RUN_STARTED, STEP_COMPLETED
@@ -27,31 +27,7 @@ pytestmark = [
 
 
 def make_trainer(tiny, output_dir, callback, max_steps):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
-
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    tokenizer = AutoTokenizer.from_pretrained(tiny.tokenizer_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(tiny.model_dir, local_files_only=True)
-    args = TrainingArguments(
-        output_dir=str(output_dir),
-        max_steps=max_steps,
-        per_device_train_batch_size=4,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=1,
-        save_total_limit=2,
-        report_to=[],
-        use_cpu=True,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        seed=0,
-    )
-    return Trainer(
-        model=model, args=args, train_dataset=TinyText(tokenizer), processing_class=tokenizer, callbacks=[callback]
-    )
+    return tiny_trainer(tiny, output_dir, [callback], max_steps, save_total_limit=2)[0]
 
 
 def read_events(run_dir):

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from integrations.hf_data import TinyText
+from integrations.hf_data import tiny_trainer
 from support import free_port, run_warden, scrape
 
 from trainer.integrations.hf_audit import MAX_TEXT_CHARS
@@ -103,8 +103,7 @@ class Scored:
 
 
 def make_trainer(tiny, output_dir, callbacks, scored_box, max_steps):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
+    from transformers import Trainer
 
     class ScoringTrainer(Trainer):  # a plain-Trainer user who scores each batch
         def compute_loss(self, model, inputs, *args, **kwargs):
@@ -116,29 +115,9 @@ def make_trainer(tiny, output_dir, callbacks, scored_box, max_steps):
                 logs["objective/kl"] = 0.01 * self.state.global_step  # as TRL's PPOTrainer names it
             super().log(logs, *args, **kwargs)
 
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    tokenizer = AutoTokenizer.from_pretrained(tiny.tokenizer_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(tiny.model_dir, local_files_only=True)
-    args = TrainingArguments(
-        output_dir=str(output_dir),
-        max_steps=max_steps,
-        per_device_train_batch_size=4,
-        gradient_accumulation_steps=2,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=2,
-        report_to=[],
-        use_cpu=True,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        seed=0,
+    return tiny_trainer(
+        tiny, output_dir, callbacks, max_steps, ScoringTrainer, gradient_accumulation_steps=2, save_steps=2
     )
-    trainer = ScoringTrainer(
-        model=model, args=args, train_dataset=TinyText(tokenizer), processing_class=tokenizer, callbacks=callbacks
-    )
-    return trainer, tokenizer
 
 
 def read_events(run_dir):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from integrations.hf_data import TinyText
+from integrations.hf_data import tiny_trainer
 
 from warden.journal import CHECKPOINT_REJECTED, RUN_RESUMED, RUN_STARTED, JournalReader
 
@@ -33,30 +33,7 @@ EXAMPLES = int(os.environ.get("WARDEN_HYPOTHESIS_EXAMPLES", 10))
 
 
 def make_trainer(tiny, output_dir, callback, max_steps):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, Trainer, TrainingArguments
-
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    tokenizer = AutoTokenizer.from_pretrained(tiny.tokenizer_dir, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(tiny.model_dir, local_files_only=True)
-    args = TrainingArguments(
-        output_dir=str(output_dir),
-        max_steps=max_steps,
-        per_device_train_batch_size=4,
-        learning_rate=1e-3,
-        logging_steps=1,
-        save_strategy="steps",
-        save_steps=1,
-        report_to=[],
-        use_cpu=True,
-        dataloader_num_workers=0,
-        disable_tqdm=True,
-        seed=0,
-    )
-    return Trainer(
-        model=model, args=args, train_dataset=TinyText(tokenizer), processing_class=tokenizer, callbacks=[callback]
-    )
+    return tiny_trainer(tiny, output_dir, [callback], max_steps)[0]
 
 
 def read_events(run_dir):
