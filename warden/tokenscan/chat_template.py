@@ -166,6 +166,8 @@ def _analyze(text: str, max_loop_depth: int, max_range: int, max_literal_chars: 
         return [TemplateIssue("syntax", f"line {exc.lineno}: {exc.message}")]
     except RecursionError:
         return [TemplateIssue("complexity", "template nests too deeply to analyse")]
+    except (ValueError, OverflowError) as exc:  # the lexer's int(): a literal of more than 4300 digits
+        return [TemplateIssue("syntax", f"literal not readable: {_short(str(exc), 60)}")]
     seen: set[TemplateIssue] = set()
     return [i for i in issues if not (i in seen or seen.add(i))]  # type: ignore[func-returns-value]
 
@@ -175,12 +177,151 @@ def _short(text: str, limit: int = 80) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+MAX_FOLD_CHARS = 4096
+MAX_FOLD_INT = 1 << 20
+MAX_FOLD_ITEMS = 64
+MAX_FOLD_NODES = 256
+_FOLD_FILTERS = frozenset(
+    {"join", "lower", "upper", "trim", "reverse", "string", "replace", "first", "last", "format", "capitalize", "title"}
+)
+
+
+class _NoFold(Exception):
+    """The expression is not a small constant built from literals (or folding it could grow)."""
+
+
 def folded(node: nodes.Node) -> Any:
-    """The constant value of an expression built from literals (``'__cla' ~ 'ss__'``), else None."""
+    """The constant value of an expression built from literals (``'__cla' ~ 'ss__'``), else None.
+
+    Bounded by construction: nothing of the template is evaluated by Jinja in this process. Only
+    literals are combined, by string concatenation, ``~``, string repetition, slicing and a few
+    string filters, each result checked against :data:`MAX_FOLD_CHARS` *before* it is built;
+    integers beyond :data:`MAX_FOLD_INT`, ``**``, ``/``, ``%`` and every other operator or filter
+    are not folded (a template computing ``9 ** 9 ** 9`` costs nothing here)."""
     try:
-        return node.as_const(nodes.EvalContext(_PARSER))  # type: ignore[attr-defined]
-    except Exception:  # nodes.Impossible, or an operation on constants that raises
+        return _fold(node, [MAX_FOLD_NODES])
+    except _NoFold:
         return None
+
+
+def _small(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > MAX_FOLD_CHARS:
+        raise _NoFold
+    if type(value) is int and abs(value) > MAX_FOLD_INT:
+        raise _NoFold
+    if isinstance(value, (list, tuple)) and len(value) > MAX_FOLD_ITEMS:
+        raise _NoFold
+    return value
+
+
+def _fold(node: nodes.Node, budget: list[int]) -> Any:
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise _NoFold
+    if isinstance(node, nodes.Const):
+        if node.value is None or type(node.value) in (str, int, bool, float):
+            return _small(node.value)
+        raise _NoFold
+    if isinstance(node, (nodes.List, nodes.Tuple)):
+        return _small([_fold(item, budget) for item in node.items[: MAX_FOLD_ITEMS + 1]])
+    if isinstance(node, nodes.Concat):
+        return _joined([_fold(n, budget) for n in node.nodes[: MAX_FOLD_ITEMS + 1]])
+    if isinstance(node, (nodes.Add, nodes.Mul)):
+        return _binary(node, _fold(node.left, budget), _fold(node.right, budget))
+    if isinstance(node, nodes.Getitem):
+        return _item(_fold(node.node, budget), node.arg, budget)
+    if isinstance(node, nodes.Filter) and node.name in _FOLD_FILTERS and node.node is not None:
+        if node.kwargs or node.dyn_args or node.dyn_kwargs:
+            raise _NoFold
+        return _filter(node.name, _fold(node.node, budget), [_fold(a, budget) for a in node.args[:4]])
+    raise _NoFold
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None or type(value) in (int, bool, float):
+        return _small(str(value))
+    raise _NoFold
+
+
+def _joined(parts: list[Any], sep: str = "") -> str:
+    texts = [_text(p) for p in parts]
+    if sum(map(len, texts)) + len(sep) * len(texts) > MAX_FOLD_CHARS:
+        raise _NoFold
+    return sep.join(texts)
+
+
+def _binary(node: nodes.Node, left: Any, right: Any) -> Any:
+    if isinstance(node, nodes.Add):
+        if isinstance(left, str) and isinstance(right, str):
+            return _joined([left, right])
+        if type(left) is int and type(right) is int:
+            return _small(left + right)
+        raise _NoFold
+    text, times = (left, right) if isinstance(left, str) else (right, left)
+    if isinstance(text, str) and type(times) is int and times >= 0 and len(text) * times <= MAX_FOLD_CHARS:
+        return text * times
+    if type(left) is int and type(right) is int:
+        return _small(left * right)  # both within MAX_FOLD_INT: the product is cheap
+    raise _NoFold
+
+
+def _item(value: Any, arg: nodes.Node, budget: list[int]) -> Any:
+    if not isinstance(value, (str, list)):
+        raise _NoFold
+    if isinstance(arg, nodes.Slice):
+        bounds = [None if part is None else _fold(part, budget) for part in (arg.start, arg.stop, arg.step)]
+        if any(b is not None and type(b) is not int for b in bounds) or bounds[2] == 0:
+            raise _NoFold
+        return value[slice(*bounds)]
+    index = _fold(arg, budget)
+    if type(index) is not int or not -len(value) <= index < len(value):
+        raise _NoFold
+    return value[index]
+
+
+def _filter(name: str, value: Any, args: list[Any]) -> Any:
+    if name == "join":
+        sep = args[0] if args else ""
+        if not isinstance(value, list) or not isinstance(sep, str):
+            raise _NoFold
+        return _joined(value, sep)
+    if name in ("first", "last"):
+        if not isinstance(value, (str, list)) or not value:
+            raise _NoFold
+        return value[0] if name == "first" else value[-1]
+    if name == "reverse" and isinstance(value, list):
+        return value[::-1]
+    text = _text(value)
+    if name == "replace":
+        if len(args) < 2 or not all(isinstance(a, str) for a in args[:2]) or not args[0]:
+            raise _NoFold
+        old, new = args[0], args[1]
+        if len(text) + text.count(old) * max(0, len(new) - len(old)) > MAX_FOLD_CHARS:
+            raise _NoFold
+        return text.replace(old, new)
+    if name == "format":
+        return _format(text, args)
+    simple = {"lower": str.lower, "upper": str.upper, "trim": str.strip, "reverse": lambda s: s[::-1],
+              "string": str, "capitalize": str.capitalize, "title": str.title}  # fmt: skip
+    return _small(simple[name](text))
+
+
+def _format(text: str, args: list[Any]) -> str:
+    """``'%s%s'|format(a, b)`` with plain ``%s`` and ``%%`` only (no widths: they allocate)."""
+    pieces = re.split(r"(%.)", text)
+    out, given = [], iter(args)
+    for piece in pieces:
+        if piece == "%%":
+            out.append("%")
+        elif piece == "%s":
+            out.append(_text(next(given, "")))
+        elif piece.startswith("%") and len(piece) == 2:
+            raise _NoFold
+        else:
+            out.append(piece)
+    return _joined(out)
 
 
 def _folded_strings(tree: nodes.Template) -> Iterator[tuple[int, str]]:
