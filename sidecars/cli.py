@@ -37,6 +37,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "stack": "sidecars.stack.commands:stack",
     "init": "sidecars.commands.init:init",
     "compare": "sidecars.commands.compare:compare",
+    "diagnose": "sidecars.commands.diagnose:diagnose_command",
 }
 
 

@@ -19,6 +19,7 @@ Only rank 0 writes events, checkpoints and serves /metrics.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import platform
@@ -134,6 +135,7 @@ class Rollout:
     texts: list[str]
     seconds: float  # generation (and the gather)
     decode_seconds: float = 0.0
+    local_seconds: float = 0.0  # this rank's own generation, before waiting for the others
 
 
 @dataclass
@@ -141,6 +143,7 @@ class Scored:
     scores: torch.Tensor  # (B,) float32 on the device
     parts: dict[str, torch.Tensor]  # per reward function, (B,), when there are several
     seconds: float
+    local_seconds: float = 0.0  # this rank's own scoring, before waiting for the others
 
 
 def response_length_stats(mask: torch.Tensor, stop_ids: tuple[int, ...], responses: torch.Tensor) -> dict[str, float]:
@@ -500,9 +503,12 @@ class PPOTrainer:
         """One PPO step: rollout, score, experience, update, bookkeeping (one method each)."""
         step, t_start = self.step + 1, time.perf_counter()
         batch = self._next_batch()
+        t_data = time.perf_counter() - t_start
         self.phase = "rollout"
         rollout = self._rollout(batch, step)
         scored = self._score(batch, rollout)
+        own = torch.tensor([rollout.local_seconds + scored.local_seconds], dtype=torch.float64, device=self.device)
+        rank_s = [float(s) for s in all_gather_rows(own, self.dist).tolist()]
         self.phase = "experience"
         t0 = time.perf_counter()
         exp = self._experience(batch, rollout, scored)
@@ -510,11 +516,13 @@ class PPOTrainer:
         self.phase = "update"
         t0 = time.perf_counter()
         stats = self._update(exp, step)
-        timings = {
+        timings: dict[str, Any] = {
+            "data_s": t_data,
             "rollout_s": rollout.seconds,
             "reward_s": scored.seconds,
             "experience_s": t_exp,
             "update_s": time.perf_counter() - t0,
+            "rank_rollout_s": rank_s,  # each rank's own generation + scoring, in rank order
         }
         self.step = step
         return self._bookkeeping(step, batch, rollout, scored, exp, stats, timings, t_start)
@@ -535,34 +543,41 @@ class PPOTrainer:
         prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device)
         mine = rank_slice(len(ids), self.dist)
         plan = SamplingPlan(seed, mine.start, len(ids), temperature)
+        t_own = time.perf_counter()
         responses, mask = self.rollout.generate(prompt_ids[mine], prompt_mask[mine], plan)
+        own = time.perf_counter() - t_own
         responses, mask = all_gather_rows(responses, self.dist), all_gather_rows(mask, self.dist)
         seconds = time.perf_counter() - t0  # generation only, as verl's timing_s/gen; decoding is the score's
         pad = self.tokenizer.pad_token_id
         texts = self.tokenizer.batch_decode(responses * mask + pad * (1 - mask), skip_special_tokens=True)
         decoded = time.perf_counter() - t0 - seconds
-        return Rollout(prompt_ids, prompt_mask, responses, mask, texts, seconds, decoded)
+        return Rollout(prompt_ids, prompt_mask, responses, mask, texts, seconds, decoded, own)
 
     def _rollout(self, batch: Batch, step: int) -> Rollout:
         seed = (self.cfg.run.seed * 1_000_003 + step) % 2**62
         return self._generate(batch.ids, seed, self.cfg.rollout.temperature)
 
-    def _score_rows(self, rows: list[PromptRow], texts: list[str]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Rewards of this rank's share of ``rows``, gathered: (scores (B,), per-function scores)."""
+    def _score_rows(
+        self, rows: list[PromptRow], texts: list[str]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], float]:
+        """Rewards of this rank's share of ``rows``, gathered: (scores (B,), per-function scores,
+        this rank's own scoring seconds)."""
         mine = rank_slice(len(rows), self.dist)
         local = rows[mine]
+        t_own = time.perf_counter()
         scores = self.reward.score(
             [r.prompt for r in local], texts[mine], [r.ground_truth for r in local], [r.data_source for r in local]
         )
+        own = time.perf_counter() - t_own
         names = list(self.reward.last_parts) if len(self.reward.parts) > 1 else []
         table = torch.tensor([scores] + [self.reward.last_parts[n] for n in names], dtype=torch.float32).T
         gathered = all_gather_rows(table.to(self.device).contiguous(), self.dist)
-        return gathered[:, 0], {name: gathered[:, i + 1] for i, name in enumerate(names)}
+        return gathered[:, 0], {name: gathered[:, i + 1] for i, name in enumerate(names)}, own
 
     def _score(self, batch: Batch, rollout: Rollout) -> Scored:
         t0 = time.perf_counter() - rollout.decode_seconds
-        scores, parts = self._score_rows(batch.rows, rollout.texts)
-        return Scored(scores, parts, time.perf_counter() - t0)
+        scores, parts, own = self._score_rows(batch.rows, rollout.texts)
+        return Scored(scores, parts, time.perf_counter() - t0, own)
 
     def _experience(self, batch: Batch, rollout: Rollout, scored: Scored) -> Experience:
         cfg = self.cfg
@@ -635,6 +650,9 @@ class PPOTrainer:
             "world_size": self.dist.world_size,
             "batch_digest": batch_digest(batch.index),
         }
+        scheduler = getattr(self.rollout, "scheduler", None)
+        if scheduler is not None:  # the vLLM engine: its scheduler in this step's rollout (warden diagnose)
+            metrics["scheduler"] = {**dataclasses.asdict(scheduler), "preemptions_last": scheduler.preemptions_last}
         metrics.update(verl_names(metrics))
         self._report(step, metrics, batch.prompts, rollout.texts, scores)
         return StepResult(step, metrics)
@@ -657,7 +675,7 @@ class PPOTrainer:
             fill = (-len(ids)) % world  # a short last batch is topped up with its own first row
             ids, rows = ids + [ids[0]] * fill, rows + [rows[0]] * fill
             rollout = self._generate(ids, self.cfg.run.seed * 1_000_003 + 2**40 + self.step, v.temperature)
-            got, _ = self._score_rows(rows, rollout.texts)
+            got, _, _ = self._score_rows(rows, rollout.texts)
             keep = len(ids) - fill
             scores.append(got[:keep].cpu())
             lengths.append(rollout.mask[:keep].sum(dim=1).float().cpu())
@@ -678,6 +696,14 @@ class PPOTrainer:
         mt.steps.inc()
         mt.step_duration.observe(m["timings"]["step_s"])
         mt.rollout_duration.observe(m["timings"]["rollout_s"])
+        t = m["timings"]
+        mt.last_step_seconds.set(t["step_s"])
+        for phase, key in (("data", "data_s"), ("generation", "rollout_s"), ("reward", "reward_s")):
+            mt.last_step_phase_seconds.labels(phase).set(t[key])
+        for phase in ("experience", "update"):
+            mt.last_step_phase_seconds.labels(phase).set(t[f"{phase}_s"])
+        for rank, seconds in enumerate(t["rank_rollout_s"]):
+            mt.rank_rollout_seconds.labels(str(rank)).set(seconds)
         mt.tokens_per_second.set(m["tokens_per_second"])
         mt.generated_tokens.inc(m["response_tokens"])
         for key in ("reward_mean", "reward_max", "kl", "kl_coef", "policy_loss", "entropy", "clip_fraction"):

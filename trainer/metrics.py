@@ -24,6 +24,21 @@ class TrainerMetrics:
             buckets=ROLLOUT_BUCKETS,
             registry=reg,
         )
+        # The last step's time split and each rank's own share (warden diagnose, alerts/rules/rollout-causes.yml).
+        self.last_step_seconds = Gauge(p + "last_step_seconds", "Wall time of the last PPO step.", registry=reg)
+        self.last_step_phase_seconds = Gauge(
+            p + "last_step_phase_seconds",
+            "Time of each phase of the last step: data (the batch), generation, reward (decoding and scoring), "
+            "experience, update.",
+            ["phase"],
+            registry=reg,
+        )
+        self.rank_rollout_seconds = Gauge(
+            p + "rank_rollout_seconds",
+            "Each rank's own generation and scoring time in the last step (before waiting for the other ranks).",
+            ["rank"],
+            registry=reg,
+        )
         self.tokens_per_second = Gauge(
             p + "generated_tokens_per_second", "Response tokens generated per second.", registry=reg
         )

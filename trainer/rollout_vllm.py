@@ -280,8 +280,14 @@ class SchedulerState:
     kv_cache_usage: float = 0.0  # 0..1
     kv_cache_usage_max: float = 0.0
     preemptions: int = 0  # since the engine started
+    preemptions_at_start: int = 0  # ``preemptions`` when the current (or last) rollout started
     max_num_seqs: int = 0
     max_num_batched_tokens: int = 0
+
+    @property
+    def preemptions_last(self) -> int:
+        """Requests preempted in the current (or last) rollout."""
+        return self.preemptions - self.preemptions_at_start
 
 
 def _count(value: Any) -> int | None:
@@ -326,7 +332,9 @@ def scheduler_state(previous: SchedulerState, scheduler_stats: Any, iteration_st
 
 def rollout_started(state: SchedulerState) -> SchedulerState:
     """The state at the start of a rollout: the per-rollout peaks start over (pure)."""
-    return dataclasses.replace(state, running_max=0, waiting_max=0, kv_cache_usage_max=0.0)
+    return dataclasses.replace(
+        state, running_max=0, waiting_max=0, kv_cache_usage_max=0.0, preemptions_at_start=state.preemptions
+    )
 
 
 ROLLOUT_GAUGES: dict[str, tuple[str, str]] = {
@@ -336,6 +344,7 @@ ROLLOUT_GAUGES: dict[str, tuple[str, str]] = {
     "requests_waiting_max": ("waiting_max", "Most requests waiting at one engine step of the last rollout."),
     "kv_cache_usage_ratio": ("kv_cache_usage", "Share of the KV cache in use now (0-1)."),
     "kv_cache_usage_max_ratio": ("kv_cache_usage_max", "Highest KV-cache usage in the last rollout (0-1)."),
+    "preemptions_last": ("preemptions_last", "Requests vLLM preempted in the last rollout (KV cache full)."),
     "max_num_seqs": ("max_num_seqs", "max_num_seqs the engine runs with."),
     "max_num_batched_tokens": ("max_num_batched_tokens", "max_num_batched_tokens the engine runs with."),
 }

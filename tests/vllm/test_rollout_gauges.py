@@ -129,3 +129,15 @@ def test_the_tap_sees_each_step_and_vllm_still_records_it():
     assert seen == [(sched, it), (None, it)]
     assert len(llm.llm_engine.logger_manager.recorded) == 2
     assert not _tap_stats(object(), lambda s, i: None)
+
+
+def test_preemptions_of_the_last_rollout_start_over_with_each_rollout():
+    """warden_rollout_preemptions_last: the preemptions of the current (or last) rollout only."""
+    registry = CollectorRegistry()
+    current = {"state": SchedulerState(max_num_seqs=4)}
+    registry.register(RolloutCollector(lambda: current["state"]))
+    current["state"] = fold(rollout_started(current["state"]), (FakeSchedulerStats(4, 2, 1.0), FakeIterationStats(3)))
+    assert registry.get_sample_value("warden_rollout_preemptions_last") == 3
+    current["state"] = fold(rollout_started(current["state"]), (FakeSchedulerStats(4, 0, 0.5), FakeIterationStats(0)))
+    assert registry.get_sample_value("warden_rollout_preemptions_last") == 0
+    assert registry.get_sample_value("warden_rollout_preemptions_total") == 3
