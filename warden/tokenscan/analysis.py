@@ -126,7 +126,10 @@ def analyse(
 def read_order(item: tuple[str, str, str | None]) -> tuple[bool, str]:
     """Tokenizer files last: the configs that declare the special tokens are read first."""
     name = os.path.basename(item[0])
-    return name == "tokenizer.json" or name.endswith(".model"), item[0]
+    return bool(_TOKENIZER_NAME.match(name)) or name.endswith(".model"), item[0]
+
+
+_TOKENIZER_NAME = re.compile(r"^tokenizer(?:\..+)?\.json$")  # tokenizer.json, tokenizer.4.0.json (redirects)
 
 
 def directory_manifest(

@@ -30,13 +30,22 @@ def as_dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _declared(config: dict[str, Any], smap: dict[str, Any], name: str) -> str | None:
+    """The loader's value of ``<name>_token``: special_tokens_map.json's replaces the config's
+    unless the config has ``added_tokens_decoder`` (transformers 4.50+ and 5.x; see
+    :func:`~.loader_files.special_token_sources`; a disagreement is TS1006)."""
+    first, second = (config, smap) if "added_tokens_decoder" in config else (smap, config)
+    key = f"{name}_token"
+    return token(first.get(key)) if key in first else token(second.get(key))
+
+
 def config_tokens(snap: Snapshot) -> dict[str, str | None]:
-    """The special tokens the config files declare (tokenizer_config.json, then
-    special_tokens_map.json): what the tokenizer child is asked about. Known before
-    tokenizer.json is parsed, so the child can load it while this process parses it."""
+    """The special tokens the config files declare (tokenizer_config.json and
+    special_tokens_map.json, as the loader merges them): what the tokenizer child is asked
+    about. Known before tokenizer.json is parsed, so the child can load it meanwhile."""
     config = snap.top("tokenizer_config.json") or {}
     smap = snap.top("special_tokens_map.json") or {}
-    tokens = {n: token(config.get(f"{n}_token")) or token(smap.get(f"{n}_token")) for n in SPECIAL_NAMES}
+    tokens = {n: _declared(config, smap, n) for n in SPECIAL_NAMES}
     extra = [t for t in (token(t) for t in as_list(config.get("additional_special_tokens"))) if t]
     return tokens | {f"additional[{i}]": t for i, t in enumerate(extra)}
 
@@ -46,7 +55,7 @@ def special_tokens(snap: Snapshot) -> None:
     config = snap.top("tokenizer_config.json") or {}
     smap = snap.top("special_tokens_map.json") or {}
     for name in SPECIAL_NAMES:
-        snap.special_tokens[name] = token(config.get(f"{name}_token")) or token(smap.get(f"{name}_token"))
+        snap.special_tokens[name] = _declared(config, smap, name)
     extra = [token(t) for t in as_list(config.get("additional_special_tokens"))]
     tok = snap.top("tokenizer.json") or {}
     extra += [token(t) for t in as_list(tok.get("added_tokens")) if isinstance(t, dict) and t.get("special")]

@@ -148,6 +148,9 @@ RULES: dict[str, Rule] = {
              "Use the exact token the chat template uses; remove zero-width and look-alike characters."),
         Rule("TS1005", "special-token-ordinary", _H, "A special token is an ordinary word of the vocabulary",
              "Use a dedicated added special token (e.g. <pad>) instead of a word that ordinary text contains."),
+        Rule("TS1006", "special-token-conflict", _H,
+             "tokenizer_config.json and special_tokens_map.json declare different special tokens",
+             "Make both files agree; which one a loader uses depends on its version and on added_tokens_decoder."),
         Rule("TS1101", "drift", _C, "The directory changed after it was approved (time-of-check/time-of-use)",
              "Find who changed it; restore the approved files, or re-scan and approve with "
              "`warden scan tokenizer PATH --approve --state-dir DIR`."),
@@ -172,6 +175,21 @@ RULES: dict[str, Rule] = {
         Rule("TS1207", "token-ids-changed", _C, "Ordinary words map to other ids than in the pinned tokenizer",
              "Restore the approved tokenizer, or update pinned_token_ids (token_ids_digest of --format json) "
              "after review."),
+        Rule("TS1209", "tokenizer-pipeline-rule", _H,
+             "A normaliser, pre-tokenizer, decoder or model rule can change letters, digits or words",
+             "Restore the vendor's tokenizer.json; rules may only change whitespace, metaspace, bytes and "
+             "Unicode normal forms."),
+        Rule("TS1210", "special-id-collision", _C, "An ordinary entry or another file shares a special token's id",
+             "Restore the vendor's vocabulary: each special token id belongs to that token alone."),
+        Rule("TS1211", "special-token-folding", _H,
+             "A special token is matched after a folding normaliser (look-alike user text becomes it)",
+             "Set normalized: false on special tokens (transformers' default for special tokens)."),
+        Rule("TS1212", "post-processor-inserts", _H,
+             "A post-processor template adds tokens that are not special added tokens (words before every input)",
+             "Restore the post-processor: single and pair templates add only declared special tokens."),
+        Rule("TS1301", "generation-config-tokens", _H,
+             "generation_config.json beside the tokenizer suppresses, forces or biases tokens",
+             "Remove suppress/forced/bad-words/bias entries unless the vendor ships them; review before approving."),
         Rule("TS1208", "token-ids-drift", _C, "Ordinary words map to other ids than when the directory was approved",
              "Find what changed the tokenizer (files, or the tokenizers library); restore it, or re-scan and "
              "approve with `warden scan tokenizer PATH --approve --state-dir DIR` after review."),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import time
 from collections.abc import Iterable
@@ -18,15 +19,20 @@ from dataclasses import replace
 from warden.tokenscan.declared import config_tokens
 from warden.tokenscan.exercise import exercise
 from warden.tokenscan.gguf import GGUFError, read_strings
+from warden.tokenscan.pipeline_rules import looks_like_tokenizer
 from warden.tokenscan.policy import TokenscanPolicy
 from warden.tokenscan.reads import Opened
 from warden.tokenscan.resources import ScanResources
 from warden.tokenscan.snapshot import FileFacts, JsonDoc, Snapshot
 from warden.tokenscan.sniff import Budget, sniff_file
 from warden.tokenscan.spm import ProtobufError, parse_sentencepiece
+from warden.tokenscan.spm import order_problem as spm_order_problem
+from warden.tokenscan.tokenizer_behaviour import TokenizerIssue
 
 MEMO_MIN_BYTES = 64 << 10  # smaller files parse faster than they hash
 JSON_WEIGHT = 6  # a parsed JSON document takes about this many times its source bytes
+VOCAB_TEXT = frozenset({"vocab.txt", "merges.txt"})  # slow tokenizers' vocabularies, at any depth
+_TIKTOKEN_LINE = re.compile(r"^[A-Za-z0-9+/=]+ [0-9]{1,9}\r?$")
 ANALYSIS_ERRORS = (ValueError, RecursionError, MemoryError, struct.error, EOFError, LookupError, TypeError)
 
 
@@ -110,24 +116,41 @@ class Reader:
                 doc = _parse_json_cached(rel, data, digest, self.res)
             if ext == ".json" or doc.error is None:
                 self.snap.json[rel] = doc
-                if os.path.basename(rel) == "tokenizer.json" and doc.error is None:
+                # any tokenizers serialisation, whatever its name or folder (fast_tokenizer_files
+                # redirects, subfolders): the loader may read it, so it is exercised too
+                if doc.error is None and (os.path.basename(rel) == "tokenizer.json" or looks_like_tokenizer(doc.data)):
                     self.snap.tokenizer_files[rel] = ("tokenizer", path, self.snap.digests[rel], size)
                 return facts
         if kind == "gguf":
             return self._gguf(f, facts)
-        if rel == "vocab.txt" and kind == "text":
+        if os.path.basename(rel) in VOCAB_TEXT and kind == "text":
             data, self.snap.digests[rel] = f.read(size + 1)
             self.snap.vocab_lines[rel] = tuple(data.decode("utf-8", "replace").split("\n"))
             return facts
         if ext == ".jinja" or (kind == "text" and _looks_like_template(f.head(4096))):
             self.jinja.append((rel, None, f.read(size + 1)[0].decode("utf-8", "replace")))
-        elif ext == ".model" and kind != "text":
-            try:
-                data, digest = f.read(size + 1)
-                self.pieces.update(parse_sentencepiece(data).pieces)
-                self.snap.tokenizer_files[rel] = ("sentencepiece", path, digest, size)
-            except ProtobufError as exc:
-                return replace(facts, spm_error=str(exc))
+        elif ext == ".model":  # whatever its first bytes look like: a truncated model may start as text
+            return self._model(rel, path, f, facts)
+        return facts
+
+    def _model(self, rel: str, path: str, f: Opened, facts: FileFacts) -> FileFacts:
+        """A ``.model``: a sentencepiece protobuf (validated, pieces in score order), or a
+        ``tiktoken.model`` (base64 and rank per line, judged by the pipeline check); anything
+        else is not a model (TS906), never clean."""
+        data, digest = f.read(f.size + 1)
+        self.snap.digests[rel] = digest
+        try:
+            model = parse_sentencepiece(data)
+        except ProtobufError as exc:
+            if _looks_like_tiktoken(data):
+                self.snap.vocab_lines[rel] = tuple(data.decode("utf-8").split("\n"))
+                return facts
+            return replace(facts, spm_error=str(exc))
+        self.pieces.update(model.pieces)
+        self.snap.tokenizer_files[rel] = ("sentencepiece", path, digest, f.size)
+        problem = spm_order_problem(model)
+        if problem and self.policy.behaviour.bpe_ids_follow_merges:
+            self.snap.tokenizer_issues.append((rel, TokenizerIssue("order", problem)))
         return facts
 
     def _exercise_early(self, kind: str, path: str, digest: str, size: int) -> None:
@@ -161,6 +184,15 @@ class Reader:
 
 def _starts_like_json(head: bytes) -> bool:
     return head.lstrip()[:1] in (b"{", b"[")
+
+
+def _looks_like_tiktoken(data: bytes) -> bool:
+    """Every non-empty line is ``<base64> <int>`` (tiktoken's BPE file; its ranks are checked later)."""
+    try:
+        lines = [line for line in data.decode("utf-8").split("\n") if line.strip()]
+    except UnicodeDecodeError:
+        return False
+    return bool(lines) and all(_TIKTOKEN_LINE.match(line) for line in lines)
 
 
 def _looks_like_template(head: bytes) -> bool:

@@ -9,6 +9,7 @@ least one piece whose text is UTF-8. Everything here is pure.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -21,11 +22,36 @@ class ProtobufError(ValueError):
     """The bytes are not valid protobuf wire format, or not a sentencepiece model."""
 
 
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+
 @dataclass(frozen=True)
 class SentencePieceModel:
-    """What validation learned: the pieces' text (for the special-token check)."""
+    """What validation learned: the pieces' text (for the special-token check), and each
+    piece's score and type (id = position; for the id-order check)."""
 
     pieces: tuple[str, ...]
+    scores: tuple[float, ...] = ()
+    types: tuple[int, ...] = ()
+
+
+def order_problem(model: SentencePieceModel) -> str | None:
+    """Sentencepiece's trainers (unigram and BPE alike) store the normal pieces by descending
+    score, so ids follow the trained order; two pieces whose ids were swapped break it. A piece
+    text stored twice (two ids for one piece) breaks it too."""
+    last, last_piece = float("inf"), ""
+    seen: dict[str, int] = {}
+    for ident, (piece, score, kind) in enumerate(zip(model.pieces, model.scores, model.types, strict=False)):
+        if piece in seen:
+            return f"piece {piece!r} has ids {seen[piece]} and {ident}"
+        seen[piece] = ident
+        if kind != NORMAL:
+            continue
+        if score > last:
+            where = f"piece {piece!r} (id {ident}, score {score:.3f}) follows {last_piece!r} (score {last:.3f})"
+            return f"{where}: ids not in score order"
+        last, last_piece = score, piece
+    return None
 
 
 def read_varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -75,8 +101,8 @@ def check_message(data: bytes) -> None:
         pass
 
 
-def _piece(data: bytes) -> str:
-    text = None
+def _piece(data: bytes) -> tuple[str, float, int]:
+    text, score, kind = None, 0.0, NORMAL
     for number, wire, value in fields(data):
         expected = _PIECE_FIELDS.get(number)
         if expected is not None and wire != expected:
@@ -87,18 +113,22 @@ def _piece(data: bytes) -> str:
                 text = value.decode("utf-8")
             except UnicodeDecodeError:
                 raise ProtobufError("a piece is not valid UTF-8") from None
-        elif number == 3 and isinstance(value, int) and not 1 <= value <= 6:
-            raise ProtobufError(f"piece type {value} is not a sentencepiece type (1..6)")
+        elif number == 2 and isinstance(value, bytes):
+            score = struct.unpack("<f", value)[0]
+        elif number == 3 and isinstance(value, int):
+            if not 1 <= value <= 6:
+                raise ProtobufError(f"piece type {value} is not a sentencepiece type (1..6)")
+            kind = value
     if text is None:
         raise ProtobufError("a piece has no text (field 1)")
-    return text
+    return text, score, kind
 
 
 def parse_sentencepiece(data: bytes) -> SentencePieceModel:
     """Validates a sentencepiece model; raises ProtobufError naming the first problem."""
     if not data:
         raise ProtobufError("empty file")
-    pieces: list[str] = []
+    pieces: list[tuple[str, float, int]] = []
     for number, wire, value in fields(data):
         expected = _MODEL_FIELDS.get(number)
         if expected is None and number < 200:
@@ -113,7 +143,8 @@ def parse_sentencepiece(data: bytes) -> SentencePieceModel:
             check_message(value)
     if not pieces:
         raise ProtobufError("no pieces (field 1) in the model")
-    return SentencePieceModel(tuple(pieces))
+    texts, scores, kinds = zip(*pieces, strict=True)
+    return SentencePieceModel(tuple(texts), tuple(scores), tuple(kinds))
 
 
 def encode_varint(value: int) -> bytes:

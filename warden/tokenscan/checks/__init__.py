@@ -17,6 +17,7 @@ from warden.tokenscan.checks.keys import check_dangerous_keys
 from warden.tokenscan.checks.links import check_links
 from warden.tokenscan.checks.pathkeys import check_path_keys
 from warden.tokenscan.checks.pinned import check_pinned_directory, check_pinned_token_ids
+from warden.tokenscan.checks.pipeline import check_generation_config, check_loader_files, check_pipeline
 from warden.tokenscan.checks.special_tokens import check_special_tokens
 from warden.tokenscan.checks.templates import check_chat_templates
 from warden.tokenscan.findings import Finding
@@ -37,6 +38,9 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("content", check_content),
     ("special_tokens", check_special_tokens),
     ("tokenizer_behaviour", check_tokenizer_behaviour),
+    ("pipeline", check_pipeline),
+    ("generation_config", check_generation_config),
+    ("loader_files", check_loader_files),
     ("pinned_directory", check_pinned_directory),
     ("pinned_token_ids", check_pinned_token_ids),
 )

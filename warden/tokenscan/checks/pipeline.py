@@ -1,0 +1,220 @@
+"""Checks 13-14: every pipeline rule and vocabulary-wide invariant of every tokenizer file the
+loader reads (:mod:`..pipeline_rules`), vocabulary files of slow layouts (``merges.txt``,
+``vocab.json``-only, ``tiktoken.model``, ``tekken.json``), ``generation_config.json`` beside
+the tokenizer, and the files a loader reads that no check understands (:mod:`..loader_files`)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+from typing import Any
+
+from warden.tokenscan import loader_files as lf
+from warden.tokenscan import pipeline_rules as pr
+from warden.tokenscan import tokenizer_behaviour as tbe
+from warden.tokenscan.checks.common import basename, short
+from warden.tokenscan.declared import token
+from warden.tokenscan.findings import Finding, finding
+from warden.tokenscan.policy import TokenscanPolicy
+from warden.tokenscan.snapshot import Snapshot
+
+RULE_OF_KIND = {"rule": "TS1209", "unknown": "TS910", "collision": "TS1210", "folding": "TS1211", "template": "TS1212"}
+GENERATION_FORCING = ("suppress_tokens", "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id",
+                      "forced_decoder_ids", "bad_words_ids", "force_words_ids", "sequence_bias", "logit_bias",
+                      "token_healing", "watermarking_config")  # fmt: skip
+GENERATION_IDS = ("eos_token_id", "bos_token_id", "pad_token_id", "decoder_start_token_id")
+
+
+def _folder_doc(snap: Snapshot, rel: str, name: str) -> dict[str, Any] | None:
+    doc = snap.json.get(lf._join(os.path.dirname(rel), name))
+    return doc.data if doc is not None and isinstance(doc.data, dict) else None
+
+
+def _decoder_ids(config: dict[str, Any] | None) -> dict[int, str]:
+    decoder = (config or {}).get("added_tokens_decoder")
+    out: dict[int, str] = {}
+    if isinstance(decoder, dict):
+        for key, value in decoder.items():
+            text = token(value)
+            if text and str(key).isdigit() and len(str(key)) < 10:
+                out[int(key)] = text
+    return out
+
+
+def _tokenizers(snap: Snapshot) -> list[tuple[str, dict[str, Any]]]:
+    return [(rel, d.data) for rel, d in sorted(snap.json.items()) if pr.looks_like_tokenizer(d.data)]
+
+
+def check_pipeline(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
+    out = []
+    for rel, tok in _tokenizers(snap):
+        extra = _decoder_ids(_folder_doc(snap, rel, "tokenizer_config.json"))
+        for issue in pr.tokenizer_issues(tok, extra):
+            out.append(finding(RULE_OF_KIND[issue.kind], rel, f"{issue.where}: {issue.detail}"))
+        if rel != "tokenizer.json":  # the root's is judged with the behaviour (exercise.py)
+            model = tok.get("model") if isinstance(tok.get("model"), dict) else {}
+            problem = tbe.merge_order_problem(model) or tbe.score_order_problem(model)
+            if problem and policy.behaviour.bpe_ids_follow_merges:
+                out.append(finding("TS1205", rel, problem))
+    out += _slow_vocabularies(snap, policy)
+    return out
+
+
+def _merges(lines: tuple[str, ...]) -> list[str]:
+    return [line for line in lines if line and not line.startswith("#version")]
+
+
+def _slow_vocabularies(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
+    """merges.txt against tokenizer.json's merges; a vocab.json + merges.txt layout in merge
+    order; vocab.txt / vocab.json against the folder's tokenizer.json below the root; tiktoken
+    and tekken ranks in id order."""
+    out = []
+    for rel, lines in sorted(snap.vocab_lines.items()):
+        folder, name = os.path.split(rel)
+        tok = _folder_doc(snap, rel, "tokenizer.json")
+        model = tok.get("model") if tok and isinstance(tok.get("model"), dict) else None
+        if name == "merges.txt":
+            merges = _merges(lines)
+            if model is not None and isinstance(model.get("merges"), list):
+                theirs = [" ".join(m) if isinstance(m, list) else str(m) for m in model["merges"]]
+                if theirs != merges:
+                    pairs = enumerate(zip(theirs, merges, strict=False))
+                    differ = next((i for i, (a, b) in pairs if a != b), min(len(theirs), len(merges)))
+                    out.append(finding("TS1205", rel, f"merges.txt and tokenizer.json differ from merge {differ} on"))
+            vocab = _folder_doc(snap, rel, "vocab.json")
+            if vocab is not None and policy.behaviour.bpe_ids_follow_merges:
+                problem = tbe.merge_order_problem({"type": "BPE", "vocab": vocab, "merges": merges})
+                if problem:
+                    out.append(finding("TS1205", rel, f"with vocab.json: {problem}"))
+        elif name == "vocab.txt" and folder and isinstance((model or {}).get("vocab"), dict):
+            found = tbe.vocab_disagreement(model["vocab"], tbe.vocab_txt_ids(lines), "vocab.txt")  # type: ignore[index]
+            if found:
+                out.append(finding("TS1205", rel, found))
+        elif name.endswith(".model"):
+            out += _tiktoken(rel, lines)
+    for rel, doc in sorted(snap.json.items()):
+        if basename(rel) == "vocab.json" and os.path.dirname(rel) and isinstance(doc.data, dict):
+            tok = _folder_doc(snap, rel, "tokenizer.json")
+            vocab = (tok or {}).get("model", {}).get("vocab") if isinstance((tok or {}).get("model"), dict) else None
+            if isinstance(vocab, dict) and (found := tbe.vocab_disagreement(vocab, doc.data, "vocab.json")):
+                out.append(finding("TS1205", rel, found))
+        elif basename(rel) == "tekken.json" and isinstance(doc.data, dict):
+            out += _tekken(rel, doc.data)
+    return out
+
+
+def _tiktoken(rel: str, lines: tuple[str, ...]) -> list[Finding]:
+    """``tiktoken.model``: ``base64 rank`` per line, ranks 0, 1, 2... (the id of each token)."""
+    seen: set[bytes] = set()
+    for i, line in enumerate(x for x in lines if x.strip()):
+        parts = line.split()
+        try:
+            raw, rank = base64.b64decode(parts[0], validate=True), int(parts[1])
+        except (IndexError, ValueError, binascii.Error):
+            return [finding("TS910", rel, f"line {i + 1} is not 'base64 rank': not analysed")]
+        if rank != i or raw in seen:
+            return [finding("TS1205", rel, f"token {short(raw, 30)} has rank {rank} at line {i + 1}: ids not in order")]
+        seen.add(raw)
+    return []
+
+
+def _tekken(rel: str, data: dict[str, Any]) -> list[Finding]:
+    vocab = data.get("vocab")
+    if not isinstance(vocab, list):
+        return [finding("TS910", rel, "tekken.json without a vocab list: not analysed")]
+    for i, entry in enumerate(vocab):
+        if not isinstance(entry, dict) or entry.get("rank") != i:
+            return [finding("TS1205", rel, f"vocab entry {i} has rank {short(entry, 40)}: ids not in order")]
+    return []
+
+
+def _special_ids(snap: Snapshot, rel: str) -> tuple[dict[int, str], dict[int, str]] | None:
+    """(special added id -> text, vocab id -> entry) of the tokenizer.json beside ``rel`` or above it."""
+    folder = os.path.dirname(rel)
+    while True:
+        tok = snap.json.get(lf._join(folder, "tokenizer.json"))
+        if tok is not None and pr.looks_like_tokenizer(tok.data):
+            specials = {
+                a["id"]: str(a.get("content"))
+                for a in pr._added(tok.data)
+                if a.get("special") and type(a.get("id")) is int
+            }
+            return specials, pr._vocab_ids(tok.data.get("model"))
+        if not folder:
+            return None
+        folder = os.path.dirname(folder)
+
+
+def _ids(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def check_generation_config(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
+    """generation_config.json beside a tokenizer: no suppressed, forced or biased tokens; its
+    eos/bos/pad/decoder-start ids are special tokens of that tokenizer, never ordinary words."""
+    out = []
+    for rel, doc in sorted(snap.json.items()):
+        if basename(rel) != "generation_config.json" or not isinstance(doc.data, dict):
+            continue
+        for key in GENERATION_FORCING:
+            value = doc.data.get(key)
+            if value not in (None, [], {}, False):
+                out.append(finding("TS1301", rel, f"{key} = {short(value, 60)}", key=key))
+        known = _special_ids(snap, rel)
+        if known is None:
+            continue
+        specials, vocab = known
+        for key in GENERATION_IDS:
+            for ident in _ids(doc.data.get(key))[:64]:
+                if type(ident) is int and ident not in specials and ident in vocab:
+                    out.append(finding("TS1301", rel, f"{key} {ident} is the ordinary entry {vocab[ident]!r}", key=key))
+    return out
+
+
+def _understood(snap: Snapshot, f: lf.LoaderFile) -> str | None:
+    """Why no check understands file ``f`` the loader reads, or None."""
+    facts = snap.facts.get(f.rel)
+    doc = snap.json.get(f.rel)
+    if facts is None:
+        return None if f.rel in {e.rel for e in snap.entries if e.kind != "file"} else "it was not read"
+    if facts.over_cap is not None or facts.spm_error or facts.problems or (doc is not None and doc.error):
+        return None  # that file has a finding of its own
+    if f.role in ("config", "added_tokens", "generation", "template_json", "vocab_json", "tekken"):
+        return None if doc is not None and isinstance(doc.data, dict) else "it is not a JSON object"
+    if f.role == "template":
+        return None if any(t.rel == f.rel for t in snap.templates) else "it is not a chat template"
+    if f.role == "tokenizer":
+        if doc is None or not pr.looks_like_tokenizer(doc.data):
+            return "it is not a tokenizers serialisation"
+        return None if f.rel in snap.tokenizer_files or f.rel in dict(snap.unanalysed) else "it was not exercised"
+    if f.role in ("merges", "vocab_txt"):
+        return None if f.rel in snap.vocab_lines else "it was not read as a vocabulary"
+    if f.role == "model":
+        return None if f.rel in snap.tokenizer_files or f.rel in snap.vocab_lines else "it is no known model format"
+    return f"role {f.role} has no check"
+
+
+def check_loader_files(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
+    """Every file a loader reads is understood by some check (else analysis incomplete, TS910);
+    where tokenizer_config.json and special_tokens_map.json disagree, TS1006."""
+    names = [e.rel for e in snap.entries if e.kind in ("file", "symlink")]
+    configs = {rel: d.data for rel, d in snap.json.items() if basename(rel) == "tokenizer_config.json"}
+    out = []
+    for f in lf.resolve(names, configs):
+        why = _understood(snap, f)
+        if why:
+            loaders = ", ".join(f.loaders)
+            out.append(finding("TS910", f.rel, f"transformers {loaders} read this {f.role} file, but {why}"))
+    for rel, config in sorted(configs.items()):
+        smap = _folder_doc(snap, rel, "special_tokens_map.json")
+        if not isinstance(config, dict) or smap is None:
+            continue
+        for key, winner in sorted(lf.special_token_sources(config, smap).items()):
+            mine, theirs = token(config.get(key)), token(smap.get(key))
+            if mine != theirs:
+                detail = (
+                    f"{key} is {mine!r} in tokenizer_config.json, {theirs!r} in special_tokens_map.json ({winner} wins)"
+                )
+                out.append(finding("TS1006", rel, detail, key=key))
+    return out
