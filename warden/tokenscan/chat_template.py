@@ -414,10 +414,61 @@ def _content_aliases(tree: nodes.Template) -> set[str]:
     return aliases
 
 
+def _refuses(node: nodes.If) -> bool:
+    """Whether an ``{% if %}`` only refuses the conversation: its body is ``raise_exception(...)``
+    alone, with no else or elif. Its test is input validation (a vendor refusing its own markup
+    inside content): whatever the test sees, the render's text cannot change."""
+    if node.else_ or node.elif_:
+        return False
+    calls = []
+    for stmt in node.body:
+        if not isinstance(stmt, nodes.Output):
+            return False
+        for child in stmt.nodes:
+            if isinstance(child, nodes.TemplateData) and not child.data.strip():
+                continue
+            if not (isinstance(child, nodes.Call) and isinstance(child.node, nodes.Name)):
+                return False
+            calls.append(child.node.name)
+    return bool(calls) and all(c == "raise_exception" for c in calls)
+
+
+def guard_lines(text: str) -> frozenset[int]:
+    """Template lines whose every comparison is the test of a refusing ``if`` (:func:`_refuses`):
+    a comparison of content recorded at run time on such a line is a guard, not a trigger.
+    Empty when the template does not parse or is too complex to walk."""
+    if complexity_problem(text):
+        return frozenset()
+    try:
+        tree = parse(text)
+    except (jinja2.TemplateSyntaxError, RecursionError):
+        return frozenset()
+    guarded: set[int] = set()
+    inside: set[int] = set()
+    for node in tree.find_all(nodes.If):
+        if _refuses(node):
+            guarded |= {c.lineno for c in node.test.find_all((nodes.Compare, nodes.Call))}
+            guarded.add(node.test.lineno)
+            inside |= {id(c) for c in node.test.find_all(nodes.Node)}
+            inside.add(id(node.test))
+    elsewhere = {
+        c.lineno
+        for c in tree.find_all((nodes.Compare, nodes.Call, nodes.Test, nodes.Filter, nodes.Getitem))
+        if id(c) not in inside and not (isinstance(c, nodes.Call) and _is_raise(c))
+    }
+    return frozenset(guarded - elsewhere)
+
+
+def _is_raise(call: nodes.Call) -> bool:
+    return isinstance(call.node, nodes.Name) and call.node.name == "raise_exception"
+
+
 def _content_branches(tree: nodes.Template) -> list[TemplateIssue]:
     aliases = _content_aliases(tree)
     out = []
     for node in tree.find_all((nodes.If, nodes.CondExpr, nodes.For)):
+        if isinstance(node, nodes.If) and _refuses(node):
+            continue
         test = getattr(node, "test", None)
         if test is not None and _is_trigger_test(test, aliases):
             kind = {nodes.If: "if", nodes.CondExpr: "inline if", nodes.For: "loop filter"}[type(node)]

@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 from warden.tokenscan import chat_template as ct
+from warden.tokenscan import conversations as conv
 from warden.tokenscan import template_battery as tb
 from warden.tokenscan import tokenizer_behaviour as tbe
 from warden.tokenscan.declared import as_dict, as_list, config_tokens, declared_tokens, specials, token
@@ -81,13 +82,65 @@ def _lasting(answer: dict[str, Any]) -> bool:
     return answer.get("status") not in ("crashed", "changed")
 
 
+def loader_context(snap: Snapshot) -> dict[str, Any]:
+    """The variables the loader renders a template with: the special tokens the configs set
+    (an unset one stays undefined, as in transformers: a template cannot tell the scanner from
+    the loader by defining them all), ``add_generation_prompt``, ``tools`` and ``documents``."""
+    context: dict[str, Any] = {f"{k}_token": v for k, v in snap.special_tokens.items() if v}
+    if snap.extra_special:
+        context["additional_special_tokens"] = list(snap.extra_special)
+    return context | {"add_generation_prompt": True, "tools": None, "documents": None}
+
+
+def _generated(
+    t: TemplateSource, snap: Snapshot, policy: TokenscanPolicy, limits: ct.RenderLimits, res: ScanResources
+) -> tuple[dict[str, Any], tuple[tb.BehaviourIssue, ...]] | None:
+    """The generated conversations (:mod:`.conversations`) rendered and judged, or None when the
+    sandbox gave no complete answer in time (the template is then *unanalysed*, never clean)."""
+    cp = policy.chat_template
+    if cp.generated_conversations <= 0:
+        return {"status": "ok", "renders": []}, ()
+    context = loader_context(snap)
+    renders = conv.generate(t.digest + cp.conversation_seed, cp.generated_conversations, context)
+    what = ["generated", t.digest, cp.conversation_seed, cp.generated_conversations, context, limits.__dict__]
+    rkey = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+    answer = res.memo.get_or_make(
+        ("render", rkey), lambda: ct.run_battery(t.text, renders, limits), keep=_not_crashed,
+        nbytes=lambda a: len(json.dumps(a)),
+    )  # fmt: skip
+    if answer.get("status") in ("timeout", "crashed"):
+        return None
+    tokens = specials(snap)
+
+    def judged() -> tuple[tb.BehaviourIssue, ...]:
+        issues: list[tb.BehaviourIssue] = []
+        guards = ct.guard_lines(t.text)
+        issues += [tb.BehaviourIssue(i.kind, i.detail) for i in conv.judge(renders, answer)]
+        issues += tb.taint_issues(list(answer.get("taint") or []), tokens, guards)
+        issues += [tb.BehaviourIssue("private", f"the template looked up the private attribute {str(a)!r}")
+                   for a in answer.get("private") or []]  # fmt: skip
+        marks = (*tokens, *tb.template_markup(t.text))
+        for request, result in zip(renders, answer.get("renders") or [], strict=False):
+            if result.get("status") != "ok" or not request["name"].endswith("a"):
+                continue
+            added = conv.abstract(str(result.get("output", "")), request["texts"]).replace("\x00", " ")
+            name = f"generated {request['name']}"
+            issues += tb.text_issues(name, added, [], tokens)
+            issues += tb.lookalike_issues(f"the {name!r} render", added, marks)
+        issues += tb.lookalike_issues("the template text", t.text, marks)
+        seen: set[tb.BehaviourIssue] = set()
+        return tuple(i for i in issues if not (i in seen or seen.add(i)))  # type: ignore[func-returns-value]
+
+    key = t.digest + json.dumps(["generated", rkey, tokens], sort_keys=True)
+    return answer, res.judged.get_or_make(("generated", key), judged)
+
+
 def render(snap: Snapshot, policy: TokenscanPolicy, res: ScanResources) -> None:
     """Renders templates that parsed and show no introspection with the battery of
-    conversations, in the sandbox child, and judges the renders."""
+    conversations and the generated ones, in the sandbox child, and judges the renders."""
     cp = policy.chat_template
     limits = ct.RenderLimits(cp.render_timeout_seconds, cp.output_cap, cp.memory_cap)
-    context: dict[str, Any] = {f"{k}_token": v or "" for k, v in snap.special_tokens.items()}
-    context |= {"add_generation_prompt": True, "documents": None}
+    context = loader_context(snap)
     renders = tb.battery_renders(context)
     for i, t in enumerate(snap.templates):
         if t.text and time.monotonic() > snap.deadline:
@@ -108,9 +161,27 @@ def render(snap: Snapshot, policy: TokenscanPolicy, res: ScanResources) -> None:
             snap.transient.append(f"{t.rel}: template sandbox crashed")
         result = ct.RenderResult(str(answer["status"]), "", str(answer.get("message", "")))
         key = t.digest + json.dumps([specials(snap), cp.max_literal_chars, context], sort_keys=True)
-        judged = lambda a=answer: tuple(tb.judge(renders, a, specials(snap), cp.max_literal_chars))  # noqa: E731
+        guards = ct.guard_lines(t.text)
+        judged = lambda a=answer, g=guards: tuple(tb.judge(renders, a, specials(snap), cp.max_literal_chars, g))  # noqa: E731
         issues = res.judged.get_or_make(("battery", key), judged) if answer["status"] == "ok" else ()
-        snap.templates[i] = replace(t, render=result, behaviour=tuple(issues))
+        review = tb.default_system_prompt(renders, answer, specials(snap)) if answer["status"] == "ok" else ""
+        if answer["status"] == "ok" and time.monotonic() <= snap.deadline:
+            generated = _generated(t, snap, policy, limits, res)
+            if generated is None:
+                snap.unanalysed.append((t.rel, f"{_where(t)}: generated conversations not rendered in time"))
+            else:
+                g_answer, g_issues = generated
+                issues = (*issues, *(x for x in g_issues if x not in issues))
+                if g_answer.get("status") not in ("ok", "error", "syntax"):
+                    result = ct.RenderResult(str(g_answer["status"]), "", str(g_answer.get("message", "")))
+        elif answer["status"] == "ok":
+            why = "generated conversations not rendered: scan time budget spent"
+            snap.unanalysed.append((t.rel, f"{_where(t)}: {why}"))
+        snap.templates[i] = replace(t, render=result, behaviour=tuple(issues), default_system=review)
+
+
+def _where(t: TemplateSource) -> str:
+    return f"template {t.key}" if t.key else "template"
 
 
 # -- tokenizers ------------------------------------------------------------------------------

@@ -107,8 +107,12 @@ class ChatTemplatePolicy:
     max_loop_depth: int = 3
     max_range: int = 10000
     max_literal_chars: int = 24
+    generated_conversations: int = 24  # shapes drawn per template (three renders each), issue 33
+    conversation_seed: str = "warden-33"  # with the template's digest: the same scan draws the same shapes
 
     def __post_init__(self) -> None:
+        if not 0 <= self.generated_conversations <= 1000:
+            raise ValueError("generated_conversations: must be between 0 and 1000")
         for i, digest in enumerate(self.approved_sha256):
             if not re.fullmatch(r"[0-9a-f]{64}", digest):
                 raise ValueError(f"approved_sha256[{i}]: expected 64 lowercase hex digits, got {digest!r}")

@@ -12,7 +12,7 @@ line on stdin, each answer one JSON line on stdout; the worker exits at end of i
     battery: {"id": ..., "op": "battery", "text": ..., "renders": [{"messages": [...],
               "context": {...}, "now": epoch}], "timeout": seconds, "max_output": bytes}
     answer:  {"id": ..., "status": ..., "renders": [{"status": "ok" | "error", "output", "message"}],
-              "taint": [[source, operation, constant]], "private": [attribute names]}
+              "taint": [[source, operation, constant, template line]], "private": [attribute names]}
 
 A battery renders one template with many conversations and records, at run time, every
 comparison of message content or of the date with a constant (``'trigger' in x``,
@@ -62,46 +62,64 @@ TAINT: list[list[str]] = []
 PRIVATE: list[str] = []
 
 
+TEMPLATE: list[Any] = [None]  # the template being rendered (its lines name where a comparison is)
+
+
+def _template_line() -> int:
+    """The template line the running comparison is on (0 when not known)."""
+    frame = sys._getframe(2)
+    template = TEMPLATE[0]
+    while frame is not None:
+        if frame.f_code.co_filename == "<template>" and template is not None:
+            try:
+                return int(template.get_corresponding_lineno(frame.f_lineno))
+            except Exception:
+                return 0
+        frame = frame.f_back  # type: ignore[assignment]
+    return 0
+
+
 def _record(source: str, operation: str, other: Any) -> None:
     if isinstance(other, str) and not isinstance(other, Probe) and len(TAINT) < 256:
-        TAINT.append([source, operation, str.__str__(other)[:200]])
+        TAINT.append([source, operation, str.__str__(other)[:200], _template_line()])
+    elif operation in ("lookup", "length") and len(TAINT) < 256:
+        TAINT.append([source, operation, str(other)[:200], _template_line()])
 
 
 class Probe(str):
     """A string (message content, the date) that records what the template compares it with."""
 
-    source = "content"
+    _wsrc = "content"  # private: a template cannot read it (the sandbox refuses _ names)
 
     def __new__(cls, value: str, source: str = "content") -> Probe:
         obj = super().__new__(cls, value)
-        obj.source = source
+        obj._wsrc = source
         return obj
 
     def _wrap(self, value: Any) -> Any:
-        return Probe(value, self.source) if isinstance(value, str) else value
+        return Probe(value, self._wsrc) if isinstance(value, str) else value
+
+    def __iter__(self) -> Any:  # content|first, content|list, for c in content: each character stays a Probe
+        return (Probe(c, self._wsrc) for c in str.__iter__(self))
 
     def __contains__(self, other: Any) -> bool:
-        _record(self.source, "in", other)
+        _record(self._wsrc, "in", other)
         return str.__contains__(self, other)
 
     def __eq__(self, other: object) -> bool:
-        _record(self.source, "==", other)
+        _record(self._wsrc, "==", other)
         return str.__eq__(self, other)
 
     def __ne__(self, other: object) -> bool:
-        _record(self.source, "!=", other)
+        _record(self._wsrc, "!=", other)
         return str.__ne__(self, other)
 
-    __hash__ = str.__hash__
+    def __hash__(self) -> int:  # content as a dict key or set member: a lookup keyed on content
+        _record(self._wsrc, "lookup", "a dict or set")
+        return str.__hash__(self)
 
     def __getitem__(self, key: Any) -> Any:
         return self._wrap(str.__getitem__(self, key))
-
-    def split(self, *args: Any, **kwargs: Any) -> list[Any]:
-        return [self._wrap(p) for p in str.split(self, *args, **kwargs)]
-
-    def rsplit(self, *args: Any, **kwargs: Any) -> list[Any]:
-        return [self._wrap(p) for p in str.rsplit(self, *args, **kwargs)]
 
     def splitlines(self, *args: Any) -> list[Any]:
         return [self._wrap(p) for p in str.splitlines(self, *args)]
@@ -119,7 +137,7 @@ def _source(values: Any) -> str | None:
         items = value if isinstance(value, (list, tuple)) else (value,)
         for item in items:
             if isinstance(item, Probe):
-                return item.source
+                return item._wsrc
     return None
 
 
@@ -137,21 +155,79 @@ def _tainting(func: Any) -> Any:
     return wrapped
 
 
+class ProbeInt(int):
+    """The length of message content: records what the template compares it with (``> 100``)."""
+
+    _wsrc = "content"
+
+    def __new__(cls, value: int, source: str = "content") -> ProbeInt:
+        obj = super().__new__(cls, value)
+        obj._wsrc = source
+        return obj
+
+    def __hash__(self) -> int:
+        return int.__hash__(self)
+
+
+def _number_comparing(name: str) -> Any:
+    def method(self: ProbeInt, other: Any) -> Any:
+        if isinstance(other, (int, float)) and not isinstance(other, (bool, ProbeInt)) and len(TAINT) < 256:
+            TAINT.append([self._wsrc, f"length {name.strip('_')}", repr(other)[:40], _template_line()])
+        return getattr(int, name)(self, other)
+
+    return method
+
+
+for _name in ("__eq__", "__ne__", "__lt__", "__gt__", "__le__", "__ge__"):
+    setattr(ProbeInt, _name, _number_comparing(_name))
+
+
+def _measuring(func: Any) -> Any:
+    """The ``length``/``count`` filter: the length of a Probe is a :class:`ProbeInt`."""
+
+    def wrapped(value: Any, *args: Any, **kwargs: Any) -> Any:
+        out = func(value, *args, **kwargs)
+        return ProbeInt(out, value._wsrc) if isinstance(value, Probe) and isinstance(out, int) else out
+
+    return wrapped
+
+
+def _replacing(func: Any) -> Any:
+    """The ``replace`` filter: records what it replaces in a Probe (a rewrite keyed on content)."""
+
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        for i, arg in enumerate(args[:-1]):
+            if isinstance(arg, Probe):
+                _record(arg._wsrc, "replace", args[i + 1])
+                break
+        return func(*args, **kwargs)
+
+    if hasattr(func, "jinja_pass_arg"):
+        wrapped.jinja_pass_arg = func.jinja_pass_arg  # type: ignore[attr-defined]
+    return wrapped
+
+
 def _keep_taint(env: Any) -> None:
-    """Taint survives ``~`` concatenation and the string filters (join, replace, format...)."""
+    """Taint survives ``~`` concatenation and the string filters (join, replace, format...);
+    the length of content and what ``replace`` rewrites in it are recorded."""
     import jinja2.runtime
 
     jinja2.runtime.str_join = _tainting(jinja2.runtime.str_join)  # the compiled code imports it
+    if "replace" in env.filters:
+        env.filters["replace"] = _replacing(env.filters["replace"])
     for name in ("join", "replace", "format", "center", "indent", "wordwrap", "striptags", "string", "truncate"):
         if name in env.filters:
             env.filters[name] = _tainting(env.filters[name])
+    for name in ("length", "count"):
+        if name in env.filters:
+            env.filters[name] = _measuring(env.filters[name])
 
 
 def _comparing(name: str) -> Any:
     def method(self: Probe, *args: Any) -> Any:
         if args:
             for arg in args[0] if isinstance(args[0], tuple) else args[:1]:
-                _record(self.source, name, arg)
+                _record(self._wsrc, name, arg)
         return getattr(str, name)(self, *args)
 
     return method
@@ -167,8 +243,27 @@ def _deriving(name: str) -> Any:
 for _name in ("startswith", "endswith", "find", "rfind", "index", "rindex", "count", "__lt__", "__gt__",
               "__le__", "__ge__"):  # fmt: skip
     setattr(Probe, _name, _comparing(_name))
-for _name in ("lower", "upper", "strip", "lstrip", "rstrip", "title", "capitalize", "casefold", "replace"):
+for _name in ("lower", "upper", "strip", "lstrip", "rstrip", "title", "capitalize", "casefold"):
     setattr(Probe, _name, _deriving(_name))
+
+
+def _rewriting(name: str) -> Any:
+    """``replace``/``split``/``partition``: what the template cuts content at or rewrites in it is
+    recorded (markup and whitespace are what vendors cut at), and the pieces stay Probes."""
+
+    def method(self: Probe, *args: Any) -> Any:
+        if args:
+            _record(self._wsrc, name, args[0])
+        out = getattr(str, name)(self, *args)
+        if isinstance(out, (list, tuple)):
+            return type(out)(self._wrap(p) for p in out)
+        return self._wrap(out)
+
+    return method
+
+
+for _name in ("replace", "split", "rsplit", "partition", "rpartition"):
+    setattr(Probe, _name, _rewriting(_name))
 
 
 def _environment() -> Any:
@@ -255,13 +350,19 @@ def render_one(env: Any, text: str, request: dict[str, Any]) -> dict[str, Any]:
     return {"status": "error", "message": last}
 
 
-def _tainted(messages: list[Any]) -> list[Any]:
-    out = []
-    for m in messages:
-        if isinstance(m, dict) and isinstance(m.get("content"), str):
-            m = {**m, "content": Probe(m["content"])}
-        out.append(m)
-    return out
+TEXT_KEYS = frozenset({"content", "text", "reasoning_content", "thinking"})
+
+
+def _tainted(value: Any, key: str = "") -> Any:
+    """``value`` with every string under a text key (message content, its parts' text, a
+    document's text, reasoning) a Probe, at any depth; roles, types and names stay plain."""
+    if isinstance(value, str):
+        return Probe(value) if key in TEXT_KEYS else value
+    if isinstance(value, list):
+        return [_tainted(v, key) for v in value]
+    if isinstance(value, dict):
+        return {k: _tainted(v, k if isinstance(k, str) else "") for k, v in value.items()}
+    return value
 
 
 def _battery_one(template: Any, render: dict[str, Any], cap: int) -> dict[str, Any]:
@@ -269,6 +370,8 @@ def _battery_one(template: Any, render: dict[str, Any], cap: int) -> dict[str, A
 
     NOW[0] = float(render.get("now", NOW[0]))
     context = {**render["context"], "messages": _tainted(render["messages"])}
+    if context.get("documents"):
+        context["documents"] = _tainted(context["documents"])
     try:
         output, complete = _stream(template, context, cap)
     except SecurityError as exc:
@@ -296,6 +399,7 @@ def battery(env: Any, request: dict[str, Any]) -> dict[str, Any]:
     except RecursionError:
         return {"status": "too_large", "message": "the template nests too deeply to compile"}
     cap = int(request["max_output"])
+    TEMPLATE[0] = template
     renders = [_battery_one(template, r, cap) for r in request["renders"]]
     worst = next((r for r in renders if r["status"] in ("security", "memory", "too_large")), None)
     status = worst["status"] if worst else "ok"

@@ -66,6 +66,7 @@ class TemplateSource:
     issues: tuple[TemplateIssue, ...] = ()
     render: RenderResult | None = None
     behaviour: tuple[BehaviourIssue, ...] = ()
+    default_system: str = ""  # what the template adds before a conversation without a system message
 
 
 @dataclass

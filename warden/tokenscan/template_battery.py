@@ -211,6 +211,20 @@ def _text_issues(
     return out
 
 
+text_issues = _text_issues
+
+
+def default_system_prompt(renders: list[dict[str, Any]], answer: dict[str, Any], specials: tuple[str, ...]) -> str:
+    """What the template adds before the first message of a conversation that has no system
+    message (the ``u`` render), markup and date lines left out: a vendor's default system
+    prompt, for a person to review (empty when there is none)."""
+    for request, result in zip(renders, answer.get("renders") or [], strict=False):
+        if request["name"] == "u" and result.get("status") == "ok":
+            segs = segments(str(result.get("output", "")), _shown(request["messages"]))
+            return residual_text(segs[0][2], specials)[:4000] if len(segs) > 1 else ""
+    return ""
+
+
 def _flat(text: str, limit: int = 100) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
@@ -219,18 +233,35 @@ def _flat(text: str, limit: int = 100) -> str:
 HEADER_LINE_RE = re.compile(r"^.*\b(?:date|environment)\b.*$", re.I | re.M)
 
 
+def _beyond(text: str, header: str) -> str:
+    """The words of ``text`` that the fixed ``header`` does not hold (in order)."""
+    a, b = WORD_RE.findall(header), WORD_RE.findall(text)
+    out = []
+    for tag, _i1, _i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
+        if tag != "equal":
+            out.append("".join(b[j1:j2]))
+    return " ".join(out)
+
+
 def _residual_issues(
-    name: str, segs: list[tuple[str, str, str]], specials: tuple[str, ...], limit: int, skip: tuple[str, str] = ("", "")
+    name: str,
+    segs: list[tuple[str, str, str]],
+    specials: tuple[str, ...],
+    limit: int,
+    skip: tuple[str, str] = ("", ""),
+    header: str = "",
 ) -> list[BehaviourIssue]:
     """Long literal text between messages, after the last one, or before a given system prompt
-    (date and environment header lines allowed). The text before the first message when no
-    system prompt is given is the vendor's default system prompt, allowed (instruction-like
-    text there is still reported by :func:`_text_issues`)."""
+    (date and environment header lines allowed), beyond ``header``: the template's fixed text
+    before a conversation without a system message (a vendor's default system block, shown for
+    review in the approval report; instruction-like text there is reported by
+    :func:`_text_issues`). Text that appears before the system prompt only *because* one was
+    given is judged."""
     out = []
     for before, after, original in segs:
         if (before == "^" and after != "system") or (before, after) == skip:
             continue
-        text = HEADER_LINE_RE.sub(" ", original) if before == "^" else original
+        text = _beyond(HEADER_LINE_RE.sub(" ", original), header) if before == "^" else original
         for word in PROBE_WORDS:
             text = text.replace(word, " ")
         rest = residual_text(text, specials)
@@ -310,15 +341,20 @@ def _extra_input_issues(
     if "suau" not in results:
         return []
     base = WORD_RE.findall(results["suau"][0]["output"])
+    segs = results["suau"][1]
+    preamble = len(WORD_RE.findall(segs[0][2])) if len(segs) > 1 else 0  # words before the first message
+    vendor_header = sum(ch.isalpha() for ch in residual_text(HEADER_LINE_RE.sub(" ", segs[0][2]), specials)) >= limit
     out = []
     for name, label, probes in EXTRA_INPUTS:
         if name not in results:
             continue
         other = WORD_RE.findall(results[name][0]["output"])
-        for tag, _i1, _i2, j1, j2 in difflib.SequenceMatcher(None, base, other, autojunk=False).get_opcodes():
+        for tag, i1, _i2, j1, j2 in difflib.SequenceMatcher(None, base, other, autojunk=False).get_opcodes():
             added = "".join(other[j1:j2])
             if tag == "equal" or any(p in added for p in probes):
                 continue
+            if vendor_header and 0 < i1 < preamble and not TAG_RE.search(added):
+                continue  # a sentence of the vendor's own fixed header (harmony's tool channel line)
             rest = residual_text(HEADER_LINE_RE.sub(" ", added), specials)
             if sum(ch.isalpha() for ch in rest) >= limit:
                 out.append(BehaviourIssue("varies", f"text added only when {label}: {_flat(rest)!r}"))
@@ -326,22 +362,60 @@ def _extra_input_issues(
     return out
 
 
-def _taint_issues(taint: list[list[str]], specials: tuple[str, ...]) -> list[BehaviourIssue]:
+def _markup_constant(constant: str, specials: tuple[str, ...]) -> bool:
+    """Whitespace, one tag-like marker or declared token, or markers with whitespace between
+    them: what vendors cut reasoning and tool calls out of content at."""
+    rest = constant
+    for token in sorted({t for t in specials if t}, key=len, reverse=True):
+        rest = rest.replace(token, " ")
+    return not TAG_RE.sub(" ", rest).strip()
+
+
+def taint_issues(
+    taint: list[list[Any]], specials: tuple[str, ...], guards: frozenset[int] = frozenset()
+) -> list[BehaviourIssue]:
+    """Issues of the sandbox's run-time records ``[source, operation, constant, line]``: message
+    content or the date compared with a constant, rewritten at one, measured against a number
+    other than 0 or 1, or used as a lookup key. Comparisons on ``guards`` lines (the test of an
+    ``if`` that only raises) and with markup constants (:func:`_markup_constant`) are not."""
     out = []
-    for source, operation, constant in taint:
-        if not constant.strip() or TAG_RE.fullmatch(constant.strip()) or constant in specials:
+    for record in taint:
+        source, operation, constant = (str(x) for x in record[:3])
+        line = int(record[3]) if len(record) > 3 and str(record[3]).isdigit() else 0
+        if line and line in guards:
+            continue
+        if operation.startswith("length"):
+            if constant in ("0", "1", "0.0", "1.0"):
+                continue
+        elif operation != "lookup" and _markup_constant(constant, specials):
             continue
         what = "message content" if source == "content" else "the date"
-        out.append(BehaviourIssue("taint", f"the template compares {what} with {_flat(constant, 60)!r} ({operation})"))
+        at = f", line {line}" if line else ""
+        if operation == "lookup":
+            detail = f"the template uses {what} as a key into {constant} (a lookup keyed on it{at})"
+        elif operation.startswith("length"):
+            detail = f"the template compares the length of {what} with {constant} ({operation}{at})"
+        else:
+            detail = f"the template compares {what} with {_flat(constant, 60)!r} ({operation}{at})"
+        out.append(BehaviourIssue("taint", detail))
     return out
 
 
 def judge(
-    renders: list[dict[str, Any]], answer: dict[str, Any], specials: tuple[str, ...], max_literal_chars: int
+    renders: list[dict[str, Any]],
+    answer: dict[str, Any],
+    specials: tuple[str, ...],
+    max_literal_chars: int,
+    guards: frozenset[int] = frozenset(),
 ) -> list[BehaviourIssue]:
     """Issues of one battery answer (``renders`` as built by :func:`battery_renders`)."""
     results: dict[str, tuple[dict[str, Any], list[tuple[str, str, str]]]] = {}
     issues: list[BehaviourIssue] = []
+    header = ""
+    for request, result in zip(renders, answer.get("renders") or [], strict=False):
+        if request["name"] == "u" and result.get("status") == "ok":
+            segs = segments(str(result.get("output", "")), _shown(request["messages"]))
+            header = HEADER_LINE_RE.sub(" ", segs[0][2]) if len(segs) > 1 else ""
     for request, result in zip(renders, answer.get("renders") or [], strict=False):
         if result.get("status") != "ok":
             continue
@@ -351,15 +425,77 @@ def judge(
         issues += _order_issues(name, output, messages) + _text_issues(name, output, messages, specials)
         if name == "toolconv":  # the tool definitions sit between the system prompt and the first question
             issues += _tool_role_issues(name, segs) + _role_issues(name, segs)
-            issues += _residual_issues(name, segs, specials, max_literal_chars, skip=("system", "user"))
+            issues += _residual_issues(name, segs, specials, max_literal_chars, ("system", "user"), header)
         elif name not in ("tools", "docs"):  # those two are compared with "suau" below
-            issues += _role_issues(name, segs) + _residual_issues(name, segs, specials, max_literal_chars)
+            issues += _role_issues(name, segs)
+            issues += _residual_issues(name, segs, specials, max_literal_chars, header=header)
     issues += _variation_issues(results) + _date_issues(results)
     issues += _extra_input_issues(results, specials, max_literal_chars)
-    issues += _taint_issues([list(map(str, t)) for t in answer.get("taint") or []], specials)
+    issues += taint_issues(list(answer.get("taint") or []), specials, guards)
     issues += [
         BehaviourIssue("private", f"the template looked up the private attribute {str(a)!r}")
         for a in answer.get("private") or []
     ]
     seen: set[BehaviourIssue] = set()
     return [i for i in issues if not (i in seen or seen.add(i))]  # type: ignore[func-returns-value]
+
+
+# -- lookalike role markup ------------------------------------------------------------------------
+CONFUSABLE = str.maketrans(
+    {
+        **dict.fromkeys("｜∣│┃ǀ￨❘ⵏ⏐︱︳।", "|"),
+        **dict.fromkeys("＜‹〈⟨˂ᐸ❮﹤", "<"),
+        **dict.fromkeys("＞›〉⟩˃ᐳ❯﹥", ">"),
+        **dict.fromkeys("［⟦〚", "["),
+        **dict.fromkeys("］⟧〛", "]"),
+        **dict.fromkeys("＿‗﹍﹎﹏▁", "_"),
+        **dict.fromkeys("‐‑‒–—―−﹣－", "-"),
+        "а": "a", "е": "e", "о": "o", "р": "p", "с": "c", "у": "y", "х": "x", "і": "i", "ј": "j", "ѕ": "s",
+        "һ": "h", "ԁ": "d", "ԛ": "q", "ԝ": "w", "ɡ": "g", "ı": "i", "ο": "o", "α": "a", "ε": "e", "ι": "i",
+        "κ": "k", "ν": "v", "ρ": "p", "τ": "t", "υ": "u", "χ": "x", "ѵ": "v", "ℓ": "l", "Ι": "i", "Ο": "o",
+        "Α": "a", "Ε": "e", "Τ": "t", "Μ": "m", "Ν": "n", "Κ": "k", "Χ": "x", "Ρ": "p", "Β": "b", "Н": "h",
+        "М": "m", "Т": "t", "В": "b", "К": "k", "А": "a", "Е": "e", "О": "o", "Р": "p", "С": "c", "Х": "x",
+    }
+)  # fmt: skip
+MARKUP_CHARS = set("<>|[]")
+
+
+def _skeleton_char(ch: str) -> str:
+    """One character folded to what it looks like (NFKC, a table of confusables, case): one
+    character out for one in, so positions in a skeleton are positions in the text."""
+    folded = unicodedata.normalize("NFKC", ch).translate(CONFUSABLE)
+    if len(folded) != 1:
+        folded = ch.translate(CONFUSABLE)
+    low = folded.lower()
+    return low if len(low) == 1 else folded
+
+
+def skeleton(text: str) -> str:
+    return "".join(_skeleton_char(c) for c in INVISIBLE_RE.sub("\x01", text))
+
+
+def lookalike_issues(where: str, text: str, tokens: Iterable[str]) -> list[BehaviourIssue]:
+    """Text in ``text`` that looks like one of ``tokens`` (the declared special tokens and the
+    template's own role markup) but is not it: fullwidth bars, Cyrillic letters, invisible
+    characters inside. A model reads such text as plain words while a person (or a filter
+    looking for the real token) reads the role markup."""
+    real = {t for t in tokens if t}
+    marks = sorted((t for t in real if len(t) >= 3 and MARKUP_CHARS & set(skeleton(t))), key=len, reverse=True)
+    if not marks:
+        return []
+    skel = skeleton(text)
+    out = []
+    for token in marks:
+        target, start = skeleton(token), 0
+        while (at := skel.find(target, start)) >= 0:
+            seen = text[at : at + len(target)]
+            start = at + 1
+            if seen != token and seen not in real:
+                out.append(BehaviourIssue("lookalike", f"{where} has {seen!r}, a lookalike of the token {token!r}"))
+                break
+    return out
+
+
+def template_markup(text: str) -> set[str]:
+    """The tag-like markup a template's text writes (``<|im_end|>``, ``<end_of_turn>``, ``[INST]``)."""
+    return {m.group(0) for m in TAG_RE.finditer(text) if m.group(0).isascii()}

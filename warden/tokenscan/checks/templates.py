@@ -26,6 +26,7 @@ BEHAVIOUR_RULES = {
     "url": "TS804",
     "taint": "TS803",
     "private": "TS802",
+    "lookalike": "TS812",
 }
 RENDER_RULES = {"timeout": "TS806", "too_large": "TS807", "memory": "TS807", "security": "TS809", "crashed": "TS807"}
 
