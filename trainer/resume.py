@@ -32,6 +32,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +42,7 @@ from trainer.distributed import broadcast_object
 from trainer.models import unwrap
 from trainer.verified_load import (
     Anchor,
+    BufferSource,
     CheckpointRejected,
     Pieces,
     VerifiedCheckpoint,
@@ -70,10 +73,15 @@ class ResumeResult:
     verification: str
     source_run_id: str | None = None
     cross_run: bool = False
+    seconds: Mapping[str, float] | None = None
+    """Where the accepted candidate's time went: ``read_verified`` (read, hash, check) and ``restore``."""
 
     def event_fields(self) -> dict[str, Any]:
-        """Extra ``run.resumed`` fields: where the checkpoint came from."""
-        return {"source_run_id": self.source_run_id, "cross_run": self.cross_run}
+        """Extra ``run.resumed`` fields: where the checkpoint came from, and how long loading it took."""
+        fields: dict[str, Any] = {"source_run_id": self.source_run_id, "cross_run": self.cross_run}
+        if self.seconds is not None:
+            fields["load_seconds"] = {k: round(v, 3) for k, v in self.seconds.items()}
+        return fields
 
 
 def find_resume_point(trainer: Any, mode: str, ledger: Ledger | None = None) -> ResumeResult | None:
@@ -168,8 +176,11 @@ def _first_accepted(
     rejected: list[str] = []
     for ref in candidates:
         try:
-            verified, source_run = accept(ref, trusted, trainer.run_id, explicit, budget)
+            started = time.monotonic()
+            verified, source_run = accept(ref, trusted, trainer.run_id, explicit, budget, lender(trainer))
+            read = time.monotonic()
             load_into(trainer, verified)
+            seconds = {"read_verified": read - started, "restore": time.monotonic() - read}
         except CheckpointRejected as exc:
             log.warning("checkpoint %s rejected: %s", quote_untrusted(ref.path), quote_untrusted(exc.reason, 400))
             trainer.emit(ev.CHECKPOINT_REJECTED, {"path": ref.path, "why": exc.reason}, step=ref.step)
@@ -184,8 +195,21 @@ def _first_accepted(
                 quote_untrusted(source_run),
                 trainer.run_id,
             )
-        return ResumeResult(trainer.step, ref.path, verified.anchor.how, source_run, cross), rejected
+        return ResumeResult(trainer.step, ref.path, verified.anchor.how, source_run, cross, seconds), rejected
     return None, rejected
+
+
+def lender(trainer: Any) -> BufferSource | None:
+    """Where a candidate is read into: the staging arena of asynchronous saves when it is pinned (CUDA;
+    started over for each candidate), else None (fresh buffers). The arena is allocated and populated
+    at start either way, so reading into it costs no fresh pages, and the load into the device copies
+    from pinned memory; on the host, the loaded tensors would alias memory the next capture overwrites."""
+    arena = getattr(getattr(trainer, "saver", None), "arena", None)
+    if arena is None or not arena.pinned:
+        return None
+    arena.reset()
+    lend: BufferSource = arena.lend
+    return lend
 
 
 def _refusal(mode: str, root: str, rejected: list[str]) -> str:
@@ -215,11 +239,17 @@ def checkpoint_budget(trainer: Any) -> int:
 
 
 def accept(
-    ref: ckpt.CheckpointRef, trusted: Any, run_id: str, explicit: bool, budget: int
+    ref: ckpt.CheckpointRef,
+    trusted: Any,
+    run_id: str,
+    explicit: bool,
+    budget: int,
+    buffers: BufferSource | None = None,
 ) -> tuple[VerifiedCheckpoint, str | None]:
     """(verified checkpoint, the run id it belongs to) or CheckpointRejected.
 
     ``trusted`` None: integrity only. Another run's checkpoint passes only when ``explicit``.
+    ``buffers``: see :func:`trainer.verified_load.read_verified`.
     """
     if trusted is None:
         anchor = integrity_anchor(ref.path)
@@ -227,7 +257,7 @@ def accept(
         anchor = signed_anchor(ref.path, trusted)
         check_provenance(anchor.run_id, anchor.step, ref.step, run_id, explicit, "signed")
         check_chain(ref, anchor, trusted)
-    verified = read_verified(ref.path, ref.step, anchor, budget)
+    verified = read_verified(ref.path, ref.step, anchor, budget, buffers=buffers)
     if anchor.signed:
         check_own_manifest(verified)
     state = verified.json(ckpt.STATE)

@@ -16,6 +16,10 @@ Contract of :class:`CheckpointSaver`:
 - :meth:`~CheckpointSaver.wait` returns once no save is in flight (the final checkpoint, SIGTERM
   and close wait); an unexpected error of the writer thread (anything but a CheckpointError,
   which goes to ``on_failed``) is re-raised there, in the training thread.
+- The writer thread (and the hashing and writing threads it starts, which inherit it) runs at
+  :data:`WRITER_NICENESS` above the training thread: the disk, not the CPU, bounds how soon a
+  checkpoint is durable, while the signer hashing the previous checkpoint and the training
+  thread feeding the GPU wait for every core the writer holds.
 - A crash mid-write leaves only the ``.tmp-`` directory, which is never a complete checkpoint, so
   the previous checkpoint stays the newest.
 """
@@ -23,6 +27,7 @@ Contract of :class:`CheckpointSaver`:
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +40,9 @@ from trainer.checkpoint import CheckpointError, CheckpointSink, CheckpointWriter
 from trainer.staging import HostArena, capture
 
 log = logging.getLogger("warden.trainer")
+
+WRITER_NICENESS = 10
+"""How much nicer (lower priority) than the training thread an asynchronous save's threads run."""
 
 Fill = Callable[[CheckpointSink], None]
 Write = Callable[[int, Callable[[CheckpointWriter], None]], WrittenCheckpoint]
@@ -140,6 +148,7 @@ class CheckpointSaver:
     def _in_background(
         self, step: int, fill: Callable[[CheckpointWriter], None], timing: SaveTiming, t0: float
     ) -> None:
+        lower_priority(WRITER_NICENESS)
         try:
             self._attempts(step, fill, timing, t0)
         except BaseException as exc:  # surfaces in the training thread at the next wait()
@@ -167,3 +176,16 @@ class CheckpointSaver:
                 self.metrics.checkpoint_stall.set(stall)
             self.on_saved(written, done)
             return
+
+
+def lower_priority(by: int) -> None:
+    """Makes the calling thread ``by`` nicer (at most 19; Linux keeps niceness per thread and new
+    threads inherit it). Raising niceness needs no privilege; where threads cannot be told apart
+    (not Linux) nothing changes, since the whole process would slow down."""
+    if not hasattr(os, "setpriority") or not hasattr(threading, "get_native_id") or os.uname().sysname != "Linux":
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + by))
+    except OSError as exc:  # e.g. a seccomp profile refusing it: a slower signer, not a failure
+        log.debug("could not lower the checkpoint writer's priority: %s", exc)

@@ -91,6 +91,35 @@ class HostArena:
             )
             self._grow(max(nbytes, GROW_BYTES))
 
+    def lend(self, nbytes: int) -> memoryview | None:
+        """A writable view of the arena's next free ``nbytes``, or None when no chunk has room (it never
+        grows for this). For reading a checkpoint into at resume (:func:`trainer.verified_load.read_verified`):
+        on CUDA the arena is pinned memory allocated and populated at start, so the read pays for no fresh
+        page and the load into the device copies from pinned memory. Valid until :meth:`reset`: the next
+        capture writes over it, so whatever outlives the resume must be copied out first
+        (:func:`trainer.train_state.load_into` does that for host-resident optimizer state)."""
+        if nbytes <= 0:
+            return None
+        chunk = self._chunk
+        while chunk < len(self.chunks):
+            start = _aligned(self._offset) if chunk == self._chunk else 0
+            if start + nbytes <= self.chunks[chunk].numel():
+                self._chunk, self._offset = chunk, start + nbytes
+                return memoryview(self.chunks[chunk][start : start + nbytes].numpy()).cast("B")
+            chunk += 1
+        return None
+
+    def owns(self, tensor: torch.Tensor) -> bool:
+        """True when ``tensor``'s memory lies in one of the arena's chunks (it would be overwritten)."""
+        if tensor.device.type != "cpu" or tensor.numel() == 0:
+            return False
+        address = tensor.untyped_storage().data_ptr()
+        for chunk in self.chunks:
+            first = chunk.data_ptr()
+            if first <= address < first + chunk.numel():
+                return True
+        return False
+
     def stage(self, tensor: torch.Tensor) -> torch.Tensor:
         """A contiguous host copy of ``tensor`` in the arena (on CUDA queued on the current stream)."""
         source = tensor.detach()

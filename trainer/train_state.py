@@ -279,6 +279,8 @@ def load_into(trainer: Any, checkpoint: VerifiedCheckpoint) -> None:
         restore_rng(rng)
     except RESTORE_ERRORS as exc:
         raise CheckpointRejected(f"cannot restore the training state: {quote_untrusted(exc)}") from None
+    if checkpoint.lent:
+        own_host_state(trainer)
     trainer.step = checkpoint.step
     # Not part of the config guard: a resume at another world size (an elastic restart after a
     # node loss) is allowed; the global batch stays and each rank's share follows WORLD_SIZE.
@@ -288,6 +290,20 @@ def load_into(trainer: Any, checkpoint: VerifiedCheckpoint) -> None:
     apply_changes(trainer, changed)
     trainer.rollout.sync_weights(unwrap(trainer.actor))
     trainer.metrics.last_checkpoint_step.set(trainer.step)
+
+
+def own_host_state(trainer: Any) -> None:
+    """Copies every host-resident optimizer state tensor (AdamW's ``step`` counters on CUDA; all of it on a
+    host-only run) out of the buffers the checkpoint was read into. torch's ``load_state_dict`` copies
+    weights into the parameters and moves moments to the parameters' device, but keeps a tensor that
+    is already where it belongs as it is: a view of lent memory that the next capture overwrites."""
+    for optimizer in (trainer.actor_opt, getattr(trainer, "critic_opt", None)):
+        if optimizer is None:
+            continue
+        for per_param in optimizer.state.values():
+            for key, value in list(per_param.items()):
+                if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+                    per_param[key] = value.clone()
 
 
 def _set_lr(optimizer: Any, scheduler: Any, lr: float) -> None:

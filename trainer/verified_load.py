@@ -36,7 +36,7 @@ import mmap
 import os
 import stat
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
@@ -67,6 +67,8 @@ POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)
 
 Pieces = tuple[tuple[int, int, str], ...]
 """Signed shards of one file, ``(start, end, sha256 hex)`` in order."""
+BufferSource = Callable[[int], "memoryview | None"]
+"""Lends a private writable buffer of the given size to read a file into, or None (a fresh one is made)."""
 
 
 def default_workers() -> int:
@@ -108,6 +110,9 @@ class VerifiedCheckpoint:
     step: int
     anchor: Anchor
     files: Mapping[str, memoryview]
+    lent: bool = False
+    """True when files may lie in lent buffers (``read_verified``'s ``buffers``): what outlives the load
+    must be copied out of them."""
 
     def names(self, directory: str, suffix: str) -> list[str]:
         """Sorted names directly inside ``directory`` ending in ``suffix`` (only anchored files exist)."""
@@ -284,10 +289,21 @@ def tree_problems(anchored: set[str], files: set[str], dirs: set[str], odd: Mapp
     return problems
 
 
-def read_verified(path: str, step: int, anchor: Anchor, budget: int, workers: int | None = None) -> VerifiedCheckpoint:
+def read_verified(
+    path: str,
+    step: int,
+    anchor: Anchor,
+    budget: int,
+    workers: int | None = None,
+    buffers: BufferSource | None = None,
+) -> VerifiedCheckpoint:
     """Scans ``path``, reads every anchored file once and checks its digests; see the module doc.
 
     ``budget`` caps the bytes read in total; ``workers`` reading threads (:func:`default_workers`).
+    ``buffers(size)``, when given, lends the buffer a file of ``size`` bytes (from MAPPED_BYTES up) is
+    read into, or None for a fresh one: memory already allocated and populated (the pinned staging
+    arena, :meth:`trainer.staging.HostArena.lend`) costs no page faults, which dominate a cold resume
+    on hosts where first touch is slow. Lent buffers must be private to this process.
     Raises CheckpointRejected.
     """
     try:
@@ -297,7 +313,7 @@ def read_verified(path: str, step: int, anchor: Anchor, budget: int, workers: in
             if problems:
                 listing = "signed manifest" if anchor.signed else ckpt.MANIFEST
                 raise CheckpointRejected(_summary(f"the directory differs from the {listing}", problems))
-            contents = _read_all(root, anchor, budget, workers or default_workers())
+            contents = _read_all(root, anchor, budget, workers or default_workers(), buffers)
     except _Differs as exc:
         raise CheckpointRejected(
             f"files differ from the {'signature' if anchor.signed else ckpt.MANIFEST}: {exc}"
@@ -306,7 +322,7 @@ def read_verified(path: str, step: int, anchor: Anchor, budget: int, workers: in
         raise CheckpointRejected(f"{quote_untrusted(exc.filename or path)}: vanished while read") from None
     except OSError as exc:
         raise CheckpointRejected(f"cannot read: {quote_untrusted(exc)}") from None
-    return VerifiedCheckpoint(path, step, anchor, contents)
+    return VerifiedCheckpoint(path, step, anchor, contents, lent=buffers is not None)
 
 
 def _summary(head: str, problems: list[str], shown: int = 3) -> str:
@@ -419,7 +435,9 @@ class _File:
         return f"{self.name}: bytes {start}..{end} differ from the signed shard"
 
 
-def _read_all(root: int, anchor: Anchor, budget: int, workers: int) -> dict[str, memoryview]:
+def _read_all(
+    root: int, anchor: Anchor, budget: int, workers: int, buffers: BufferSource | None = None
+) -> dict[str, memoryview]:
     """Every anchored file below ``root`` read and checked in a pool of ``workers`` threads.
 
     Files are opened one after the other in name order by the calling thread (the budget counts
@@ -434,7 +452,7 @@ def _read_all(root: int, anchor: Anchor, budget: int, workers: int) -> dict[str,
                 for name in names[first : first + OPEN_BATCH]:
                     if batch.stop.is_set():
                         break  # a task failed already: finish() raises it
-                    batch.add(_open_file(root, name, anchor.digests[name], budget))
+                    batch.add(_open_file(root, name, anchor.digests[name], budget, buffers))
                     budget -= batch.files[-1].size
                 batch.finish()
             finally:
@@ -513,27 +531,33 @@ def _fill(file: _File, chunk: memoryview, offset: int) -> None:
         chunk, offset = chunk[got:], offset + got
 
 
-def _open_file(root: int, name: str, expected: str | Pieces, cap: int) -> _File:
+def _open_file(root: int, name: str, expected: str | Pieces, cap: int, buffers: BufferSource | None = None) -> _File:
     """``name`` (relative POSIX path) opened below ``root``, each component with O_NOFOLLOW, with its
     buffer; CheckpointRejected beyond ``cap`` bytes, _Differs for shards that cannot describe it."""
     fd, size = _open_parts(root, PurePosixPath(name).parts, cap, name)
     try:
         if isinstance(expected, str):
-            return _File(name, fd, size, *_buffer(size), ((0, size, expected),), whole=True)
+            return _File(name, fd, size, *_buffer(size, buffers), ((0, size, expected),), whole=True)
         problem = layout_problem(name, size, expected)
         if problem is not None:
             raise _Differs(problem)
-        return _File(name, fd, size, *_buffer(size), expected, whole=False)
+        return _File(name, fd, size, *_buffer(size, buffers), expected, whole=False)
     except BaseException:
         os.close(fd)
         raise
 
 
-def _buffer(size: int) -> tuple[memoryview, mmap.mmap | None]:
+def _buffer(size: int, buffers: BufferSource | None = None) -> tuple[memoryview, mmap.mmap | None]:
     """A writable buffer of ``size`` bytes that nobody else can write, and its mapping where it is one
-    (from MAPPED_BYTES up: not zero-filled first, the kernel supplies each page as it is read into)."""
+    (from MAPPED_BYTES up: lent by ``buffers`` where it has room, else a fresh mapping, not zero-filled
+    first: the kernel supplies each page as it is read into)."""
     if size < MAPPED_BYTES:
         return memoryview(bytearray(size)), None
+    lent = buffers(size) if buffers is not None else None
+    if lent is not None:
+        if len(lent) != size or lent.readonly:
+            raise ValueError(f"a lent buffer must be {size} writable bytes, got {len(lent)}")
+        return lent, None
     region = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return memoryview(region), region
 

@@ -108,6 +108,29 @@ def test_a_save_waits_for_the_one_in_flight_and_counts_the_wait(tmp_path):
     assert _value(metrics, "warden_trainer_checkpoint_in_flight") == 0 and not saver.in_flight
 
 
+def test_the_writer_and_the_threads_it_starts_run_nicer_than_training(tmp_path):
+    from trainer.saver import WRITER_NICENESS
+
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    seen: dict[str, int] = {}
+
+    def write(step, fill):
+        seen["writer"] = niceness()
+        helper = threading.Thread(target=lambda: seen.update(pool=niceness()))
+        helper.start()
+        helper.join()
+        return ckpt.write_checkpoint(str(tmp_path), step, fill)
+
+    saver, _ = _saver(tmp_path, write)
+    training = niceness()
+    saver.save(1, _fill_of({"w": torch.ones(4)}, 1))
+    saver.wait()
+    expected = min(19, training + WRITER_NICENESS)
+    assert seen == {"writer": expected, "pool": expected} and niceness() == training
+
+
 def test_the_copy_is_independent_of_training_after_the_capture(tmp_path):
     gate = threading.Event()
 
@@ -247,14 +270,20 @@ def test_kill_9_during_an_async_save_leaves_the_previous_checkpoint_newest(tmp_p
 
 
 # -- the trainer ---------------------------------------------------------------------------
-def _train(make_config, run_dir, mode: str, steps: int, resume: str = "never", **extra):
+def _train(make_config, run_dir, mode: str, steps: int, resume="never", max_steps=4, before=None, **extra):
     from trainer.core import PPOTrainer
 
     cfg, _ = make_config(
-        {"max_steps": 4, "run": {"run_id": "saver-run"}, "checkpoint": {"every_steps": 2, "async_save": mode, **extra}}
+        {
+            "max_steps": max_steps,
+            "run": {"run_id": "saver-run"},
+            "checkpoint": {"every_steps": 2, "async_save": mode, **extra},
+        }
     )
     trainer = PPOTrainer(cfg, str(run_dir), resume=resume)
     try:
+        if before is not None:
+            before(trainer)
         trainer.train(steps)
         return {k: v.detach().clone() for k, v in trainer.actor.state_dict().items()}, trainer
     finally:
@@ -291,6 +320,56 @@ def test_trainer_async_checkpoints_equal_sync_ones_and_resume_bit_exact(make_con
     resumed, trainer = _train(make_config, tmp_path / "resumed", "on", 4, resume="auto")
     assert trainer.resumed is not None and trainer.resumed.step == 2
     assert [k for k in straight if not torch.equal(straight[k], resumed[k])] == []
+
+
+def test_a_resume_read_into_the_arena_keeps_nothing_in_it_and_stays_bit_exact(make_config, tmp_path, monkeypatch):
+    """The resume reads into the staging arena (as on CUDA, where it is pinned; here every file is lent,
+    host memory standing in for pinned), then saves capture into that same arena: the run must go on
+    exactly as one that never stopped, and no optimizer state may be left in the arena."""
+    from trainer import resume, verified_load
+
+    straight, _ = _train(make_config, tmp_path / "straight", "on", 6, max_steps=6)
+    _train(make_config, tmp_path / "resumed", "on", 2, max_steps=6)
+    lent: list[int] = []
+
+    def lender(trainer):
+        arena = trainer.saver.arena
+        arena.reset()
+
+        def lend(size: int):
+            view = arena.lend(size)
+            lent.append(0 if view is None else size)
+            return view
+
+        return lend
+
+    def nothing_in_the_arena(trainer) -> None:
+        arena = trainer.saver.arena
+        kept = [t for opt in (trainer.actor_opt, trainer.critic_opt) for st in opt.state.values() for t in st.values()]
+        assert kept and [t for t in kept if isinstance(t, torch.Tensor) and arena.owns(t)] == []
+
+    monkeypatch.setattr(verified_load, "MAPPED_BYTES", 1)
+    monkeypatch.setattr(resume, "lender", lender)
+    resumed, trainer = _train(
+        make_config, tmp_path / "resumed", "on", 6, resume="auto", max_steps=6, before=nothing_in_the_arena
+    )
+    assert trainer.resumed is not None and trainer.resumed.step == 2
+    assert len(lent) >= 4 and 0 not in lent, lent  # every file of the checkpoint came from the arena
+    assert [k for k in straight if not torch.equal(straight[k], resumed[k])] == []
+
+
+def test_arena_lends_in_order_never_grows_and_knows_its_memory():
+    arena = HostArena(4096, pinned=False)
+    first, second = arena.lend(1000), arena.lend(1000)
+    assert first is not None and second is not None and not first.readonly
+    assert arena.lend(4096) is None and arena.nbytes == 4096  # no room left: None, and no growth
+    first[:3] = b"abc"
+    as_tensor = torch.frombuffer(first, dtype=torch.uint8)
+    assert arena.owns(as_tensor) and bytes(arena.chunks[0][:3].tolist()) == b"abc"
+    assert not arena.owns(as_tensor.clone()) and not arena.owns(torch.empty(0))
+    arena.reset()
+    again = arena.lend(1000)
+    assert again is not None and bytes(again[:3]) == b"abc"  # the same memory, from the start again
 
 
 def test_host_memory_short_fails_cleanly_or_falls_back_to_sync(make_config, tmp_path, monkeypatch, caplog):

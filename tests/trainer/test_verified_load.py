@@ -107,23 +107,39 @@ def possible_problems(name: str, data: bytes, expected) -> set[str]:
     workers=st.sampled_from([1, 2, 4]),
     chunk=st.sampled_from([1, 7, 64, 1 << 20]),
     piece=st.sampled_from([1, 50, 1 << 20]),
+    lend=st.booleans(),
 )
-def test_parallel_verification_gives_digest_problems_verdicts(tmp_path_factory, files, workers, chunk, piece):
+def test_parallel_verification_gives_digest_problems_verdicts(tmp_path_factory, files, workers, chunk, piece, lend):
+    """The same verdicts whether files are read into fresh buffers or into lent ones (the staging arena
+    at resume, here every file of at least a byte): accepted bytes are then the arena's."""
+    from trainer.staging import HostArena
+
     root = tmp_path_factory.mktemp("ckpt")
     for name, (data, _) in files.items():
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_bytes(data)
     anchor = Anchor({name: expected for name, (_, expected) in files.items()}, "test", signed=True)
     possible = set().union(*(possible_problems(name, data, expected) for name, (data, expected) in files.items()))
-    with mock.patch.object(verified_load, "READ_CHUNK", chunk), mock.patch.object(verified_load, "PIECE_BYTES", piece):
+    arena = HostArena(4096, pinned=False) if lend else None
+    with (
+        mock.patch.object(verified_load, "READ_CHUNK", chunk),
+        mock.patch.object(verified_load, "PIECE_BYTES", piece),
+        mock.patch.object(verified_load, "MAPPED_BYTES", 1 if lend else verified_load.MAPPED_BYTES),
+    ):
         try:
-            loaded = read_verified(str(root), 1, anchor, budget=1 << 20, workers=workers)
+            lender = arena.lend if arena is not None else None
+            loaded = read_verified(str(root), 1, anchor, budget=1 << 20, workers=workers, buffers=lender)
         except CheckpointRejected as exc:
             assert possible, f"refused a checkpoint digest_problem accepts: {exc.reason}"
             assert exc.reason.startswith(PREFIX) and exc.reason[len(PREFIX) :] in possible
             return
     assert not possible, f"accepted a checkpoint digest_problem refuses: {possible}"
     assert {name: bytes(buffer) for name, buffer in loaded.files.items()} == {n: d for n, (d, _) in files.items()}
+    if arena is not None:
+        import torch
+
+        in_arena = [arena.owns(torch.frombuffer(b, dtype=torch.uint8)) for b in loaded.files.values() if len(b)]
+        assert loaded.lent and all(in_arena)
 
 
 def _signed_in_shards(tmp_path, content: bytes, shard: int) -> Anchor:
