@@ -39,13 +39,26 @@ def _declared(config: dict[str, Any], smap: dict[str, Any], name: str) -> str | 
     return token(first.get(key)) if key in first else token(second.get(key))
 
 
+def _overridden(config: dict[str, Any], smap: dict[str, Any]) -> dict[str, str]:
+    """``<name>(other)`` -> the value of the file that loses where both set ``<name>_token``
+    differently: some loader (a version, a path without the legacy merge) may still use it, so
+    it is judged as a special token too."""
+    out = {}
+    for name in SPECIAL_NAMES:
+        values = {token(config.get(f"{name}_token")), token(smap.get(f"{name}_token"))} - {None}
+        values.discard(_declared(config, smap, name))
+        out |= {f"{name}(other)": v for v in sorted(values)}  # type: ignore[type-var]
+    return out
+
+
 def config_tokens(snap: Snapshot) -> dict[str, str | None]:
     """The special tokens the config files declare (tokenizer_config.json and
     special_tokens_map.json, as the loader merges them): what the tokenizer child is asked
     about. Known before tokenizer.json is parsed, so the child can load it meanwhile."""
     config = snap.top("tokenizer_config.json") or {}
     smap = snap.top("special_tokens_map.json") or {}
-    tokens = {n: _declared(config, smap, n) for n in SPECIAL_NAMES}
+    tokens: dict[str, str | None] = {n: _declared(config, smap, n) for n in SPECIAL_NAMES}
+    tokens |= _overridden(config, smap)
     extra = [t for t in (token(t) for t in as_list(config.get("additional_special_tokens"))) if t]
     return tokens | {f"additional[{i}]": t for i, t in enumerate(extra)}
 
@@ -56,7 +69,8 @@ def special_tokens(snap: Snapshot) -> None:
     smap = snap.top("special_tokens_map.json") or {}
     for name in SPECIAL_NAMES:
         snap.special_tokens[name] = _declared(config, smap, name)
-    extra = [token(t) for t in as_list(config.get("additional_special_tokens"))]
+    extra = list(_overridden(config, smap).values())
+    extra += [token(t) for t in as_list(config.get("additional_special_tokens"))]
     tok = snap.top("tokenizer.json") or {}
     extra += [token(t) for t in as_list(tok.get("added_tokens")) if isinstance(t, dict) and t.get("special")]
     snap.extra_special = tuple(t for t in extra if t)
