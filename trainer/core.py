@@ -702,6 +702,7 @@ class PPOTrainer:
             mt.last_step_phase_seconds.labels(phase).set(t[key])
         for phase in ("experience", "update"):
             mt.last_step_phase_seconds.labels(phase).set(t[f"{phase}_s"])
+        mt.rank_rollout_seconds.clear()  # a rank gone since (an elastic restart) leaves no series behind
         for rank, seconds in enumerate(t["rank_rollout_s"]):
             mt.rank_rollout_seconds.labels(str(rank)).set(seconds)
         mt.tokens_per_second.set(m["tokens_per_second"])

@@ -181,7 +181,7 @@ def _gpu_idle_advice(f: Facts, value: float) -> str:
 
 def _phase_expr(phase: str) -> str:
     part = f'sum without (phase) ({PHASE}{{phase="{phase}"}})'
-    return f"({part} / {STEP} >= {STEP_SHARE}) and ({part} >= {MIN_SECONDS})"
+    return f"({part} / {STEP} >= {STEP_SHARE}) and ({part} >= {MIN_SECONDS}) and ({STEP} > 0)"
 
 
 _HI = f"max without (rank) ({RANK})"
