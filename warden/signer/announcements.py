@@ -143,19 +143,25 @@ class AnnouncementStore:
             if record.signed_digest is not None:
                 yield path, record
 
-    def put(self, path: str, record: Record) -> Record:
-        """Stores ``record`` as the newest entry (dropping the oldest beyond the limit) and saves."""
+    def put(self, path: str, record: Record, save: bool = True) -> Record:
+        """Stores ``record`` as the newest entry (dropping the oldest beyond the limit) and saves,
+        unless ``save`` is False (then the next change saves it)."""
         if self._records.get(path) == record:
             return record
         self._records.pop(path, None)
         self._records[path] = record
         while len(self._records) > self.limit:
             del self._records[next(iter(self._records))]
-        self._save()
+        if save:
+            self._save()
         return record
 
     def announce(self, path: str, step: int, run_id: str | None, announced: Announced | None) -> Record:
-        """Records a ``checkpoint.saved``; a new digest for the same path forgets the old signature."""
+        """Records a ``checkpoint.saved``; a new digest for the same path forgets the old signature.
+
+        Kept in memory until the outcome (signed, refused) is saved with it: the event's cursor
+        advances only once it is handled, so after a crash it is announced again; saving here put an
+        fsync before every hash, behind the trainer's writeback of the next checkpoint."""
         old = self._records.get(path)
         digest = announced.root_digest if announced else None
         count = announced.file_count if announced else None
@@ -167,7 +173,7 @@ class AnnouncementStore:
         if same == (digest, count, shards, names, run_id, step):
             assert old is not None
             return old
-        return self.put(path, Record(step, run_id, digest, count, shard_size=shards, names_digest=names))
+        return self.put(path, Record(step, run_id, digest, count, shard_size=shards, names_digest=names), save=False)
 
     def mark_signed(self, path: str, record: Record, digest: str) -> Record:
         return self.put(path, replace(record, signed_digest=digest, refused=None))
