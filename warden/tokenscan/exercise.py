@@ -82,6 +82,13 @@ def _lasting(answer: dict[str, Any]) -> bool:
     return answer.get("status") not in ("crashed", "changed")
 
 
+def markup_tokens(snap: Snapshot) -> tuple[str, ...]:
+    """The declared special tokens and every added token of ``tokenizer.json``: each is one id
+    to the model (role markers such as DeepSeek's ``<｜User｜>``), never text a template adds."""
+    added = [t for t in (token(a) for a in as_list((snap.top("tokenizer.json") or {}).get("added_tokens"))) if t]
+    return tuple(dict.fromkeys((*specials(snap), *added)))
+
+
 def loader_context(snap: Snapshot) -> dict[str, Any]:
     """The variables the loader renders a template with: the special tokens the configs set
     (an unset one stays undefined, as in transformers: a template cannot tell the scanner from
@@ -110,7 +117,7 @@ def _generated(
     )  # fmt: skip
     if answer.get("status") in ("timeout", "crashed"):
         return None
-    tokens = specials(snap)
+    tokens = markup_tokens(snap)
 
     def judged() -> tuple[tb.BehaviourIssue, ...]:
         issues: list[tb.BehaviourIssue] = []
@@ -142,6 +149,7 @@ def render(snap: Snapshot, policy: TokenscanPolicy, res: ScanResources) -> None:
     limits = ct.RenderLimits(cp.render_timeout_seconds, cp.output_cap, cp.memory_cap)
     context = loader_context(snap)
     renders = tb.battery_renders(context)
+    tokens = markup_tokens(snap)
     for i, t in enumerate(snap.templates):
         if t.text and time.monotonic() > snap.deadline:
             snap.unanalysed.append((t.rel, f"template {t.key or ''} not rendered: scan time budget spent".strip()))
@@ -160,11 +168,11 @@ def render(snap: Snapshot, policy: TokenscanPolicy, res: ScanResources) -> None:
         if not _not_crashed(answer):
             snap.transient.append(f"{t.rel}: template sandbox crashed")
         result = ct.RenderResult(str(answer["status"]), "", str(answer.get("message", "")))
-        key = t.digest + json.dumps([specials(snap), cp.max_literal_chars, context], sort_keys=True)
+        key = t.digest + json.dumps([tokens, cp.max_literal_chars, context], sort_keys=True)
         guards = ct.guard_lines(t.text)
-        judged = lambda a=answer, g=guards: tuple(tb.judge(renders, a, specials(snap), cp.max_literal_chars, g))  # noqa: E731
+        judged = lambda a=answer, g=guards: tuple(tb.judge(renders, a, tokens, cp.max_literal_chars, g))  # noqa: E731
         issues = res.judged.get_or_make(("battery", key), judged) if answer["status"] == "ok" else ()
-        review = tb.default_system_prompt(renders, answer, specials(snap)) if answer["status"] == "ok" else ""
+        review = tb.default_system_prompt(renders, answer, tokens) if answer["status"] == "ok" else ""
         if answer["status"] == "ok" and time.monotonic() <= snap.deadline:
             generated = _generated(t, snap, policy, limits, res)
             if generated is None:

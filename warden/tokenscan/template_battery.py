@@ -101,6 +101,7 @@ def battery_renders(context: dict[str, Any]) -> list[dict[str, Any]]:
     tools = {**context, "tools": [TOOL]}
     out.append({"name": "tools", "messages": conversation(shapes["suau"]), "context": tools, "now": DEFAULT_NOW})
     out.append({"name": "toolconv", "messages": tool_conversation(), "context": tools, "now": DEFAULT_NOW})
+    out.append({"name": "utools", "messages": conversation(shapes["u"]), "context": tools, "now": DEFAULT_NOW})
     docs = {**context, "tools": None, "documents": [DOCUMENT]}
     out.append({"name": "docs", "messages": conversation(shapes["suau"]), "context": docs, "now": DEFAULT_NOW})
     return out
@@ -161,10 +162,37 @@ def segments(output: str, messages: list[dict[str, Any]]) -> list[tuple[str, str
     return out
 
 
+CLOSING_RE = re.compile(r"\[/[^\]]{0,40}\]|</[^>]{0,40}>|<\|/[^|]{0,40}\|>")
+MARKUP_BEFORE_RE = re.compile(r"(?:[>|\]]\s*|<\|?|\[|\n|^)$")
+MARKUP_AFTER_RE = re.compile(r"\s*(?:<|\[|:|\||$)")
+
+
+def markup_roles(text: str) -> list[re.Match[str]]:
+    """The role words of ``text`` that are role markup: inside or right beside a marker
+    (``<|im_start|>user``, ``<|user|>``, ``<start_of_turn>model``, ``User:``), not inside a
+    closing marker (``[/SYSTEM_PROMPT]`` ends a role) and not prose (a default system prompt's
+    "a helpful assistant")."""
+    masked = CLOSING_RE.sub(lambda m: " " * len(m.group(0)), text)
+    return [
+        m
+        for m in ROLE_RE.finditer(masked)
+        if MARKUP_BEFORE_RE.search(masked[max(0, m.start() - 3) : m.start()]) or MARKUP_AFTER_RE.match(masked, m.end())
+    ]
+
+
+def open_roles(text: str) -> list[re.Match[str]]:
+    """:func:`markup_roles`, or none when a closing marker follows the last of them (a
+    ``[SYSTEM_PROMPT]...[/SYSTEM_PROMPT]`` block ends before what comes next)."""
+    hits = markup_roles(text)
+    if hits and any(m.start() >= hits[-1].end() for m in CLOSING_RE.finditer(text)):
+        return []
+    return hits
+
+
 def _role_issues(name: str, segs: list[tuple[str, str, str]]) -> list[BehaviourIssue]:
     out = []
     for _before, role, text in segs:
-        roles = ROLE_RE.findall(text)
+        roles = [m.group(1) for m in open_roles(text)]
         if roles and roles[-1].lower() in UNEXPECTED_ROLE.get(role, ()):
             out.append(BehaviourIssue("role", f"a {role} message is rendered as {roles[-1]!r} in the {name!r} render"))
     return out
@@ -177,7 +205,7 @@ def _tool_role_issues(name: str, segs: list[tuple[str, str, str]]) -> list[Behav
     for _before, role, text in segs:
         if role != "tool":
             continue
-        hits = list(ROLE_RE.finditer(text))
+        hits = open_roles(text)
         last = hits[-1] if hits else None
         if last is not None and last.group(1).lower() in TOOL_AUTHORITY and not TOOLISH_RE.search(text[last.end() :]):
             detail = f"a tool response is rendered as a {last.group(1)!r} message in the {name!r} render"
@@ -233,6 +261,16 @@ def _flat(text: str, limit: int = 100) -> str:
 HEADER_LINE_RE = re.compile(r"^.*\b(?:date|environment)\b.*$", re.I | re.M)
 
 
+BETWEEN_MARKERS_RE = re.compile(r"(?<=\|>)[^<>\n]{1,60}?(?=<\|)")
+
+
+def _without_header_words(text: str) -> str:
+    """``text`` without the one to three words between two ``<|..|>`` markers: a message
+    header's fields (harmony's ``<|start|>assistant to=functions.x<|channel|>commentary json<|message|>``:
+    recipient, channel, content type) are markup, like the role word they sit beside."""
+    return BETWEEN_MARKERS_RE.sub(lambda m: " " if len(m.group(0).split()) <= 3 else m.group(0), text)
+
+
 def _beyond(text: str, header: str) -> str:
     """The words of ``text`` that the fixed ``header`` does not hold (in order)."""
     a, b = WORD_RE.findall(header), WORD_RE.findall(text)
@@ -264,7 +302,7 @@ def _residual_issues(
         text = _beyond(HEADER_LINE_RE.sub(" ", original), header) if before == "^" else original
         for word in PROBE_WORDS:
             text = text.replace(word, " ")
-        rest = residual_text(text, specials)
+        rest = residual_text(_without_header_words(text), specials)
         if sum(ch.isalpha() for ch in rest) >= limit:
             out.append(
                 BehaviourIssue("text", f"the {name!r} render adds text between {before} and {after}: {_flat(rest)!r}")
@@ -411,11 +449,11 @@ def judge(
     """Issues of one battery answer (``renders`` as built by :func:`battery_renders`)."""
     results: dict[str, tuple[dict[str, Any], list[tuple[str, str, str]]]] = {}
     issues: list[BehaviourIssue] = []
-    header = ""
+    headers = {"u": "", "utools": ""}  # the fixed text before a conversation without a system message
     for request, result in zip(renders, answer.get("renders") or [], strict=False):
-        if request["name"] == "u" and result.get("status") == "ok":
+        if request["name"] in headers and result.get("status") == "ok":
             segs = segments(str(result.get("output", "")), _shown(request["messages"]))
-            header = HEADER_LINE_RE.sub(" ", segs[0][2]) if len(segs) > 1 else ""
+            headers[request["name"]] = HEADER_LINE_RE.sub(" ", segs[0][2]) if len(segs) > 1 else ""
     for request, result in zip(renders, answer.get("renders") or [], strict=False):
         if result.get("status") != "ok":
             continue
@@ -425,9 +463,11 @@ def judge(
         issues += _order_issues(name, output, messages) + _text_issues(name, output, messages, specials)
         if name == "toolconv":  # the tool definitions sit between the system prompt and the first question
             issues += _tool_role_issues(name, segs) + _role_issues(name, segs)
+            header = headers["utools"] or headers["u"]
             issues += _residual_issues(name, segs, specials, max_literal_chars, ("system", "user"), header)
         elif name not in ("tools", "docs"):  # those two are compared with "suau" below
             issues += _role_issues(name, segs)
+            header = headers["utools"] if name == "utools" else headers["u"]
             issues += _residual_issues(name, segs, specials, max_literal_chars, header=header)
     issues += _variation_issues(results) + _date_issues(results)
     issues += _extra_input_issues(results, specials, max_literal_chars)

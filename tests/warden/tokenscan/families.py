@@ -11,6 +11,7 @@ default policy. :func:`build_family` is the one entry point; :data:`FAMILIES` na
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 from collections.abc import Callable
@@ -461,6 +462,446 @@ def bert_bare(out: Path) -> None:
     _write_json(out / "config.json", {"architectures": ["BertForMaskedLM"], "model_type": "bert", "vocab_size": 800})
 
 
+# -- current families (issue 33) ------------------------------------------------------------------
+# Chat templates written here to each family's public structure (role markup, where the system
+# prompt goes, how reasoning, tool calls and tool results are laid out, which keyword arguments
+# they read), not copied from any project: Qwen3 (thinking switch, reasoning split off assistant
+# turns), DeepSeek-R1/V3 (fullwidth markers, system prompts gathered before the turns), Llama 4
+# (header markers, list-of-parts content), Gemma 3 (system folded into the first user turn),
+# gpt-oss (harmony: a fixed system block, developer instructions, channels, a refusal of channel
+# markup inside content), Phi-4 (<|im_sep|>), a Mistral tekken layout (tekken.json beside
+# tokenizer.json, a default system prompt) and a directory as transformers 5 saves it
+# (chat_template.jinja, no special_tokens_map.json).
+
+QWEN3_TEMPLATE = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\\n\\n' }}
+    {%- endif %}
+    {{- "# Tools\\n\\nThe functions below may be called to help with the request.\\n\\nTheir signatures are listed inside <tools></tools> tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" + (tool | tojson) }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nTo call one, answer with a JSON object holding its name and arguments inside <tool_call></tool_call> tags:\\n<tool_call>\\n{\\"name\\": <name>, \\"arguments\\": <arguments>}\\n</tool_call><|im_end|>\\n" }}
+{%- elif messages[0].role == 'system' %}
+    {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not (message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if message.role == "user" or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning = message.reasoning_content %}
+        {%- elif '</think>' in content %}
+            {%- set reasoning = content.split('</think>')[0].rstrip('\\n').split('<think>')[-1].lstrip('\\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index and (loop.last or reasoning) %}
+            {{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
+        {%- else %}
+            {{- '<|im_start|>assistant\\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\\n{"name": "' + tool_call.name + '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' + content + '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\\n\\n</think>\\n\\n' }}
+    {%- endif %}
+{%- endif %}
+"""
+
+DEEPSEEK_TEMPLATE = """{%- if not add_generation_prompt is defined %}{%- set add_generation_prompt = false %}{%- endif %}
+{%- set ns = namespace(system_prompt='', is_tool=false, is_first=true) %}
+{%- for message in messages %}
+    {%- if message['role'] == 'system' %}
+        {%- if ns.system_prompt %}{%- set ns.system_prompt = ns.system_prompt + '\\n\\n' + message['content'] %}{%- else %}{%- set ns.system_prompt = message['content'] %}{%- endif %}
+    {%- endif %}
+{%- endfor %}
+{{- bos_token }}{{- ns.system_prompt }}
+{%- for message in messages %}
+    {%- if message['role'] == 'user' %}
+        {%- set ns.is_tool = false %}
+        {{- '<｜User｜>' + message['content'] }}
+    {%- elif message['role'] == 'assistant' and message['tool_calls'] %}
+        {%- set ns.is_tool = false %}
+        {{- '<｜Assistant｜>' }}
+        {%- if message['content'] %}{{- message['content'] }}{%- endif %}
+        {{- '<｜tool▁calls▁begin｜>' }}
+        {%- for tool in message['tool_calls'] %}
+            {{- '<｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + tool['function']['name'] + '\\n```json\\n' + (tool['function']['arguments'] | tojson) + '\\n```<｜tool▁call▁end｜>' }}
+            {%- if not loop.last %}{{- '\\n' }}{%- endif %}
+        {%- endfor %}
+        {{- '<｜tool▁calls▁end｜><｜end▁of▁sentence｜>' }}
+    {%- elif message['role'] == 'assistant' %}
+        {%- set content = message['content'] %}
+        {%- if '</think>' in content %}{%- set content = content.split('</think>')[-1] %}{%- endif %}
+        {%- if ns.is_tool %}{{- '<｜tool▁outputs▁end｜>' }}{%- endif %}
+        {%- set ns.is_tool = false %}
+        {{- '<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>' }}
+    {%- elif message['role'] == 'tool' %}
+        {%- if not ns.is_tool %}{{- '<｜tool▁outputs▁begin｜>' }}{%- else %}{{- '\\n' }}{%- endif %}
+        {%- set ns.is_tool = true %}
+        {{- '<｜tool▁output▁begin｜>' + message['content'] + '<｜tool▁output▁end｜>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if ns.is_tool %}{{- '<｜tool▁outputs▁end｜>' }}{%- endif %}
+{%- if add_generation_prompt %}{{- '<｜Assistant｜><think>\\n' }}{%- endif %}
+"""
+
+LLAMA4_TEMPLATE = """{{- bos_token }}
+{%- macro text_of(content) %}
+    {%- if content is string %}
+        {{- content }}
+    {%- else %}
+        {%- for part in content %}
+            {%- if part['type'] == 'image' %}{{- '<|image|>' }}{%- elif part['type'] == 'text' %}{{- part['text'] }}{%- endif %}
+        {%- endfor %}
+    {%- endif %}
+{%- endmacro %}
+{%- if messages[0]['role'] == 'system' %}
+    {{- '<|header_start|>system<|header_end|>\\n\\n' }}{{- text_of(messages[0]['content']) | trim }}{{- '<|eot|>' }}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- if tools %}
+    {{- '<|header_start|>system<|header_end|>\\n\\nFunctions you may call, as JSON, one per line:\\n\\n' }}
+    {%- for t in tools %}{{- t | tojson(indent=4) }}{{- '\\n\\n' }}{%- endfor %}
+    {{- '<|eot|>' }}
+{%- endif %}
+{%- for message in loop_messages %}
+    {%- if message['role'] == 'tool' or message['role'] == 'ipython' %}
+        {{- '<|header_start|>ipython<|header_end|>\\n\\n' }}
+        {%- if message['content'] is string %}{{- message['content'] }}{%- else %}{{- message['content'] | tojson }}{%- endif %}
+        {{- '<|eot|>' }}
+    {%- elif 'tool_calls' in message and message['tool_calls'] %}
+        {{- '<|header_start|>assistant<|header_end|>\\n\\n' }}
+        {%- for call in message['tool_calls'] %}
+            {%- set f = call['function'] %}
+            {{- '{"name": "' + f['name'] + '", "parameters": ' + (f['arguments'] | tojson) + '}' }}
+        {%- endfor %}
+        {{- '<|eot|>' }}
+    {%- else %}
+        {{- '<|header_start|>' + message['role'] + '<|header_end|>\\n\\n' }}{{- text_of(message['content']) | trim }}{{- '<|eot|>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|header_start|>assistant<|header_end|>\\n\\n' }}{%- endif %}
+"""
+
+GEMMA3_TEMPLATE = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\\n\\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Turns must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if message['role'] == 'assistant' -%}{%- set role = "model" -%}{%- else -%}{%- set role = message['role'] -%}{%- endif -%}
+    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}{{ '<start_of_image>' }}{%- elif item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}
+"""
+
+HARMONY_TEMPLATE = """{#- A harmony-style layout: a fixed system block, developer instructions, channels. -#}
+{%- macro tool_namespace(name, tools) -%}
+    {{- "## " + name + "\\n\\nnamespace " + name + " {\\n\\n" }}
+    {%- for tool in tools %}
+        {%- set tool = tool.function if tool.function is defined else tool %}
+        {{- "// " + tool.description + "\\n" }}
+        {{- "type " + tool.name + " = (_: {\\n" }}
+        {%- for key, spec in tool.parameters.properties | dictsort %}
+            {{- key + ("?" if key not in tool.parameters.required else "") + ": " + spec.type + ",\\n" }}
+        {%- endfor %}
+        {{- "}) => any;\\n\\n" }}
+    {%- endfor %}
+    {{- "} // namespace " + name }}
+{%- endmacro -%}
+{%- macro system_block() -%}
+    {%- if model_identity is not defined %}{%- set model_identity = "You are a large language model served through the harmony format." %}{%- endif %}
+    {{- model_identity + "\\n" }}
+    {{- "Knowledge cutoff: 2024-06\\n" }}
+    {%- if strftime_now is defined %}{{- "Current date: " + strftime_now("%Y-%m-%d") + "\\n\\n" }}{%- endif %}
+    {%- if reasoning_effort is not defined %}{%- set reasoning_effort = "medium" %}{%- endif %}
+    {{- "Reasoning: " + reasoning_effort + "\\n\\n" }}
+    {{- "# Valid channels: analysis, commentary, final. Channel must be included for every message." }}
+    {%- if tools %}{{- "\\nCalls to these tools must go to the commentary channel: 'functions'." }}{%- endif %}
+{%- endmacro -%}
+{{- "<|start|>system<|message|>" + system_block() + "<|end|>" }}
+{%- if messages[0].role == "developer" or messages[0].role == "system" %}
+    {%- set instructions = messages[0].content %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set instructions = "" %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- if instructions or tools %}
+    {{- "<|start|>developer<|message|>" }}
+    {%- if instructions %}{{- "# Instructions\\n\\n" + instructions + "\\n\\n" }}{%- endif %}
+    {%- if tools %}{{- "# Tools\\n\\n" + tool_namespace("functions", tools) }}{%- endif %}
+    {{- "<|end|>" }}
+{%- endif %}
+{%- set last = namespace(name="") %}
+{%- for message in loop_messages %}
+    {%- if message.role == "assistant" %}
+        {%- if message.content is string and ("<|channel|>analysis<|message|>" in message.content or "<|channel|>final<|message|>" in message.content) %}
+            {{- raise_exception("Put reasoning in the 'thinking' field and the answer in 'content', without channel markup.") }}
+        {%- endif %}
+        {%- if message.thinking is defined and message.thinking %}
+            {{- "<|start|>assistant<|channel|>analysis<|message|>" + message.thinking + "<|end|>" }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- set call = message.tool_calls[0].function if message.tool_calls[0].function is defined else message.tool_calls[0] %}
+            {%- set last.name = call.name %}
+            {{- "<|start|>assistant to=functions." + call.name + "<|channel|>commentary json<|message|>" + (call.arguments | tojson) + "<|call|>" }}
+        {%- elif loop.last and not add_generation_prompt %}
+            {{- "<|start|>assistant<|channel|>final<|message|>" + message.content + "<|return|>" }}
+        {%- else %}
+            {{- "<|start|>assistant<|channel|>final<|message|>" + message.content + "<|end|>" }}
+        {%- endif %}
+    {%- elif message.role == "tool" %}
+        {{- "<|start|>functions." + last.name + " to=assistant<|channel|>commentary<|message|>" + message.content + "<|end|>" }}
+    {%- elif message.role == "user" %}
+        {{- "<|start|>user<|message|>" + message.content + "<|end|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- "<|start|>assistant" }}{%- endif %}
+"""
+
+PHI4_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}{{ '<|im_start|>system<|im_sep|>' + message['content'] + '<|im_end|>' }}"
+    "{% elif message['role'] == 'user' %}{{ '<|im_start|>user<|im_sep|>' + message['content'] + '<|im_end|>' }}"
+    "{% elif message['role'] == 'assistant' %}{{ '<|im_start|>assistant<|im_sep|>' + message['content'] + '<|im_end|>' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant<|im_sep|>' }}{% endif %}"
+)
+
+TEKKEN_TEMPLATE = """{%- set today = strftime_now("%Y-%m-%d") %}
+{%- set default_system_message = "You are a helpful assistant built on a Mistral model. Today is " + today + ".\\nWhen a question is unclear, ask for what is missing before answering." %}
+{{- bos_token }}
+{%- if messages[0]['role'] == 'system' %}
+    {%- if messages[0]['content'] is string %}{%- set system_message = messages[0]['content'] %}{%- else %}{%- set system_message = messages[0]['content'][0]['text'] %}{%- endif %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = default_system_message %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{{- '[SYSTEM_PROMPT]' + system_message + '[/SYSTEM_PROMPT]' }}
+{%- if tools %}{{- '[AVAILABLE_TOOLS]' + (tools | tojson) + '[/AVAILABLE_TOOLS]' }}{%- endif %}
+{%- for message in loop_messages %}
+    {%- if message['role'] == 'user' %}
+        {%- if message['content'] is string %}
+            {{- '[INST]' + message['content'] + '[/INST]' }}
+        {%- else %}
+            {{- '[INST]' }}{%- for part in message['content'] %}{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}{%- endfor %}{{- '[/INST]' }}
+        {%- endif %}
+    {%- elif message['role'] == 'system' %}
+        {{- '[SYSTEM_PROMPT]' + message['content'] + '[/SYSTEM_PROMPT]' }}
+    {%- elif message['role'] == 'assistant' %}
+        {%- if message['tool_calls'] %}
+            {{- '[TOOL_CALLS]' }}{%- for call in message['tool_calls'] %}{{- call['function']['name'] + '[ARGS]' + (call['function']['arguments'] | tojson) }}{%- endfor %}{{- eos_token }}
+        {%- elif message['content'] is string %}
+            {{- message['content'] + eos_token }}
+        {%- else %}
+            {%- for part in message['content'] %}{%- if part['type'] == 'text' %}{{- part['text'] }}{%- endif %}{%- endfor %}{{- eos_token }}
+        {%- endif %}
+    {%- elif message['role'] == 'tool' %}
+        {{- '[TOOL_RESULTS]' + message['content'] + '[/TOOL_RESULTS]' }}
+    {%- else %}
+        {{- raise_exception('Only system, user, assistant and tool roles are supported.') }}
+    {%- endif %}
+{%- endfor %}
+"""
+
+
+def qwen3(out: Path) -> None:
+    from tokenizers import AddedToken, normalizers
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = _byte_level(QWEN_SPLIT, specials, normalizers.NFC())
+    tok.add_tokens(
+        [
+            AddedToken(t, special=False)
+            for t in ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+        ]
+    )
+    config = {"bos_token": None, "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "tokenizer_class": "Qwen2Tokenizer",
+              "errors": "replace", "split_special_tokens": False, "additional_special_tokens": ["<|im_start|>", "<|im_end|>"]}  # fmt: skip
+    _save(tok, out, config, QWEN3_TEMPLATE)
+
+
+def deepseek(out: Path) -> None:
+    from tokenizers import AddedToken
+
+    specials = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"]
+    tok = _byte_level(LLAMA3_SPLIT, specials)
+    markers = ["<｜User｜>", "<｜Assistant｜>", "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>",
+               "<｜tool▁call▁end｜>", "<｜tool▁sep｜>", "<｜tool▁outputs▁begin｜>", "<｜tool▁outputs▁end｜>",
+               "<｜tool▁output▁begin｜>", "<｜tool▁output▁end｜>", "<think>", "</think>"]  # fmt: skip
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in markers])
+    config = {"bos_token": "<｜begin▁of▁sentence｜>", "eos_token": "<｜end▁of▁sentence｜>", "pad_token": "<｜end▁of▁sentence｜>",
+              "tokenizer_class": "LlamaTokenizerFast", "add_bos_token": True, "legacy": True}  # fmt: skip
+    _save(tok, out, config, DEEPSEEK_TEMPLATE)
+
+
+def llama4(out: Path) -> None:
+    specials = [
+        "<|begin_of_text|>",
+        "<|end_of_text|>",
+        "<|header_start|>",
+        "<|header_end|>",
+        "<|eot|>",
+        "<|eom|>",
+        "<|image|>",
+        "<|finetune_right_pad|>",
+    ]
+    tok = _byte_level(LLAMA3_SPLIT, specials)
+    _template_processing(
+        tok, "<|begin_of_text|> $A", "<|begin_of_text|> $A <|begin_of_text|> $B", ["<|begin_of_text|>"]
+    )
+    config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot|>", "pad_token": "<|finetune_right_pad|>",
+              "tokenizer_class": "PreTrainedTokenizerFast"}  # fmt: skip
+    _save(tok, out, config, LLAMA4_TEMPLATE)
+
+
+def gemma3(out: Path) -> None:
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>", "<start_of_image>"]
+    tok = _spm_bpe(specials, "<unk>")
+    _template_processing(tok, "<bos> $A", "<bos> $A <bos> $B", ["<bos>"])
+    config = {"bos_token": "<bos>", "eos_token": "<eos>", "pad_token": "<pad>", "unk_token": "<unk>",
+              "tokenizer_class": "GemmaTokenizer", "add_bos_token": True, "add_eos_token": False,
+              "additional_special_tokens": ["<start_of_turn>", "<end_of_turn>", "<start_of_image>"]}  # fmt: skip
+    _save(tok, out, config, GEMMA3_TEMPLATE)
+
+
+def gpt_oss(out: Path) -> None:
+    specials = ["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>", "<|channel|>", "<|start|>", "<|end|>",
+                "<|message|>", "<|call|>"]  # fmt: skip
+    tok = _byte_level(LLAMA3_SPLIT, specials)
+    config = {"bos_token": "<|startoftext|>", "eos_token": "<|return|>", "pad_token": "<|endoftext|>",
+              "tokenizer_class": "PreTrainedTokenizerFast"}  # fmt: skip
+    _save(tok, out, config)
+    (out / "chat_template.jinja").write_text(HARMONY_TEMPLATE, encoding="utf-8")
+
+
+def phi4(out: Path) -> None:
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|im_sep|>", "<|dummy_85|>"]
+    tok = _byte_level(LLAMA3_SPLIT, specials)
+    config = {"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "pad_token": "<|dummy_85|>",
+              "tokenizer_class": "PreTrainedTokenizerFast"}  # fmt: skip
+    _save(tok, out, config, PHI4_TEMPLATE)
+
+
+def mistral_tekken(out: Path) -> None:
+    """Mistral's tekken layout: ``tekken.json`` (mistral-common's own file) beside the
+    ``tokenizer.json`` transformers loads, control tokens in square brackets."""
+    specials = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]", "[TOOL_RESULTS]",
+                "[/TOOL_RESULTS]", "[TOOL_CALLS]", "[ARGS]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"]  # fmt: skip
+    tok = _byte_level(LLAMA3_SPLIT, specials)
+    config = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "tokenizer_class": "LlamaTokenizerFast",
+              "add_bos_token": True, "legacy": False}  # fmt: skip
+    _save(tok, out, config, TEKKEN_TEMPLATE)
+    vocab = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    _write_json(out / "tekken.json", {
+        "config": {"pattern": LLAMA3_SPLIT, "num_vocab_tokens": len(vocab), "default_vocab_size": len(vocab),
+                   "default_num_special_tokens": len(specials), "version": "v7"},
+        "special_tokens": [{"rank": i, "token_str": t, "is_control": True} for i, t in enumerate(specials)],
+        "vocab": [{"rank": i, "token_bytes": base64.b64encode(t.encode()).decode(), "token_str": t}
+                  for i, t in enumerate(t for t, _id in sorted(vocab.items(), key=lambda kv: kv[1]) if t not in specials)],
+    })  # fmt: skip
+
+
+def transformers5(out: Path) -> None:
+    """A directory as transformers 5 saves it: ``chat_template.jinja`` beside the config, the
+    special tokens in ``tokenizer_config.json`` only, the ``TokenizersBackend`` class."""
+    qwen3(out)
+    config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    template = config.pop("chat_template")
+    config["tokenizer_class"] = "TokenizersBackend"
+    _write_json(out / "tokenizer_config.json", config)
+    (out / "special_tokens_map.json").unlink()
+    (out / "chat_template.jinja").write_text(template, encoding="utf-8")
+
+
+CURRENT_FAMILIES: dict[str, Callable[[Path], None]] = {
+    "qwen3": qwen3,
+    "deepseek-r1": deepseek,
+    "llama4": llama4,
+    "gemma3": gemma3,
+    "gpt-oss": gpt_oss,
+    "phi4": phi4,
+    "mistral-tekken": mistral_tekken,
+    "transformers5": transformers5,
+}
+
+CURRENT_TEMPLATES: dict[str, str] = {
+    "qwen3": QWEN3_TEMPLATE,
+    "deepseek-r1": DEEPSEEK_TEMPLATE,
+    "llama4": LLAMA4_TEMPLATE,
+    "gemma3": GEMMA3_TEMPLATE,
+    "gpt-oss": HARMONY_TEMPLATE,
+    "phi4": PHI4_TEMPLATE,
+    "mistral-tekken": TEKKEN_TEMPLATE,
+}
+
+
 FAMILIES: dict[str, Callable[[Path], None]] = {
     "llama3.1": llama31,
     "llama3.2": llama32,
@@ -473,6 +914,7 @@ FAMILIES: dict[str, Callable[[Path], None]] = {
     "gpt2": gpt2,
     "t5": t5,
 }
+FAMILIES.update(CURRENT_FAMILIES)
 
 
 def build_family(name: str, out: Path) -> Path:
