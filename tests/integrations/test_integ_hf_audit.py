@@ -282,3 +282,55 @@ def test_metrics_from_logs_and_a_port_that_cannot_be_bound(tmp_path):
         with pytest.raises(ConfigError, match="metrics_port"):
             busy.on_train_begin(args, TrainerState(is_world_process_zero=True), TrainerControl())
         busy.close()
+
+
+@needs_hf[0]
+def test_reward_functions_record_each_batch_once_with_trl_s_weighted_sum(tmp_path):
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from trainer.integrations.hf import WardenCallback
+
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True)
+    callback = WardenCallback(run_dir=str(tmp_path / "run"), run_id="hf-funcs", top_k=4)
+    rng = random.Random(11)
+    table = {}
+
+    def first(prompts, completions, **kwargs):
+        return [table[c][0] for c in completions]
+
+    def second(prompts, completions, **kwargs):
+        return [table[c][1] for c in completions]
+
+    def broken(prompts, completions, **kwargs):
+        raise RuntimeError("the grader is down")
+
+    wrapped = callback.reward_functions([first, second], weights=[1.0, 0.5])
+    assert [f.__name__ for f in wrapped] == ["first", "second"]
+    expected = []
+    for step in (1, 2):
+        completions = [f"c{step}.{i}" for i in range(4)]
+        for i, c in enumerate(completions):  # None: not scored by that function; both None: left out
+            table[c] = (None if i == 3 else rng.choice([0.0, 1.0]), None if i in (1, 3) else rng.choice([0.0, 2.0]))
+        prompts = ["p"] * 4
+        for f in wrapped:
+            f(prompts=prompts, completions=completions)
+        sums = [a + 0.5 * (b or 0.0) for a, b in (table[c] for c in completions[:3])]
+        expected.append(expected_top(sums, 4, None))
+        state = TrainerState(is_world_process_zero=True, global_step=step)
+        callback.on_step_end(args, state, TrainerControl())
+        # a batch whose second function fails is never recorded, and does not leak into the next one
+        other = callback.reward_functions([first, broken])
+        other[0](prompts=prompts, completions=completions)
+        with pytest.raises(RuntimeError):
+            other[1](prompts=prompts, completions=completions)
+        callback.on_step_end(args, TrainerState(is_world_process_zero=True, global_step=step + 10), TrainerControl())
+    callback.close()
+    events = read_events(tmp_path / "run")
+    assert [e.step for e in events] == [1, 2]
+    for event, top in zip(events, expected, strict=True):
+        assert [s["index"] for s in event.data["samples"]] == top
+        for s in event.data["samples"]:
+            a, b = table[s["response"]]
+            assert s["reward"] == a + 0.5 * (b or 0.0)
+    with pytest.raises(ValueError, match="2 functions and 1 weights"):
+        callback.reward_functions([first, second], weights=[1.0])

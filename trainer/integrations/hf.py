@@ -74,6 +74,7 @@ import os
 import platform
 import re
 import secrets
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -273,6 +274,16 @@ def wait_until_complete(
         pause(poll_seconds)
 
 
+def _finite(value: Any) -> float | None:
+    """A reward as a finite float; None for TRL's None (not scored), NaN, infinities and non-numbers."""
+    item = getattr(value, "item", None)
+    if callable(item):
+        value = item()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
 def _versions() -> dict[str, str]:
     import torch
     import transformers
@@ -284,7 +295,15 @@ def _versions() -> dict[str, str]:
         "python": platform.python_version(),
         "torch": str(torch.__version__),
         "transformers": transformers.__version__,
+        **_trl_version(),
     }
+
+
+def _trl_version() -> dict[str, str]:
+    """``{"trl": version}`` when TRL is imported (the run uses one of its trainers), else nothing."""
+    trl = sys.modules.get("trl")
+    version = getattr(trl, "__version__", None)
+    return {"trl": str(version)} if version else {}
 
 
 class WardenCallback(TrainerCallback):  # type: ignore[misc]
@@ -427,18 +446,60 @@ class WardenCallback(TrainerCallback):  # type: ignore[misc]
 
     def reward_function(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` (a TRL reward function: ``fn(prompts=, completions=, **kw) -> list of float``)
-        wrapped so that what it scores is recorded with :meth:`record_samples`."""
+        wrapped so that what it scores is recorded with :meth:`record_samples`; the trainer's only
+        reward function (with several, wrap them together with :meth:`reward_functions`)."""
+        return self.reward_functions([fn])[0]
 
-        @functools.wraps(fn)  # TRL logs rewards/<__name__>
-        def scored(*args: Any, **kwargs: Any) -> Any:
-            rewards = fn(*args, **kwargs)
-            prompts, completions = kwargs.get("prompts"), kwargs.get("completions")
-            if prompts is not None and completions is not None and rewards is not None:
-                finite = [math.nan if r is None else r for r in rewards]  # TRL: None = not scored
-                self.record_samples(prompts, completions, finite)
-            return rewards
+    def reward_functions(
+        self, fns: Iterable[Callable[..., Any]], weights: Iterable[float] | None = None
+    ) -> list[Callable[..., Any]]:
+        """TRL ``reward_funcs`` wrapped together: each scored batch is recorded once, with the reward
+        TRL's GRPO trainer combines from them (``multi_objective_aggregation`` "sum_then_normalize",
+        the default, before normalising): the ``weights``-weighted sum (``args.reward_weights``;
+        default all 1) of the finite rewards, NaN (left out of the snapshot) where every function
+        returned None. Pass the list as ``reward_funcs`` (the same order, sync functions).
 
-        return scored
+        TRL calls the functions one after another with the same ``completions`` list; the batch is
+        recorded when the last one returned. A batch where a function raised is never recorded.
+        """
+        funcs = list(fns)
+        factors = [1.0] * len(funcs) if weights is None else [float(w) for w in weights]
+        if not funcs or len(factors) != len(funcs):
+            raise ValueError(f"reward_functions: {len(funcs)} functions and {len(factors)} weights")
+        pending: dict[int, list[Any]] = {}
+        batch: list[Any] = [None]  # identity of the completions list being scored
+
+        def combine(outputs: dict[int, list[Any]]) -> list[float]:
+            rows = zip(*(outputs[i] for i in range(len(funcs))), strict=True)
+            combined = []
+            for row in rows:
+                scored = [(w, _finite(r)) for w, r in zip(factors, row, strict=True)]
+                finite = [w * r for w, r in scored if r is not None]
+                combined.append(math.fsum(finite) if finite else math.nan)
+            return combined
+
+        def wrap(position: int, fn: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(fn)  # TRL logs rewards/<__name__>
+            def scored(*args: Any, **kwargs: Any) -> Any:
+                prompts, completions = kwargs.get("prompts"), kwargs.get("completions")
+                if batch[0] is not completions:
+                    pending.clear()  # a new batch (or the last one failed half-way)
+                    batch[0] = completions
+                rewards = fn(*args, **kwargs)
+                if prompts is None or completions is None or rewards is None:
+                    return rewards
+                pending[position] = list(rewards)
+                if len(pending) == len(funcs):
+                    try:
+                        self.record_samples(prompts, completions, combine(pending))
+                    finally:
+                        pending.clear()
+                        batch[0] = None
+                return rewards
+
+            return scored
+
+        return [wrap(i, fn) for i, fn in enumerate(funcs)]
 
     def record_oom(self, phase: str = "step") -> None:
         """Counts an out-of-memory error in ``warden_trainer_oom_events_total{phase}``: HF has no
