@@ -242,7 +242,10 @@ class TrainerConfig:
     log_every: int = 1
 
     def to_dict(self) -> dict[str, Any]:
-        return _plain(dataclasses.asdict(self))
+        # Not dataclasses.asdict: it deep-copies the read-only mappings the policy loader makes
+        # (reward.functions) and fails on them ("cannot pickle 'mappingproxy'").
+        plain: dict[str, Any] = _plain(self)
+        return plain
 
     def digest(self) -> str:
         """SHA-256 of the canonical JSON of the whole config, hex."""
@@ -251,6 +254,8 @@ class TrainerConfig:
 
 
 def _plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, dict) or hasattr(obj, "items"):
         return {str(k): _plain(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):

@@ -237,3 +237,14 @@ def test_minibatch_must_split_over_torchrun_ranks(make_config, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match=r"ppo\.mini_batch_size"):
         load_config(path)  # before any rank starts work: load_config reads torchrun's WORLD_SIZE
+
+
+def test_a_config_with_reward_functions_has_a_digest(tmp_path):
+    """reward.functions is a read-only mapping after loading; to_dict/digest once failed on it at start."""
+    path = tmp_path / "train.yaml"
+    path.write_text("version: 1\nreward:\n  functions: {'my_rewards:score': 0.5, digits: 2.0}\n")
+    from trainer.config import load_config
+
+    cfg = load_config(str(path))
+    assert cfg.to_dict()["reward"]["functions"] == {"my_rewards:score": 0.5, "digits": 2.0}
+    assert len(cfg.digest()) == 64
