@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from warden.tokenscan.findings import Finding
+from warden.tokenscan.findings import Finding, Severity, finding
 from warden.tokenscan.manifest import Approval, Manifest, ManifestError, approval_findings
 from warden.tokenscan.policy import TokenscanPolicy
 from warden.tokenscan.result import DirectoryScan
@@ -43,10 +43,12 @@ def review(
     """The approval decision for ``scan`` given ``loaded``: the directory's approval record,
     None when it has none, or the error of an unreadable record (the scan becomes incomplete).
 
-    A scan without a manifest is neither compared nor approved. With ``approve``, a clean scan
-    (at ``policy.fail_severity``) is recorded, replacing any record, and nothing is compared
-    (the CLI's ``--approve``; the sidecar approves a directory that has no record yet, so it
-    passes ``approve=loaded is None``). Without it, a scan is compared with its record, if any.
+    A scan without a manifest is neither compared nor approved. With ``approve`` (the CLI's
+    ``--approve``, a person's decision after reading the scan's review report), a clean scan
+    (at ``policy.fail_severity``) is recorded, replacing any record, and nothing is compared.
+    Without it, a scan is compared with its record; a directory with no record is *unapproved*
+    (first sight): TS1103, low under ``policy.unapproved: warn``, high under ``block``. Nothing
+    approves itself: the sidecar never passes ``approve``.
     ``scan`` is never changed: the result is a copy (``dataclasses.replace``)."""
     if isinstance(loaded, ManifestError):
         return Review(_copy(scan, errors=[*scan.errors, str(loaded)]), None, False, None)
@@ -57,7 +59,7 @@ def review(
             return Review(_copy(scan), ToSave(scan.manifest, scan.token_ids_digest), True, None)
         return Review(_copy(scan), None, loaded is not None, None)
     if loaded is None:
-        return Review(_copy(scan), None, False, None)
+        return Review(_copy(scan, findings=[unapproved_finding(scan, policy), *scan.findings]), None, False, None)
     found = tuple(replace(f, root=scan.root) for f in approval_findings(loaded, scan.manifest, scan.token_ids_digest))
     return Review(_copy(scan, findings=[*found, *scan.findings]), None, True, found)
 
@@ -69,3 +71,14 @@ def _copy(scan: DirectoryScan, findings: list[Finding] | None = None, errors: li
         findings=list(scan.findings) if findings is None else findings,
         errors=list(scan.errors) if errors is None else errors,
     )
+
+
+def unapproved_finding(scan: DirectoryScan, policy: TokenscanPolicy) -> Finding:
+    """TS1103 for a directory seen for the first time (no approval record)."""
+    severity = Severity.HIGH if policy.unapproved == "block" else Severity.LOW
+    digest = scan.manifest.digest[:12] if scan.manifest else "?"
+    message = (
+        f"first sight of this directory (manifest {digest}): not approved (policy unapproved: {policy.unapproved}); "
+        "review its report and approve it with --approve"
+    )
+    return replace(finding("TS1103", ".", message, severity=severity), root=scan.root)

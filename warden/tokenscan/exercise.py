@@ -139,7 +139,8 @@ def _generated(
         return tuple(i for i in issues if not (i in seen or seen.add(i)))  # type: ignore[func-returns-value]
 
     key = t.digest + json.dumps(["generated", rkey, tokens], sort_keys=True)
-    return answer, res.judged.get_or_make(("generated", key), judged)
+    examples = conv.rendered_examples(renders, answer)
+    return {**answer, "examples": examples}, res.judged.get_or_make(("generated", key), judged)
 
 
 def render(snap: Snapshot, policy: TokenscanPolicy, res: ScanResources) -> None:
@@ -173,6 +174,7 @@ def render(snap: Snapshot, policy: TokenscanPolicy, res: ScanResources) -> None:
         judged = lambda a=answer, g=guards: tuple(tb.judge(renders, a, tokens, cp.max_literal_chars, g))  # noqa: E731
         issues = res.judged.get_or_make(("battery", key), judged) if answer["status"] == "ok" else ()
         review = tb.default_system_prompt(renders, answer, tokens) if answer["status"] == "ok" else ""
+        shown_generated: list[tuple[str, str]] = []
         if answer["status"] == "ok" and time.monotonic() <= snap.deadline:
             generated = _generated(t, snap, policy, limits, res)
             if generated is None:
@@ -180,12 +182,28 @@ def render(snap: Snapshot, policy: TokenscanPolicy, res: ScanResources) -> None:
             else:
                 g_answer, g_issues = generated
                 issues = (*issues, *(x for x in g_issues if x not in issues))
+                shown_generated = [(e["shape"], e["render"]) for e in g_answer.get("examples") or []]
                 if g_answer.get("status") not in ("ok", "error", "syntax"):
                     result = ct.RenderResult(str(g_answer["status"]), "", str(g_answer.get("message", "")))
         elif answer["status"] == "ok":
             why = "generated conversations not rendered: scan time budget spent"
             snap.unanalysed.append((t.rel, f"{_where(t)}: {why}"))
-        snap.templates[i] = replace(t, render=result, behaviour=tuple(issues), default_system=review)
+        shown = _review_renders(renders, answer) + tuple(shown_generated)
+        snap.templates[i] = replace(t, render=result, behaviour=tuple(issues), default_system=review, renders=shown)
+
+
+REVIEW_RENDERS = ("u", "suau", "toolconv", "docs")
+REVIEW_CHARS = 4000
+
+
+def _review_renders(renders: list[dict[str, Any]], answer: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """A few battery renders for the review report (probe contents kept: they show where each
+    message goes)."""
+    out = []
+    for request, result in zip(renders, answer.get("renders") or [], strict=False):
+        if request["name"] in REVIEW_RENDERS and result.get("status") == "ok":
+            out.append((f"battery {request['name']}", str(result.get("output", ""))[:REVIEW_CHARS]))
+    return tuple(out)
 
 
 def _where(t: TemplateSource) -> str:

@@ -154,6 +154,10 @@ RULES: dict[str, Rule] = {
         Rule("TS1101", "drift", _C, "The directory changed after it was approved (time-of-check/time-of-use)",
              "Find who changed it; restore the approved files, or re-scan and approve with "
              "`warden scan tokenizer PATH --approve --state-dir DIR`."),
+        Rule("TS1103", "unapproved", _H, "No person has approved this directory yet (first sight)",
+             "Review the report (`warden scan tokenizer PATH --state-dir DIR --format json`, field review: "
+             "resolved files, rendered conversations, default system prompt, pipeline rules), then "
+             "`warden scan tokenizer PATH --approve --state-dir DIR`."),
         Rule("TS1102", "pin-mismatch", _C, "The directory does not match its pinned SHA-256 manifest digest",
              "Restore the pinned content, or update pinned_directories in the policy after review."),
         Rule("TS1201", "tokenizer-load", _H, "The tokenizer does not load, or panics, in the sandbox",

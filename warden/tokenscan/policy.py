@@ -187,6 +187,7 @@ class TokenscanPolicy:
     pinned_directories: dict[str, str] = field(default_factory=dict)
     pinned_token_ids: dict[str, str] = field(default_factory=dict)
     fail_on: str = "medium"
+    unapproved: str = "warn"  # a directory without an approval record: warn (TS1103 low) or block (high)
     check_interval_seconds: float = 1.0
     rescan_interval_seconds: float = 300.0
     watch: bool = True
@@ -197,6 +198,8 @@ class TokenscanPolicy:
             Severity.parse(self.fail_on)
         except ValueError as exc:
             raise ValueError(f"fail_on: {exc}") from None
+        if self.unapproved not in ("warn", "block"):
+            raise ValueError(f"unapproved: expected warn or block, got {self.unapproved!r}")
         for ext in self.allowed_extensions:
             if not ext.startswith("."):
                 raise ValueError(f"allowed_extensions: {ext!r} must start with '.'")

@@ -23,6 +23,7 @@ class DirectoryScan:
     duration_seconds: float = 0.0
     manifest: Manifest | None = None
     token_ids_digest: str | None = None
+    review: dict[str, Any] | None = None  # what a person reviews before approving (:mod:`.review`)
 
     def blocking(self, fail_on: Severity) -> list[Finding]:
         return [f for f in self.findings if f.severity >= fail_on]
@@ -44,6 +45,7 @@ class DirectoryScan:
             "duration_seconds": round(self.duration_seconds, 6),
             "manifest_digest": self.manifest.digest if self.manifest else None,
             "token_ids_digest": self.token_ids_digest,
+            **({"review": self.review} if self.review is not None else {}),
         }
 
 

@@ -17,6 +17,7 @@ The names callers use stay importable from here: :class:`DirectoryScan`, :func:`
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterable
@@ -29,6 +30,7 @@ from warden.tokenscan.manifest import HashCache
 from warden.tokenscan.policy import TokenscanPolicy
 from warden.tokenscan.resources import ScanResources, default_resources
 from warden.tokenscan.result import DirectoryScan, worst_outcome
+from warden.tokenscan.review import review_of
 from warden.tokenscan.tree import TreeError
 from warden.tokenscan.verdict import (
     VERDICT_FORMAT,
@@ -112,10 +114,12 @@ def _scan_directory(
         return DirectoryScan(root, with_root([hit], root), duration_seconds=time.perf_counter() - start)
     result = DirectoryScan(root, run_checks(snap, policy), list(snap.errors), manifest=snap.manifest)
     result.token_ids_digest = snap.token_ids_digest
+    result.review = review_of(snap)
     result.files = len(snap.facts)
     result.bytes = sum(f.size for f in snap.facts.values())
     if key and seen is not None and reusable(snap, seen, stat_keys(files), now):
-        verdict = ScanVerdict(tuple(result.findings), result.token_ids_digest, result.files, result.bytes)
+        review = json.dumps(result.review, sort_keys=True)
+        verdict = ScanVerdict(tuple(result.findings), result.token_ids_digest, result.files, result.bytes, review)
         res.scans.put(key, verdict, verdict.weight())
     result.duration_seconds = time.perf_counter() - start
     return result

@@ -67,6 +67,7 @@ class TemplateSource:
     render: RenderResult | None = None
     behaviour: tuple[BehaviourIssue, ...] = ()
     default_system: str = ""  # what the template adds before a conversation without a system message
+    renders: tuple[tuple[str, str], ...] = ()  # (conversation, render) for the review report
 
 
 @dataclass

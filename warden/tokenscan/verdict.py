@@ -25,7 +25,7 @@ from warden.tokenscan.result import DirectoryScan
 from warden.tokenscan.snapshot import Snapshot
 from warden.tokenscan.tree import Entry
 
-VERDICT_FORMAT = 1  # bump when what a verdict holds, or what its key covers, changes
+VERDICT_FORMAT = 2  # bump when what a verdict holds, or what its key covers, changes
 
 
 @dataclass(frozen=True)
@@ -36,13 +36,16 @@ class ScanVerdict:
     token_ids_digest: str | None
     files: int
     bytes: int
+    review: str = ""  # the review report as JSON (immutable; a served verdict carries it too)
 
     def weight(self) -> int:
-        return 256 + sum(256 + len(f.message) + len(f.fix) + len(f.path) + len(f.key or "") for f in self.findings)
+        found = sum(256 + len(f.message) + len(f.fix) + len(f.path) + len(f.key or "") for f in self.findings)
+        return 256 + found + len(self.review)
 
     def scan(self, root: str, manifest: Manifest | None, seconds: float) -> DirectoryScan:
         out = DirectoryScan(root, list(self.findings), [], self.files, self.bytes, seconds, manifest)
         out.token_ids_digest = self.token_ids_digest
+        out.review = json.loads(self.review) if self.review else None
         return out
 
 

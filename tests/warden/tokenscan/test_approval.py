@@ -79,6 +79,19 @@ def test_without_approve_a_scan_is_compared_with_its_record():
     assert same.drift == () and same.scan.findings == [] and same.approved and same.save is None
 
 
-def test_without_approve_or_record_nothing_happens():
+def test_first_sight_is_unapproved_warn_or_block_and_nothing_approves_itself():
+    """Issue 33: approval is the decision. A directory without a record is unapproved (TS1103,
+    low under unapproved: warn, so the scan still passes; high under block) and nothing is
+    recorded without approve, however clean the scan."""
     out = reviewed(None, scan_of(), approve=False)
-    assert (out.save, out.approved, out.drift, out.scan) == (None, False, None, scan_of())
+    assert (out.save, out.approved, out.drift) == (None, False, None)
+    assert [(f.id, f.severity.label, f.root) for f in out.scan.findings] == [("TS1103", "low", ROOT)]
+    assert out.scan.outcome(POLICY.fail_severity) == 0
+    block = default_policy(unapproved="block")
+    out = review(None, scan_of(), False, block)
+    assert [(f.id, f.severity.label) for f in out.scan.findings] == [("TS1103", "high")]
+    assert out.scan.outcome(block.fail_severity) == 1 and out.save is None
+    dirty = review(None, scan_of(dirty=True), False, POLICY)
+    assert [f.id for f in dirty.scan.findings] == ["TS1103", "TS101"]  # evidence beside the decision
+    with pytest.raises(ValueError, match="unapproved"):
+        default_policy(unapproved="auto")
