@@ -24,9 +24,9 @@ reads, atomic replacement, exclusive creation):
   clocks within the skew bound the acting windows of two processes never overlap.
 - *page*: a lease file that does not parse (or is a link, FIFO, oversized file), a token lower
   than one already seen (going backwards), an expiry later than any holder could have written,
-  or a lease naming someone else while we hold ours and renewed it in time, is counted in
-  ``warden_<scope>_lease_alarms_total{reason}`` (alert ``WardenLeaseForged``); the holder steps
-  down on a stolen lease rather than fight for it.
+  or a lease naming someone else while we hold ours and renewed it in time (or our own record with
+  an expiry we did not write), is counted in ``warden_<scope>_lease_alarms_total{reason}`` (alert
+  ``WardenLeaseForged``); the holder steps down on a stolen lease rather than fight for it.
 
 The fencing is checked by the actor, not enforced by the storage (a filesystem has no
 conditional write): a process paused between its last check and its write for longer than
@@ -69,7 +69,8 @@ HOLDER_ENV = "WARDEN_LEASE_HOLDER"
 ALARM_REASONS = ("malformed", "token_backwards", "stolen", "expiry_too_far", "missing", "tampered")
 """Why a lease pages: content that does not parse (or no regular file); a token below one seen
 before; an ``expires_at`` later than now + duration + skew; another holder (or token) while ours
-is held and in time; our lease file removed while held; our write swapped right after it was made."""
+is held and in time; our lease file removed while held; our write swapped right after it was made,
+or our own record found with an expiry we did not write."""
 _TOKEN_NAME = re.compile(r"[1-9][0-9]{0,17}\Z")
 _SCOPE = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
 
@@ -244,6 +245,8 @@ def _alarm_of(now: float, me: str, settings: LeaseSettings, view: View, obs: Obs
         return "expiry_too_far"
     if held_in_time and (rec.holder, rec.token) != (me, view.token):
         return "stolen"
+    if held_in_time and rec.expires_at != view.expires_at:
+        return "tampered"  # our own record, with an expiry we did not write
     return None
 
 
@@ -271,8 +274,10 @@ def decide(now: float, me: str, scope: str, settings: LeaseSettings, view: View,
 
     if view.claimed is not None:
         claimed = view.claimed
-        overtaken = obs.claim_token > claimed.token or (rec is not None and rec.token >= claimed.token)
-        if overtaken or alarm is not None or now - claimed.acquired_at > settings.renew_seconds:
+        # an unusable lease file does not stop it: the claim was made after it had been so for the lease time
+        raw = obs.record
+        overtaken = obs.claim_token > claimed.token or (raw is not None and raw.token >= claimed.token)
+        if overtaken or now - claimed.acquired_at > settings.renew_seconds:
             return Decision(replace(base, claimed=None), "standby", alarm=new_alarm)
         record = mine(claimed.token, claimed.acquired_at)
         view_after = replace(base, token=claimed.token, expires_at=record.expires_at, claimed=None)
@@ -292,7 +297,7 @@ def decide(now: float, me: str, scope: str, settings: LeaseSettings, view: View,
         free = rec is None or now > rec.expires_at + skew
     if not free:
         return Decision(base, "standby", alarm=new_alarm)
-    token = max(file_token, obs.claim_token, view.highest) + 1
+    token = max(file_token, obs.record.token if obs.record is not None else 0, obs.claim_token, view.highest) + 1
     claim = LeaseRecord(scope, me, token, now, now + settings.duration_seconds)
     replaced = obs.record.holder if obs.record is not None else None
     return Decision(replace(base, claimed=claim, acquired_from=replaced), "claimed", claim=claim, alarm=new_alarm)
@@ -306,6 +311,7 @@ def may_act(now: float, me: str, settings: LeaseSettings, view: View, record: Le
         and record is not None
         and record.holder == me
         and record.token == view.token
+        and record.expires_at == view.expires_at
         and now < view.expires_at - settings.act_margin_seconds
     )
 
@@ -480,6 +486,10 @@ class LeaseKeeper:
             except UnsafeFile:
                 view = replace(view, token=None, expires_at=0.0, alarm="tampered")
                 decision = replace(decision, change="lost", alarm="tampered" if self.view.alarm != "tampered" else None)
+            except OSError:
+                # the write may or may not have landed: hold nothing (the lease then runs out)
+                self._record(replace(decision, change="lost"), replace(view, token=None, expires_at=0.0), obs)
+                raise
         self._record(decision, view, obs)
         return replace(decision, view=view)
 
