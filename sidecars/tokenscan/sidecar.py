@@ -2,12 +2,15 @@
 
 Each watched directory is scanned when it is first seen, when watchdog reports a change
 below it (after the change has settled for :data:`SETTLE_SECONDS`), and every
-``rescan_interval_seconds``. A directory that scans clean is *approved*: its SHA-256
-manifest is stored under ``<state_dir>/approved/``. Every later scan compares the
-current manifest with the approved one; a difference is a TS1101 drift finding
-(time-of-check/time-of-use) until the files are restored or an operator re-approves
-them (``warden scan tokenizer PATH --approve --state-dir DIR``, or by deleting the
-approval record so the next clean scan approves again).
+``rescan_interval_seconds``. Approval is the primary control and a person's decision: a
+directory without an approval record is *unapproved* (TS1103: a low finding under the
+policy's ``unapproved: warn``, high under ``block``), and its review report (the resolved
+files and their digests, the rendered conversations, the default system prompt, the pipeline
+rules) is written to ``<state_dir>/review/`` for that person; the sidecar never approves
+anything itself. ``warden scan tokenizer PATH --approve --state-dir DIR`` pins every file's
+SHA-256 under ``<state_dir>/approved/``; every later scan compares the current manifest with
+the approved one, and a difference is a TS1101 drift finding (time-of-check/time-of-use) until
+the files are restored or re-approved. Behavioural findings are evidence beside the decision.
 
 :meth:`check` runs every ``check_interval_seconds`` and scans only what is due, so the
 outcome it returns is that of the directories scanned in that round.
@@ -15,6 +18,8 @@ outcome it returns is that of the directories scanned in that round.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from dataclasses import dataclass
@@ -24,6 +29,7 @@ from sidecars.tokenscan.metrics import TokenscanMetrics
 from sidecars.tokenscan.watch import DirWatcher
 from warden.journal import MODEL_LOADING, Event
 from warden.logs import log_fields, utc_timestamp
+from warden.safeio import atomic_write_bytes
 from warden.tokenscan.approval import review
 from warden.tokenscan.findings import Finding, count_by_severity
 from warden.tokenscan.manifest import Approval, ApprovalStore, HashCache, ManifestError
@@ -61,6 +67,7 @@ class TokenscanSidecar(Sidecar[TokenscanPolicy]):
         self.metrics = TokenscanMetrics(ctx.registry)
         self.watcher = DirWatcher() if self.policy.watch else None
         self.dirs: dict[str, _Dir] = {}
+        self.reviewed: set[str] = set()  # unapproved directories whose report was announced
         for path in self.policy.paths:
             self._track(os.path.abspath(os.path.expanduser(path)), "policy")
 
@@ -125,15 +132,38 @@ class TokenscanSidecar(Sidecar[TokenscanPolicy]):
             loaded = self.store.load(path)
         except ManifestError as exc:
             loaded = exc
-        decided = review(loaded, scan, loaded is None, self.policy)
-        if decided.save is not None:
-            when = utc_timestamp(self.ctx.clock())
-            self.store.save(path, decided.save.manifest, when, decided.save.token_ids_digest)
+        decided = review(loaded, scan, False, self.policy)
+        if loaded is None and scan.review is not None:
+            self._write_review(path, scan)
         if decided.drift is not None and state is not None:
             if decided.drift and not state.drifting:
                 self.metrics.drift_detected.inc()
             state.drifting = bool(decided.drift)
         return decided.scan, decided.approved
+
+    def _write_review(self, path: str, scan: DirectoryScan) -> None:
+        """The review report of an unapproved directory, for the person who decides (atomic:
+        another process reads it); logged once per directory."""
+        name = hashlib.sha256(os.path.abspath(path).encode()).hexdigest()[:24] + ".json"
+        target = os.path.join(self.ctx.state_dir, "review", name)
+        doc = {"path": path, "scanned_at": utc_timestamp(self.ctx.clock()), **scan.to_dict(self.policy.fail_severity)}
+        try:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            atomic_write_bytes(target, json.dumps(doc, indent=1, sort_keys=True).encode("utf-8"))
+        except OSError as exc:
+            self.ctx.log.warning("review report not written", extra=log_fields(path=path, error=str(exc)))
+            return
+        if path not in self.reviewed:
+            self.reviewed.add(path)
+            self.ctx.log.warning(
+                "directory not approved: review its report, then approve it",
+                extra=log_fields(
+                    sidecar=self.name,
+                    path=path,
+                    report=target,
+                    approve=f"warden scan tokenizer {path} --approve --state-dir DIR",
+                ),
+            )
 
     def _log(self, path: str, state: _Dir, scan: DirectoryScan, code: int) -> None:
         counts = count_by_severity(scan.findings)

@@ -32,6 +32,12 @@ def sample(sidecar, name, **labels):
     return sidecar.ctx.registry.get_sample_value(name, labels or None)
 
 
+def approve(state_dir, *paths):
+    """A person's decision, through the real CLI: ``warden scan tokenizer PATH... --approve``."""
+    result = run_warden("scan", "tokenizer", *map(str, paths), "--approve", "--state-dir", str(state_dir))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def loading_event(seq, path, kind="tokenizer"):
     return ev.Event(
         seq=seq,
@@ -42,8 +48,41 @@ def loading_event(seq, path, kind="tokenizer"):
     )
 
 
+def test_first_sight_is_unapproved_with_a_review_report_and_nothing_approves_itself(tmp_path, fresh_benign):
+    """Issue 33: the sidecar never approves: a clean directory it sees first is unapproved (a low
+    TS1103 under warn: the outcome stays OK; high under block), with its review report written
+    for the person who decides; after `--approve` it is approved and quiet."""
+    sc = make_sidecar(tmp_path, paths=(str(fresh_benign),), rescan_interval_seconds=1e-6)
+    try:
+        assert sc.check() == Outcome.OK
+        assert sample(sc, "warden_tokenscan_approved", path=str(fresh_benign)) == 0
+        assert sample(sc, "warden_tokenscan_findings", path=str(fresh_benign), severity="low") == 1
+        assert not (tmp_path / "state" / "approved").exists() or not list((tmp_path / "state" / "approved").iterdir())
+        (report,) = (tmp_path / "state" / "review").iterdir()
+        doc = json.loads(report.read_text())
+        assert doc["path"] == str(fresh_benign) and [f["id"] for f in doc["findings"]] == ["TS1103"]
+        review = doc["review"]
+        assert {f["path"] for f in review["files"]} >= {"tokenizer.json", "tokenizer_config.json"}
+        assert all(len(f["sha256"]) == 64 for f in review["files"])
+        assert review["templates"] and review["templates"][0]["renders"]
+        assert "normalizer" in review["pipeline"] and "added_tokens" in review["pipeline"]
+        approve(tmp_path / "state", fresh_benign)
+        assert sc.check() == Outcome.OK
+        assert sample(sc, "warden_tokenscan_approved", path=str(fresh_benign)) == 1
+        assert sample(sc, "warden_tokenscan_findings", path=str(fresh_benign), severity="low") == 0
+    finally:
+        sc.close()
+    blocking = make_sidecar(tmp_path / "b", paths=(str(fresh_benign),), unapproved="block")
+    try:
+        assert blocking.check() == Outcome.VIOLATION
+        assert sample(blocking, "warden_tokenscan_findings", path=str(fresh_benign), severity="high") == 1
+    finally:
+        blocking.close()
+
+
 def test_check_approves_clean_dirs_and_reports_drift(tmp_path, fresh_benign, tokenscan_corpus):
     bad = str(tokenscan_corpus.case("auto_map_with_py"))
+    approve(tmp_path / "state", fresh_benign)
     sc = make_sidecar(tmp_path, paths=(str(fresh_benign), bad), rescan_interval_seconds=0.05)
     try:
         assert sc.check() == Outcome.VIOLATION
@@ -116,6 +155,7 @@ def test_running_sidecar_watches_approves_and_detects_drift(tmp_path, fresh_beni
             }
         )
     )
+    approve(tmp_path / "state", fresh_benign)
     port = free_port()
     cmd = warden_cmd(
         "sidecar",
@@ -140,13 +180,15 @@ def test_running_sidecar_watches_approves_and_detects_drift(tmp_path, fresh_beni
         # Time of check / time of use: a file changed after approval (watchdog, not the 1 h rescan).
         (fresh_benign / "chat_template.jinja").write_text("{{ messages }}")
         wait_for(port, ("warden_tokenscan_drift", (("path", good),)), 1.0)
-        # The bad directory is fixed: watchdog triggers a rescan and it becomes approved.
+        # The bad directory is fixed: watchdog triggers a rescan; it is clean but unapproved (a
+        # person approves it, never the sidecar).
         config = bad / "tokenizer_config.json"
         config.write_text(
             json.dumps({k: v for k, v in json.loads(config.read_text()).items() if k != "trust_remote_code"})
         )
-        samples = wait_for(port, ("warden_tokenscan_approved", (("path", str(bad)),)), 1.0)
-        assert samples[("warden_tokenscan_findings", (("path", str(bad)), ("severity", "critical")))] == 0
+        samples = wait_for(port, ("warden_tokenscan_findings", (("path", str(bad)), ("severity", "critical"))), 0.0)
+        assert samples[("warden_tokenscan_approved", (("path", str(bad)),))] == 0
+        assert samples[("warden_tokenscan_findings", (("path", str(bad)), ("severity", "low")))] == 1
         assert samples[("warden_tokenscan_drift_detected_total", ())] == 1
         assert samples[("warden_tokenscan_last_scan_timestamp_seconds", (("path", good),))] > 1e9
     finally:
@@ -172,6 +214,7 @@ def test_sidecar_rescans_of_unchanged_dirs_send_no_sandbox_request(tmp_path, tok
 
     monkeypatch.setattr(mf, "RACY_NS", 0)  # the copies were written just now
     dirs = distinct_copies(tokenscan_corpus.benign, tmp_path / "dirs", 5)
+    approve(tmp_path / "state", *dirs)
     sc = make_sidecar(tmp_path, paths=tuple(dirs), rescan_interval_seconds=1e-6)
     try:
         assert sc.check() == Outcome.OK
