@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Writes Warden's Grafana dashboards: the dashboards are code, the committed JSON is its output.
+"""Writes Warden's Grafana dashboards with Grafana's typed builders (PyPI ``grafana-foundation-sdk``,
+the ``dashboards`` extra): the dashboards are code, the committed JSON is its output.
 
 Usage: ``python grafana/generate.py`` rewrites ``grafana/dashboards/*.json`` and
 ``grafana/metrics-used.json``; ``python grafana/generate.py --check`` writes nothing and exits 1
@@ -7,8 +8,13 @@ Usage: ``python grafana/generate.py`` rewrites ``grafana/dashboards/*.json`` and
 
 Contracts:
 
-- Output is byte-stable: ``json.dumps(sort_keys=True, indent=2)`` plus a trailing newline, panel
-  ids numbered in layout order, grid positions computed by :func:`layout`.
+- Panels, rows, queries, variables, annotations and links are the SDK's builders and models; this
+  file adds only Warden's choices (units, thresholds, layout) on top of them.
+- Output is byte-stable: the SDK's JSON, then ``json.dumps(sort_keys=True, indent=2)`` plus a
+  trailing newline, panel ids numbered in layout order, grid positions computed by :func:`layout`.
+- :func:`validate` is the schema check: a board must read back through the SDK's own models
+  (every panel plugin's options and field config registered) to exactly itself, so a key or a
+  value the models do not know is reported, never dropped silently.
 - Every panel and query uses the datasource variable (:data:`DATASOURCE`); every panel but a
   row sets ``fieldConfig.defaults.unit``.
 - ``metrics-used.json`` is the sorted list of every metric name a panel, annotation or variable
@@ -27,13 +33,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from grafana_foundation_sdk.builders import common as cb
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import heatmap as heatmap_panel
+from grafana_foundation_sdk.builders import prometheus, statetimeline, table
+from grafana_foundation_sdk.builders import stat as stat_panel
+from grafana_foundation_sdk.builders import timeseries as ts
+from grafana_foundation_sdk.cog import builder as cogbuilder
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.cog.plugins import register_default_plugins
+from grafana_foundation_sdk.models import common as cm
+from grafana_foundation_sdk.models import dashboard as m
+from grafana_foundation_sdk.models import heatmap as hm
+from grafana_foundation_sdk.models import prometheus as pm
+
 HERE = Path(__file__).resolve().parent
 DASHBOARD_DIR = HERE / "dashboards"
 METRICS_FILE = HERE / "metrics-used.json"
 
 Json = dict[str, Any]
+PanelBuilder = cogbuilder.Builder[m.Panel]
 
-DATASOURCE: Json = {"type": "prometheus", "uid": "${datasource}"}
+DATASOURCE_UID = "${datasource}"
+DATASOURCE: Json = {"type": "prometheus", "uid": DATASOURCE_UID}
 SCHEMA_VERSION = 41
 TAGS = ["warden"]
 RATE = "$__rate_interval"
@@ -44,72 +66,80 @@ FIRING_ALERTS_EXCLUDED = 'alertname!="Watchdog"'
 GREEN, YELLOW, RED, BLUE = "green", "yellow", "red", "blue"
 
 
+def datasource() -> m.DataSourceRef:
+    return m.DataSourceRef(type_val="prometheus", uid=DATASOURCE_UID)
+
+
 # --------------------------------------------------------------------------- panel builders
 
 
-def target(expr: str, legend: str = "", *, instant: bool = False, fmt: str = "time_series") -> Json:
-    """One Prometheus query; ``refId`` is filled in by :func:`panel`."""
-    return {
-        "datasource": DATASOURCE,
-        "editorMode": "code",
-        "expr": expr,
-        "format": fmt,
-        "instant": instant,
-        "legendFormat": legend or "__auto",
-        "range": not instant,
-    }
+@dataclass
+class Target:
+    """One Prometheus query before its ``refId`` (given by :func:`panel`, in order)."""
+
+    expr: str
+    legend: str = ""
+    instant: bool = False
+    fmt: pm.PromQueryFormat = pm.PromQueryFormat.TIME_SERIES
+
+    def build(self, ref_id: str) -> prometheus.Dataquery:
+        query = (
+            prometheus.Dataquery()
+            .datasource(datasource())
+            .editor_mode(pm.QueryEditorMode.CODE)
+            .expr(self.expr)
+            .format(self.fmt)
+            .legend_format(self.legend or "__auto")
+            .ref_id(ref_id)
+        )
+        return query.instant() if self.instant else query.range()
 
 
-def thresholds(*steps: tuple[float | None, str]) -> Json:
+def target(expr: str, legend: str = "", *, instant: bool = False, fmt: str = "time_series") -> Target:
+    return Target(expr, legend, instant, pm.PromQueryFormat(fmt))
+
+
+def thresholds(*steps: tuple[float | None, str]) -> db.ThresholdsConfig:
     """Absolute thresholds; the first step's value is ``None`` (minus infinity)."""
-    return {"mode": "absolute", "steps": [{"color": color, "value": value} for value, color in steps]}
+    return (
+        db.ThresholdsConfig()
+        .mode(m.ThresholdsMode.ABSOLUTE)
+        .steps([m.Threshold(value=value, color=color) for value, color in steps])
+    )
 
 
-def value_map(mapping: dict[str, tuple[str, str]]) -> list[Json]:
+def value_map(mapping: dict[str, tuple[str, str]]) -> list[m.ValueMapping]:
     """A value mapping ``{"1": ("UP", "green")}`` in Grafana's form."""
     options = {
-        key: {"color": color, "index": index, "text": text}
+        key: m.ValueMappingResult(text=text, color=color, index=index)
         for index, (key, (text, color)) in enumerate(mapping.items())
     }
-    return [{"options": options, "type": "value"}]
+    return [m.ValueMap(options=options)]
 
 
 @dataclass
 class Spec:
-    """A panel before layout: what :func:`layout` needs besides the panel body."""
+    """A panel before layout: the SDK builder and its size (:func:`layout` places it)."""
 
-    body: Json
+    builder: Any
     w: int
     h: int
 
 
 def panel(
-    kind: str,
+    builder: Any,
     title: str,
-    targets: Sequence[Json],
+    targets: Sequence[Target],
     unit: str,
     *,
     w: int,
     h: int,
     description: str = "",
-    options: Json | None = None,
-    defaults: Json | None = None,
-    custom: Json | None = None,
 ) -> Spec:
-    """A panel of plugin ``kind`` whose fields all display in ``unit``."""
-    field_defaults: Json = {"unit": unit, **(defaults or {})}
-    if custom is not None:
-        field_defaults["custom"] = custom
-    body: Json = {
-        "datasource": DATASOURCE,
-        "description": description,
-        "fieldConfig": {"defaults": field_defaults, "overrides": []},
-        "options": options or {},
-        "targets": [{**t, "refId": chr(ord("A") + i)} for i, t in enumerate(targets)],
-        "title": title,
-        "type": kind,
-    }
-    return Spec(body, w, h)
+    """``builder`` (an SDK panel builder) with Warden's common fields: title, unit, datasource, queries."""
+    builder.title(title).description(description).unit(unit).datasource(datasource())
+    builder.targets([t.build(chr(ord("A") + i)) for i, t in enumerate(targets)])
+    return Spec(builder, w, h)
 
 
 def stat(
@@ -121,25 +151,37 @@ def stat(
     h: int = 4,
     description: str = "",
     steps: Sequence[tuple[float | None, str]] = ((None, BLUE),),
-    mappings: list[Json] | None = None,
+    mappings: list[m.ValueMapping] | None = None,
     no_value: str = "no data",
     legend: str = "",
     text_mode: str = "value",
 ) -> Spec:
     """A single-value panel of an instant query, coloured by ``steps``."""
-    defaults: Json = {"color": {"mode": "thresholds"}, "noValue": no_value, "thresholds": thresholds(*steps)}
+    builder = (
+        stat_panel.Panel()
+        .color_scheme(db.FieldColor().mode(m.FieldColorModeId.THRESHOLDS))
+        .no_value(no_value)
+        .thresholds(thresholds(*steps))
+        .color_mode(cm.BigValueColorMode.BACKGROUND if mappings else cm.BigValueColorMode.VALUE)
+        .graph_mode(cm.BigValueGraphMode.NONE)
+        .justify_mode(cm.BigValueJustifyMode.CENTER)
+        .orientation(cm.VizOrientation.AUTO)
+        .reduce_options(cb.ReduceDataOptions().calcs(["lastNotNull"]).fields("").values(False))
+        .text_mode(cm.BigValueTextMode(text_mode))
+    )
     if mappings:
-        defaults["mappings"] = mappings
-    options = {
-        "colorMode": "background" if mappings else "value",
-        "graphMode": "none",
-        "justifyMode": "center",
-        "orientation": "auto",
-        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-        "textMode": text_mode,
-    }
-    targets = [target(expr, legend, instant=True)]
-    return panel("stat", title, targets, unit, w=w, h=h, description=description, options=options, defaults=defaults)
+        builder.mappings(mappings)
+    return panel(builder, title, [target(expr, legend, instant=True)], unit, w=w, h=h, description=description)
+
+
+def legend(calcs: Sequence[str] = ("lastNotNull", "max")) -> cb.VizLegendOptions:
+    return (
+        cb.VizLegendOptions()
+        .calcs(list(calcs))
+        .display_mode(cm.LegendDisplayMode.TABLE)
+        .placement(cm.LegendPlacement.BOTTOM)
+        .show_legend(True)
+    )
 
 
 def timeseries(
@@ -154,105 +196,116 @@ def timeseries(
     steps: Sequence[tuple[float | None, str]] = ((None, GREEN),),
     threshold_style: str = "off",
     minimum: float | None = None,
+    stacked: bool = False,
+    draw_style: str = "line",
 ) -> Spec:
     """A graph of ``(expr, legend)`` queries over time."""
-    custom = {
-        "drawStyle": "line",
-        "fillOpacity": 10,
-        "lineInterpolation": interpolation,
-        "lineWidth": 1,
-        "showPoints": "never",
-        "spanNulls": False,
-        "thresholdsStyle": {"mode": threshold_style},
-    }
-    defaults: Json = {"color": {"mode": "palette-classic"}, "thresholds": thresholds(*steps)}
-    if minimum is not None:
-        defaults["min"] = minimum
-    options = {
-        "legend": {"calcs": ["lastNotNull", "max"], "displayMode": "table", "placement": "bottom", "showLegend": True},
-        "tooltip": {"mode": "multi", "sort": "desc"},
-    }
-    targets = [target(expr, legend) for expr, legend in queries]
-    return panel(
-        "timeseries",
-        title,
-        targets,
-        unit,
-        w=w,
-        h=h,
-        description=description,
-        options=options,
-        defaults=defaults,
-        custom=custom,
+    builder = (
+        ts.Panel()
+        .color_scheme(db.FieldColor().mode(m.FieldColorModeId.PALETTE_CLASSIC))
+        .thresholds(thresholds(*steps))
+        .draw_style(cm.GraphDrawStyle(draw_style))
+        .fill_opacity(60 if stacked else 10)
+        .line_interpolation(cm.LineInterpolation(interpolation))
+        .line_width(1)
+        .show_points(cm.VisibilityMode.NEVER)
+        .span_nulls(False)
+        .thresholds_style(cb.GraphThresholdsStyleConfig().mode(cm.GraphThresholdsStyleMode(threshold_style)))
+        .legend(legend())
+        .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.MULTI).sort(cm.SortOrder.DESCENDING))
     )
+    if stacked:
+        builder.stacking(cb.StackingConfig().mode(cm.StackingMode.NORMAL).group("A"))
+    if minimum is not None:
+        builder.min(minimum)
+    targets = [target(expr, name) for expr, name in queries]
+    return panel(builder, title, targets, unit, w=w, h=h, description=description)
 
 
 def heatmap(title: str, bucket_metric: str, *, w: int = 8, h: int = 8, description: str = "", scheme: str) -> Spec:
     """A latency heatmap straight from a histogram's ``_bucket`` series (bounds in seconds)."""
     expr = f"sum by (le) (rate({bucket_metric}[{RATE}]))"
-    options = {
-        "calculate": False,
-        "cellGap": 1,
-        "color": {"exponent": 0.5, "fill": "dark-orange", "mode": "scheme", "scale": "exponential", "scheme": scheme},
-        "filterValues": {"le": 1e-9},
-        "legend": {"show": True},
-        "rowsFrame": {"layout": "auto"},
-        "tooltip": {"mode": "single", "showColorScale": False, "yHistogram": True},
-        "yAxis": {"axisPlacement": "left", "reverse": False, "unit": "s"},
-    }
-    custom = {"hideFrom": {"legend": False, "tooltip": False, "viz": False}, "scaleDistribution": {"type": "linear"}}
+    color = (
+        heatmap_panel.HeatmapColorOptions()
+        .exponent(0.5)
+        .fill("dark-orange")
+        .mode(hm.HeatmapColorMode.SCHEME)
+        .scale(hm.HeatmapColorScale.EXPONENTIAL)
+        .scheme(scheme)
+        .steps(64)
+        .reverse(False)
+    )
+    builder = (
+        heatmap_panel.Panel()
+        .calculate(False)
+        .cell_gap(1)
+        .color(color)
+        .filter_values(heatmap_panel.FilterValueRange().le(1e-9))
+        .show_legend()
+        .rows_frame(heatmap_panel.RowsHeatmapOptions().layout(cm.HeatmapCellLayout.AUTO))
+        .mode(cm.TooltipDisplayMode.SINGLE)
+        .show_color_scale(False)
+        .show_y_histogram()
+        .y_axis(heatmap_panel.YAxisConfig().axis_placement(cm.AxisPlacement.LEFT).reverse(False).unit("s"))
+        .hide_from(cb.HideSeriesConfig().legend(False).tooltip(False).viz(False))
+        .scale_distribution(cb.ScaleDistributionConfig().type(cm.ScaleDistribution.LINEAR))
+    )
     targets = [target(expr, "{{le}}", fmt="heatmap")]
-    return panel("heatmap", title, targets, "s", w=w, h=h, description=description, options=options, custom=custom)
+    return panel(builder, title, targets, "s", w=w, h=h, description=description)
 
 
 def state_timeline(title: str, queries: Sequence[tuple[str, str]], *, w: int, h: int, description: str) -> Spec:
     """Rows of yes/no states over time: each query returns 1 while its event or condition holds."""
-    mappings = value_map({"0": ("", "transparent"), "1": ("yes", GREEN)})
-    defaults: Json = {
-        "color": {"mode": "thresholds"},
-        "mappings": mappings,
-        "thresholds": thresholds((None, "transparent"), (1, GREEN)),
-    }
-    custom = {"fillOpacity": 80, "hideFrom": {"legend": False, "tooltip": False, "viz": False}, "lineWidth": 0}
-    options = {
-        "alignValue": "left",
-        "legend": {"displayMode": "list", "placement": "bottom", "showLegend": False},
-        "mergeValues": True,
-        "rowHeight": 0.8,
-        "showValue": "never",
-        "tooltip": {"mode": "single", "sort": "none"},
-    }
-    targets = [target(expr, legend) for expr, legend in queries]
-    return panel(
-        "state-timeline",
-        title,
-        targets,
-        "none",
-        w=w,
-        h=h,
-        description=description,
-        options=options,
-        defaults=defaults,
-        custom=custom,
+    builder = (
+        statetimeline.Panel()
+        .color_scheme(db.FieldColor().mode(m.FieldColorModeId.THRESHOLDS))
+        .mappings(value_map({"0": ("", "transparent"), "1": ("yes", GREEN)}))
+        .thresholds(thresholds((None, "transparent"), (1, GREEN)))
+        .fill_opacity(80)
+        .hide_from(cb.HideSeriesConfig().legend(False).tooltip(False).viz(False))
+        .line_width(0)
+        .align_value(cm.TimelineValueAlignment.LEFT)
+        .legend(
+            cb.VizLegendOptions()
+            .display_mode(cm.LegendDisplayMode.LIST)
+            .placement(cm.LegendPlacement.BOTTOM)
+            .show_legend(False)
+        )
+        .merge_values(True)
+        .row_height(0.8)
+        .show_value(cm.VisibilityMode.NEVER)
+        .tooltip(cb.VizTooltipOptions().mode(cm.TooltipDisplayMode.SINGLE).sort(cm.SortOrder.NONE))
     )
+    targets = [target(expr, name) for expr, name in queries]
+    return panel(builder, title, targets, "none", w=w, h=h, description=description)
 
 
-def alerts_table(title: str, expr: str, *, w: int, h: int, description: str) -> Spec:
-    """A table of alert series (one row per alert, its labels as columns)."""
-    spec = panel(
-        "table",
-        title,
-        [target(expr, instant=True, fmt="table")],
-        "none",
-        w=w,
-        h=h,
-        description=description,
-        options={"cellHeight": "sm", "footer": {"show": False}, "showHeader": True, "sortBy": []},
-        defaults={"noValue": "no alert is firing"},
+def alerts_table(
+    title: str,
+    expr: str,
+    *,
+    w: int,
+    h: int,
+    description: str,
+    no_value: str = "no alert is firing",
+    hidden: Sequence[str] = ("Time", "Value", "__name__", "alertstate"),
+    unit: str = "none",
+) -> Spec:
+    """A table of series (one row each, their labels as columns), e.g. the firing alerts."""
+    organize = m.DataTransformerConfig(id_val="organize", options={"excludeByName": dict.fromkeys(hidden, True)})
+    builder = (
+        table.Panel()
+        .cell_height(cm.TableCellHeight.SM)
+        .footer(cb.TableFooterOptions().show(False).reducer([]))
+        .show_header(True)
+        .sort_by([])
+        .align(cm.FieldTextAlignment.AUTO)
+        .inspect(False)
+        .no_value(no_value)
+        .with_transformation(organize)
     )
-    hidden = {"Time": True, "Value": True, "__name__": True, "alertstate": True}
-    spec.body["transformations"] = [{"id": "organize", "options": {"excludeByName": hidden}}]
-    return spec
+    targets = [target(expr, instant=True, fmt="table")]
+    return panel(builder, title, targets, unit, w=w, h=h, description=description)
 
 
 # --------------------------------------------------------------------------- layout
@@ -267,100 +320,94 @@ class Row:
     collapsed: bool = False
 
 
-def _place(specs: Sequence[Spec], top: int, next_id: Callable[[], int]) -> tuple[list[Json], int]:
-    """Flows ``specs`` left to right from row ``top``; returns the panels and the first free row."""
-    placed: list[Json] = []
+def _place(specs: Sequence[Spec], top: int, next_id: Callable[[], int]) -> tuple[list[Any], int]:
+    """Flows ``specs`` left to right from row ``top``; returns the placed builders and the first free row."""
+    placed: list[Any] = []
     x, y, line_h = 0, top, 0
     for spec in specs:
         if x + spec.w > GRID_WIDTH:
             x, y, line_h = 0, y + line_h, 0
-        placed.append({**spec.body, "gridPos": {"h": spec.h, "w": spec.w, "x": x, "y": y}, "id": next_id()})
+        placed.append(spec.builder.grid_pos(m.GridPos(h=spec.h, w=spec.w, x=x, y=y)).id(next_id()))
         x, line_h = x + spec.w, max(line_h, spec.h)
     return placed, y + line_h
 
 
-def layout(rows: Sequence[Row]) -> list[Json]:
-    """The dashboard's ``panels``: each row, then (unless collapsed) its panels; ids count from 1."""
+def layout(board: db.Dashboard, rows: Sequence[Row]) -> db.Dashboard:
+    """Adds each row to ``board``, then (unless collapsed) its panels; ids count from 1.
+
+    Every position is computed here (the SDK's own placement only fills in panels at 0,0, and no
+    panel is there: the first row is).
+    """
     counter = iter(range(1, 10_000))
 
     def next_id() -> int:
         return next(counter)
 
-    out: list[Json] = []
     y = 0
     for row in rows:
-        row_panel: Json = {
-            "collapsed": row.collapsed,
-            "gridPos": {"h": 1, "w": GRID_WIDTH, "x": 0, "y": y},
-            "id": next_id(),
-            "panels": [],
-            "title": row.title,
-            "type": "row",
-        }
-        out.append(row_panel)
+        row_builder = db.Row(row.title).grid_pos(m.GridPos(h=1, w=GRID_WIDTH, x=0, y=y)).id(next_id())
         placed, bottom = _place(row.panels, y + 1, next_id)
         if row.collapsed:
-            row_panel["panels"] = placed
+            for built in placed:
+                row_builder.with_panel(built)
+            board.with_row(row_builder)
             y += 1
         else:
-            out.extend(placed)
+            board.with_row(row_builder.collapsed(False))
+            for built in placed:
+                board.with_panel(built)
             y = bottom
-    return out
+    return board
 
 
 # --------------------------------------------------------------------------- dashboard frame
 
-DATASOURCE_VARIABLE: Json = {
-    "hide": 0,
-    "includeAll": False,
-    "label": "Data source",
-    "multi": False,
-    "name": "datasource",
-    "options": [],
-    "query": "prometheus",
-    "refresh": 1,
-    "regex": "",
-    "skipUrlSync": False,
-    "type": "datasource",
-}
 
-BUILTIN_ANNOTATION: Json = {
-    "builtIn": 1,
-    "datasource": {"type": "grafana", "uid": "-- Grafana --"},
-    "enable": True,
-    "hide": True,
-    "iconColor": "rgba(0, 211, 255, 1)",
-    "name": "Annotations & Alerts",
-    "target": {"limit": 100, "matchAny": False, "tags": [], "type": "dashboard"},
-    "type": "dashboard",
-}
-
-WARDEN_LINK: Json = {
-    "asDropdown": False,
-    "icon": "external link",
-    "includeVars": True,
-    "keepTime": True,
-    "tags": TAGS,
-    "targetBlank": False,
-    "title": "Warden dashboards",
-    "tooltip": "",
-    "type": "dashboards",
-}
+def datasource_variable() -> db.DatasourceVariable:
+    return (
+        db.DatasourceVariable("datasource")
+        .label("Data source")
+        .hide(m.VariableHide.DONT_HIDE)
+        .type("prometheus")
+        .multi(False)
+        .include_all(False)
+        .regex("")
+    )
 
 
-def annotation(name: str, expr: str, title: str, color: str) -> Json:
-    """A Prometheus annotation: a marker wherever ``expr`` returns a series."""
-    return {
-        "datasource": DATASOURCE,
-        "enable": True,
-        "expr": expr,
-        "hide": False,
-        "iconColor": color,
-        "name": name,
-        "step": "60s",
-        "titleFormat": title,
-        "useValueForTime": False,
-    }
+def builtin_annotation() -> db.AnnotationQuery:
+    return (
+        db.AnnotationQuery()
+        .built_in(1)
+        .datasource(m.DataSourceRef(type_val="grafana", uid="-- Grafana --"))
+        .enable(True)
+        .hide(True)
+        .icon_color("rgba(0, 211, 255, 1)")
+        .name("Annotations & Alerts")
+        .target(db.AnnotationTarget().limit(100).match_any(False).tags([]).type("dashboard"))
+        .type("dashboard")
+    )
+
+
+def warden_link() -> db.DashboardLink:
+    return (
+        db.DashboardLink("Warden dashboards")
+        .as_dropdown(False)
+        .icon("external link")
+        .include_vars(True)
+        .keep_time(True)
+        .tags(TAGS)
+        .target_blank(False)
+        .tooltip("")
+        .type(m.DashboardLinkType.DASHBOARDS)
+    )
+
+
+def annotation(name: str, expr: str, color: str) -> db.AnnotationQuery:
+    """A Prometheus annotation: a marker wherever ``expr`` returns a series (the SDK's annotation model has
+    no title format: Grafana shows the annotation's name and the series' labels)."""
+    query = db.AnnotationQuery().datasource(datasource()).enable(True).expr(expr)
+    return query.hide(False).icon_color(color).name(name)
 
 
 def dashboard(
@@ -368,30 +415,58 @@ def dashboard(
     title: str,
     description: str,
     rows: Sequence[Row],
-    variables: Sequence[Json] = (),
-    annotations: Sequence[Json] = (),
+    variables: Sequence[Any] = (),
+    annotations: Sequence[db.AnnotationQuery] = (),
 ) -> Json:
-    """The dashboard object around ``rows`` (datasource variable first, built-in annotations first)."""
-    return {
-        "annotations": {"list": [BUILTIN_ANNOTATION, *annotations]},
-        "description": description,
-        "editable": True,
-        "fiscalYearStartMonth": 0,
-        "graphTooltip": 1,
-        "links": [WARDEN_LINK],
-        "liveNow": False,
-        "panels": layout(rows),
-        "refresh": "30s",
-        "schemaVersion": SCHEMA_VERSION,
-        "tags": TAGS,
-        "templating": {"list": [DATASOURCE_VARIABLE, *variables]},
-        "time": {"from": "now-6h", "to": "now"},
-        "timepicker": {},
-        "timezone": "browser",
-        "title": title,
-        "uid": uid,
-        "version": 1,
-    }
+    """The dashboard around ``rows`` (datasource variable first, built-in annotations first), as JSON data."""
+    board = (
+        db.Dashboard(title)
+        .uid(uid)
+        .description(description)
+        .editable()
+        .fiscal_year_start_month(0)
+        .tooltip(m.DashboardCursorSync.CROSSHAIR)
+        .link(warden_link())
+        .live_now(False)
+        .refresh("30s")
+        .tags(TAGS)
+        .time("now-6h", "now")
+        .timezone("browser")
+        .version(1)
+        .variables([datasource_variable(), *variables])
+        .annotations([builtin_annotation(), *annotations])
+    )
+    return to_data(layout(board, rows).build())
+
+
+def to_data(model: Any) -> Json:
+    """The SDK model as plain JSON data (what its encoder writes)."""
+    data: Json = json.loads(json.dumps(model, cls=JSONEncoder))
+    return data
+
+
+def validate(board: Json) -> list[str]:
+    """Where ``board`` differs from itself read back through the SDK's models: each path whose key or
+    value the models do not know (empty: valid). Every panel plugin's options are registered first."""
+    register_default_plugins()
+    again = to_data(m.Dashboard.from_json(board))
+    return sorted(_differences(board, again, "$"))
+
+
+def _differences(a: Any, b: Any, where: str) -> Iterator[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b)):
+            if key not in b:
+                yield f"{where}.{key}: not in the SDK's model"
+            elif key not in a:
+                yield f"{where}.{key}: the model adds it ({b[key]!r}); set it in the generator"
+            else:
+                yield from _differences(a[key], b[key], f"{where}.{key}")
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            yield from _differences(x, y, f"{where}[{i}]")
+    elif a != b or type(a) is not type(b):
+        yield f"{where}: {a!r} reads back as {b!r}"
 
 
 # --------------------------------------------------------------------------- overview
@@ -759,23 +834,21 @@ def tm(name: str, extra: str = "") -> str:
     return f"{name}{{{INSTANCE}{', ' + extra if extra else ''}}}"
 
 
-INSTANCE_VARIABLE: Json = {
-    "allValue": ".*",
-    "datasource": DATASOURCE,
-    "definition": "label_values(warden_trainer_last_step, instance)",
-    "hide": 0,
-    "includeAll": True,
-    "label": "Trainer",
-    "multi": True,
-    "name": "instance",
-    "options": [],
-    "query": "label_values(warden_trainer_last_step, instance)",
-    "refresh": 2,
-    "regex": "",
-    "skipUrlSync": False,
-    "sort": 1,
-    "type": "query",
-}
+def instance_variable() -> db.QueryVariable:
+    query = "label_values(warden_trainer_last_step, instance)"
+    return (
+        db.QueryVariable("instance")
+        .label("Trainer")
+        .hide(m.VariableHide.DONT_HIDE)
+        .datasource(datasource())
+        .query(query)
+        .refresh(m.VariableRefresh.ON_TIME_RANGE_CHANGED)
+        .sort(m.VariableSort.ALPHABETICAL_ASC)
+        .include_all(True)
+        .all_value(".*")
+        .multi(True)
+        .regex("")
+    )
 
 
 def run_row() -> Row:
@@ -832,6 +905,83 @@ def run_row() -> Row:
                 "Checkpoint write failures",
                 f"sum(increase({tm('warden_trainer_checkpoint_write_failures_total')}[$__range])) or vector(0)",
                 description="Checkpoint writes that failed in the time range.",
+            ),
+        ],
+    )
+
+
+def why_slow_row() -> Row:
+    """Why is the rollout slow now: the causes the recording rules name from the last step's gauges
+    (alerts/rules/rollout-causes.yml, generated from warden/diagnose/causes.py; ``warden diagnose`` prints
+    the same), and the gauges they read."""
+    causes = tm("warden_rollout_slow_cause")
+    return Row(
+        "Why is the rollout slow now",
+        [
+            alerts_table(
+                "Causes named now",
+                causes,
+                w=12,
+                h=8,
+                description="One row per cause that holds for the last step (no waiting period: named at the first "
+                "rule evaluation after the scrape). Value: the measure named in its column. The setting to change "
+                "and by how much: warden diagnose --run-dir RUN --metrics URL.",
+                no_value="no cause named: the last step is within every cause's bounds",
+                hidden=("Time", "__name__", "job"),
+            ),
+            timeseries(
+                "Time split of each step",
+                [(tm("warden_trainer_last_step_phase_seconds"), "{{phase}} {{instance}}")],
+                "s",
+                description="Data loading, generation, reward scoring (decoding included), experience and update of "
+                "the last step: a phase at 25 % of the step and 0.5 s or more is named above.",
+                interpolation="stepAfter",
+                minimum=0,
+                stacked=True,
+            ),
+            timeseries(
+                "Each rank's generation and scoring",
+                [(tm("warden_trainer_rank_rollout_seconds"), "rank {{rank}} {{instance}}")],
+                "s",
+                w=8,
+                description="Each rank's own rollout time in the last step, before it waits for the others: one "
+                "rank 1.5x the fastest (and 0.5 s more) is a slow rank.",
+                interpolation="stepAfter",
+                minimum=0,
+            ),
+            timeseries(
+                "vLLM scheduler in the last rollout",
+                [
+                    (tm("warden_rollout_requests_running_max"), "running (peak) {{instance}}"),
+                    (tm("warden_rollout_requests_waiting_max"), "waiting (peak) {{instance}}"),
+                    (tm("warden_rollout_max_num_seqs"), "max_num_seqs {{instance}}"),
+                ],
+                "short",
+                w=8,
+                description="Requests waiting while the running ones fill max_num_seqs: queueing (vLLM engine; zeros "
+                "for the HF engine).",
+                interpolation="stepAfter",
+                minimum=0,
+            ),
+            timeseries(
+                "KV cache peak in the last rollout",
+                [(tm("warden_rollout_kv_cache_usage_max_ratio"), "{{instance}}")],
+                "percentunit",
+                w=4,
+                description="Highest KV-cache usage of the last rollout; full (95 %) with preemptions is named above.",
+                steps=((None, GREEN), (0.95, RED)),
+                threshold_style="dashed",
+                interpolation="stepAfter",
+                minimum=0,
+            ),
+            stat(
+                "Preempted, last rollout",
+                f"max({tm('warden_rollout_preemptions_last')})",
+                "none",
+                w=4,
+                h=8,
+                description="Requests vLLM preempted (and recomputes) in the last rollout: the KV cache was full.",
+                steps=((None, GREEN), (1, RED)),
             ),
         ],
     )
@@ -1084,19 +1234,27 @@ def trainer() -> Json:
         annotation(
             "Checkpoints",
             f"changes({tm('warden_trainer_last_checkpoint_step')}[1m]) > 0",
-            "checkpoint written",
             BLUE,
         ),
-        annotation("Signatures", "increase(warden_signer_signed_total[1m]) > 0", "checkpoint signed", GREEN),
-        annotation("OOM", f"increase({tm('warden_trainer_oom_events_total')}[1m]) > 0", "OOM in {{phase}}", RED),
+        annotation("Signatures", "increase(warden_signer_signed_total[1m]) > 0", GREEN),
+        annotation("OOM", f"increase({tm('warden_trainer_oom_events_total')}[1m]) > 0", RED),
     ]
-    rows = [run_row(), learning_row(), losses_row(), throughput_row(), checkpoint_row(), vllm_row(), gpu_row()]
+    rows = [
+        run_row(),
+        why_slow_row(),
+        learning_row(),
+        losses_row(),
+        throughput_row(),
+        checkpoint_row(),
+        vllm_row(),
+        gpu_row(),
+    ]
     return dashboard(
         "warden-trainer",
         "Warden / Trainer",
         "PPO trainer: reward, KL, losses, throughput, latency heatmaps, checkpoints and their signatures.",
         rows,
-        variables=[INSTANCE_VARIABLE],
+        variables=[instance_variable()],
         annotations=annotations,
     )
 

@@ -1,10 +1,9 @@
-"""Fixtures of the Grafana tests: the committed dashboards, the generator module, the shared schema."""
+"""Fixtures of the Grafana tests: the committed dashboards and the generator module (its SDK-model check)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -15,7 +14,6 @@ from support import IN_CI, ROOT
 
 GRAFANA = Path(ROOT) / "grafana"
 DASHBOARD_DIR = GRAFANA / "dashboards"
-SCHEMA_NAME = "grafana-dashboard.jsonschema.json"
 
 
 def need(message: str) -> None:
@@ -23,20 +21,6 @@ def need(message: str) -> None:
     if IN_CI:
         pytest.fail(message)
     pytest.skip(message)
-
-
-def schema_path() -> Path:
-    """``$WARDEN_SHARED_DIR/schemas/`` if set, else ``<repo>/../shared/schemas/``."""
-    shared = os.environ.get("WARDEN_SHARED_DIR") or os.path.join(os.path.dirname(ROOT), "shared")
-    return Path(shared) / "schemas" / SCHEMA_NAME
-
-
-@pytest.fixture(scope="session")
-def dashboard_schema() -> dict[str, Any]:
-    path = schema_path()
-    if not path.is_file():
-        need(f"dashboard schema not found at {path} (lay shared/ beside the checkout or set WARDEN_SHARED_DIR)")
-    return json.loads(path.read_text())
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +35,12 @@ def promql() -> ModuleType:
 
 @pytest.fixture(scope="session")
 def generator() -> ModuleType:
-    """``grafana/generate.py`` imported as a module (it is a script, not a package)."""
+    """``grafana/generate.py`` imported as a module (it is a script, not a package); it needs the
+    ``dashboards`` extra (grafana-foundation-sdk)."""
+    try:
+        import grafana_foundation_sdk  # noqa: F401
+    except ImportError:
+        need("grafana-foundation-sdk is not installed (pip install -e '.[dashboards]'; it is in the dev extra)")
     spec = importlib.util.spec_from_file_location("warden_grafana_generate", GRAFANA / "generate.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -1,4 +1,4 @@
-"""The committed dashboards: schema, structure, units, datasource, and queries that parse."""
+"""The committed dashboards: the SDK's models, structure, units, datasource, and queries that parse."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jsonschema import Draft7Validator
 from support import ROOT, free_port, need_binary, spawn, stop_process, wait_http
 
 GRAFANA = Path(ROOT) / "grafana"
@@ -62,19 +61,34 @@ def overlaps(a: dict[str, int], b: dict[str, int]) -> bool:
     return not (apart_x or apart_y)
 
 
-def test_grafana_dashboards_validate_against_the_schema(dashboards, dashboard_schema):
-    validator = Draft7Validator(dashboard_schema)
+def test_grafana_dashboards_read_back_through_the_sdk_models_unchanged(dashboards, generator):
     for name, board in dashboards.items():
-        errors = [f"{list(e.absolute_path)}: {e.message[:200]}" for e in validator.iter_errors(board)]
-        assert not errors, f"{name} does not validate:\n" + "\n".join(errors[:10])
+        errors = generator.validate(board)
+        assert not errors, f"{name} is not what grafana-foundation-sdk's models describe:\n" + "\n".join(errors[:10])
 
 
-def test_grafana_schema_is_strict(dashboards, dashboard_schema):
-    """A stray key fails validation, so the check above is not vacuous."""
-    validator = Draft7Validator(dashboard_schema)
-    board = copy.deepcopy(next(iter(dashboards.values())))
-    visual_panels(board)[0]["fieldConfig"]["defaults"]["unitt"] = "s"
-    assert not validator.is_valid(board)
+@pytest.mark.parametrize(
+    ("where", "key", "value"),
+    [
+        ("defaults", "unitt", "s"),  # a misspelt field option
+        ("options", "colourMode", "value"),  # a stat option the stat plugin does not have
+        ("panel", "gridPoss", {"x": 0}),  # a misspelt panel key
+        ("board", "refreshh", "1m"),  # a misspelt dashboard key
+    ],
+)
+def test_grafana_model_check_is_strict(dashboards, generator, where, key, value):
+    """A stray key fails the check, so the check above is not vacuous."""
+    board = copy.deepcopy(dashboards["trainer.json"])
+    stat = next(p for p in visual_panels(board) if p["type"] == "stat")
+    target = {
+        "defaults": stat["fieldConfig"]["defaults"],
+        "options": stat["options"],
+        "panel": stat,
+        "board": board,
+    }[where]
+    target[key] = value
+    errors = generator.validate(board)
+    assert any(key in e and "not in the SDK's model" in e for e in errors), errors
 
 
 def test_grafana_dashboard_uids_are_unique_and_stable(dashboards):
@@ -194,6 +208,32 @@ def test_grafana_trainer_dashboard_shows_what_the_issue_asks(dashboards):
         assert t["format"] == "heatmap"
         assert t["expr"].startswith("sum by (le) (rate(") and f"warden_trainer_{histogram}_seconds_bucket" in t["expr"]
     assert any(p["type"] == "state-timeline" and "signed" in json.dumps(p["targets"]) for p in panels)
+
+
+def test_grafana_trainer_dashboard_says_why_the_rollout_is_slow_now(dashboards):
+    """The row reads the recorded causes (alerts/rules/rollout-causes.yml) and the gauges behind them."""
+    board = dashboards["trainer.json"]
+    rows = [p for p in board["panels"] if p["type"] == "row"]
+    assert [r["title"] for r in rows][:2] == ["Run", "Why is the rollout slow now"]
+    assert rows[1]["collapsed"] is False
+    members, inside = [], False
+    for p in board["panels"]:
+        if p["type"] == "row":
+            inside = p["title"] == "Why is the rollout slow now"
+        elif inside:
+            members.append(p)
+    (causes,) = [p for p in members if p["type"] == "table"]
+    (query,) = causes["targets"]
+    assert query["expr"] == 'warden_rollout_slow_cause{instance=~"$instance"}' and query["instant"] is True
+    text = json.dumps([p["targets"] for p in members])
+    for metric in (
+        "warden_trainer_last_step_phase_seconds",
+        "warden_trainer_rank_rollout_seconds",
+        "warden_rollout_requests_waiting_max",
+        "warden_rollout_kv_cache_usage_max_ratio",
+        "warden_rollout_preemptions_last",
+    ):
+        assert metric in text, metric
 
 
 def test_grafana_overview_has_a_row_per_component(dashboards):
