@@ -74,6 +74,28 @@ def run_trainer(run_dir: str, steps: int, metrics_port: int, echo: Echo) -> int:
     return proc.wait()
 
 
+def approve_demo_assets(run_dir: str, echo: Echo) -> None:
+    """Approves the demo's own tokenizer and model for tokenscan before the run, as a person
+    would after reviewing them (issue 33: the sidecar never approves; a directory it sees first
+    is unapproved): builds the tiny offline assets the demo config names (the trainer reuses the
+    build) and runs ``warden scan tokenizer DIR... --approve`` into the sidecar's state."""
+    from trainer.assets import ensure_tiny_assets
+    from trainer.config import load_config
+
+    tiny = load_config(demo_config_path()).model.tiny
+    if tiny is None:
+        return
+    built = ensure_tiny_assets(tiny, seed=0)
+    state = os.path.join(run_dir, "state", "tokenscan")
+    result = components.run_quiet(
+        "scan", "tokenizer", built.tokenizer_dir, built.model_dir, "--approve", "--state-dir", state
+    )
+    if result.returncode != 0:
+        echo(
+            f"  note: the demo's tokenizer was not approved (scan exit {result.returncode}): tokenscan reports it"
+        )
+
+
 def wait_for_sidecars(plan: components.Plan, timeout: float = 60.0) -> None:
     """Waits until every journal-following sidecar reports zero lag."""
     deadline = time.monotonic() + timeout
@@ -103,6 +125,9 @@ def run_demo(run_dir: str, steps: int, echo: Echo) -> DemoResult:
     signal.signal(signal.SIGTERM, _raise_interrupt)
     result = DemoResult(run_dir=run_dir, trainer_exit=-1, urls=plan.urls)
     try:
+        if plan.port("tokenscan"):
+            echo("approving the demo's own tokenizer and model for tokenscan...")
+            approve_demo_assets(run_dir, echo)
         start_in_order(supervisor, plan.stack)
         echo(f"training {steps} PPO steps on the tiny offline model (CPU)...")
         result.trainer_exit = run_trainer(run_dir, steps, plan.trainer_port, echo)
