@@ -44,6 +44,20 @@ def journal_exposure(path: str, file_mode: int, dir_mode: int) -> str | None:
     return None
 
 
+def journal_trusted(path: str | None) -> bool:
+    """False while :func:`journal_exposure` finds the journal at ``path`` writable by others (a
+    missing journal is trusted: there is nothing to act on). Used where a sidecar reads the
+    journal itself (the catch-up after taking a run lease, warden/lease.py)."""
+    if not path:
+        return True
+    try:
+        file_mode = os.stat(path).st_mode
+        dir_mode = os.stat(os.path.dirname(os.path.abspath(path))).st_mode
+    except OSError:
+        return True
+    return journal_exposure(path, file_mode, dir_mode) is None
+
+
 class Runner:
     """Drives ``sidecar``; :meth:`run_once` for one pass, :meth:`run_forever` as a service.
 

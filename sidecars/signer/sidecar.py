@@ -20,6 +20,11 @@ The work is four services of :mod:`warden.signer` over one shared
   :class:`~warden.signer.reverification.Reverification` (every signed checkpoint once per
   ``reverify_interval_seconds``, and the failed resumed checkpoints on the first check).
 
+With ``lease.enabled`` (several nodes on one run, :mod:`warden.lease`) only the holder of the
+run's lease handles events and checks; a standby lets events pass and, on taking the lease,
+replays the journal (what the previous owner signed is found signed); every ``.sig`` is written
+only after a fresh look at the lease file (``SignerState.fence``).
+
 The metric families are :mod:`sidecars.signer.metrics`; the ``keys`` and ``checkpoint``
 commands :mod:`sidecars.signer.commands`.
 """
@@ -28,10 +33,12 @@ from __future__ import annotations
 
 import os
 
+from sidecars.runner import journal_trusted
 from sidecars.runtime import Outcome, RetryLater, Sidecar, SidecarContext
 from sidecars.signer.metrics import SignerMetrics
 from warden.errors import TryAgainLater
-from warden.journal import CHECKPOINT_SAVED, RUN_RESUMED, RUN_STARTED, Event
+from warden.journal import CHECKPOINT_SAVED, RUN_RESUMED, RUN_STARTED, CursorStore, Event
+from warden.lease import LeaseGate, keeper_for
 from warden.logs import log_fields
 from warden.signer.announced_signing import AnnouncedSigning
 from warden.signer.announcements import ANNOUNCED_FILE, AnnouncementStore
@@ -57,6 +64,9 @@ class SignerSidecar(Sidecar[SignerPolicy]):
         key = signing_key(self.policy, ctx.policy_path)
         trusted = trust_set(key, self.policy.trusted_keys_path(policy_dir(ctx.policy_path)))
         self.metrics = SignerMetrics(ctx.registry)
+        self.lease = keeper_for(
+            self.policy.lease, self.name, ctx.run_dir, clock=ctx.clock, registry=ctx.registry, log=ctx.log
+        )
         self.state = SignerState(
             name=self.name,
             policy=self.policy,
@@ -70,6 +80,7 @@ class SignerSidecar(Sidecar[SignerPolicy]):
             clock=ctx.clock,
             stop=ctx.stop,
             run_dir=ctx.run_dir,
+            fence=self.lease.fence if self.lease is not None else None,
         )
         self.scan = RootScan(self.state, use_watchdog)
         if self.state.announced.load_error:
@@ -81,18 +92,44 @@ class SignerSidecar(Sidecar[SignerPolicy]):
         self.reverify = Reverification(self.state, resumed)
         self.resumes = ResumeChecking(self.state, self.reverify)
         self._first_check = True
+        self.gate: LeaseGate | None = None
+        if self.lease is not None:
+            self.gate = LeaseGate(
+                self.lease,
+                ctx.journal_path,
+                self.handles,
+                self._act,
+                trusted=lambda: journal_trusted(ctx.journal_path),
+                seen_seq=CursorStore(os.path.join(ctx.state_dir, "cursor.json")).load().seq,
+                log=ctx.log,
+            )
+            self.lease.tick()
+            self.lease.start()
 
     def handle(self, event: Event) -> Outcome:
-        if event.type == RUN_STARTED:
-            return self.events.run_started(event)
         try:
-            if event.type == RUN_RESUMED:
-                return self.resumes.run_resumed(event)
-            return self.events.checkpoint_saved(event)
+            if self.gate is not None:
+                self.gate.seen(event.seq)
+                if not self.gate.acting(event.seq):
+                    return Outcome.OK  # standing by: the holder handles it
+            return self._act(event)
         except TryAgainLater as exc:
             raise RetryLater(str(exc)) from None
 
+    def _act(self, event: Event) -> Outcome:
+        if event.type == RUN_STARTED:
+            return self.events.run_started(event)
+        if event.type == RUN_RESUMED:
+            return self.resumes.run_resumed(event)
+        return self.events.checkpoint_saved(event)
+
     def check(self) -> Outcome:
+        if self.gate is not None:
+            try:
+                if not self.gate.acting():
+                    return Outcome.OK  # standing by: the holder scans and re-verifies
+            except TryAgainLater:
+                return Outcome.INCOMPLETE
         now = self.ctx.clock()
         outcome = self.scan.check(now, first=self._first_check)
         if not self.ctx.stop.is_set():
@@ -102,3 +139,5 @@ class SignerSidecar(Sidecar[SignerPolicy]):
 
     def close(self) -> None:
         self.scan.close()
+        if self.lease is not None:
+            self.lease.close()

@@ -89,6 +89,12 @@ class ChainState:
             self._runs[chain.run_id] = chain
             self._save()
 
+    def forget_all(self) -> None:
+        """Forgets every run (each is then looked up in the store again: :func:`recover_from_store`)."""
+        with self._lock:
+            self._runs = {}
+            self._save()
+
     def advance(self, run_id: str, step: int, body_hash: str) -> RunChain:
         """Makes the just spooled record of ``step`` (hash ``body_hash``) the head of ``run_id``.
 

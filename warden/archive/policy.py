@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from warden.lease import LeaseSettings
+
 RETENTION_MODES = ("none", "GOVERNANCE", "COMPLIANCE")
 ADDRESSING_STYLES = ("auto", "path", "virtual")
 STORE_ENV = "WARDEN_STORE"
@@ -68,8 +70,15 @@ class ArchiverPolicy:
     request_timeout_seconds: float = 10.0
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
     check_interval_seconds: float = 5.0
+    lease: LeaseSettings = field(default_factory=LeaseSettings)
+    """One archiver per run across nodes (warden/lease.py; docs/deploy.md "Multi-node")."""
 
     def __post_init__(self) -> None:
+        if self.lease.enabled and self.lease.act_margin_seconds < self.request_timeout_seconds:
+            raise ValueError(
+                "lease.act_margin_seconds: must be >= request_timeout_seconds when the lease is enabled "
+                "(a put in flight must end before the lease can pass to another node)"
+            )
         if self.addressing_style not in ADDRESSING_STYLES:
             raise ValueError(f"addressing_style: must be one of {', '.join(ADDRESSING_STYLES)}")
         if not 1 <= self.top_k <= 1000:

@@ -13,6 +13,11 @@ Event handling (at least once; every handler is idempotent):
   skipped; otherwise the record is built, signed, written to the spool (the commit
   point) and the chain head advances. The event is done then: the store is not needed.
 
+Several nodes on one run (a run lease, :mod:`warden.lease`): only the holder handles events and
+uploads; on taking the lease, :meth:`Archiver.resync` sets aside what this state directory spooled
+before (the previous owner may have stored other records for those steps) and forgets the chain
+heads, which the next event looks up in the store again; the sidecar then replays the journal.
+
 The uploader (:mod:`warden.archive.uploader`) drains the spool in a thread; the sidecar
 (:mod:`sidecars.archiver.sidecar`) decides when, and what the uploader's state means for a check.
 """
@@ -39,11 +44,12 @@ from warden.archive.record import (
     valid_run_id,
 )
 from warden.archive.signing import RecordSigner, verify_record
-from warden.archive.spool import Spool
+from warden.archive.spool import FENCED, Spool
 from warden.archive.store import Retention, Store
 from warden.archive.uploader import Uploader
 from warden.errors import ConfigError, TryAgainLater
 from warden.journal import CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_STARTED, Event
+from warden.lease import LeaseKeeper
 from warden.logs import log_fields
 from warden.payloads import CheckpointSaved, PayloadError, RewardSnapshot
 from warden.signing.keys import load_private_key
@@ -86,9 +92,10 @@ class Archiver:
         metrics: ArchiveMetrics,
         log: logging.Logger,
         name: str = "archiver",
+        lease: LeaseKeeper | None = None,
     ) -> None:
         self.policy, self.store, self.signer, self.spool, self.chains = policy, store, signer, spool, chains
-        self.metrics, self.log, self.name = metrics, log, name
+        self.metrics, self.log, self.name, self.lease = metrics, log, name, lease
         self.limits = Limits(policy.top_k, policy.min_reward, policy.max_text_bytes)
         retention = policy.retention
         self.uploader = Uploader(
@@ -102,6 +109,7 @@ class Archiver:
             require_object_lock=retention.needs_object_lock,
             concurrency=policy.upload_concurrency,
             backoff=policy.backoff,
+            lease=lease,
         )
         self._head_seqs: dict[str, tuple[int, int | None]] = {}  # run -> (head step, its event seq)
         self._refuse_without_object_lock()
@@ -120,6 +128,26 @@ class Archiver:
         if not ok:
             self.store.close()
             raise self.uploader.lock_missing_error()
+
+    def resync(self) -> None:
+        """After this process took the run's lease: the spool's records and heads go to ``.fenced/``
+        (kept as evidence, never uploaded) and every chain head is forgotten, so the next event of a
+        run finds the chain as the store has it (the previous owner's records) and continues it; the
+        events replayed then are skipped up to the stored head and archived after it."""
+
+        def reset() -> int:
+            moved = self.spool.set_aside_all(FENCED)
+            self.chains.forget_all()
+            self._head_seqs.clear()
+            return moved
+
+        token = self.lease.held() if self.lease is not None else None
+        moved = self.uploader.between_passes(reset)
+        self.uploader.ready_token = token
+        self.log.info(
+            "took the run lease: chains are looked up in the store again",
+            extra=log_fields(sidecar=self.name, set_aside=moved),
+        )
 
     # -- events -------------------------------------------------------------------------------
     def handle(self, event: Event) -> None:

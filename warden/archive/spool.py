@@ -36,6 +36,7 @@ from warden.safeio import atomic_write_bytes
 
 HEAD_NAME = "head.json"
 CONFLICTS = ".conflicts"  # never a run id (those start with a letter or digit)
+FENCED = ".fenced"  # records spooled before this process took the run's lease (warden/lease.py)
 
 
 @dataclass(frozen=True)
@@ -135,15 +136,28 @@ class Spool:
             self._trash.put(None)
             janitor.join()
 
-    def set_aside(self, run_id: str, step: int) -> str:
-        """Moves a record the store refused to ``.conflicts/``; returns its new path."""
-        target_dir = os.path.join(self.root, CONFLICTS, run_id)
+    def set_aside(self, run_id: str, step: int, into: str = CONFLICTS) -> str:
+        """Moves a record the store refused to ``.conflicts/`` (or ``into``); returns its new path."""
+        target_dir = os.path.join(self.root, into, run_id)
         os.makedirs(target_dir, exist_ok=True)
         target = os.path.join(target_dir, f"{step:0{STEP_DIGITS}d}.json")
         os.replace(self._path(run_id, step), target)
         with self._lock:
             self._index.get(run_id, {}).pop(step, None)
         return target
+
+    def set_aside_all(self, into: str) -> int:
+        """Moves every spooled record to ``into`` and removes the head files; returns how many records
+        moved. What the spool held is then evidence only, never uploaded (see Archiver.resync)."""
+        moved = 0
+        for entry in self.pending():
+            with contextlib.suppress(FileNotFoundError):
+                self.set_aside(entry.run_id, entry.step, into)
+                moved += 1
+        for run_id in self.head_runs():
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._head_path(run_id))
+        return moved
 
     def steps(self, run_id: str) -> list[int]:
         """Spooled steps of ``run_id``, ascending."""

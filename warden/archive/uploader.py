@@ -24,6 +24,11 @@ ends either), then acts: so it never turns without waiting. After a failure the 
 happens at the deadline even with nothing spooled (:meth:`Uploader.probe`: one cheap
 request), so every failed attempt is counted in ``store_errors`` and a store that comes
 back is noticed.
+
+With a run lease (multi-node, :mod:`warden.lease`) only the holder uploads: a pass does nothing
+while this process does not hold the lease, and every put and head put is preceded by a fresh
+check of the lease file (:meth:`~warden.lease.LeaseKeeper.guard`); a put refused there stops the
+pass without counting as a store failure, and its record stays spooled.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from warden.archive.record import build_head, head_key, object_hash, step_key
 from warden.archive.signing import RecordSigner
 from warden.archive.spool import Spool
 from warden.archive.store import Created, Retention, Store
+from warden.lease import LeaseKeeper
 from warden.logs import log_fields
 
 # Stored records are dropped from the spool (after the head covering them is spooled) in
@@ -59,6 +65,10 @@ PROBE_PREFIX = "runs/"
 
 def _event_wait(event: threading.Event, timeout: float) -> bool:
     return event.wait(timeout)
+
+
+class Fenced(StoreError):
+    """A put not made: this process does not hold the run's lease with the current token."""
 
 
 @dataclass
@@ -87,6 +97,7 @@ class Uploader:
         rng: random.Random | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         wait: Callable[[threading.Event, float], bool] = _event_wait,
+        lease: LeaseKeeper | None = None,
     ) -> None:
         """``rng`` draws the back-off jitter; ``monotonic`` and ``wait`` (``event.wait(timeout)``,
         the only way the loop waits) are the clock: a test passes a simulated one of each."""
@@ -98,6 +109,10 @@ class Uploader:
         self._rng = rng or random.Random()
         self._monotonic = monotonic
         self._wait = wait
+        self.lease = lease
+        self.ready_token: int | None = None
+        """The lease token under which the spool was reset (Archiver.resync): only then does this
+        process upload, so nothing spooled under an earlier holding is ever put."""
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="archiver-put") if concurrency > 1 else None
         self._pass_lock = threading.Lock()
         self._work = threading.Event()
@@ -134,6 +149,8 @@ class Uploader:
         policy requires included: a failure always sets the next retry's deadline.
         """
         result = PassResult()
+        if not self.holding():
+            return result
         with self._pass_lock:
             try:
                 if not self.verify_object_lock():
@@ -173,6 +190,8 @@ class Uploader:
         stored: list[tuple[int, bytes]] = []  # stored, not yet forgotten by the spool
         try:
             for step, body, answer in self._answers(run_id):
+                if isinstance(answer, Fenced):
+                    return False
                 if isinstance(answer, StoreConflict):
                     self._conflict(run_id, step, answer, result)
                 elif isinstance(answer, StoreError):
@@ -188,8 +207,7 @@ class Uploader:
         finally:
             if stored:
                 self._forget(run_id, stored)
-        self._put_head(run_id)
-        return True
+        return self._put_head(run_id)
 
     def _answers(self, run_id: str) -> Iterator[tuple[int, bytes, Created | StoreError]]:
         """The store's answers for the run's spooled steps, in step order.
@@ -225,6 +243,8 @@ class Uploader:
 
     def _store_one(self, run_id: str, step: int) -> tuple[int, bytes, Created | StoreError]:
         body = self.spool.read(run_id, step)
+        if self.lease is not None and not (self.holding() and self.lease.guard()):
+            return step, body, Fenced(f"run {run_id} step {step}: not the lease holder; not put", "lease")
         started = self._monotonic()
         try:
             answer: Created | StoreError = self.store.create(step_key(run_id, step), body, self.retention)
@@ -259,12 +279,29 @@ class Uploader:
             self.spool.remove(run_id, step)  # conflicts were already set aside: a no-op for them
         self.metrics.last_step.set(last_step)
 
-    def _put_head(self, run_id: str) -> None:
-        """Puts the run's spooled head unless the store already got these bytes from this process."""
+    def _put_head(self, run_id: str) -> bool:
+        """Puts the run's spooled head unless the store already got these bytes from this process;
+        False when the lease check refused the put."""
         body = self.spool.head(run_id)
         if body is not None and self._heads_put.get(run_id) != body:
+            if self.lease is not None and not (self.holding() and self.lease.guard()):
+                return False
             self.store.put(head_key(run_id), body, self.retention)
             self._heads_put[run_id] = body
+        return True
+
+    def holding(self) -> bool:
+        """True without a lease, else while this process holds it under the token its spool was reset
+        for (no I/O: the keeper's last read)."""
+        return self.lease is None or (self.ready_token is not None and self.lease.held() == self.ready_token)
+
+    def between_passes(self, action: Callable[[], int]) -> int:
+        """Runs ``action`` while no pass runs, then forgets which heads this process put (the
+        spool was reset: :meth:`Archiver.resync <warden.archive.service.Archiver.resync>`)."""
+        with self._pass_lock:
+            result = action()
+            self._heads_put.clear()
+            return result
 
     def _after_pass(self, result: PassResult) -> None:
         failure = result.failure
@@ -320,6 +357,8 @@ class Uploader:
             if self._stop.is_set():
                 return
             self._work.clear()  # before looking: a record spooled from now on wakes the next turn
+            if not self.holding():
+                continue  # standing by: this turn waited
             pending = self.spool.depth() > 0 or self.heads_pending()
             if not pending and self.failing is None:
                 continue  # idle: this turn waited

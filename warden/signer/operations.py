@@ -102,6 +102,7 @@ def sign(
             cancel=state.stop,
             expected=expected,
             serialization=state.policy.signing_serialization(),
+            before_write=state.fence,
         ),
     )
     _check_unchanged(candidate, result, before)

@@ -9,9 +9,10 @@ from ``WARDEN_SIGNING_KEY`` when that variable is set, else from ``signing_key``
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from warden.errors import ConfigError
+from warden.lease import LeaseSettings
 from warden.signing.manifest import SERIALIZATION_METHOD, SHARDS_METHOD, Serialization
 
 SHARD_SIZE = 256 << 20
@@ -91,6 +92,8 @@ class SignerPolicy:
     serialization: str = SERIALIZATION_METHOD
     shard_size: int = SHARD_SIZE
     hash_algorithm: str = "sha256"
+    lease: LeaseSettings = field(default_factory=LeaseSettings)
+    """One signer per run across nodes (warden/lease.py; docs/deploy.md "Multi-node")."""
 
     def __post_init__(self) -> None:
         self.signing_serialization()  # raises ValueError naming the field

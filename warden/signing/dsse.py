@@ -21,6 +21,7 @@ import binascii
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -257,6 +258,7 @@ def sign_checkpoint(
     cancel: threading.Event | None = None,
     expected: Announced | None = None,
     serialization: Serialization = FILES_SHA256,
+    before_write: Callable[[], None] | None = None,
 ) -> SignResult:
     """Hashes ``checkpoint_dir``, signs its manifest and writes the bundle atomically.
 
@@ -274,6 +276,9 @@ def sign_checkpoint(
     always the per-file SHA-256 root: in the other modes it is computed from the same read
     (one thread per file, so no faster than ``files``) and recorded as
     ``predicate.warden.files_root_digest``.
+
+    ``before_write`` runs right before the bundle is written and may raise to write nothing (the
+    signer's lease check: warden/lease.py).
     """
     directory = os.fspath(checkpoint_dir)
     target = os.fspath(signature_path) if signature_path is not None else signature_path_for(directory)
@@ -311,6 +316,8 @@ def sign_checkpoint(
         if serialization != FILES_SHA256:
             provenance = replace(provenance or Provenance(), files_root_digest=expected.root_digest)
     bundle = sign_payload(encode_statement(build_statement(manifest, provenance)), private_key)
+    if before_write is not None:
+        before_write()
     write_bundle(target, bundle)
     return SignResult(target, manifest, manifest.root_digest.hex(), key_id(private_key.public_key()), scan.total_bytes)
 
