@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
+import importlib
 import os
 import random
 import shutil
@@ -39,6 +39,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
+from types import ModuleType
 
 from warden.signing import load_private_key, load_trusted_keys, sign_checkpoint, verify_checkpoint
 from warden.signing.hashing import default_workers, hash_files, hash_shards, hash_tree, scan_tree
@@ -171,6 +172,17 @@ def best_of(repeat: int, action: Callable[[], object]) -> float:
     return min(times)
 
 
+def optional_module(name: str, rows: str) -> ModuleType | None:
+    """``name`` imported, or None after one line saying which rows are left out (never a traceback)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        print(
+            f"  {name} is not installed ({exc}; pip install {name.partition('.')[0]}): {rows} left out", file=sys.stderr
+        )
+        return None
+
+
 def run(cmd: list[str], cwd: Path | None = None) -> None:
     """Runs a command and fails loudly if it fails."""
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, check=False)
@@ -195,9 +207,8 @@ def model_signing_entries(
         entries["model_signing verify key (CLI, files)"] = lambda: run(
             [cli, "verify", "key", str(ckpt), "--signature", str(sig), "--public_key", str(pub)]
         )
-    try:
-        import model_signing.hashing as ms_hashing
-    except ImportError:
+    ms_hashing = optional_module("model_signing.hashing", "its API rows")
+    if ms_hashing is None:
         return entries
     entries["model_signing API hash, files"] = lambda: ms_hashing.Config().hash(ckpt)
     for size in sorted({shard_size, 1_000_000_000}):
@@ -221,21 +232,22 @@ def measure(ckpt: Path, work: Path, workers: int, repeat: int, shard_sizes: list
         f"ceiling, all threads: hashlib x{workers} slices": lambda: sha256_slices(parts),
         f"ceiling, per file: hashlib x{workers} threads": lambda: plain_sha256(files, workers),
         "hashlib, 1 thread": lambda: plain_sha256(files, 1),
-        f"sha256sum (xargs -P {workers})": lambda: run(
-            ["sh", "-c", f"find . -type f -print0 | xargs -0 -P {workers} -n 16 sha256sum >/dev/null"], cwd=ckpt
-        ),
         "warden hash, files": lambda: hash_tree(ckpt, max_workers=workers),
     }
+    if all(shutil.which(tool) for tool in ("find", "xargs", "sha256sum")):
+        entries[f"sha256sum (xargs -P {workers})"] = lambda: run(
+            ["sh", "-c", f"find . -type f -print0 | xargs -0 -P {workers} -n 16 sha256sum >/dev/null"], cwd=ckpt
+        )
+    else:
+        print("  find, xargs or sha256sum is not on PATH: the sha256sum row is left out", file=sys.stderr)
     for size in shard_sizes:
         entries[f"warden hash, shards {size / MIB:.0f} MiB"] = partial(
             hash_shards, scan.root, scan.files, size, max_workers=workers
         )
-    if importlib.util.find_spec("blake3") is not None:
+    if optional_module("blake3", "the blake3 row") is not None:
         entries["warden hash, files blake3"] = lambda: hash_files(
             scan.root, scan.files, algorithm="blake3", max_workers=workers
         )
-    else:
-        print("blake3 is not installed (pip install blake3): its row is left out")
     for label, method in (("files", Serialization()), (f"shards {main_shard / MIB:.0f} MiB", shards)):
         sig = work / f"warden-{method.method}.sig"
         entries[f"warden sign, {label}"] = partial(
