@@ -118,12 +118,16 @@ def _tokenscan(plan: Plan, p: dict[str, Any]) -> dict[str, Any]:
     return {**p, "paths": [], "check_interval_seconds": 1}  # the trainer's model.loading events add paths
 
 
+# The demo audits its own interpreter: in a checkout, the environment `make` built from the development
+# lock (the shipped policy's lock.path is the sidecars' runtime lock, which lacks the extras).
+DEV_LOCK = os.path.join(REPO_POLICIES, "locks", "dev-py311-linux-x86_64.txt")
+
+
 def _deps(plan: Plan, p: dict[str, Any]) -> dict[str, Any]:
-    lock = os.path.join(REPO_POLICIES, p["lock"]["path"])
     return {
         **p,
         "target": {**p.get("target", {}), "python": sys.executable},
-        "lock": {**p["lock"], "path": lock},
+        "lock": {**p["lock"], "path": DEV_LOCK},
         "integrity": {**p["integrity"], "check_pyc": False},  # the full .pyc pass takes ~20 s here
         "vulnerabilities": {**p["vulnerabilities"], "pip_audit_crosscheck": False},
         "strict": False,
