@@ -14,8 +14,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from warden.deps.baseline import build_baseline, compare_baseline, load_baseline, save_baseline, stdlib_approved
+from warden.deps.baseline import (
+    build_baseline,
+    closure_approved,
+    compare_baseline,
+    file_digest,
+    read_baseline,
+    save_baseline,
+    stdlib_approved,
+)
 from warden.deps.cache import IntegrityCache
+from warden.deps.closure import closure_document
 from warden.deps.drift import check_artifacts, check_drift
 from warden.deps.environment import Target
 from warden.deps.errors import DepsIncomplete
@@ -23,7 +32,7 @@ from warden.deps.ignores import apply_ignores
 from warden.deps.installed import InstalledDist, scan_distributions
 from warden.deps.integrity import IntegrityOptions, check_integrity
 from warden.deps.locks import Lock, LockedPackage, load_lock
-from warden.deps.locks.hygiene import HygieneRules, applicable_packages, check_lock
+from warden.deps.locks.hygiene import HygieneRules, applicable_packages, check_lock, sdist_findings
 from warden.deps.model import CHECKS, Finding
 from warden.deps.osv.loader import OsvDatabase, database_signature, load_database
 from warden.deps.osv.server import OsvServer
@@ -31,6 +40,7 @@ from warden.deps.pipaudit import PipAuditError, compare, run_pip_audit
 from warden.deps.policy import DepsPolicy
 from warden.deps.stdlib import stdlib_document
 from warden.deps.vulns import check_vulnerabilities
+from warden.deps.walk import Budget
 from warden.deps.wheels import WheelOptions, check_wheels
 
 
@@ -70,6 +80,8 @@ class AuditReport:
     osv_age_seconds: float | None = None
     strict: bool = True
     checks: tuple[str, ...] = CHECKS
+    # The approved baseline as read first, before anything else (read_baseline): doc, sha256, problem.
+    baseline: tuple[dict[str, Any] | None, str | None, str | None] = (None, None, None)
 
     @property
     def exit_code(self) -> int:
@@ -114,6 +126,8 @@ def _lock_checks(report: AuditReport, settings: AuditSettings) -> None:
         )
         platforms = [{**target_env, **dict(p)} for p in rules.platforms] or [target_env]
         report.findings.extend(check_lock(lock, hygiene, platforms))
+        report.findings.extend(sdist_findings(applicable_packages(lock, target_env), rules.allow_sdist_only))
+    report.stats["built_locally"] = built_locally(lock, report.dists, target_env)
     if "drift" in settings.checks:
         expected = applicable_packages(lock, target_env)
         drift = settings.policy.drift
@@ -121,11 +135,28 @@ def _lock_checks(report: AuditReport, settings: AuditSettings) -> None:
         report.findings.extend(check_artifacts(expected, report.dists))
 
 
+def built_locally(lock: Lock, dists: list[InstalledDist], env: dict[str, str]) -> list[dict[str, str]]:
+    """Installed distributions built on this side and from what (pure): the lock pins only an sdist,
+    or ``direct_url.json`` names an sdist archive (``.tar.gz``/``.zip``/``.tar.bz2``)."""
+    pins = {p.canonical: p for p in applicable_packages(lock, env) if p.sdist_only}
+    out = []
+    for dist in dists:
+        source = None
+        if dist.canonical in pins:
+            source = f"lock: {pins[dist.canonical].sdist_only}"
+        elif dist.direct_url and dist.direct_url.endswith((".tar.gz", ".zip", ".tar.bz2", ".tgz")):
+            source = f"direct_url.json: {dist.direct_url}"
+        if source:
+            out.append({"name": dist.name, "version": dist.version, "built_from": source})
+    return out
+
+
 def _integrity(
     report: AuditReport, settings: AuditSettings, cancel: threading.Event, now: float, cache: IntegrityCache
 ) -> None:
     rules = settings.policy.integrity
     full = settings.full_pass or (now - cache.last_full_pass >= rules.full_pass_interval_seconds)
+    budget = Budget(rules.max_file_bytes, rules.max_file_seconds, rules.max_audit_bytes, rules.max_audit_seconds)
     options = IntegrityOptions(
         rules.pth_allow,
         rules.unowned_allow,
@@ -135,6 +166,7 @@ def _integrity(
         rules.unhashed_allow,
         rules.egg_info_allow,
         rules.startup_allow,
+        budget,
     )
     result = check_integrity(report.target, report.dists, options, cache, cancel)
     findings, stats, incomplete = result.findings, result.stats, result.incomplete
@@ -152,7 +184,14 @@ def _integrity(
         report.notes.append(f"integrity cache not saved: {exc}")
     clean = not any(f.blocking for f in findings) and not incomplete
     stdlib = stdlib_document(report.target, result.stdlib) if result.stdlib.roots else {}
-    _baseline(report, settings, clean, now, result.environment, stdlib)
+    report.stats["closure"] = {
+        "sys_path": [e[:4] for e in result.closure.entries],
+        "roots": list(result.closure.roots),
+        "files": len(result.closure.files),
+        "hashed": result.closure.hashed,
+        "notes": list(report.target.discovery_notes),
+    }
+    _baseline(report, settings, clean, now, result.environment, stdlib, closure_document(result.closure))
 
 
 def _locked_wheels(report: AuditReport, settings: AuditSettings, cache: IntegrityCache) -> list[Finding]:
@@ -180,18 +219,25 @@ def _baseline(
     now: float,
     environment: dict[str, str],
     stdlib: dict[str, Any],
+    closure: dict[str, Any],
 ) -> None:
     path = settings.baseline_path
     if not path:
         return
-    doc = load_baseline(path)
+    doc, digest, problem = report.baseline  # read before anything else (run_audit)
+    if problem:
+        raise DepsIncomplete(problem)
     if doc is not None and not settings.approve:
-        report.findings.extend(compare_baseline(report.dists, doc, environment, stdlib))
+        report.findings.extend(compare_baseline(report.dists, doc, environment, stdlib, closure))
         if stdlib and not stdlib_approved(doc):
             report.incomplete.append(
                 f"{path}: approved before the base interpreter's stdlib was covered; re-approve with --approve"
             )
-        report.stats["baseline"] = {"path": path, "approved_at": doc.get("approved_at")}
+        if not closure_approved(doc):
+            report.incomplete.append(
+                f"{path}: approved before the import closure (sys.path) was covered; re-approve with --approve"
+            )
+        report.stats["baseline"] = {"path": path, "approved_at": doc.get("approved_at"), "sha256": digest}
         return
     if not (settings.approve or settings.auto_approve):
         report.notes.append(f"no approved baseline at {path}: a rewritten RECORD cannot be detected; run --approve")
@@ -199,7 +245,13 @@ def _baseline(
     if not clean:
         report.notes.append(f"baseline not approved: the integrity check found problems ({path} unchanged)")
         return
-    save_baseline(path, build_baseline(report.dists, now, environment, stdlib))
+    try:
+        current = file_digest(path)
+    except OSError as exc:
+        raise DepsIncomplete(f"{path}: baseline unreadable ({exc}); not approved") from None
+    if current != digest:
+        raise DepsIncomplete(f"{path}: the baseline changed during the audit (read as {digest}): not approved")
+    save_baseline(path, build_baseline(report.dists, now, environment, stdlib, closure))
     report.notes.append(f"baseline approved: {path}")
     report.stats["baseline"] = {"path": path, "approved_at": "now"}
 
@@ -306,6 +358,9 @@ def run_audit(
     started = time.monotonic()
     now = clock()
     report = AuditReport(target=target, started=now, strict=settings.strict, checks=tuple(sorted(settings.checks)))
+    if settings.baseline_path:  # first: nothing of the audit has run yet
+        report.baseline = read_baseline(settings.baseline_path)
+    report.notes.extend(f"discovery: {n}" for n in target.discovery_notes)
     cache = IntegrityCache.for_target(settings.state_dir, target.site_packages).load()
     known = cache.known_records() if "integrity" in settings.checks else frozenset()
     for root in target.site_packages:

@@ -12,10 +12,17 @@ on first approval: a baseline taken of an already-tampered environment vouches f
 Version 3 adds ``stdlib``: the base interpreter's own files (stdlib.py), compared by
 :func:`warden.deps.stdlib.compare_stdlib`. A version 2 baseline is still read for its
 distributions, but it cannot vouch for the stdlib: the audit is incomplete until re-approved.
+Version 4 adds ``closure``: the approved ``sys.path`` and the files of the import-path directories
+outside the stdlib, site-packages and venv (closure.py); a version 3 baseline cannot vouch for
+them (incomplete until re-approved).
+
+The audit reads the baseline once, first, and keeps its sha256 (:func:`read_baseline`); approving
+writes a new one only if the file still has that digest (nothing else rewrote it meanwhile).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -23,6 +30,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
+from warden.deps.closure import compare_closure
 from warden.deps.errors import DepsIncomplete
 from warden.deps.installed import InstalledDist
 from warden.deps.model import Finding
@@ -30,8 +38,8 @@ from warden.deps.stdlib import compare_stdlib
 from warden.logs import utc_timestamp
 from warden.safeio import atomic_write_bytes
 
-BASELINE_VERSION = 3
-READABLE_VERSIONS = (2, 3)  # 2: no stdlib section (re-approve to cover the base interpreter)
+BASELINE_VERSION = 4
+READABLE_VERSIONS = (2, 3, 4)  # 2: no stdlib section; 3: no closure section (re-approve to cover them)
 
 
 def dist_key(dist: InstalledDist) -> str:
@@ -49,9 +57,11 @@ def build_baseline(
     now: float,
     environment: Mapping[str, str],
     stdlib: Mapping[str, Any] | None = None,
+    closure: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The baseline document of ``dists``, the environment's own files and the base interpreter's
-    (``stdlib``: :func:`warden.deps.stdlib.stdlib_document`) (pure)."""
+    """The baseline document of ``dists``, the environment's own files, the base interpreter's
+    (``stdlib``: :func:`warden.deps.stdlib.stdlib_document`) and the import closure's
+    (``closure``: :func:`warden.deps.closure.closure_document`) (pure)."""
     entries = {}
     for dist in dists:
         files = {e.path: e.digest for e in dist.record or () if e.digest}
@@ -68,6 +78,7 @@ def build_baseline(
         "distributions": entries,
         "environment": dict(environment),
         "stdlib": dict(stdlib or {}),
+        "closure": dict(closure or {}),
     }
 
 
@@ -76,14 +87,50 @@ def save_baseline(path: str, doc: dict[str, Any]) -> None:
     atomic_write_bytes(path, json.dumps(doc, indent=1, sort_keys=True).encode())
 
 
+def file_digest(path: str) -> str | None:
+    """sha256 of the file at ``path`` (None if there is none). Raises OSError."""
+    try:
+        with open(path, "rb") as fh:
+            return hashlib.sha256(fh.read()).hexdigest()
+    except FileNotFoundError:
+        return None
+
+
+def read_baseline(path: str) -> tuple[dict[str, Any] | None, str | None, str | None]:
+    """(document or None, sha256 of the file or None, why it is unusable or None), read once."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except FileNotFoundError:
+        return None, None, None
+    except OSError as exc:
+        return None, None, f"{path}: baseline unreadable ({exc}); re-approve with `warden deps audit --approve`"
+    digest = hashlib.sha256(data).hexdigest()
+    try:
+        return parse_baseline(path, data), digest, None
+    except DepsIncomplete as exc:
+        return None, digest, str(exc)
+
+
 def load_baseline(path: str) -> dict[str, Any] | None:
     """The baseline at ``path``, None if there is none. Raises DepsIncomplete if it is corrupt."""
     try:
         with open(path, "rb") as fh:
-            doc = json.loads(fh.read())
+            data = fh.read()
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
+        raise DepsIncomplete(
+            f"{path}: baseline unreadable ({exc}); re-approve with `warden deps audit --approve`"
+        ) from None
+    return parse_baseline(path, data)
+
+
+def parse_baseline(path: str, data: bytes) -> dict[str, Any]:
+    """A baseline document from its bytes. Raises DepsIncomplete if it is corrupt."""
+    try:
+        doc = json.loads(data)
+    except ValueError as exc:
         raise DepsIncomplete(
             f"{path}: baseline unreadable ({exc}); re-approve with `warden deps audit --approve`"
         ) from None
@@ -92,6 +139,7 @@ def load_baseline(path: str) -> dict[str, Any] | None:
         or doc.get("version") not in READABLE_VERSIONS
         or not isinstance(doc.get("distributions"), dict)
         or not isinstance(doc.get("stdlib", {}), dict)
+        or not isinstance(doc.get("closure", {}), dict)
     ):
         raise DepsIncomplete(f"{path}: not a version {BASELINE_VERSION} baseline; re-approve with --approve")
     return doc
@@ -126,6 +174,7 @@ def compare_baseline(
     doc: dict[str, Any],
     environment: Mapping[str, str] | None = None,
     stdlib: Mapping[str, Any] | None = None,
+    closure: Mapping[str, Any] | None = None,
 ) -> list[Finding]:
     """Blocking findings against ``doc`` (pure): ``record_changed`` (a RECORD or its folder differs),
     ``not_in_baseline`` (a distribution added since approval), ``removed_from_baseline`` (an
@@ -159,12 +208,21 @@ def compare_baseline(
         out.extend(_environment_changes(doc.get("environment") or {}, environment))
     if stdlib is not None and stdlib_approved(doc):
         out.extend(compare_stdlib(doc["stdlib"], stdlib))
+    if closure is not None and closure_approved(doc):
+        out.extend(compare_closure(doc["closure"], closure))
     return out
+
+
+def closure_approved(doc: Mapping[str, Any]) -> bool:
+    """Whether ``doc`` vouches for the import closure (a version 2 or 3 baseline does not)."""
+    return (
+        doc.get("version") == BASELINE_VERSION and isinstance(doc.get("closure"), dict) and "sys_path" in doc["closure"]
+    )
 
 
 def stdlib_approved(doc: Mapping[str, Any]) -> bool:
     """Whether ``doc`` vouches for the base interpreter's files (a version 2 baseline does not)."""
-    return doc.get("version") == BASELINE_VERSION and bool(doc.get("stdlib"))
+    return doc.get("version") in (3, BASELINE_VERSION) and bool(doc.get("stdlib"))
 
 
 def _environment_changes(before: Mapping[str, str], now: Mapping[str, str]) -> list[Finding]:

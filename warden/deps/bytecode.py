@@ -172,6 +172,11 @@ def check_pycs(
     return findings
 
 
+def can_verify(target: Target) -> bool:
+    """Whether the auditor compiles bytecode the way the target does (same magic, a cache tag)."""
+    return target.magic == auditor_magic() and bool(target.cache_tag)
+
+
 def _verifiable(walked: dict[str, os.stat_result], target: Target, stats: IntegrityStats) -> bool:
     """Whether the auditor compiles the target's bytecode (same magic, a cache tag); else a note."""
     if target.magic == auditor_magic() and target.cache_tag:

@@ -1,90 +1,29 @@
-"""The environment to audit (the target), discovered without importing anything from it.
+"""The environment to audit (the target), discovered without running anything of it.
 
-- ``--python PATH``: runs that interpreter as ``PATH -I -S -B -c REPORT_SCRIPT`` (isolated,
-  no ``site``, so none of its ``.pth`` files or packages run, and no bytecode written); the
-  stdlib-only script prints its site-packages, version, pyc tag and marker environment.
+- ``--python PATH``: that interpreter's files are read, never run (syspath.py: ``pyvenv.cfg``, the
+  stdlib landmark, the build data, ``._pth`` and ``.pth`` files): its import path, site-packages,
+  version and bytecode tag. Markers other than the Python version are the auditor's host's (the
+  sidecar runs beside the trainer), overridden by the policy's ``target.markers``.
 - ``--site-packages DIR``: a directory only read (e.g. the trainer's site-packages mounted
   read-only into the sidecar's container). The Python version comes from the path
   (``lib/python3.11/site-packages``) or the ``.pyc`` tags found; other markers from the policy.
-- default: the auditor's own interpreter, asked the same way as ``--python``.
+- default: the auditor's own interpreter, read the same way as ``--python``.
 """
 
 from __future__ import annotations
 
 import collections
 import importlib.util
-import json
 import os
 import re
-import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from packaging.markers import default_environment
 
 from warden.deps.errors import TargetError
-
-REPORT_SENTINEL = "WARDEN-DEPS-REPORT "
-REPORT_SCRIPT = (
-    f"SENTINEL = {REPORT_SENTINEL!r}\n"
-    + r"""
-import importlib.util, json, os, platform, site, sys, sysconfig
-# -S skips site.main(), which is what makes a venv's prefix current; do its venv step by
-# hand, without site.addsitepackages (that would run the target's .pth files).
-exe_dir = os.path.dirname(os.path.abspath(sys.executable))
-venv = os.path.dirname(exe_dir)
-confs = [c for c in (os.path.join(exe_dir, "pyvenv.cfg"), os.path.join(venv, "pyvenv.cfg")) if os.path.isfile(c)]
-prefixes = [sys.prefix, sys.exec_prefix]
-base_prefix = sys.prefix
-config = {}
-if confs:
-    system_site = "true"
-    with open(confs[0], encoding="utf-8") as fh:
-        for line in fh:
-            key, sep, value = line.partition("=")
-            if sep and key.strip().lower() == "include-system-site-packages":
-                system_site = value.strip().lower()
-    base = [sys.prefix, sys.exec_prefix]
-    sys.prefix = sys.exec_prefix = venv
-    prefixes = [venv] + (base if system_site == "true" else [])
-    config = {"base": venv, "platbase": venv}
-paths = sysconfig.get_paths(vars=config)
-# The base interpreter's own directories (before the venv step changed sys.prefix/exec_prefix).
-base_paths = sysconfig.get_paths(vars={"platbase": sys.base_exec_prefix, "installed_platbase": sys.base_exec_prefix})
-base_site = [p for p in site.getsitepackages([sys.base_prefix, sys.base_exec_prefix]) if os.path.isdir(p)]
-found = []
-for p in [paths.get("purelib"), paths.get("platlib"), *site.getsitepackages(prefixes)]:
-    if p and os.path.isdir(p) and os.path.realpath(p) not in [os.path.realpath(f) for f in found]:
-        found.append(p)
-def fmt(info):
-    v = "%d.%d.%d" % (info.major, info.minor, info.micro)
-    if info.releaselevel != "final":
-        v += info.releaselevel[0] + str(info.serial)
-    return v
-impl = sys.implementation
-markers = {
-    "implementation_name": impl.name,
-    "implementation_version": fmt(impl.version),
-    "os_name": os.name,
-    "platform_machine": platform.machine(),
-    "platform_release": platform.release(),
-    "platform_system": platform.system(),
-    "platform_version": platform.version(),
-    "python_full_version": platform.python_version(),
-    "platform_python_implementation": platform.python_implementation(),
-    "python_version": ".".join(platform.python_version_tuple()[:2]),
-    "sys_platform": sys.platform,
-}
-print(SENTINEL + json.dumps({
-    "venv": venv if confs else None, "base_prefix": base_prefix, "stdlib": base_paths.get("stdlib"),
-    "platstdlib": base_paths.get("platstdlib"), "base_site": base_site,
-    "markers": markers, "site_packages": found, "sys_path": sys.path, "prefix": sys.prefix,
-    "executable": sys.executable, "cache_tag": impl.cache_tag,
-    "magic": importlib.util.MAGIC_NUMBER.hex(), "version": sys.version,
-}))
-"""
-)
+from warden.deps.syspath import Layout, compute_layout, site_dir_closure
 
 _PY_DIR = re.compile(r"python([0-9]+)\.([0-9]+)t?\Z")
 _PYC_TAG = re.compile(r"\.([a-z]+-[0-9]+)(?:\.opt-[0-9])?\.pyc\Z")
@@ -108,6 +47,14 @@ class Target:
     stdlib: str | None = None
     platstdlib: str | None = None
     base_site: tuple[str, ...] = field(default_factory=tuple)
+    # The import closure (syspath.py): sys.path as (path, origin), editable finders' targets as
+    # (module, path, finder), ._pth files, .pth import lines, what discovery could not know.
+    closure: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    editable: tuple[tuple[str, str, str], ...] = field(default_factory=tuple)
+    pth_config: tuple[str, ...] = field(default_factory=tuple)
+    exec_lines: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    user_site: str | None = None
+    discovery_notes: tuple[str, ...] = field(default_factory=tuple)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -119,6 +66,8 @@ class Target:
             "cache_tag": self.cache_tag,
             "executable": self.executable,
             "venv": self.venv,
+            "sys_path": [p for p, _ in self.closure] or list(self.sys_path),
+            "user_site": self.user_site,
         }
 
 
@@ -126,61 +75,55 @@ def auditor_magic() -> str:
     return importlib.util.MAGIC_NUMBER.hex()
 
 
-def discover_python(python: str, timeout: float = 30.0, kind: str = "python") -> Target:
-    """Asks the interpreter at ``python`` about itself. Raises TargetError."""
-    try:
-        proc = subprocess.run(
-            [python, "-I", "-S", "-B", "-c", REPORT_SCRIPT],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C.UTF-8"},
-        )
-    except FileNotFoundError:
-        raise TargetError(f"--python {python}: no such interpreter") from None
-    except PermissionError:
-        raise TargetError(f"--python {python}: not executable") from None
-    except subprocess.TimeoutExpired:
-        raise TargetError(f"--python {python}: did not report within {timeout:.0f}s") from None
-    except OSError as exc:
-        raise TargetError(f"--python {python}: cannot run it: {exc.strerror or exc}") from None
-    try:
-        info = json.loads(report_line(proc.stdout))
-        markers = {str(k): str(v) for k, v in info["markers"].items()}
-        site_packages = tuple(os.path.realpath(p) for p in info["site_packages"])
-    except (ValueError, KeyError, TypeError, AttributeError):
-        detail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise TargetError(f"--python {python}: is not a working Python 3 interpreter ({detail})") from None
+def discover_python(
+    python: str, kind: str = "python", user_homes: Sequence[str] = (), env_files: Sequence[str] = ()
+) -> Target:
+    """The environment of the interpreter at ``python``, by reading its files (syspath.py); nothing
+    of it runs. ``user_homes``: home directories it may run under (its user site); default the
+    auditor's. ``env_files``: files of ``KEY=VALUE`` lines its environment is made of. Raises TargetError."""
+    homes = tuple(user_homes) or (os.path.expanduser("~"),)
+    layout = compute_layout(python, homes, env_files)
+    return target_of(layout, kind, policy_markers=None)
+
+
+def target_of(layout: Layout, kind: str, policy_markers: Mapping[str, str] | None) -> Target:
+    """The Target of a computed layout (pure but for realpath)."""
+    short = f"{layout.version[0]}.{layout.version[1]}"
+    markers: dict[str, str] = {str(k): str(v) for k, v in {**default_environment(), **(policy_markers or {})}.items()}
+    impl = "cpython" if (layout.cache_tag or "").startswith("cpython-") else markers.get("implementation_name", "")
+    markers.update(
+        python_version=short,
+        python_full_version=layout.full_version,
+        implementation_name=impl,
+        implementation_version=layout.full_version,
+        platform_python_implementation="CPython" if impl == "cpython" else markers["platform_python_implementation"],
+    )
+    site_packages = tuple(dict.fromkeys(os.path.realpath(p) for p in layout.site_dirs))
     if not site_packages:
-        raise TargetError(f"--python {python}: reports no site-packages directory")
-    requested = os.path.abspath(python)
+        raise TargetError(f"--python {layout.requested}: has no site-packages directory")
+    own_tag = sys.implementation.cache_tag
+    closure = tuple((e.path, e.origin) for e in layout.sys_path)
     return Target(
         kind=kind,
-        description=f"{info.get('executable') or python} (Python {markers['python_full_version']})",
+        description=f"{layout.requested} (Python {layout.full_version}, read, not run)",
         site_packages=site_packages,
         markers=markers,
-        cache_tag=str(info.get("cache_tag") or "") or None,
-        magic=str(info.get("magic") or "") or None,
-        executable=str(info.get("executable") or python),
-        sys_path=tuple(map(str, info.get("sys_path") or ())),
-        # The venv is the one the path given lies in, not the one the interpreter reports:
-        # a wrapper script at bin/python runs (and reports) another interpreter.
-        venv=venv_of(requested) or _realpath_or_none(info.get("venv")),
-        requested=requested,
-        stdlib=_realpath_or_none(info.get("stdlib")),
-        platstdlib=_realpath_or_none(info.get("platstdlib")),
-        base_site=tuple(os.path.realpath(str(p)) for p in info.get("base_site") or ()),
+        cache_tag=layout.cache_tag,
+        magic=auditor_magic() if layout.cache_tag == own_tag and layout.full_version.startswith(short) else None,
+        executable=layout.requested,
+        sys_path=tuple(p for p, _ in closure),
+        venv=os.path.realpath(layout.venv) if layout.venv else None,
+        requested=layout.requested,
+        stdlib=_realpath_or_none(layout.stdlib),
+        platstdlib=_realpath_or_none(layout.platstdlib),
+        base_site=tuple(os.path.realpath(p) for p in layout.base_site),
+        closure=closure,
+        editable=layout.editable,
+        pth_config=layout.pth_config,
+        exec_lines=layout.exec_lines,
+        user_site=os.path.realpath(layout.user_site) if layout.user_site else None,
+        discovery_notes=layout.notes,
     )
-
-
-def report_line(stdout: str) -> str:
-    """The report in the interpreter's output (pure): the last sentinel line. The target's own
-    stdlib runs before the report is printed and may print too (an edited module the report
-    imports); what it prints is not the report. Raises ValueError when there is none."""
-    lines = [line for line in stdout.splitlines() if line.startswith(REPORT_SENTINEL)]
-    if not lines:
-        raise ValueError("no report line")
-    return lines[-1][len(REPORT_SENTINEL) :]
 
 
 def _realpath_or_none(path: object) -> str | None:
@@ -196,9 +139,9 @@ def venv_of(executable: str) -> str | None:
     return None
 
 
-def discover_self() -> Target:
-    """The auditor's own environment, asked like any other interpreter."""
-    return discover_python(sys.executable, kind="self")
+def discover_self(user_homes: Sequence[str] = (), env_files: Sequence[str] = ()) -> Target:
+    """The auditor's own environment, read like any other interpreter's."""
+    return discover_python(sys.executable, "self", user_homes, env_files)
 
 
 def _guess_version(directory: str) -> tuple[int, int] | None:
@@ -243,9 +186,18 @@ def discover_site_packages(directory: str, policy_markers: Mapping[str, str] | N
     real = os.path.realpath(directory)
     parts = real.split(os.sep)
     venv = os.sep.join(parts[:-3]) if len(parts) > 3 and parts[-3] == "lib" else None
+    entries, exec_lines, editable, notes = site_dir_closure(os.path.realpath(directory))
     return Target(
         kind="site-packages",
         description=f"{directory} (read-only, Python {markers['python_version']})",
+        closure=tuple((e.path, e.origin) for e in entries),
+        sys_path=tuple(e.path for e in entries),
+        exec_lines=exec_lines,
+        editable=editable,
+        discovery_notes=(
+            *notes,
+            "a bare site-packages: the interpreter's own path (stdlib, ._pth, user site) is not known",
+        ),
         site_packages=(os.path.realpath(directory),),
         markers=markers,
         cache_tag=tag,

@@ -13,9 +13,15 @@ from dataclasses import dataclass
 
 from warden.deps.cache import IntegrityCache
 from warden.deps.installed import InstalledDist
-from warden.deps.integrity_common import IntegrityOptions, IntegrityStats, tampered_finding, workers
+from warden.deps.integrity_common import (
+    IntegrityOptions,
+    IntegrityStats,
+    oversized_finding,
+    tampered_finding,
+    workers,
+)
 from warden.deps.model import Finding
-from warden.deps.walk import map_in_threads, safe_digest, settled
+from warden.deps.walk import Oversized, map_in_threads, safe_digest, settled
 from warden.safeio import stat_identity
 
 
@@ -63,7 +69,9 @@ def hash_all(
         if cancel.is_set():
             return job, None, "cancelled"
         try:  # the walked file only (job.st): anything else raises walk.Changed
-            return job, safe_digest(job.path, job.algo, job.st), None
+            return job, safe_digest(job.path, job.algo, job.st, options.budget), None
+        except Oversized as exc:
+            return job, None, f"oversized {exc.size}"
         except OSError as exc:
             return job, None, exc.strerror or str(exc)
 
@@ -71,6 +79,10 @@ def hash_all(
 
     todo.sort(key=lambda j: -j.st.st_size)  # the largest first, each alone: the threads finish together
     for job, digest, error in map_in_threads(one, todo, workers(options.workers), "deps-hash", 32, _job_size):
+        if digest is None and error and error.startswith("oversized ") and options.budget is not None:
+            stats.oversized += 1
+            findings.append(oversized_finding(job.path, int(error.split()[1]), options.budget.max_file_bytes))
+            continue
         if digest is None:
             unreadable.append(f"{job.path}: {error}")
             continue

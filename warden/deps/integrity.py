@@ -31,6 +31,7 @@ from typing import Any
 from warden.deps import bytecode, filehash, records
 from warden.deps.bytecode import CHUNK, PYC_TIMEOUT, derived_pyc_sources, pair_key
 from warden.deps.cache import IntegrityCache
+from warden.deps.closure import CLOSURE_KINDS, ClosureResult, collect_closure
 from warden.deps.environment import Target
 from warden.deps.installed import InstalledDist
 from warden.deps.integrity_common import DEFAULT_UNHASHED, IntegrityOptions, IntegrityStats, lstat_or_none, workers
@@ -75,6 +76,7 @@ INTEGRITY_KINDS = (
     "record_mismatch",
     "wheel_missing",
     "wheel_unusable",
+    *CLOSURE_KINDS,
 )
 
 
@@ -97,6 +99,7 @@ class IntegrityResult:
     incomplete: list[str]
     environment: dict[str, str] = field(default_factory=dict)
     stdlib: StdlibResult = field(default_factory=StdlibResult)
+    closure: ClosureResult = field(default_factory=ClosureResult)
 
 
 def _walk(
@@ -149,19 +152,39 @@ def check_integrity(
     pyc_sources = derived_pyc_sources(walked)
     findings.extend(_tree_findings(target, per_root, walked, owned, pyc_sources, options))
     findings.extend(_interpreter(target, walked, options, unreadable))
-    findings.extend(bytecode.check_pycs(walked, pyc_sources, target, cache, options, stats, cancel, unreadable))
-    environment = _environment_digests(target, per_root.get(target.venv or "", {}), cache, unreadable)
-    stdlib = _stdlib(target, cache, options, stats, unreadable, visited)
+    environment = _environment_digests(target, per_root.get(target.venv or "", {}), cache, unreadable, options)
+    verify = bytecode.can_verify(target) and options.check_pyc
+    stdlib = _stdlib(target, cache, options, stats, unreadable, visited, verify)
     findings.extend(stdlib.findings)
+    scope = collect_closure(
+        target,
+        dists,
+        stdlib.roots,
+        cache,
+        options.full_pass,
+        options.pth_allow,
+        unreadable,
+        visited,
+        options.budget,
+        verify,
+    )
+    findings.extend(scope.findings)
+    stats.closure_roots, stats.closure_files = len(scope.roots), len(scope.files)
+    stats.oversized = sum(1 for f in findings if f.kind == "oversized")
+    # One .pyc pass over site-packages, the stdlib and the closure roots (each pyc against its source).
+    all_walked = {**stdlib.walked, **scope.walked, **walked}
+    all_sources = {**stdlib.pyc_sources, **scope.pyc_sources, **pyc_sources}
+    findings.extend(bytecode.check_pycs(all_walked, all_sources, target, cache, options, stats, cancel, unreadable))
     if options.full_pass and not cancel.is_set():  # cache.prune forgets only after a full pass
-        cache.prune(set(walked) | {j.path for j in jobs} | set(environment) | set(stdlib.files), True)
+        live = set(walked) | {j.path for j in jobs} | set(environment) | set(stdlib.files) | set(scope.files)
+        cache.prune(live | set(all_sources), True)
     cache.prune_listings(visited)
     stats.dirs_walked = len(visited)
     cache.prune_dists({d.meta_dir for d in dists})
     incomplete = [f"{'changed' if u.endswith(CHANGED) else 'unreadable'}: {u}" for u in unreadable]
     if cancel.is_set():
         incomplete.append("integrity check cancelled")
-    return IntegrityResult(findings, stats, incomplete, environment, stdlib)
+    return IntegrityResult(findings, stats, incomplete, environment, stdlib, scope)
 
 
 def _tree_findings(
@@ -190,9 +213,9 @@ def _tree_findings(
 def _interpreter(
     target: Target, walked: dict[str, os.stat_result], options: IntegrityOptions, unreadable: list[str]
 ) -> list[Finding]:
-    out, bad = startup_hooks(hook_dirs(target), options.startup_allow)
+    out, bad = startup_hooks(hook_dirs(target), options.startup_allow, options.budget)
     unreadable.extend(bad)
-    for check in (check_venv(target), check_venv_scripts(target, walked)):
+    for check in (check_venv(target, options.budget), check_venv_scripts(target, walked)):
         out.extend(check[0])
         unreadable.extend(check[1])
     return out
@@ -205,10 +228,19 @@ def _stdlib(
     stats: IntegrityStats,
     unreadable: list[str],
     visited: set[str],
+    verify_pycs: bool,
 ) -> StdlibResult:
     """The base interpreter's files (stdlib.py), counted in ``stats``."""
     stdlib = collect_stdlib(
-        target, cache, options.full_pass, workers(options.workers), options.startup_allow, unreadable, visited
+        target,
+        cache,
+        options.full_pass,
+        workers(options.workers),
+        options.startup_allow,
+        unreadable,
+        visited,
+        options.budget,
+        verify_pycs,
     )
     stats.stdlib_files, stats.stdlib_hashed, stats.stdlib_cached = len(stdlib.files), stdlib.hashed, stdlib.cached
     if not stdlib.roots:
@@ -217,7 +249,11 @@ def _stdlib(
 
 
 def _environment_digests(
-    target: Target, walked: dict[str, os.stat_result], cache: IntegrityCache, unreadable: list[str]
+    target: Target,
+    walked: dict[str, os.stat_result],
+    cache: IntegrityCache,
+    unreadable: list[str],
+    options: IntegrityOptions,
 ) -> dict[str, str]:
     """sha256 (RECORD form; a link: of its target string) of what venv made and the base interpreter."""
     paths = [p for p in walked if target.venv and venv_made(target.venv, p)]
@@ -231,7 +267,7 @@ def _environment_digests(
             continue
         cached = cache.digest(path, stat_identity(st), "sha256")
         try:
-            out[path] = cached or safe_digest(path, "sha256", st)  # of the file stat-ed, else walk.Changed
+            out[path] = cached or safe_digest(path, "sha256", st, options.budget)  # of the file stat-ed
         except OSError as exc:
             unreadable.append(f"{path}: {exc.strerror or exc}")
             continue

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from warden.deps.installed import InstalledDist
 from warden.deps.model import Finding
 from warden.deps.pth import SETUPTOOLS_PTH, PthRule
+from warden.deps.walk import Budget
 
 DEFAULT_UNHASHED = ("*.dist-info/RECORD", "*.dist-info/RECORD.jws", "*.dist-info/RECORD.p7s", "*__pycache__/*.pyc")
 
@@ -27,6 +28,7 @@ class IntegrityOptions:
     unhashed_allow: tuple[str, ...] = DEFAULT_UNHASHED
     egg_info_allow: tuple[str, ...] = ()
     startup_allow: tuple[str, ...] = ()
+    budget: Budget | None = field(default=None, compare=False)  # walk.Budget: what the audit may read
 
 
 @dataclass
@@ -47,7 +49,10 @@ class IntegrityStats:
     stdlib_cached: int = 0
     dirs_walked: int = 0
     dirs_listed: int = 0  # the others' listings came from the cache (walk.walk_tree)
-    dists_cached: int = 0  # judged whole by their fingerprint (dist_state), RECORD not parsed
+    dists_cached: int = 0
+    closure_roots: int = 0  # import-path directories outside the stdlib, site-packages and venv (closure.py)
+    closure_files: int = 0
+    oversized: int = 0  # judged whole by their fingerprint (dist_state), RECORD not parsed
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
@@ -87,3 +92,11 @@ def special_finding(path: str, kind: str) -> Finding:
 def tampered_finding(path: str, dist: InstalledDist, why: str) -> Finding:
     message = f"{path}: {why} (owned by {dist.name} {dist.version}); the installed file was modified"
     return Finding("integrity", "tampered", path, message, True, {"dist": dist.canonical})
+
+
+def oversized_finding(path: str, size: int, cap: int) -> Finding:
+    message = (
+        f"{path}: {size} bytes, over the per-file cap of {cap} (integrity.max_file_bytes): never read, "
+        "so nothing vouches for its content"
+    )
+    return Finding("integrity", "oversized", path, message, True, {"size": size, "cap": cap})

@@ -25,7 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from warden.deps.environment import Target
 from warden.deps.model import Finding
-from warden.deps.walk import kind_of, read_small, sha256_hex
+from warden.deps.syspath import parse_pyvenv_cfg
+from warden.deps.walk import Budget, kind_of, read_small, sha256_hex
 from warden.errors import quote_untrusted
 
 ENV_KINDS = ("startup_hook", "venv_config", "interpreter_replaced", "venv_script_changed")
@@ -40,16 +41,6 @@ VENV_SCRIPTS = {
 # backslash or `;`, so the varying part cannot add a shell command or a variable.
 _PLACEHOLDER = r"[^\n\r\"'$`\\;]*"
 _PLACEHOLDERS = re.compile(r"__VENV_(?:DIR|NAME|PROMPT|BIN_NAME|PYTHON)__")
-
-
-def parse_pyvenv_cfg(data: bytes) -> dict[str, str]:
-    """``key = value`` lines of a pyvenv.cfg, keys lower-cased (pure)."""
-    out: dict[str, str] = {}
-    for line in data.decode("utf-8", "replace").splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            out[key.strip().lower()] = value.strip()
-    return out
 
 
 def template_pattern(template: str) -> re.Pattern[str]:
@@ -68,7 +59,9 @@ def is_hook_name(name: str) -> bool:
     return stem in HOOK_NAMES and (name == stem or name.endswith((".py", ".pyc", ".so", ".pyd")))
 
 
-def startup_hooks(dirs: Iterable[str], allow: Sequence[str]) -> tuple[list[Finding], list[str]]:
+def startup_hooks(
+    dirs: Iterable[str], allow: Sequence[str], budget: Budget | None = None
+) -> tuple[list[Finding], list[str]]:
     """(``startup_hook`` findings, unreadable paths) for hook modules in ``dirs``."""
     out: list[Finding] = []
     unreadable: list[str] = []
@@ -85,15 +78,15 @@ def startup_hooks(dirs: Iterable[str], allow: Sequence[str]) -> tuple[list[Findi
             continue
         for name in names:
             if is_hook_name(name):
-                out.extend(_hook_finding(os.path.join(real, name), allow, unreadable))
+                out.extend(_hook_finding(os.path.join(real, name), allow, unreadable, budget))
     return out, unreadable
 
 
-def _hook_finding(path: str, allow: Sequence[str], unreadable: list[str]) -> list[Finding]:
+def _hook_finding(path: str, allow: Sequence[str], unreadable: list[str], budget: Budget | None) -> list[Finding]:
     if os.path.isdir(path) and not os.path.islink(path):
         path = os.path.join(path, "__init__.py")
     try:
-        digest = sha256_hex(path)
+        digest = sha256_hex(path, budget)
     except FileNotFoundError:
         digest = "absent"
     except OSError as exc:
@@ -127,11 +120,12 @@ def base_interpreter(cfg: Mapping[str, str], pythons: Sequence[str]) -> str | No
     return None
 
 
-def check_venv(target: Target) -> tuple[list[Finding], list[str]]:
-    """(findings, unreadable paths) of the venv's pyvenv.cfg and bin/python* (none without a venv)."""
+def check_venv(target: Target, budget: Budget | None = None) -> tuple[list[Finding], list[str]]:
+    """(findings, unreadable paths) of the venv's pyvenv.cfg and bin/python* (outside a venv: of the
+    interpreter file itself)."""
     venv = target.venv
     if not venv:
-        return [], []
+        return _wrapper_findings(target), []
     cfg_path = os.path.join(venv, "pyvenv.cfg")
     try:
         cfg = parse_pyvenv_cfg(read_small(cfg_path, 64 * 1024))
@@ -140,8 +134,7 @@ def check_venv(target: Target) -> tuple[list[Finding], list[str]]:
     pythons = _interpreter_files(venv)
     base = base_interpreter(cfg, pythons)
     out = _config_findings(cfg_path, cfg, base)
-    out.extend(_python_findings(pythons, base))
-    out.extend(_wrapper_findings(target))
+    out.extend(_python_findings(pythons, base, budget))
     return out, []
 
 
@@ -159,7 +152,7 @@ def _config_findings(cfg_path: str, cfg: Mapping[str, str], base: str | None) ->
     return []
 
 
-def _python_findings(pythons: Sequence[str], base: str | None) -> list[Finding]:
+def _python_findings(pythons: Sequence[str], base: str | None, budget: Budget | None) -> list[Finding]:
     out = []
     base_digest = None
     for path in pythons:
@@ -171,8 +164,8 @@ def _python_findings(pythons: Sequence[str], base: str | None) -> list[Finding]:
             why = f"links to {os.path.realpath(path)}, not to the base interpreter {base}"
         else:
             try:
-                base_digest = base_digest or sha256_hex(base)
-                if sha256_hex(path) == base_digest:
+                base_digest = base_digest or sha256_hex(base, budget)
+                if sha256_hex(path, budget) == base_digest:
                     continue
                 why = f"is not a copy of the base interpreter {base} (a wrapper or a rebuilt binary)"
             except OSError as exc:
@@ -182,16 +175,23 @@ def _python_findings(pythons: Sequence[str], base: str | None) -> list[Finding]:
 
 
 def _wrapper_findings(target: Target) -> list[Finding]:
-    """The interpreter asked for reported another executable: something in between ran another one."""
-    if not target.requested or not target.executable or target.kind == "site-packages":
+    """The interpreter asked for (outside a venv, whose bin/python* _python_findings checks) is a
+    script, not a binary: a wrapper starts another interpreter with its own environment. Read, never run."""
+    if not target.requested or target.venv or target.kind == "site-packages":
         return []
-    if os.path.dirname(os.path.abspath(target.executable)) == os.path.dirname(target.requested):
+    real = os.path.realpath(target.requested)
+    try:
+        head = read_small(real, 4)
+    except OSError as exc:
+        message = f"{target.requested}: cannot be read as an interpreter binary ({exc.strerror or exc})"
+        return [_f("interpreter_replaced", target.requested, message)]
+    if head in (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe"):
         return []
     message = (
-        f"{target.requested}: runs as {quote_untrusted(target.executable)}: a wrapper starts another interpreter "
-        "(with its own environment, e.g. PYTHONPATH)"
+        f"{target.requested}: {real} is not an interpreter binary ({quote_untrusted(repr(head))}...): a wrapper "
+        "starts another interpreter (with its own environment, e.g. PYTHONPATH)"
     )
-    return [_f("interpreter_replaced", target.requested, message, reported=target.executable)]
+    return [_f("interpreter_replaced", target.requested, message, resolved=real)]
 
 
 def check_venv_scripts(target: Target, walked: Mapping[str, object]) -> tuple[list[Finding], list[str]]:
@@ -237,7 +237,8 @@ def venv_made(venv: str, path: str) -> bool:
 
 
 def hook_dirs(target: Target) -> list[str]:
-    """Directories imported from at start-up: the target's sys.path (stdlib included) and site dirs."""
+    """Directories imported from at start-up: the target's computed sys.path (syspath.py: stdlib,
+    user site, site dirs, .pth path lines, ._pth lines) and site dirs."""
     dirs = [p for p in target.sys_path if p and not p.endswith(".zip")]
     if target.stdlib:
         dirs.append(target.stdlib)

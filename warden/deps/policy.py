@@ -36,6 +36,9 @@ class LockRules:
     # dist's RECORD is compared with the RECORD of the wheel whose sha256 the lock lists (wheels.py).
     wheel_dirs: tuple[str, ...] = ()
     require_wheels: bool = False  # a locked dist without its wheel there: fail (else a warning)
+    # Names whose lock entry may pin only an sdist (built locally): `sdist_only` is then a warning,
+    # for any other name it is blocking.
+    allow_sdist_only: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,10 +67,20 @@ class IntegrityRules:
     workers: int = 0
     baseline: str | None = None
     auto_approve: bool = True
+    # Budgets (walk.Budget): a file over max_file_bytes is `oversized` (never read); a read over
+    # max_file_seconds, or anything once the audit read max_audit_bytes or ran max_audit_seconds,
+    # makes the audit incomplete (exit 3) with what it found before.
+    max_file_bytes: int = 8 * 1024**3
+    max_file_seconds: float = 600.0
+    max_audit_bytes: int = 1024**4
+    max_audit_seconds: float = 3600.0
 
     def __post_init__(self) -> None:
         if self.full_pass_interval_seconds < 0:
             raise ValueError("full_pass_interval_seconds: must be >= 0")
+        for name in ("max_file_bytes", "max_file_seconds", "max_audit_bytes", "max_audit_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name}: must be > 0")
         for rule in self.pth_allow:
             if not rule.sha256 or len(rule.sha256) != 64:
                 raise ValueError(f"pth_allow: {rule.name or 'an entry'} needs the sha256 of its content")

@@ -70,6 +70,12 @@ def _unhashed_ok(dist: InstalledDist, path: str, allow: Sequence[str]) -> bool:
     return glob_matcher(tuple(allow))(rel) is not None
 
 
+def _benign_absent(dist: InstalledDist, path: str, options: IntegrityOptions) -> bool:
+    """Whether a RECORD row without a hash may be absent: a ``__pycache__`` pyc on ``unhashed_allow``
+    (pip lists them without hashes; nothing is imported from an absent pyc)."""
+    return path.endswith(".pyc") and _unhashed_ok(dist, path, options.unhashed_allow)
+
+
 def _cached_ok(entry: RecordEntry, st: os.stat_result | None, cached: str | None) -> bool:
     """Whether a row's file (walked, so inside the roots) is a regular file whose stat identity
     (warden.safeio.stat_identity: cache.py says why ctime) is the one it had when it was last
@@ -148,6 +154,8 @@ def _clean_paths(
     for entry in dist.record or ():
         path = _joined(dist.site_packages, entry.path)
         st = walked.get(path)
+        if st is None and not entry.digest and _benign_absent(dist, path, options):
+            continue  # a purged pyc: if it comes back, bytecode.py checks it against its source
         if st is None:
             return None  # missing, or outside the roots (lstat-ed each audit by _row)
         if _cached_ok(entry, st, cache.entry(path)):
@@ -247,6 +255,8 @@ def _row(
 ) -> tuple[HashJob | None, Finding | None]:
     inside = _inside(path, roots)
     st = walked.get(path) if inside else lstat_or_none(path)
+    if st is None and not entry.digest and _benign_absent(dist, path, options):
+        return None, None  # a __pycache__ pyc purged (py3clean, image slimming): Python writes it again
     if st is None:
         if inside:
             message = f"{path}: listed in {dist.name} {dist.version} RECORD but missing"

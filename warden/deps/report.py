@@ -72,6 +72,15 @@ def to_text(report: AuditReport, max_per_kind: int = 20) -> str:
             f"{integ['pyc_checked']} .pyc compiled, {integ['pyc_cached'] + integ.get('pyc_verdict_cached', 0)} cached"
             + (" (full pass)" if integ.get("full_pass") else "")
         )
+    closure = report.stats.get("closure")
+    if closure:
+        roots = closure.get("roots") or []
+        head.append(
+            f"  sys.path {len(closure.get('sys_path') or [])} entries (read, not run); "
+            f"{len(roots)} more directories walked: {', '.join(roots[:5]) or 'none'}"
+        )
+    for built in report.stats.get("built_locally") or ():
+        head.append(f"  built    {built['name']} {built['version']} locally, from {built['built_from']}")
     lines = head
     for check in CHECKS:
         found = [f for f in report.findings if f.check == check]

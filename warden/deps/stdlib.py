@@ -20,6 +20,16 @@ interpreter's site directories, and each ``.zip`` on ``sys.path`` (its digest, o
 A ``sitecustomize``/``usercustomize`` member of such a zip is a ``startup_hook`` without any
 baseline, as the same file in a directory is (interpreter.py).
 
+Bytecode: when the auditor can compile the target's bytecode (same magic), a ``__pycache__/*.pyc``
+whose source was walked is not part of the document (Python writes and removes those on its own: a
+stdlib shipped without them gets one on each first import); each the target would load is checked
+against a compile of its source instead, as in site-packages (bytecode.py), so an absent or
+regenerated pyc is never a finding and a planted one is ``pyc_mismatch``. Otherwise (the document
+says ``"pyc": "hashed"``) they are hashed and compared like any other file.
+
+A file over the per-file cap (walk.Budget) is never read: ``oversized`` (its digest in the document
+is ``oversized:<size>``); a budget spent makes the audit incomplete.
+
 Incremental like the rest of integrity: a file whose stat identity is unchanged keeps its cached
 digest (cache.py); a full pass re-hashes everything. A digest is cached (and the whole set
 remembered, ``stdlib_state``) only when it was read from the walked file itself and that file had
@@ -38,11 +48,22 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from warden.deps.bytecode import derived_pyc_sources
 from warden.deps.cache import IntegrityCache
 from warden.deps.environment import Target
+from warden.deps.integrity_common import oversized_finding
 from warden.deps.interpreter import is_hook_name
 from warden.deps.model import Finding
-from warden.deps.walk import kind_of, map_in_threads, safe_digest, settled, stat_fingerprint, walk_tree
+from warden.deps.walk import (
+    Budget,
+    Oversized,
+    kind_of,
+    map_in_threads,
+    safe_digest,
+    settled,
+    stat_fingerprint,
+    walk_tree,
+)
 from warden.errors import quote_untrusted
 from warden.safeio import open_regular, stat_identity
 
@@ -62,6 +83,9 @@ class StdlibResult:
     findings: list[Finding] = field(default_factory=list)
     hashed: int = 0
     cached: int = 0
+    pyc: str = "hashed"  # or "verified": derived pycs left to bytecode.py (the module doc)
+    walked: dict[str, os.stat_result] = field(default_factory=dict)  # every entry walked, pycs too
+    pyc_sources: dict[str, str] = field(default_factory=dict)  # derived pyc -> source, for bytecode.py
 
 
 def stdlib_roots(target: Target) -> tuple[str, ...]:
@@ -83,7 +107,12 @@ def pruned_dirs(roots: Sequence[str], target: Target) -> tuple[str, ...]:
 
 def stdlib_document(target: Target, result: StdlibResult) -> dict[str, Any]:
     """What the approved baseline keeps of the base interpreter (pure)."""
-    return {"roots": list(result.roots), "python": python_identity(target), "files": dict(result.files)}
+    return {
+        "roots": list(result.roots),
+        "python": python_identity(target),
+        "files": dict(result.files),
+        "pyc": result.pyc,
+    }
 
 
 def python_identity(target: Target) -> str:
@@ -107,6 +136,8 @@ def compare_stdlib(approved: Mapping[str, Any], now: Mapping[str, Any]) -> list[
         return [_f("stdlib_changed", subject, message, approved=approved.get("roots"), now=roots_now)]
     before: Mapping[str, str] = approved.get("files") or {}
     after: Mapping[str, str] = now.get("files") or {}
+    if now.get("pyc") == "verified":  # bytecode.py checks them against their source; not compared here
+        before = {p: d for p, d in before.items() if not is_derived_pyc_name(p)}
     out = []
     for path in sorted(set(before) | set(after)):
         old, new = before.get(path, ABSENT), after.get(path, ABSENT)
@@ -121,6 +152,12 @@ def compare_stdlib(approved: Mapping[str, Any], now: Mapping[str, Any]) -> list[
         message = f"{path}: {why} (imported by every Python of this environment)"
         out.append(_f(kind, path, message, approved=old, now=new))
     return out
+
+
+def is_derived_pyc_name(path: str) -> bool:
+    """Whether ``path`` is named as a ``__pycache__`` pyc (pure)."""
+    parent, _, name = path.rpartition(os.sep)
+    return name.endswith(".pyc") and parent.rpartition(os.sep)[2] == "__pycache__"
 
 
 def _startup_entries(site_dir: str) -> tuple[dict[str, os.stat_result], list[str]]:
@@ -196,9 +233,12 @@ def collect_stdlib(
     startup_allow: Sequence[str],
     unreadable: list[str],
     visited: set[str] | None = None,
+    budget: Budget | None = None,
+    verify_pycs: bool = False,
 ) -> StdlibResult:
     """Digests of the base interpreter's files (see the module doc) and zip start-up hooks.
-    Unreadable paths go to ``unreadable`` (the audit is then incomplete). Updates ``cache``."""
+    Unreadable paths go to ``unreadable`` (the audit is then incomplete). Updates ``cache``.
+    ``verify_pycs``: derived pycs are left to bytecode.py (``result.pyc_sources``)."""
     roots = stdlib_roots(target)
     result = StdlibResult(roots=roots)
     if not roots:
@@ -206,7 +246,7 @@ def collect_stdlib(
     walked: dict[str, os.stat_result] = {}
     prune = pruned_dirs(roots, target)
     for root in roots:  # the cache's listings are reset by the caller's walk on a full pass
-        found = walk_tree(root, prune=prune, listings=cache.listings)
+        found = walk_tree(root, prune=prune, listings=cache.listings, budget=budget)
         walked.update(found.files)
         unreadable.extend(found.unreadable)
         cache.walked(found.relisted)
@@ -230,7 +270,13 @@ def collect_stdlib(
                 continue
             if path in walked and stat.S_ISREG(walked[path].st_mode):
                 result.findings.extend(_zip_findings(path, startup_allow, unreadable))
-    _digests(walked, cache, full_pass, workers, result, unreadable)
+    result.walked = walked
+    hashed = walked
+    if verify_pycs:
+        result.pyc = "verified"
+        result.pyc_sources = derived_pyc_sources(walked)
+        hashed = {p: st for p, st in walked.items() if p not in result.pyc_sources}
+    _digests(hashed, cache, full_pass, workers, result, unreadable, budget)
     return result
 
 
@@ -241,6 +287,7 @@ def _digests(
     workers: int,
     result: StdlibResult,
     unreadable: list[str],
+    budget: Budget | None = None,
 ) -> None:
     paths = list(walked)
     joined = "\0".join(paths)
@@ -266,13 +313,20 @@ def _digests(
 
     def one(path: str) -> tuple[str, str | None, str | None]:
         try:  # the walked file only: anything else raises walk.Changed
-            return path, safe_digest(path, "sha256", walked[path]), None
+            return path, safe_digest(path, "sha256", walked[path], budget), None
+        except Oversized as exc:
+            return path, f"oversized:{exc.size}", None
         except OSError as exc:
             return path, None, exc.strerror or str(exc)
 
     now = time.time_ns()  # before any read: walk.settled
     racy = False
     for path, digest, error in map_in_threads(one, todo, workers, "deps-stdlib"):
+        if digest is not None and digest.startswith("oversized:") and budget is not None:
+            result.files[path] = digest
+            result.findings.append(oversized_finding(path, int(digest.partition(":")[2]), budget.max_file_bytes))
+            racy = True  # never cached: read (or refused) again next time
+            continue
         if digest is None:
             unreadable.append(f"{path}: {error}")
             continue

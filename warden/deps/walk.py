@@ -15,6 +15,11 @@
   (the file was renamed over, replaced or written between the walk and the read: caching what was
   read under the walk's key would let the walked file pass every later incremental audit).
 - :func:`read_small` reads at most ``limit`` bytes of a regular file the same way.
+- :class:`Budget`: what one audit may read. A file larger than ``max_file_bytes`` (its size as
+  stat-ed: a sparse file of a few TiB too) is never opened (:class:`Oversized`: a finding); a file
+  whose read takes longer than ``max_file_seconds``, and every read once the audit has read
+  ``max_bytes`` or run ``max_seconds``, stops (:class:`OutOfBudget`: the audit is incomplete, exit 3,
+  with what it found before). Reads check it between chunks, walks between directories.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import hashlib
 import operator
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,7 +63,9 @@ DIGEST_RACY_NS = RACY_NS  # a digest is cached only if its file last changed thi
 CHANGED = "changed during the audit (not the file the walk stat-ed); run the audit again"
 
 
-def walk_tree(root: str, prune: Iterable[str] = (), listings: Listings | None = None) -> WalkResult:
+def walk_tree(
+    root: str, prune: Iterable[str] = (), listings: Listings | None = None, budget: Budget | None = None
+) -> WalkResult:
     """Every entry below ``root`` (links and special files included, never followed).
 
     Directories in ``prune`` (absolute paths) are not descended (they are walked as roots
@@ -69,12 +77,17 @@ def walk_tree(root: str, prune: Iterable[str] = (), listings: Listings | None = 
     removing or renaming an entry sets both times; ``utime`` can put mtime back, not ctime), so
     its names are taken from there and only ``lstat``-ed, without listing it; every file is still
     stat-ed. A listing is stored only when the directory's ctime is RACY_NS older than the walk
-    (timestamps are coarse: a change in the same tick as the one read would keep them)."""
+    (timestamps are coarse: a change in the same tick as the one read would keep them).
+
+    With ``budget``: once it is spent, the directories not yet walked are ``unreadable`` (one line)."""
     out = WalkResult()
     skip = set(prune)
     stack = [root]
     horizon = time.time_ns() - RACY_NS
     while stack:
+        if budget is not None and (why := budget.exhausted()):
+            out.unreadable.append(f"{root}: {len(stack)} directories not walked: {why}")
+            break
         current = stack.pop()
         if listings is not None and _from_listing(current, current == root, listings, stack, skip, out):
             continue
@@ -203,6 +216,68 @@ def read_small(path: str, limit: int = READ_LIMIT) -> bytes:
     return read_fd(open_regular_fd(path), limit)
 
 
+class Oversized(OSError):
+    """A file larger than the per-file cap: never read (the caller reports ``oversized``)."""
+
+    def __init__(self, path: str, size: int, cap: int) -> None:
+        super().__init__(errno.EFBIG, f"{size} bytes, over the per-file cap of {cap}", path)
+        self.size = size
+
+
+class OutOfBudget(OSError):
+    """The audit's (or this file's) byte or time budget ran out: not read to the end."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(errno.ETIME, f"not read: {why}", path)
+
+
+class Budget:
+    """Byte and time budgets of one audit, shared by its threads (see the module doc)."""
+
+    def __init__(
+        self,
+        max_file_bytes: int = 8 * 1024**3,
+        max_file_seconds: float = 600.0,
+        max_bytes: int = 1024**4,
+        max_seconds: float = 3600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_file_bytes, self.max_file_seconds = max_file_bytes, max_file_seconds
+        self.max_bytes, self.max_seconds = max_bytes, max_seconds
+        self.clock = clock
+        self.deadline = clock() + max_seconds
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def exhausted(self) -> str | None:
+        """Why the audit may read nothing more, or None."""
+        if self.used > self.max_bytes:
+            return f"the audit's byte budget ({self.max_bytes}) is spent"
+        if self.clock() > self.deadline:
+            return f"the audit's time budget ({self.max_seconds:.0f}s) is spent"
+        return None
+
+    def admit(self, path: str, size: int) -> float:
+        """Before reading ``path`` of ``size`` bytes: raises Oversized / OutOfBudget; returns the
+        file's own deadline."""
+        if size > self.max_file_bytes:
+            raise Oversized(path, size, self.max_file_bytes)
+        why = self.exhausted()
+        if why:
+            raise OutOfBudget(path, why)
+        return min(self.deadline, self.clock() + self.max_file_seconds)
+
+    def charge(self, path: str, count: int, file_deadline: float) -> None:
+        """After reading ``count`` more bytes of ``path``: raises OutOfBudget when a budget is spent."""
+        with self._lock:
+            self.used += count
+        if self.clock() > file_deadline:
+            raise OutOfBudget(path, f"reading it took longer than the per-file budget ({self.max_file_seconds:.0f}s)")
+        why = self.exhausted()
+        if why:
+            raise OutOfBudget(path, why)
+
+
 class Changed(OSError):
     """``path`` no longer names the entry the walk stat-ed: renamed over, replaced (a parent directory
     too) or written since. What was read is not the content of the walked stat identity."""
@@ -233,7 +308,9 @@ def _encode(algo: str, digest: bytes) -> str:
     return f"{algo}=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
-def _fd_digest(fd: int, algo: str, path: str = "", expect: os.stat_result | None = None) -> bytes:
+def _fd_digest(
+    fd: int, algo: str, path: str = "", expect: os.stat_result | None = None, budget: Budget | None = None
+) -> bytes:
     """The ``algo`` digest of everything readable from ``fd`` (closed here). The first read asks for
     the whole file (its size + 1) and later reads for 1 MiB: most files of an environment are a few
     KiB, and ``hashlib.file_digest`` allocates a 256 KiB buffer for each, which cost 3-4x the
@@ -243,11 +320,14 @@ def _fd_digest(fd: int, algo: str, path: str = "", expect: os.stat_result | None
     try:
         st = os.fstat(fd)
         _check(path, st, expect)
+        file_deadline = budget.admit(path, st.st_size) if budget is not None else 0.0
         want = min(st.st_size + 1, HASH_CHUNK)
         digest = hashlib.new(algo)
         while data := os.read(fd, want):
             digest.update(data)
             want = HASH_CHUNK
+            if budget is not None:
+                budget.charge(path, len(data), file_deadline)
         if expect is not None:
             _check(path, os.fstat(fd), expect)
         return digest.digest()
@@ -272,7 +352,7 @@ def _link_target(path: str, expect: os.stat_result | None) -> str:
         os.close(fd)
 
 
-def safe_digest(path: str, algo: str, expect: os.stat_result | None = None) -> str:
+def safe_digest(path: str, algo: str, expect: os.stat_result | None = None, budget: Budget | None = None) -> str:
     """``algo=urlsafe-b64-nopad`` as RECORD writes it: of the file's bytes, or for a symlink of
     its target string (a wheel never installs links, so a listed link never matches). With
     ``expect`` (the walk's lstat of ``path``): of that file only, else Changed (see the module
@@ -281,7 +361,9 @@ def safe_digest(path: str, algo: str, expect: os.stat_result | None = None) -> s
     if stat.S_ISLNK(st.st_mode):
         target = _link_target(path, expect)
         return _encode(algo, hashlib.new(algo, target.encode("utf-8", "surrogateescape")).digest())
-    return _encode(algo, _fd_digest(open_regular_fd(path), algo, path, expect))
+    if budget is not None:
+        budget.admit(path, st.st_size)  # before the open: an oversized file is never opened
+    return _encode(algo, _fd_digest(open_regular_fd(path), algo, path, expect, budget))
 
 
 def read_as(path: str, limit: int, expect: os.stat_result) -> bytes:
@@ -299,12 +381,15 @@ def read_as(path: str, limit: int, expect: os.stat_result) -> bytes:
     return data
 
 
-def sha256_hex(path: str) -> str:
-    """Hex sha256 of a regular file or of a symlink's target string (prefixed ``link:``). Raises OSError."""
+def sha256_hex(path: str, budget: Budget | None = None) -> str:
+    """Hex sha256 of a regular file or of a symlink's target string (prefixed ``link:``). Raises
+    OSError (Oversized / OutOfBudget with a ``budget``)."""
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         return "link:" + os.readlink(path)
-    return _fd_digest(open_regular_fd(path), "sha256").hex()
+    if budget is not None:
+        budget.admit(path, st.st_size)
+    return _fd_digest(open_regular_fd(path), "sha256", path, None, budget).hex()
 
 
 def batches_of(

@@ -254,6 +254,8 @@ EXPECTED_MATCHES = {
     ("six", "1.16.0+cu124"): [{"OSV-TEST-VERSIONS"}],
     ("six", "1.17.0"): [],
     ("idna", "3.6"): [{"OSV-TEST-LAST-AFFECTED"}],
+    ("idna", "3.6+local"): [{"OSV-TEST-LAST-AFFECTED"}],
+    ("idna", "3.6+cu124.1"): [{"OSV-TEST-LAST-AFFECTED"}],
     ("idna", "3.6.post1"): [],
     ("idna", "3.7"): [],
 }

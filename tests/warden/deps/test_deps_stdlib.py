@@ -148,7 +148,8 @@ def test_a_baseline_without_the_stdlib_makes_the_audit_incomplete(base_env):
     path.write_text(json.dumps(doc))
     report = base_env.audit()
     assert report.incomplete == [
-        f"{path}: approved before the base interpreter's stdlib was covered; re-approve with --approve"
+        f"{path}: approved before the base interpreter's stdlib was covered; re-approve with --approve",
+        f"{path}: approved before the import closure (sys.path) was covered; re-approve with --approve",
     ]
     assert report.exit_code == 3
 

@@ -43,6 +43,9 @@ class LockedPackage:
     url: str | None = None
     sha256_complete: bool = False
     urls: tuple[str, ...] = ()  # every artifact or index URL the entry names (pylock)
+    # The sdist (its name, URL or path) when the entry pins an sdist and no wheel: what is installed
+    # was built locally from it (pylock; a requirements lock does not say which artifact a hash is of).
+    sdist_only: str | None = None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from packaging.markers import InvalidMarker, Marker, UndefinedComparison, UndefinedEnvironmentName
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from warden.deps.locks import Lock, LockedPackage
@@ -37,6 +38,7 @@ LOCK_KINDS = (
     "unsupported_include",
     "index_option",
     "insecure_url",
+    "sdist_only",
 )
 _SOURCE_RULE = {"url": "allow_url", "vcs": "allow_vcs", "editable": "allow_editable", "directory": "allow_local"}
 
@@ -190,6 +192,27 @@ def check_lock(lock: Lock, rules: HygieneRules, platforms: Sequence[Mapping[str,
             if key not in seen:
                 seen.add(key)
                 out.append(f)
+    return out
+
+
+def sdist_findings(packages: Sequence[LockedPackage], allow: Sequence[str]) -> list[Finding]:
+    """``sdist_only`` for each entry that pins only an sdist (pure): what is installed was built
+    locally from it, so no published artifact's hash vouches for the installed files (a rebuilt
+    wheel of the right version is approved as readily as the real build). Blocking unless its
+    name is on ``allow`` (``lock.allow_sdist_only``), then a warning that still says so."""
+    allowed = {canonicalize_name(a) for a in allow}
+    out = []
+    for pkg in packages:
+        if not pkg.sdist_only:
+            continue
+        ok = pkg.canonical in allowed
+        message = (
+            f"{pkg.name} {pkg.version or pkg.spec} ({pkg.where}): the lock pins only an sdist "
+            f"({quote_untrusted(pkg.sdist_only, 200)}); it is built locally, and no locked wheel vouches for "
+            f"the installed files{'' if ok else '; not on lock.allow_sdist_only'}"
+        )
+        details = {"built_from": pkg.sdist_only, "version": pkg.version, "allowed": ok}
+        out.append(Finding("lock", "sdist_only", pkg.canonical, message, not ok, details))
     return out
 
 

@@ -174,4 +174,16 @@ def _entry(raw: Mapping[str, Any], where: str) -> LockedPackage:
         url=url,
         sha256_complete=every_sha256,
         urls=tuple(urls),
+        sdist_only=_sdist_only(raw, name, version),
     )
+
+
+def _sdist_only(raw: Mapping[str, Any], name: str, version: str | None) -> str | None:
+    """What names the sdist of an entry that pins an sdist and no wheel (pure), else None."""
+    sdist = raw.get("sdist")
+    if not isinstance(sdist, dict) or raw.get("wheels"):
+        return None
+    for key in ("name", "url", "path"):
+        if isinstance(sdist.get(key), str) and sdist[key]:
+            return str(sdist[key])
+    return f"the sdist of {name} {version or ''}".strip()

@@ -11,7 +11,8 @@ repository and are skipped. Withdrawn records never match.
 
 A ``versions`` entry matches by PEP 440 equality, and a local build (``1.0+cu124``) also
 matches its public release ``1.0`` when the list names no local version: it is built from
-that release's code.
+that release's code. For the same reason a local build of a ``last_affected`` release
+(``3.6+local`` for ``last_affected: 3.6``) is affected, though it sorts after it.
 """
 
 from __future__ import annotations
@@ -152,9 +153,17 @@ def in_range(v: Version, events: Sequence[tuple[str, str]]) -> bool:
     for kind, version in sorted((e for e in events if e[0] != "limit"), key=_event_order):
         if kind == "introduced" and (version == "0" or v >= Version(version)):
             vulnerable = True
-        elif (kind == "fixed" and v >= Version(version)) or (kind == "last_affected" and v > Version(version)):
+        elif (kind == "fixed" and v >= Version(version)) or (kind == "last_affected" and _past(v, Version(version))):
             vulnerable = False
     return vulnerable
+
+
+def _past(v: Version, last: Version) -> bool:
+    """Whether ``v`` is after ``last_affected``: a local build of the last affected release
+    (``1.24.1+cu124`` for ``1.24.1``) is that release rebuilt, so affected too."""
+    if v.local and not last.local and Version(v.public) == last:
+        return False
+    return v > last
 
 
 def in_versions(v: Version, versions: Iterable[str]) -> bool:

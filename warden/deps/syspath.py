@@ -1,0 +1,513 @@
+"""The target interpreter's import path (``sys.path``), computed by reading files, never by running it.
+
+The auditor never executes anything the target controls: starting the target's interpreter runs
+its stdlib (``site``, ``encodings``, a planted ``sitecustomize``), and with the auditor's
+credentials that code could rewrite the baseline the audit compares against. Everything CPython's
+path computation (``getpath``) and ``site`` use is a file that can be read instead:
+
+- the venv: ``pyvenv.cfg`` beside the executable or one directory up (``home``, ``executable``,
+  ``include-system-site-packages``, ``version``);
+- the base prefix: the first directory up from the base executable holding the stdlib landmark
+  ``<platlibdir>/pythonX.Y/os.py`` (``lib-dynload`` for the exec prefix);
+- build data: ``_sysconfigdata_*.py`` of the stdlib, parsed as a literal (``ast.literal_eval``, so
+  nothing in it runs): ``SOABI`` (the bytecode cache tag), ``PLATLIBDIR``; the full version from
+  ``include/pythonX.Y/patchlevel.h`` or ``pyvenv.cfg``;
+- a ``._pth`` file beside the executable as invoked or beside its resolved binary: it replaces the
+  whole path (lines relative to its directory, which becomes the prefix) and turns ``site`` off
+  unless it has an ``import site`` line;
+- ``site``: the user site (``<home>/.local/lib/pythonX.Y/site-packages``, when the interpreter would
+  enable it: no venv, or a venv with system site-packages), then each site directory, each followed
+  by its ``.pth`` files in name order: a path line adds an existing path, an ``import`` line runs
+  (an editable install's finder: its ``MAPPING``/``NAMESPACES`` literals name the directories it
+  imports from);
+- environment files the deployment names (``KEY=VALUE`` lines): ``PYTHONPATH`` entries come first,
+  ``PYTHONHOME`` replaces the prefix search.
+
+What this cannot know is reported in ``notes`` (the audit says discovery was partial): an ``import``
+line of a ``.pth`` other than a recognised finder (its effect is code; the line itself is a finding
+unless its file is allowed), a Debian-patched ``site`` (``dist-packages``, recognised by the text of
+``site.py``), the script directory or ``''`` an invocation puts first.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from warden.deps.errors import TargetError
+from warden.deps.walk import read_small
+
+CONFIG_LIMIT = 1024 * 1024
+BUILD_DATA_LIMIT = 8 * 1024 * 1024
+_PY_NAME = re.compile(r"python([0-9]+)\.([0-9]+)t?\Z")
+_FINDER_LINE = re.compile(r"import (__editable___[A-Za-z0-9_]+_finder); \1\.install\(\)\s*\Z")
+_PATCHLEVEL = re.compile(rb'#define\s+PY_VERSION\s+"([0-9]+\.[0-9]+\.[0-9]+[a-z0-9]*)"')
+
+
+@dataclass(frozen=True)
+class PathEntry:
+    """One entry of the computed ``sys.path``: as the interpreter writes it, and why it is there."""
+
+    path: str
+    origin: str
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What the target interpreter would import from, computed by reading files (see the module doc)."""
+
+    requested: str
+    venv: str | None
+    base_executable: str
+    version: tuple[int, int]
+    full_version: str
+    prefix: str
+    exec_prefix: str
+    platlibdir: str
+    stdlib: str | None
+    platstdlib: str | None
+    cache_tag: str | None
+    sys_path: tuple[PathEntry, ...]
+    site_dirs: tuple[str, ...]  # existing site directories, in the order site adds them
+    base_site: tuple[str, ...]  # the base interpreter's site directories that exist
+    user_site: str | None  # enabled and existing
+    pth_config: tuple[str, ...]  # ._pth files beside the interpreter (the one in effect first)
+    exec_lines: tuple[tuple[str, str], ...]  # (.pth file, import line)
+    editable: tuple[tuple[str, str, str], ...]  # (module name, path it maps to, finder file)
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+def parse_pyvenv_cfg(data: bytes) -> dict[str, str]:
+    """``key = value`` lines of a pyvenv.cfg, keys lower-cased (pure)."""
+    out: dict[str, str] = {}
+    for line in data.decode("utf-8", "replace").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            out[key.strip().lower()] = value.strip()
+    return out
+
+
+def parse_env_file(data: bytes) -> dict[str, str]:
+    """``KEY=VALUE`` lines (``export`` and quotes allowed, ``#`` comments) of an environment file (pure)."""
+    out: dict[str, str] = {}
+    for raw in data.decode("utf-8", "replace").splitlines():
+        line = raw.strip()
+        if line.startswith("export "):
+            line = line[7:].strip()
+        key, sep, value = line.partition("=")
+        if not sep or line.startswith("#") or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key.strip()):
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        out[key.strip()] = value
+    return out
+
+
+def pth_lines(data: bytes) -> tuple[list[str], list[str]]:
+    """(path lines, import lines) of a ``.pth`` file as ``site.addpackage`` reads it (pure)."""
+    paths: list[str] = []
+    imports: list[str] = []
+    for line in data.decode("utf-8", "surrogateescape").splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        if line.startswith(("import ", "import\t")):
+            imports.append(line)
+        else:
+            paths.append(line.rstrip())
+    return paths, imports
+
+
+def finder_targets(source: bytes) -> dict[str, list[str]] | None:
+    """Module name -> paths of an editable finder module (setuptools' ``MAPPING`` and
+    ``NAMESPACES`` literals), parsed, never run (pure). None if it has neither as a literal."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    out: dict[str, list[str]] = {}
+    found = False
+    for node in tree.body:
+        target, value = None, None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        if not isinstance(target, ast.Name) or target.id not in ("MAPPING", "NAMESPACES") or value is None:
+            continue
+        try:
+            literal = ast.literal_eval(value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            return None
+        if not isinstance(literal, dict):
+            return None
+        found = True
+        for name, paths in literal.items():
+            for p in [paths] if isinstance(paths, str) else list(paths or ()):
+                if isinstance(name, str) and isinstance(p, str):
+                    out.setdefault(name, []).append(p)
+    return out if found else None
+
+
+def build_vars(source: bytes) -> dict[str, object]:
+    """``build_time_vars`` of a ``_sysconfigdata_*.py``, parsed as a literal (pure; {} if not one)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return {}
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and node.targets[0].id == "build_time_vars"
+        ):
+            try:
+                value = ast.literal_eval(node.value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                return {}
+            return value if isinstance(value, dict) else {}
+    return {}
+
+
+def read_config(path: str, limit: int = CONFIG_LIMIT) -> bytes:
+    """A configuration file the interpreter would read (it follows links, so this does: the link is
+    resolved first, the file itself opened without following, non-blocking and capped). Raises OSError."""
+    return read_small(os.path.realpath(path), limit)
+
+
+def _read_or_none(path: str, limit: int = CONFIG_LIMIT) -> bytes | None:
+    try:
+        return read_config(path, limit)
+    except OSError:
+        return None
+
+
+def venv_dir(executable: str) -> str | None:
+    """The directory whose ``pyvenv.cfg`` the interpreter at ``executable`` (as invoked) reads."""
+    bin_dir = os.path.dirname(executable)
+    for candidate in (bin_dir, os.path.dirname(bin_dir)):
+        if os.path.isfile(os.path.join(candidate, "pyvenv.cfg")):
+            return candidate
+    return None
+
+
+def _search_up(start: str, landmarks: Sequence[str]) -> str | None:
+    current = start
+    while True:
+        if any(
+            os.path.isfile(os.path.join(current, lm)) or os.path.isdir(os.path.join(current, lm)) for lm in landmarks
+        ):
+            return current
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+
+
+def _version_of(base: str, cfg: Mapping[str, str], start: str) -> tuple[int, int] | None:
+    for name in (os.path.basename(base), os.path.basename(os.path.realpath(base))):
+        if m := _PY_NAME.match(name):
+            return int(m.group(1)), int(m.group(2))
+    for key in ("version_info", "version"):
+        if m := re.match(r"([0-9]+)\.([0-9]+)", cfg.get(key, "")):
+            return int(m.group(1)), int(m.group(2))
+    current = start  # the only pythonX.Y stdlib found going up from the binary
+    while True:
+        for libdir in ("lib", "lib64"):
+            try:
+                names = os.listdir(os.path.join(current, libdir))
+            except OSError:
+                continue
+            found = [
+                n for n in names if _PY_NAME.match(n) and os.path.isfile(os.path.join(current, libdir, n, "os.py"))
+            ]
+            if len(found) == 1 and (m := _PY_NAME.match(found[0])):
+                return int(m.group(1)), int(m.group(2))
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+
+
+def _build_data(stdlib: str, notes: list[str]) -> dict[str, object]:
+    try:
+        names = sorted(n for n in os.listdir(stdlib) if n.startswith("_sysconfigdata_") and n.endswith(".py"))
+    except OSError:
+        names = []
+    if not names:
+        notes.append(f"{stdlib}: no _sysconfigdata_*.py: the bytecode tag and platlibdir are assumed")
+        return {}
+    if len(names) > 1:
+        notes.append(f"{stdlib}: several build data files {names}; {names[0]} read")
+    data = _read_or_none(os.path.join(stdlib, names[0]), BUILD_DATA_LIMIT)
+    return build_vars(data) if data is not None else {}
+
+
+def _full_version(prefix: str, short: str, cfg: Mapping[str, str], notes: list[str]) -> str:
+    header = _read_or_none(os.path.join(prefix, "include", f"python{short}", "patchlevel.h"), 256 * 1024)
+    if header and (m := _PATCHLEVEL.search(header)):
+        return m.group(1).decode()
+    for key in ("version_info", "version"):
+        if re.fullmatch(rf"{re.escape(short)}\.[0-9]+", cfg.get(key, "")):
+            return cfg[key]
+    notes.append(f"the patch level of Python {short} is not known from any file: {short}.0 assumed")
+    return f"{short}.0"
+
+
+def _pth_file(candidates: Iterable[str]) -> list[str]:
+    out: list[str] = []
+    for exe in candidates:
+        path = exe + "._pth"
+        if path not in out and os.path.isfile(path):
+            out.append(path)
+    return out
+
+
+def _site_dirs(prefixes: Sequence[str], version: tuple[int, int], platlibdir: str, debian: bool) -> list[str]:
+    short = f"{version[0]}.{version[1]}"
+    out: list[str] = []
+    for prefix in prefixes:
+        if debian and not os.path.isfile(os.path.join(prefix, "pyvenv.cfg")):
+            candidates = [
+                os.path.join(prefix, "local", "lib", f"python{short}", "dist-packages"),
+                os.path.join(prefix, "lib", f"python{version[0]}", "dist-packages"),
+                os.path.join(prefix, "lib", f"python{short}", "dist-packages"),
+            ]
+        else:
+            libdirs = [platlibdir] + (["lib"] if platlibdir != "lib" else [])
+            candidates = [os.path.join(prefix, d, f"python{short}", "site-packages") for d in libdirs]
+        out.extend(c for c in candidates if c not in out)
+    return out
+
+
+class _Path:
+    """``sys.path`` as ``site`` builds it: no duplicates (by absolute, normalised path)."""
+
+    def __init__(self) -> None:
+        self.entries: list[PathEntry] = []
+        self.known: set[str] = set()
+
+    def add(self, path: str, origin: str) -> bool:
+        key = os.path.normcase(os.path.abspath(path))
+        if key in self.known:
+            return False
+        self.known.add(key)
+        self.entries.append(PathEntry(os.path.abspath(path), origin))
+        return True
+
+
+def _add_site_dir(
+    site_dir: str,
+    path: _Path,
+    exec_lines: list[tuple[str, str]],
+    editable: list[tuple[str, str, str]],
+    notes: list[str],
+) -> None:
+    """``site.addsitedir``: the directory, then the path lines of its ``.pth`` files in name order."""
+    path.add(site_dir, "site")
+    try:
+        names = sorted(n for n in os.listdir(site_dir) if n.endswith(".pth") and not n.startswith("."))
+    except OSError as exc:
+        notes.append(f"{site_dir}: cannot list its .pth files ({exc.strerror or exc})")
+        return
+    for name in names:
+        pth = os.path.join(site_dir, name)
+        data = _read_or_none(pth)
+        if data is None:
+            notes.append(f"{pth}: not readable: the paths it adds are not known")
+            continue
+        lines, imports = pth_lines(data)
+        for line in lines:
+            target = os.path.join(site_dir, line)
+            if os.path.exists(target):
+                path.add(target, f"pth:{pth}")
+        for line in imports:
+            exec_lines.append((pth, line))
+            _import_line(site_dir, pth, line, editable, notes)
+
+
+def _import_line(site_dir: str, pth: str, line: str, editable: list[tuple[str, str, str]], notes: list[str]) -> None:
+    m = _FINDER_LINE.match(line.strip())
+    if not m:
+        return  # code: the .pth is allowed by its digest or is a finding (pth.py); exec_lines keeps it
+    finder = os.path.join(site_dir, m.group(1) + ".py")
+    data = _read_or_none(finder)
+    targets = finder_targets(data) if data is not None else None
+    if targets is None:
+        notes.append(f"{finder}: editable finder without MAPPING/NAMESPACES literals: its targets are not known")
+        return
+    for name, paths in sorted(targets.items()):
+        for p in paths:
+            editable.append((name, os.path.abspath(p), finder))
+
+
+def site_dir_closure(
+    site_dir: str,
+) -> tuple[tuple[PathEntry, ...], tuple[tuple[str, str], ...], tuple[tuple[str, str, str], ...], tuple[str, ...]]:
+    """(path entries, import lines, editable targets, notes) one site directory adds by itself."""
+    path = _Path()
+    exec_lines: list[tuple[str, str]] = []
+    editable: list[tuple[str, str, str]] = []
+    notes: list[str] = []
+    _add_site_dir(site_dir, path, exec_lines, editable, notes)
+    return tuple(path.entries), tuple(exec_lines), tuple(editable), tuple(notes)
+
+
+def compute_layout(
+    python: str, user_homes: Sequence[str] = (), env_files: Sequence[str] = (), environ: Mapping[str, str] | None = None
+) -> Layout:
+    """The import path of the interpreter at ``python`` (see the module doc). Raises TargetError."""
+    requested = os.path.abspath(python)
+    if not os.path.lexists(requested):
+        raise TargetError(f"--python {python}: no such interpreter")
+    if not os.path.exists(requested):
+        raise TargetError(f"--python {python}: a link to nothing")
+    notes: list[str] = []
+    env = dict(environ or {})
+    for path in env_files:
+        data = _read_or_none(path)
+        if data is None:
+            notes.append(f"{path}: environment file not readable")
+            continue
+        env.update(parse_env_file(data))
+    venv = venv_dir(requested)
+    cfg: dict[str, str] = {}
+    if venv:
+        data = _read_or_none(os.path.join(venv, "pyvenv.cfg"))
+        if data is None:
+            raise TargetError(f"{venv}/pyvenv.cfg: not readable")
+        cfg = parse_pyvenv_cfg(data)
+    real = os.path.realpath(requested)
+    start = (
+        os.path.dirname(cfg["home"].rstrip(os.sep))
+        if venv and cfg.get("home")
+        else os.path.dirname(os.path.dirname(real))
+    )
+    version = _version_of(real, cfg, start)
+    if version is None:
+        raise TargetError(f"--python {python}: its Python version cannot be told from its files (not run)")
+    short = f"{version[0]}.{version[1]}"
+    base = real
+    if venv and cfg.get("executable") and os.path.isfile(cfg["executable"]):
+        base = os.path.realpath(cfg["executable"])
+    elif venv and cfg.get("home"):
+        home_bin = cfg["home"]
+        for name in [os.path.basename(requested), os.path.basename(real), f"python{short}", "python3", "python"]:
+            if os.path.isfile(os.path.join(home_bin, name)):
+                base = os.path.realpath(os.path.join(home_bin, name))
+                break
+    pth_config = _pth_file([requested, real, base])
+    home = env.get("PYTHONHOME")
+    platlibdir = "lib"
+    if pth_config:
+        prefix = exec_prefix = os.path.dirname(pth_config[0])
+    elif home:
+        prefix, _, exec_prefix = home.partition(os.pathsep)
+        exec_prefix = exec_prefix or prefix
+    else:
+        bin_dir = cfg["home"] if venv and cfg.get("home") else os.path.dirname(base)
+        found = None
+        for libdir in ("lib", "lib64"):
+            found = _search_up(bin_dir, [f"{libdir}/python{short}/os.py", f"{libdir}/python{short}/os.pyc"])
+            if found:
+                platlibdir = libdir
+                break
+        if found is None:
+            raise TargetError(f"--python {python}: no stdlib of Python {short} above {bin_dir}")
+        prefix = found
+        exec_prefix = _search_up(bin_dir, [f"{platlibdir}/python{short}/lib-dynload"]) or prefix
+    stdlib = os.path.join(prefix, platlibdir, f"python{short}")
+    platstdlib = os.path.join(exec_prefix, platlibdir, f"python{short}")  # sysconfig's platstdlib
+    dynload = os.path.join(platstdlib, "lib-dynload")
+    bvars = _build_data(stdlib, notes) if os.path.isdir(stdlib) else {}
+    platlibdir = str(bvars.get("PLATLIBDIR") or platlibdir)
+    soabi = str(bvars.get("SOABI") or "")
+    cache_tag = "-".join(soabi.split("-")[:2]) if soabi.startswith("cpython-") else f"cpython-{version[0]}{version[1]}"
+    full = _full_version(prefix, short, cfg, notes)
+    path = _Path()
+    exec_lines: list[tuple[str, str]] = []
+    editable: list[tuple[str, str, str]] = []
+    site_enabled = True
+    user_enabled = True
+    if pth_config:
+        data = _read_or_none(pth_config[0])
+        lines, imports = pth_lines(data or b"")
+        site_enabled = any(i.strip() == "import site" for i in imports)
+        user_enabled = False  # a ._pth implies isolated mode
+        pth_dir = os.path.dirname(pth_config[0])
+        for line in lines:
+            path.add(os.path.join(pth_dir, line), f"_pth:{pth_config[0]}")
+    else:
+        for entry in [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]:
+            path.add(entry, "env:PYTHONPATH")
+        path.add(os.path.join(prefix, platlibdir, f"python{version[0]}{version[1]}.zip"), "stdlib-zip")
+        path.add(stdlib, "stdlib")
+        path.add(dynload, "lib-dynload")
+    base_sites = _site_dirs([prefix, exec_prefix], version, platlibdir, _debian_site(stdlib))
+    prefixes = [prefix, exec_prefix]
+    if venv:
+        system = cfg.get("include-system-site-packages", "false").lower() == "true"
+        prefixes = [venv, *(prefixes if system else [])]
+        user_enabled = user_enabled and system
+    user_site = None
+    site_dirs: list[str] = []
+    if site_enabled:
+        if user_enabled and env.get("PYTHONNOUSERSITE") is None:
+            user_site = _user_site(user_homes, env, version)
+            if user_site:
+                _add_site_dir(user_site, path, exec_lines, editable, notes)
+                site_dirs.append(user_site)
+        for site_dir in _site_dirs(prefixes, version, platlibdir, _debian_site(stdlib)):
+            if os.path.isdir(site_dir) and site_dir not in site_dirs:
+                _add_site_dir(site_dir, path, exec_lines, editable, notes)
+                site_dirs.append(site_dir)
+    return Layout(
+        requested=requested,
+        venv=venv,
+        base_executable=base,
+        version=version,
+        full_version=full,
+        prefix=prefix,
+        exec_prefix=exec_prefix,
+        platlibdir=platlibdir,
+        stdlib=stdlib if os.path.isdir(stdlib) else None,
+        platstdlib=platstdlib if os.path.isdir(platstdlib) else None,
+        cache_tag=cache_tag,
+        sys_path=tuple(path.entries),
+        site_dirs=tuple(site_dirs),
+        base_site=tuple(d for d in base_sites if os.path.isdir(d)),
+        user_site=user_site,
+        pth_config=tuple(dict.fromkeys([*pth_config, *_pth_file(_sibling_pythons(requested, venv))])),
+        exec_lines=tuple(exec_lines),
+        editable=tuple(editable),
+        notes=tuple(notes),
+    )
+
+
+def _sibling_pythons(requested: str, venv: str | None) -> list[str]:
+    """Every ``python*`` beside the requested one (another name may be the one invoked)."""
+    bin_dir = os.path.dirname(requested)
+    try:
+        names = sorted(os.listdir(bin_dir)) if venv else []
+    except OSError:
+        return []
+    return [os.path.join(bin_dir, n) for n in names if re.fullmatch(r"python([0-9]+(\.[0-9]+)?t?)?", n)]
+
+
+def _debian_site(stdlib: str) -> bool:
+    data = _read_or_none(os.path.join(stdlib, "site.py"), 512 * 1024)
+    return bool(data and b"dist-packages" in data)
+
+
+def _user_site(user_homes: Sequence[str], env: Mapping[str, str], version: tuple[int, int]) -> str | None:
+    """The first existing user site directory of the homes the interpreter may run under."""
+    bases = [env["PYTHONUSERBASE"]] if env.get("PYTHONUSERBASE") else [os.path.join(h, ".local") for h in user_homes]
+    for base in bases:
+        candidate = os.path.join(base, "lib", f"python{version[0]}.{version[1]}", "site-packages")
+        if os.path.isdir(candidate):
+            return candidate
+    return None
