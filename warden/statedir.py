@@ -9,6 +9,7 @@ checkouts share one cache.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 
 def user_state_home(environ: dict[str, str] | None = None) -> str:
@@ -23,3 +24,21 @@ def default_state_dir(name: str, run_dir: str | None = None, environ: dict[str, 
     if run_dir:
         return os.path.abspath(os.path.join(run_dir, "state", name))
     return os.path.join(user_state_home(environ), "warden", name)
+
+
+def resolve_state_dir(
+    given: str | None,
+    name: str,
+    run_dir: str | None = None,
+    say: Callable[[str], None] | None = None,
+    environ: dict[str, str] | None = None,
+) -> str:
+    """``given`` (a ``--state-dir`` or a sidecar's configured directory) when set; else the default
+    above, told through ``say`` (a command's stderr) as ``state: PATH (--state-dir to choose)``, so
+    the user always sees where state goes. Every command with a state directory resolves it here."""
+    if given:
+        return given
+    chosen = default_state_dir(name, run_dir, environ)
+    if say is not None:
+        say(f"state: {chosen} (--state-dir to choose)")
+    return chosen

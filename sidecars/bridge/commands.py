@@ -14,6 +14,7 @@ from warden.cliutil import echo, echo_json, format_option, option, run_dir_optio
 from warden.errors import ConfigError
 from warden.httpserve import MetricsServer
 from warden.logs import configure_json_logging, log_fields
+from warden.statedir import resolve_state_dir
 
 
 @click.group()
@@ -90,6 +91,7 @@ def verl(
     configure_json_logging(log_level)
     if poll_interval <= 0:
         raise ConfigError(f"--poll-interval: must be > 0, got {poll_interval}")
+    state_dir = resolve_state_dir(state_dir, "bridge", run_dir, say=lambda line: echo(line, err=True))
     cfg = BridgeConfig(
         run_dir=run_dir,
         verl_log=verl_log,

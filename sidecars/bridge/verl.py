@@ -67,6 +67,7 @@ from warden.payloads import CheckpointSaved, RunResumed, RunStarted
 from warden.safeio import open_regular_fd
 from warden.signing.manifest import announce_tree
 from warden.stability import Stability, tree_state
+from warden.statedir import resolve_state_dir
 
 SOURCE = "verl"
 TRAINING_PREFIXES = ("actor/", "critic/", "training/", "timing_s/", "perf/")
@@ -147,7 +148,7 @@ class BridgeConfig:
 
     @property
     def resolved_state_dir(self) -> str:
-        return self.state_dir or os.path.join(self.run_dir, "state", "bridge")
+        return resolve_state_dir(self.state_dir, "bridge", self.run_dir)
 
     def default_run_id(self, suffix: str | None = None) -> str:
         """A new run id, unique: a readable name (:func:`derive_run_id`) plus a random suffix.

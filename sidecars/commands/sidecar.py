@@ -15,7 +15,7 @@ from warden.errors import ConfigError
 from warden.httpserve import MetricsServer
 from warden.logs import configure_json_logging, log_fields
 from warden.policy import load_policy, resolve_policy_path
-from warden.statedir import default_state_dir
+from warden.statedir import resolve_state_dir
 
 
 @click.group()
@@ -89,9 +89,7 @@ def run_sidecar(
     if cls.needs_run_dir and not run_dir:
         raise click.UsageError(f"sidecar {name!r} follows a journal: pass --run-dir DIR (or WARDEN_RUN_DIR)")
     policy_obj, policy_path = _resolve_policy(cls, policy, policy_dir)
-    if state_dir is None:
-        state_dir = default_state_dir(name, run_dir)
-        echo(f"state: {state_dir} (--state-dir to choose)", err=True)
+    state_dir = resolve_state_dir(state_dir, name, run_dir, say=lambda line: echo(line, err=True))
     os.makedirs(state_dir, exist_ok=True)
     ctx = SidecarContext(
         name=name,

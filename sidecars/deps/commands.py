@@ -24,7 +24,7 @@ from warden.deps.sbom import build_sbom
 from warden.logs import configure_json_logging, log_fields
 from warden.policy import load_policy
 from warden.safeio import atomic_write_bytes
-from warden.statedir import default_state_dir
+from warden.statedir import resolve_state_dir
 
 OSV_SERVE_PORT = 9469
 
@@ -137,9 +137,7 @@ def audit(
     reports its site-packages; nothing of it is imported), or --site-packages DIR.
     """
     loaded, policy_path = load_deps_policy(policy)
-    if state_dir is None:
-        state_dir = default_state_dir("deps")
-        echo(f"state: {state_dir} (--state-dir to choose)", err=True)
+    state_dir = resolve_state_dir(state_dir, "deps", say=lambda line: echo(line, err=True))
     target = pick_target(python, site_packages, loaded)
     settings = build_settings(
         loaded,

