@@ -70,16 +70,21 @@ def _text(rng: random.Random, low: int, high: int, tag: str) -> str:
     return f"{tag}{''.join(rng.choices(POOL, k=n))}{rng.choice(START)}"
 
 
-def _roles(rng: random.Random) -> list[str]:
+EXTREMES = ({"turns": 24, "first": 0.0}, {"turns": 1, "first": 0.9}, {"turns": 2, "first": 0.45, "parts": True})
+# the first shapes of every draw: the longest conversation (with a system prompt), a single
+# user message, a developer message with list-of-parts content; the rest are drawn
+
+
+def _roles(rng: random.Random, turns: int | None = None, first: float | None = None) -> list[str]:
     """A role sequence: an optional system or developer message, then user/assistant turns with
     tool exchanges (an assistant tool call, one or more tool responses, the answer)."""
     out: list[str] = []
-    first = rng.random()
+    first = rng.random() if first is None else first
     if first < 0.4:
         out.append("system")
     elif first < 0.5:
         out.append("developer")
-    turns = rng.choice((1, 1, 2, 3, 5, 8, 13, 24))
+    turns = turns or rng.choice((1, 1, 2, 3, 5, 8, 13, 24))
     for i in range(turns):
         out.append("user")
         if rng.random() < 0.2:
@@ -89,10 +94,13 @@ def _roles(rng: random.Random) -> list[str]:
     return out
 
 
-def _shape(rng: random.Random) -> dict[str, Any]:
+def _shape(rng: random.Random, forced: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything a render depends on except the texts: roles, content kinds, kwargs, the clock."""
-    roles = _roles(rng)
-    kinds = ["parts" if rng.random() < 0.25 else "str" for _ in roles]
+    forced = forced or {}
+    roles = _roles(rng, forced.get("turns"), forced.get("first"))
+    parts = forced.get("parts") or rng.random() < 0.3  # a third of the shapes give some messages as lists of parts (a
+    # template that refuses those still shows everything else in the other shapes)
+    kinds = ["parts" if parts and rng.random() < 0.5 else "str" for _ in roles]
     kwargs: dict[str, Any] = {"add_generation_prompt": roles[-1] != "assistant" and rng.random() < 0.85}
     if rng.random() < 0.5:
         kwargs["enable_thinking"] = rng.random() < 0.5
@@ -173,7 +181,7 @@ def generate(seed: str, count: int, context: dict[str, Any]) -> list[dict[str, A
     rng = random.Random(hashlib.sha256(seed.encode()).hexdigest())
     out: list[dict[str, Any]] = []
     for i in range(count):
-        shape = _shape(rng)
+        shape = _shape(rng, EXTREMES[i] if i < len(EXTREMES) else None)
         first, texts_a = _fill(shape, rng, False, i)
         second, texts_b = _fill(shape, rng, True, i)
         if rng.random() < 0.5:  # which filling is long varies too
@@ -300,3 +308,25 @@ def rendered_examples(renders: list[dict[str, Any]], answer: dict[str, Any], lim
         if len(out) >= limit:
             break
     return out
+
+
+LETTERS_RE = re.compile(r"[^\W\d_]+")
+
+
+def vocabulary(outputs: list[str]) -> frozenset[str]:
+    """The words (casefolded) of the fixed battery's renders: the markup and fixed text a
+    template shows for the shapes a person can read in the review report."""
+    return frozenset(w.casefold() for out in outputs for w in LETTERS_RE.findall(out))
+
+
+def novel_text(added: str, vocab: frozenset[str], limit: int) -> str | None:
+    """The words of ``added`` (a generated render without its texts, markup and role words: see
+    :func:`~.template_battery.residual_text`) that no battery render shows, when they hold at
+    least ``limit`` letters in distinct words (dates aside): text that appears only for a generated shape (a
+    role, a content kind, a keyword argument, a length, a time of day), else None."""
+    words = list(
+        dict.fromkeys(w for w in LETTERS_RE.findall(added) if w.casefold() not in vocab and not DATE_WORD_RE.match(w))
+    )
+    if sum(len(w) for w in words) >= limit:  # distinct words: a list of parts printed whole repeats "type", "text"
+        return " ".join(words)[:160]
+    return None

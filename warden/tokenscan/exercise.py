@@ -100,7 +100,12 @@ def loader_context(snap: Snapshot) -> dict[str, Any]:
 
 
 def _generated(
-    t: TemplateSource, snap: Snapshot, policy: TokenscanPolicy, limits: ct.RenderLimits, res: ScanResources
+    t: TemplateSource,
+    snap: Snapshot,
+    policy: TokenscanPolicy,
+    limits: ct.RenderLimits,
+    res: ScanResources,
+    battery: dict[str, Any],
 ) -> tuple[dict[str, Any], tuple[tb.BehaviourIssue, ...]] | None:
     """The generated conversations (:mod:`.conversations`) rendered and judged, or None when the
     sandbox gave no complete answer in time (the template is then *unanalysed*, never clean)."""
@@ -127,6 +132,7 @@ def _generated(
         issues += [tb.BehaviourIssue("private", f"the template looked up the private attribute {str(a)!r}")
                    for a in answer.get("private") or []]  # fmt: skip
         marks = (*tokens, *tb.template_markup(t.text))
+        vocab = conv.vocabulary([str(r.get("output", "")) for r in battery.get("renders") or []])
         for request, result in zip(renders, answer.get("renders") or [], strict=False):
             if result.get("status") != "ok" or not request["name"].endswith("a"):
                 continue
@@ -134,6 +140,10 @@ def _generated(
             name = f"generated {request['name']}"
             issues += tb.text_issues(name, added, [], tokens)
             issues += tb.lookalike_issues(f"the {name!r} render", added, marks)
+            novel = conv.novel_text(ct.residual_text(added, tokens), vocab, cp.max_literal_chars)
+            if novel:
+                detail = f"text appears only for the shape {request['shape']}: {novel!r}"
+                issues.append(tb.BehaviourIssue("varies", detail))
         issues += tb.lookalike_issues("the template text", t.text, marks)
         seen: set[tb.BehaviourIssue] = set()
         return tuple(i for i in issues if not (i in seen or seen.add(i)))  # type: ignore[func-returns-value]
@@ -176,7 +186,7 @@ def render(snap: Snapshot, policy: TokenscanPolicy, res: ScanResources) -> None:
         review = tb.default_system_prompt(renders, answer, tokens) if answer["status"] == "ok" else ""
         shown_generated: list[tuple[str, str]] = []
         if answer["status"] == "ok" and time.monotonic() <= snap.deadline:
-            generated = _generated(t, snap, policy, limits, res)
+            generated = _generated(t, snap, policy, limits, res, answer)
             if generated is None:
                 snap.unanalysed.append((t.rel, f"{_where(t)}: generated conversations not rendered in time"))
             else:

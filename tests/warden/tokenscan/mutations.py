@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import random
 import re
+import shutil
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 from tests.warden.tokenscan import families as fam
 
@@ -81,3 +84,66 @@ def mutants(sample: int | None = None, seed: int = 33) -> Iterator[tuple[str, st
     templates = base_templates()
     for family, construct in pairs:
         yield family, construct, mutate(templates[family], construct)
+
+
+def measure(
+    root: Path, sample: int | None = None, seed: int = 33
+) -> tuple[dict[str, list[bool]], list[tuple[str, str, list[str]]], float]:
+    """Scans every mutant (or a seeded ``sample``) built from the family directories under
+    ``root``: (construct -> caught per mutant, the mutants missed with their findings, seconds).
+    Caught: a chat-template finding (TS8xx) on a family that scans clean unmutated."""
+    from warden.tokenscan import scan_directory
+    from warden.tokenscan.policy import default_policy
+
+    policy = default_policy()
+    bases = {f: fam.build_family(f, root / "bases" / f) for f in base_templates()}
+    caught: dict[str, list[bool]] = {}
+    missed = []
+    start = time.perf_counter()
+    for n, (family, construct, template) in enumerate(mutants(sample, seed)):
+        d = root / f"m{n}"
+        shutil.copytree(bases[family], d)
+        if (d / "chat_template.jinja").exists():
+            (d / "chat_template.jinja").write_text(template, encoding="utf-8")
+        else:
+            fam._set_template(d, template)
+        found = [f.id for f in scan_directory(str(d), policy).findings]
+        hit = any(i.startswith("TS8") for i in found)
+        caught.setdefault(construct, []).append(hit)
+        if not hit:
+            missed.append((family, construct, found))
+        shutil.rmtree(d)
+    return caught, missed, time.perf_counter() - start
+
+
+def report(caught: dict[str, list[bool]], missed: list[tuple[str, str, list[str]]], seconds: float, label: str) -> str:
+    total = sum(len(v) for v in caught.values())
+    hits = sum(sum(v) for v in caught.values())
+    rows = [f"| {c} | {sum(v)}/{len(v)} | {100 * sum(v) / len(v):.0f}% |" for c, v in sorted(caught.items())]
+    return "\n".join(
+        [
+            f"Template mutations ({label}): {hits}/{total} caught ({100 * hits / max(1, total):.1f}%) in {seconds:.1f} s",
+            "",
+            "| construct | caught | rate |",
+            "|---|---|---|",
+            *rows,
+            "",
+            "missed: " + (", ".join(f"{f}/{c} {ids}" for f, c, ids in missed) or "none"),
+        ]
+    )
+
+
+if __name__ == "__main__":  # python -m tests.warden.tokenscan.mutations [--sample N] [--report PATH]
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sample", type=int, default=None)
+    parser.add_argument("--report")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        stats = measure(Path(tmp), args.sample)
+    text = report(*stats, "full" if args.sample is None else f"seeded sample of {args.sample}")
+    print(text)
+    if args.report:
+        Path(args.report).write_text(text + "\n", encoding="utf-8")
