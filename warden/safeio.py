@@ -183,7 +183,7 @@ def write_all(fd: int, payload: bytes | memoryview) -> None:
         view = view[written:]
 
 
-def atomic_write_at(dir_fd: int, name: str, payload: bytes, mode: int = 0o644) -> None:
+def atomic_write_at(dir_fd: int, name: str, payload: bytes, mode: int = 0o644, *, sync_first: bool = True) -> None:
     """Replaces entry ``name`` of the directory ``dir_fd`` with ``payload``; readers see the old or
     the new file, never half of one.
 
@@ -194,6 +194,11 @@ def atomic_write_at(dir_fd: int, name: str, payload: bytes, mode: int = 0o644) -
     checked afterwards to be the inode written here, and UnsafeFile is raised otherwise, so success
     is never reported for bytes this process did not write. On any error the temporary is removed.
     ``name`` must be a plain entry name.
+
+    ``sync_first`` False renames first and fsyncs after: the file is durable when this returns, as
+    always, but visible complete as soon as it is written. For a file whose writer replays its work
+    after a crash until the call has returned (the signer's ``.sig``): an fsync on a filesystem that is
+    writing back gigabytes of another file waits for that writeback's journal commit.
     """
     if not name or "/" in name or name in (".", ".."):
         raise ValueError(f"not a plain entry name: {name!r}")
@@ -202,8 +207,12 @@ def atomic_write_at(dir_fd: int, name: str, payload: bytes, mode: int = 0o644) -
     try:
         written = identity(os.fstat(fd))
         write_all(fd, payload)
-        os.fsync(fd)
+        if sync_first:
+            os.fsync(fd)
         os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        if not sync_first:
+            check_identity(dir_fd, name, written)
+            os.fsync(fd)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp, dir_fd=dir_fd)
@@ -224,7 +233,7 @@ def check_identity(dir_fd: int, name: str, expected: tuple[int, int]) -> None:
         raise UnsafeFile(name, "swapped", "was replaced by someone else right after it was written; not trusted")
 
 
-def atomic_write_bytes(path: str, payload: bytes, mode: int = 0o644) -> None:
+def atomic_write_bytes(path: str, payload: bytes, mode: int = 0o644, *, sync_first: bool = True) -> None:
     """Writes ``payload`` to ``path`` atomically (:func:`atomic_write_at` in ``path``'s directory).
 
     The directory itself is the caller's choice and may be reached through links; everything from
@@ -233,7 +242,7 @@ def atomic_write_bytes(path: str, payload: bytes, mode: int = 0o644) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
     try:
-        atomic_write_at(dir_fd, os.path.basename(path), payload, mode)
+        atomic_write_at(dir_fd, os.path.basename(path), payload, mode, sync_first=sync_first)
     finally:
         os.close(dir_fd)
 

@@ -7,6 +7,7 @@ import threading
 
 import pytest
 
+from warden import safeio
 from warden.safeio import UnsafeFile, open_dir_nofollow, read_regular
 
 
@@ -70,3 +71,42 @@ def test_a_file_that_grows_past_the_cap_while_read_is_refused(tmp_path, monkeypa
     monkeypatch.setattr(safeio, "open_regular_fd", open_then_grow)
     with pytest.raises(UnsafeFile, match="grew past the 12-byte cap"):
         read_regular(str(path), 12)
+
+
+@pytest.mark.parametrize("sync_first", [True, False])
+def test_an_atomic_write_is_durable_when_it_returns_and_visible_per_its_order(tmp_path, monkeypatch, sync_first):
+    """Either order ends with the file and its directory fsynced and no temporary left; with
+    ``sync_first`` False the new file is in place before the first fsync (visible while it syncs)."""
+    calls: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        calls.append("fsync-dir" if os.path.isdir(f"/proc/self/fd/{fd}") else "fsync-file")
+        return real_fsync(fd)
+
+    def replace(*args, **kwargs):
+        calls.append("rename")
+        return real_replace(*args, **kwargs)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    (tmp_path / "x.sig").write_bytes(b"old")
+    safeio.atomic_write_bytes(str(tmp_path / "x.sig"), b"new bytes", sync_first=sync_first)
+    assert (tmp_path / "x.sig").read_bytes() == b"new bytes" and os.listdir(tmp_path) == ["x.sig"]
+    expected = ["fsync-file", "rename"] if sync_first else ["rename", "fsync-file"]
+    assert calls == [*expected, "fsync-dir"]
+
+
+@pytest.mark.parametrize("sync_first", [True, False])
+def test_a_temporary_swapped_before_the_rename_is_never_reported_written(tmp_path, monkeypatch, sync_first):
+    real_write_all = safeio.write_all
+
+    def write_all_then_swap(fd, payload):
+        real_write_all(fd, payload)
+        (tmp,) = [n for n in os.listdir(tmp_path) if n != "x.sig"]
+        os.unlink(tmp_path / tmp)
+        (tmp_path / tmp).write_bytes(b"planted")  # another inode under the temporary's name
+
+    monkeypatch.setattr(safeio, "write_all", write_all_then_swap)
+    with pytest.raises(safeio.UnsafeFile):
+        safeio.atomic_write_bytes(str(tmp_path / "x.sig"), b"mine", sync_first=sync_first)

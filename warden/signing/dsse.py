@@ -407,8 +407,10 @@ def check_announced(directory: str, actual: Announced, expected: Announced) -> N
 
 
 def write_bundle(path: str, bundle: Bundle) -> None:
-    """Writes ``bundle`` to ``path`` atomically (temp file, fsync, rename, fsync dir)."""
+    """Writes ``bundle`` to ``path`` atomically and durably (temp file, rename, fsync, fsync dir):
+    visible as soon as it is complete, durable when this returns. The signer marks the event that
+    asked for it handled only afterwards, so a crash in between signs again."""
     try:
-        atomic_write_bytes(path, encode_bundle(bundle))
+        atomic_write_bytes(path, encode_bundle(bundle), sync_first=False)
     except OSError as exc:
         raise SignatureWriteError(f"{path}: cannot write the signature: {exc.strerror}") from None
