@@ -74,6 +74,10 @@ _GAUGES = {
 _PHASES = {"data": "data_s", "generation": "generation_s", "reward": "reward_s"}
 
 
+def _rank(label: str) -> bool:
+    return label.isascii() and label.isdigit() and len(label) <= 6
+
+
 def facts_from_metrics(text: str, source: str = "metrics") -> c.Facts:
     """The facts of one exposition text (the trainer's, a DCGM exporter's). Raises DiagnoseError."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -91,7 +95,7 @@ def facts_from_metrics(text: str, source: str = "metrics") -> c.Facts:
                     values[_GAUGES[sample.name]] = value
                 elif sample.name == c.PHASE and sample.labels.get("phase") in _PHASES:
                     values[_PHASES[sample.labels["phase"]]] = value
-                elif sample.name == c.RANK and sample.labels.get("rank", "").isdigit():
+                elif sample.name == c.RANK and _rank(sample.labels.get("rank", "")):
                     ranks[int(sample.labels["rank"])] = value
                 elif sample.name == c.GPU_UTIL:
                     gpu.append(value)
