@@ -70,8 +70,11 @@ class ArchiverPolicy:
     request_timeout_seconds: float = 10.0
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
     check_interval_seconds: float = 5.0
-    lease: LeaseSettings = field(default_factory=LeaseSettings)
-    """One archiver per run across nodes (warden/lease.py; docs/deploy.md "Multi-node")."""
+    lease: LeaseSettings = field(
+        default_factory=lambda: LeaseSettings(duration_seconds=30.0, renew_seconds=5.0, act_margin_seconds=10.0)
+    )
+    """One archiver per run across nodes (warden/lease.py; docs/deploy.md "Multi-node"); the act margin
+    covers one request_timeout_seconds."""
 
     def __post_init__(self) -> None:
         if self.lease.enabled and self.lease.act_margin_seconds < self.request_timeout_seconds:
