@@ -81,7 +81,7 @@ def test_the_verl_and_hf_lines_start_neither_the_trainer_nor_deps():
 
 
 def test_the_run_dir_override_is_valid_and_binds_the_run_volume(tmp_path):
-    (override,) = [b for b in blocks(DEPLOY, "yaml") if "run:" in b]
+    (override,) = [b for b in blocks(DEPLOY, "yaml") if "driver_opts" in b]
     path = tmp_path / "run-dir.yml"
     path.write_text(override, encoding="utf-8")
     env = {**os.environ, "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"}
