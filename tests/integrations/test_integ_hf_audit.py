@@ -273,6 +273,10 @@ def test_metrics_from_logs_and_a_port_that_cannot_be_bound(tmp_path):
     callback.on_step_end(args, zero, TrainerControl())
     callback.on_log(args, zero, TrainerControl(), logs={"reward": 0.9})  # recorded samples win
     assert (metrics.reward_mean._value.get(), metrics.reward_max._value.get()) == (0.5, 1.0)
+    assert metrics.oom.labels("step")._value.get() == 0
+    callback.record_oom()  # a script that caught torch.OutOfMemoryError: WardenTrainerOOM's counter
+    callback.record_oom("rollout")
+    assert (metrics.oom.labels("step")._value.get(), metrics.oom.labels("rollout")._value.get()) == (1, 1)
     callback.close()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
