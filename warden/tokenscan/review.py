@@ -27,7 +27,8 @@ def review_of(snap: Snapshot) -> dict[str, Any]:
     pipeline: dict[str, Any] = {}
     if isinstance(tok, dict):
         pipeline = {k: tok.get(k) for k in PIPELINE_KEYS}
-        added = tok.get("added_tokens") if isinstance(tok.get("added_tokens"), list) else []
+        raw = tok.get("added_tokens")
+        added: list[Any] = raw if isinstance(raw, list) else []
         pipeline["added_tokens"] = [
             {k: a.get(k) for k in ("id", "content", "special", "normalized")}
             for a in added[:MAX_ADDED]

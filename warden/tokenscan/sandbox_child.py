@@ -58,7 +58,7 @@ def _arm_cpu(seconds: float) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
-TAINT: list[list[str]] = []
+TAINT: list[list[Any]] = []
 PRIVATE: list[str] = []
 
 
