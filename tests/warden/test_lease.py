@@ -354,3 +354,65 @@ def test_hostile_storage_every_substitution_on_a_tick_ends_sound_refused_or_stan
     print(report.describe())
     assert report.failures == [], "\n".join(report.failures[:20])
     assert report.total() >= 10
+
+
+# -- release, the catch-up gate, the policy section -------------------------------------------------
+def test_a_holder_stopped_cleanly_hands_over_after_the_skew_not_the_lease_time(tmp_path):
+    world, _io = _holding(tmp_path)
+    world.now += 1
+    world.keepers[0].close(release=True)
+    world.now += SETTINGS.max_clock_skew_seconds + 0.01
+    world.tick(1)
+    assert world.keepers[1].held() == 2
+    assert world.alarms == []
+
+
+def test_the_gate_stands_by_then_replays_the_journal_once_per_new_token(tmp_path):
+    from warden.journal import EventWriter
+    from warden.lease import LeaseGate
+
+    clock = {"now": 1000.0}
+    holder = LeaseKeeper(LeaseFile(str(tmp_path), SCOPE), SCOPE, "a", SETTINGS, clock=lambda: clock["now"])
+    me = LeaseKeeper(LeaseFile(str(tmp_path), SCOPE), SCOPE, "b", SETTINGS, clock=lambda: clock["now"])
+    holder.tick()
+    me.tick()
+    with EventWriter(str(tmp_path / "events.jsonl"), "r") as journal:
+        events = [journal.emit("checkpoint.saved", {"path": f"/c/{n}"}, step=n) for n in range(1, 6)]
+    handled: list[int] = []
+    resyncs: list[int] = []
+    gate = LeaseGate(
+        me,
+        str(tmp_path / "events.jsonl"),
+        frozenset({"checkpoint.saved"}),
+        lambda event: handled.append(event.seq),
+        on_acquire=lambda: resyncs.append(1),
+    )
+    for event in events[:3]:
+        gate.seen(event.seq)
+        assert not gate.acting(event.seq)
+    assert handled == [] and resyncs == []
+    clock["now"] += SETTINGS.duration_seconds + SETTINGS.max_clock_skew_seconds + 0.1  # "a" is gone
+    me.tick()
+    gate.seen(events[3].seq)
+    assert gate.acting(events[3].seq)  # event 4 is handled by the caller; 1-3 replayed first
+    assert handled == [e.seq for e in events[:3]] and resyncs == [1]
+    assert gate.acting()  # the same token: no second replay
+    assert handled == [e.seq for e in events[:3]] and resyncs == [1]
+
+
+def test_the_policy_section_is_checked_where_it_is_loaded(tmp_path):
+    from warden.archive.policy import ArchiverPolicy
+    from warden.errors import WardenError
+    from warden.policy import policy_from_mapping
+    from warden.signer.policy import SignerPolicy
+
+    signer = policy_from_mapping({"version": 1, "lease": {"enabled": True, "holder": "node-a"}}, SignerPolicy)
+    assert signer.lease.enabled and signer.lease.holder_id() == "node-a"
+    assert policy_from_mapping({"version": 1}, SignerPolicy).lease.enabled is False
+    with pytest.raises(WardenError, match="duration_seconds"):
+        policy_from_mapping({"version": 1, "lease": {"duration_seconds": 1}}, SignerPolicy)
+    with pytest.raises(WardenError, match="act_margin_seconds"):
+        policy_from_mapping(
+            {"version": 1, "request_timeout_seconds": 10, "lease": {"enabled": True, "act_margin_seconds": 1}},
+            ArchiverPolicy,
+        )
