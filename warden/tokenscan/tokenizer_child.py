@@ -10,8 +10,9 @@ parent reports a timeout or a crash. Memory is bounded by ``RLIMIT_AS``; native 
     request: {"id", "op": "tokenizer" | "sentencepiece", "path", "sha256", "size",
               "corpus": [str], "tokens": {name: token}, "timeout": seconds}
     answer:  {"id", "status": "ok" | "load_error" | "panic" | "changed", "message",
-              "samples": [{"ids", "ids_special", "decoded", "unk_chars", "seconds"}],
-              "token_ids": {token: id | null}, "token_pieces": {token: [ids]}, "added": [[content, id, special]]}
+              "samples": [{"ids", "ids_special", "decoded", "unk_chars", "byte_chars", "unk_words", "seconds"}],
+              "token_ids": {token: id | null}, "token_pieces": {token: [ids]}, "added": [[content, id, special]],
+              "model": model class name, "unk_token": text of the unknown token | null}
 """
 
 from __future__ import annotations
@@ -63,6 +64,33 @@ def _unk_chars(encode: Any, unk: int | None, sample: str, ids: list[int]) -> str
     return "".join(ch for ch in sorted(set(sample)) if unk in encode(ch))
 
 
+def _unk_words(encode: Any, unk: int | None, words: list[str], ids: list[int]) -> list[str]:
+    """The pre-tokenized words of a sample the tokenizer writes as its unknown token alone
+    (WordPiece's rule for a word it cannot segment, a word longer than its limit)."""
+    if unk is None or unk not in ids:
+        return []
+    return [w for w in words[:512] if encode(w) == [unk]]
+
+
+def _is_byte_piece(piece: Any) -> bool:
+    return isinstance(piece, str) and len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">")
+
+
+def _byte_chars(encode: Any, piece: Callable[[int], Any], sample: str, ids: list[int]) -> str:
+    """Characters of ``sample`` the tokenizer can only write as byte-fallback pieces (``<0xE2>``):
+    outside its vocabulary, kept as bytes (a decoder without ByteFallback shows the pieces)."""
+    if not any(_is_byte_piece(piece(i)) for i in ids):
+        return ""
+    out = []
+    for ch in sorted(set(sample)):
+        if ch.isspace():
+            continue
+        pieces = [piece(i) for i in encode(ch)]
+        if any(_is_byte_piece(p) for p in pieces) and all(_is_byte_piece(p) or p in ("\u2581", " ") for p in pieces):
+            out.append(ch)
+    return "".join(out)
+
+
 def _answer(
     request: dict[str, Any],
     encode: Callable[[str], list[int]],
@@ -71,6 +99,9 @@ def _answer(
     token_id: Callable[[str], int | None],
     unk: int | None,
     added: list[list[Any]],
+    piece: Callable[[int], Any] = lambda _i: None,
+    model: str = "",
+    words: Callable[[str], list[str]] = str.split,
 ) -> dict[str, Any]:
     """The ``ok`` answer: every corpus sample encoded (``encode_special`` None: a tokenizer that
     adds no special tokens, the plain ids), decoded and timed, and the request's tokens looked up."""
@@ -84,12 +115,16 @@ def _answer(
                 "ids_special": encode_special(text) if encode_special is not None else ids,
                 "decoded": decode(ids),
                 "unk_chars": _unk_chars(encode, unk, text, ids),
+                "byte_chars": _byte_chars(encode, piece, text, ids),
+                "unk_words": _unk_words(encode, unk, words(text), ids),
                 "seconds": round(time.monotonic() - start, 4),
             }
         )
     tokens = {t: token_id(t) for t in request["tokens"].values() if t}
     pieces = {t: encode(t) for t in request["tokens"].values() if t}
-    return {"status": "ok", "samples": samples, "token_ids": tokens, "token_pieces": pieces, "added": added}
+    unk_text = piece(unk) if unk is not None else None
+    return {"status": "ok", "samples": samples, "token_ids": tokens, "token_pieces": pieces, "added": added,
+            "model": model, "unk_token": unk_text if isinstance(unk_text, str) else None}  # fmt: skip
 
 
 def _hf(request: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +149,13 @@ def _hf(request: dict[str, Any]) -> dict[str, Any]:
     def decode(ids: list[int]) -> str:
         return tok.decode(ids, skip_special_tokens=True)
 
-    return _answer(request, encode, encode_special, decode, tok.token_to_id, unk, added)
+    def words(text: str) -> list[str]:
+        normal = tok.normalizer.normalize_str(text) if tok.normalizer is not None else text
+        split = tok.pre_tokenizer.pre_tokenize_str(normal) if tok.pre_tokenizer is not None else None
+        return [w for w, _span in split] if split is not None else normal.split()
+
+    model = type(tok.model).__name__
+    return _answer(request, encode, encode_special, decode, tok.token_to_id, unk, added, tok.id_to_token, model, words)
 
 
 def _spm(request: dict[str, Any]) -> dict[str, Any]:
@@ -130,7 +171,10 @@ def _spm(request: dict[str, Any]) -> dict[str, Any]:
     def encode(text: str) -> list[int]:
         return list(sp.EncodeAsIds(text))
 
-    return _answer(request, encode, None, sp.DecodeIds, sp.PieceToId, unk, [])
+    def piece(ident: int) -> str | None:
+        return str(sp.IdToPiece(ident)) if 0 <= ident < sp.GetPieceSize() else None
+
+    return _answer(request, encode, None, sp.DecodeIds, sp.PieceToId, unk, [], piece, "sentencepiece")
 
 
 def serve_one(request: dict[str, Any]) -> dict[str, Any]:
