@@ -98,7 +98,7 @@ class SignerSidecar(Sidecar[SignerPolicy]):
                 self.lease,
                 ctx.journal_path,
                 self.handles,
-                self._act,
+                self._catch_up,
                 trusted=lambda: journal_trusted(ctx.journal_path),
                 seen_seq=CursorStore(os.path.join(ctx.state_dir, "cursor.json")).load().seq,
                 log=ctx.log,
@@ -115,6 +115,15 @@ class SignerSidecar(Sidecar[SignerPolicy]):
             return self._act(event)
         except TryAgainLater as exc:
             raise RetryLater(str(exc)) from None
+
+    def _catch_up(self, event: Event) -> Outcome:
+        """An event replayed after taking the lease: what the previous holder signed is taken from
+        its verified ``.sig`` statement, not hashed again (AnnouncedSigning.catching_up)."""
+        self.events.catching_up = True
+        try:
+            return self._act(event)
+        finally:
+            self.events.catching_up = False
 
     def _act(self, event: Event) -> Outcome:
         if event.type == RUN_STARTED:

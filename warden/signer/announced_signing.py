@@ -33,7 +33,7 @@ from warden.signing.errors import (
     UnsupportedSignature,
 )
 from warden.signing.manifest import Announced
-from warden.signing.verify import VerifyResult
+from warden.signing.verify import VerifyResult, read_signed_statement
 
 
 class BadEvent(IncompleteError):
@@ -45,6 +45,10 @@ class AnnouncedSigning:
 
     def __init__(self, state: SignerState) -> None:
         self.state = state
+        self.catching_up = False
+        """Set while a new lease holder replays the journal (sidecars/signer/sidecar.py): a ``.sig``
+        whose verified statement names the announced digest counts as signed without hashing the
+        checkpoint again (the previous holder hashed it; re-verification checks the bytes)."""
 
     def run_started(self, event: Event) -> ExitCode:
         """Remembers the run and the trainer version it announces, for its checkpoints' provenance."""
@@ -135,6 +139,10 @@ class AnnouncedSigning:
             if gone is not None:
                 raise CheckpointVanished(f"{candidate.path}: {gone} before it could be signed", candidate.path)
             return None
+        if self.catching_up and announced is not None:
+            signed = self._signed_statement_digest(candidate, announced)
+            if signed is not None:
+                return signed
         try:
             result = verify(self.state, candidate)
         except (SignatureMissing, UnsupportedSignature):
@@ -146,6 +154,20 @@ class AnnouncedSigning:
         why = result.summary() if not result.ok else f"it signs root {result.signed_root_digest}, not the announced one"
         self.state.log.warning(f"replacing a signature that does not match: {why}", extra=fields(self.state, candidate))
         return None
+
+    def _signed_statement_digest(self, candidate: Candidate, announced: Announced) -> str | None:
+        """The signed root digest when the ``.sig`` verifies (signature only, no file hashed), names
+        this checkpoint and covers the announced digest; None otherwise (then the full check runs)."""
+        try:
+            _key, statement = read_signed_statement(candidate.signature_path, self.state.trusted)
+        except (SignerError, OSError):
+            return None
+        digests = {statement.subject_digest, statement.provenance.files_root_digest} - {None}
+        if statement.manifest.name != os.path.basename(candidate.path) or announced.root_digest not in digests:
+            return None
+        self.state.log.info("already signed (by the previous lease holder)", extra=fields(self.state, candidate))
+        self.state.unsigned.pop(candidate.path, None)
+        return statement.subject_digest
 
 
 def event_candidate(state: SignerState, raw: str, step: int | None) -> Candidate:
