@@ -134,7 +134,7 @@ class TokenscanSidecar(Sidecar[TokenscanPolicy]):
             loaded = exc
         decided = review(loaded, scan, False, self.policy)
         if loaded is None and scan.review is not None:
-            self._write_review(path, scan)
+            self._write_review(path, decided.scan)
         if decided.drift is not None and state is not None:
             if decided.drift and not state.drifting:
                 self.metrics.drift_detected.inc()
