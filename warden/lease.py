@@ -550,6 +550,8 @@ class LeaseKeeper:
                 self.tick()
             except (OSError, LeaseError) as exc:  # the storage failed: the lease runs out on its own
                 self.log.warning(f"lease {self.scope}: {exc}", extra=log_fields(scope=self.scope))
+            except Exception:  # a bug must not end renewals for good; held() still ends with the clock
+                self.log.exception(f"lease {self.scope}: tick crashed", extra=log_fields(scope=self.scope))
             if self._stop.wait(self.settings.renew_seconds):
                 return
 
