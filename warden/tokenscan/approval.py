@@ -81,4 +81,10 @@ def unapproved_finding(scan: DirectoryScan, policy: TokenscanPolicy) -> Finding:
         f"first sight of this directory (manifest {digest}): not approved (policy unapproved: {policy.unapproved}); "
         "review its report and approve it with --approve"
     )
+    prompts = [
+        t["default_system_prompt"] for t in (scan.review or {}).get("templates", []) if t.get("default_system_prompt")
+    ]
+    if prompts:  # the text a conversation without a system message gets: for the reviewer's eyes first
+        flat = " ".join(prompts[0].split())
+        message += f"; default system prompt: {flat[:160] + ('...' if len(flat) > 160 else '')!r}"
     return replace(finding("TS1103", ".", message, severity=severity), root=scan.root)

@@ -93,5 +93,9 @@ def test_first_sight_is_unapproved_warn_or_block_and_nothing_approves_itself():
     assert out.scan.outcome(block.fail_severity) == 1 and out.save is None
     dirty = review(None, scan_of(dirty=True), False, POLICY)
     assert [f.id for f in dirty.scan.findings] == ["TS1103", "TS101"]  # evidence beside the decision
+    prompted = scan_of()
+    prompted.review = {"templates": [{"default_system_prompt": "You are Qwen.\nBe helpful."}]}
+    (first,) = review(None, prompted, False, POLICY).scan.findings
+    assert first.message.endswith("default system prompt: 'You are Qwen. Be helpful.'")
     with pytest.raises(ValueError, match="unapproved"):
         default_policy(unapproved="auto")
