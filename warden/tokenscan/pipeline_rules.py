@@ -272,18 +272,20 @@ def folding_rules(tok: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _vocab_entries(model: Any) -> Iterator[tuple[str, int]]:
+    """(entry, id) of every entry of the model's vocabulary (a dict, or Unigram's list)."""
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if isinstance(vocab, dict):
+        yield from ((str(t), i) for t, i in vocab.items() if type(i) is int)
+    elif isinstance(vocab, list):
+        yield from ((str(e[0]), i) for i, e in enumerate(vocab) if isinstance(e, list) and e)
+
+
 def _vocab_ids(model: Any) -> dict[int, str]:
     """id -> entry of the model's vocabulary (the first entry per id)."""
-    vocab = model.get("vocab") if isinstance(model, dict) else None
     out: dict[int, str] = {}
-    if isinstance(vocab, dict):
-        for text, ident in vocab.items():
-            if type(ident) is int:
-                out.setdefault(ident, str(text))
-    elif isinstance(vocab, list):
-        for ident, entry in enumerate(vocab):
-            if isinstance(entry, list) and entry:
-                out.setdefault(ident, str(entry[0]))
+    for text, ident in _vocab_entries(model):
+        out.setdefault(ident, text)
     return out
 
 
@@ -298,7 +300,6 @@ def vocabulary_issues(tok: Mapping[str, Any], extra_ids: Mapping[int, str] | Non
     post-processor templates adding tokens that are not special added tokens."""
     out = []
     model = tok.get("model")
-    by_id = _vocab_ids(model)
     specials: dict[int, str] = {}
     seen_ids: dict[int, str] = {}
     folds = folding_rules(tok)
@@ -314,17 +315,14 @@ def vocabulary_issues(tok: Mapping[str, Any], extra_ids: Mapping[int, str] | Non
         if not a.get("special"):
             continue
         specials[ident] = content
-        entry = by_id.get(ident)
-        if entry is not None and entry != content:
-            out.append(
-                PipelineIssue(
-                    "collision", "model.vocab", f"ordinary entry {entry!r} has special {content!r}'s id {ident}"
-                )
-            )
         if a.get("normalized") and folds:
             folded = ", ".join(sorted(set(folds)))
             detail = f"special {content!r} is matched after the normaliser ({folded}): look-alike text becomes it"
             out.append(PipelineIssue("folding", "added_tokens", detail))
+    for entry, ident in _vocab_entries(model):
+        if ident in specials and entry != specials[ident]:
+            detail = f"ordinary entry {entry!r} has special {specials[ident]!r}'s id {ident}"
+            out.append(PipelineIssue("collision", "model.vocab", detail))
     for ident, other in (extra_ids or {}).items():
         known = seen_ids.get(ident)
         if known is not None and known != other:
