@@ -7,6 +7,8 @@ Six steps, a save every 2, ``max_actor_ckpt_to_keep`` 2: verl's manager removes
 dump as a snapshot (top 3 by score) and each log line as a step; the signer signs what the
 bridge reports, OpenSSF ``model_signing`` verifies it, verl's retention is counted as pruning,
 never a violation; the archiver archives the snapshots and ``audit verify-run`` walks the chain.
+Then verl restarts and resumes (its ``_load_checkpoint``) from a tampered ``global_step_6``: verl
+loads it; the bridge reports ``run.resumed`` and the signer's check of it fails (it pages).
 The same run as tests/integrations/test_integ_verl_e2e.py's FSDP experiment, written by verl.
 """
 
@@ -22,7 +24,14 @@ from support import run_warden
 
 from tests.integrations.conftest import rollout_rows, top_indices, verl_metrics
 from tests.warden.signing.signing_helpers import run_model_signing
-from warden.journal import CHECKPOINT_SAVED, REWARD_SNAPSHOT, RUN_STARTED, STEP_COMPLETED, JournalReader
+from warden.journal import (
+    CHECKPOINT_SAVED,
+    REWARD_SNAPSHOT,
+    RUN_RESUMED,
+    RUN_STARTED,
+    STEP_COMPLETED,
+    JournalReader,
+)
 
 PROJECT, EXPERIMENT = "gsm8k_grpo", "tiny-llama-fsdp"
 STEPS, SAVE_FREQ, KEEP, TOP_K = 6, 2, 2, 3
@@ -79,7 +88,7 @@ def read_events(run_dir):
 def test_verl_s_own_writers_bridged_signed_pruned_and_archived(tiny, tmp_path, gloo, signing_keys):
     from integrations.verl_real import RealVerl
 
-    from warden.signing import load_trusted_keys, verify_checkpoint
+    from warden.signing import load_trusted_keys, read_signed_statement, verify_checkpoint
 
     pub = str(signing_keys.pub)
     signer = tmp_path / "signer.yaml"
@@ -169,6 +178,11 @@ def test_verl_s_own_writers_bridged_signed_pruned_and_archived(tiny, tmp_path, g
         )
         assert checked.returncode == 0, checked.stdout + checked.stderr
     assert not verify_checkpoint(str(verl.step_dir(2)), trusted).ok
+    statements = {step: read_signed_statement(f"{verl.step_dir(step)}.sig", trusted)[1] for step in (2, 4, 6)}
+    assert statements[2].provenance.parent_root_digest is None
+    for step in (4, 6):  # the signed chain: each names the one saved before it
+        assert statements[step].provenance.parent_root_digest == statements[step - 2].subject_digest
+        assert (statements[step].provenance.run_id, statements[step].provenance.step) == (run_id, step)
 
     # the archiver: every snapshot, the chain intact, the top 3 of verl's dump
     sidecar_once("archiver", run_dir, str(archiver))
@@ -183,3 +197,32 @@ def test_verl_s_own_writers_bridged_signed_pruned_and_archived(tiny, tmp_path, g
     assert [s["response"] for s in record["samples"]] == [verl.dumps[STEPS][i]["output"] for i in top_indices(
         verl.dumps[STEPS], TOP_K
     )]  # fmt: skip
+
+    # -- verl restarts and resumes from a tampered global_step_6: verl loads it (it checks nothing);
+    # the bridge reports the resume, and the signer verifies the checkpoint it names and pages --------
+    weights = verl.step_dir(6) / "actor" / "model_world_size_1_rank_0.pt"
+    raw = bytearray(weights.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    weights.write_bytes(bytes(raw))
+    assert run_warden("checkpoint", "verify", str(verl.step_dir(6)), "--trust", pub).returncode == 1
+    verl = RealVerl(tiny, tmp_path / "verl", PROJECT, EXPERIMENT, keep=KEEP)
+    try:
+        assert verl.restart() == 6  # the tracker's step, loaded by verl's own _load_checkpoint
+        verl.tracking.log(data={"val-core/openai/gsm8k/reward/mean@1": 0.3}, step=6)  # val_before_train
+        verl.step(7, rollout_rows(7), verl_metrics(7), save=False)
+    finally:
+        verl.close()
+    bridge_once(run_dir, verl)
+    (resumed,) = [e for e in read_events(run_dir) if e.type == RUN_RESUMED]
+    assert (resumed.data["from_step"], resumed.data["checkpoint"]) == (6, str(verl.step_dir(6)))
+    done = run_warden("sidecar", "run", "signer", "--once", "--run-dir", str(run_dir), "--policy", str(signer))
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    failed = [
+        json.loads(line)
+        for line in done.stderr.splitlines()
+        if '"trigger": "run.resumed"' in line and '"level": "error"' in line
+    ]
+    # (logged again by each re-verification in the pass: the same checkpoint, the same reason)
+    assert failed and {(f["path"], f["reason"], f["resumed_step"]) for f in failed} == {
+        (str(verl.step_dir(6)), "files_mismatch", 6)
+    }, done.stderr[-3000:]

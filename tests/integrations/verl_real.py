@@ -5,6 +5,7 @@ its source):
 
 - the file logger: ``verl.utils.tracking.Tracking(..., default_backend=["file"])`` (its ``FileLogger``);
 - the rollout dump: ``RayPPOTrainer._dump_generations`` (a one-thread executor, ``_write_generations``);
+- the resume: ``RayPPOTrainer._load_checkpoint`` (``resume_mode: auto``) after a new ``Tracking``;
 - the checkpoint: ``RayPPOTrainer._save_checkpoint`` (actor, ``data.pt`` from a torchdata
   ``StatefulDataLoader``, then the tracker), the actor's ``FSDPCheckpointManager.save_checkpoint``
   over a real FSDP-wrapped tiny Llama on a one-process gloo group, retention by its
@@ -13,7 +14,7 @@ its source):
 The only stand-in is verl's Ray worker group: ``actor_rollout_wg.save_checkpoint`` is called in
 this process on the manager the worker would hold (``InProcessWorkerGroup``), and the
 ``RayPPOTrainer`` is made without its ``__init__`` (which builds Ray workers), given the
-attributes ``_save_checkpoint`` and ``_dump_generations`` read.
+attributes ``_save_checkpoint``, ``_load_checkpoint`` and ``_dump_generations`` read.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ class InProcessWorkerGroup:
 
     def save_checkpoint(self, local_path: str, hdfs_path: str | None, global_step: int, max_ckpt_to_keep: Any) -> None:
         self.manager.save_checkpoint(local_path, hdfs_path, global_step, max_ckpt_to_keep=max_ckpt_to_keep)
+
+    def load_checkpoint(self, local_path: str, del_local_after_load: bool = False) -> None:
+        self.manager.load_checkpoint(local_path, None, del_local_after_load=del_local_after_load)
 
 
 class RealVerl:
@@ -85,6 +89,8 @@ class RealVerl:
                     "default_hdfs_dir": None,
                     "max_actor_ckpt_to_keep": keep,
                     "max_critic_ckpt_to_keep": keep,
+                    "resume_mode": "auto",
+                    "del_local_ckpt_after_load": False,
                 },
                 "actor_rollout_ref": {"actor": {"checkpoint": {"async_save": False}}},
             }
@@ -98,6 +104,7 @@ class RealVerl:
         self._env = {"VERL_FILE_LOGGER_ROOT": os.environ.get("VERL_FILE_LOGGER_ROOT")}
         os.environ["VERL_FILE_LOGGER_ROOT"] = str(root / "logs")
         os.environ.pop("VERL_FILE_LOGGER_PATH", None)
+        self.project, self.experiment = project, experiment
         self.tracking = Tracking(project, experiment, default_backend=["file"])
         self.dumps: dict[int, list[dict[str, Any]]] = {}
 
@@ -126,6 +133,19 @@ class RealVerl:
                 self.trainer._save_checkpoint()
         self.tracking.log(data=metrics, step=step)
         self.drain()
+
+    def restart(self) -> int:
+        """verl started again on the same experiment: a new ``Tracking`` (its file logger truncates the
+        log), then ``RayPPOTrainer._load_checkpoint`` (``resume_mode: auto``: the tracker's step, the
+        actor through the manager's ``load_checkpoint``, ``data.pt``). Returns the step resumed at."""
+        from verl.utils.tracking import Tracking
+
+        self.tracking.finish()
+        self.tracking = Tracking(self.project, self.experiment, default_backend=["file"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.trainer._load_checkpoint()
+        return int(self.trainer.global_steps)
 
     def drain(self) -> None:
         """Waits for the dumps in flight (``RayPPOTrainer._dump_futures``), re-raising their errors."""
