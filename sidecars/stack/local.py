@@ -224,10 +224,16 @@ def write_prometheus_config(opts: StackOptions, conf_dir: str, ports: dict[str, 
     conf.setdefault("global", {}).update(
         scrape_interval=opts.scrape_interval, evaluation_interval=opts.evaluation_interval
     )
-    conf["rule_files"] = [os.path.join(opts.alerts_dir, p) for p in conf.get("rule_files", [])]
     # Only the processes this stack runs are scraped: a job for a service it does not start
-    # (the verl bridge, a sidecar left out) would only be a target that is always down.
+    # (the verl bridge, a sidecar left out) would only be a target that is always down, and its
+    # `absent(up{job=...})` alert (WardenShadowAbsent in the demo, which runs no shadow) one that
+    # always fires: those alerts are left out of the rule files with their jobs.
     conf["scrape_configs"] = [job for job in conf.get("scrape_configs", []) if _runs_here(job, ports)]
+    jobs = {job["job_name"] for job in conf["scrape_configs"]}
+    conf["rule_files"] = [
+        _rules_for_jobs(os.path.join(opts.alerts_dir, p), jobs, os.path.join(conf_dir, "rules"))
+        for p in conf.get("rule_files", [])
+    ]
     for job in conf["scrape_configs"]:
         for static in job.get("static_configs", []):
             static["targets"] = [_local_target(t, ports) for t in static.get("targets", [])]
@@ -236,6 +242,29 @@ def write_prometheus_config(opts: StackOptions, conf_dir: str, ports: dict[str, 
     with open(path, "w", encoding="utf-8") as fh:
         yaml.safe_dump(conf, fh, sort_keys=False)
     return path
+
+
+ABSENT_JOB = re.compile(r'absent\(up\{job="([^"]+)"\}\)')
+
+
+def _rules_for_jobs(path: str, jobs: set[str], out_dir: str) -> str:
+    """``path``, or a copy in ``out_dir`` without the alerts that are exactly ``absent(up{job="X"})``
+    for a job X not in ``jobs``."""
+    with open(path, encoding="utf-8") as fh:
+        rules = yaml.safe_load(fh)
+
+    def kept(rule: dict[str, Any]) -> bool:
+        match = ABSENT_JOB.fullmatch(str(rule.get("expr", "")).strip())
+        return match is None or match.group(1) in jobs
+
+    groups = [{**g, "rules": [r for r in g.get("rules", []) if kept(r)]} for g in rules.get("groups", [])]
+    if groups == rules.get("groups", []):
+        return path
+    os.makedirs(out_dir, exist_ok=True)
+    out = os.path.join(out_dir, os.path.basename(path))
+    with open(out, "w", encoding="utf-8") as fh:
+        yaml.safe_dump({**rules, "groups": [g for g in groups if g["rules"]]}, fh, sort_keys=False)
+    return out
 
 
 def _runs_here(job: dict[str, Any], ports: dict[str, int]) -> bool:
