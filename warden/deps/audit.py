@@ -168,7 +168,11 @@ def _integrity(
         rules.startup_allow,
         budget,
     )
-    result = check_integrity(report.target, report.dists, options, cache, cancel)
+    doc = report.baseline[0]
+    approved = None
+    if doc is not None:
+        approved = {**((doc.get("stdlib") or {}).get("files") or {}), **((doc.get("closure") or {}).get("files") or {})}
+    result = check_integrity(report.target, report.dists, options, cache, cancel, approved=approved)
     findings, stats, incomplete = result.findings, result.stats, result.incomplete
     findings.extend(_locked_wheels(report, settings, cache))
     report.findings.extend(findings)

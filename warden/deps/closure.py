@@ -11,7 +11,8 @@ Findings, all blocking:
   resolved, with its origin) or the editable targets differ from the approved ones: a link that
   moves a stdlib root, a new ``.pth`` path line, the user site appearing;
 - ``closure_added`` / ``closure_changed`` / ``closure_removed``: a file of a closure root since
-  approval (its ``__pycache__`` pycs excepted: bytecode.py checks each against its source);
+  approval (its ``__pycache__`` pycs excepted when the auditor can compile the target's bytecode:
+  one not as approved is checked against its source, as in the stdlib);
 - ``shadowing``: a module or package importable from a path entry that comes before the site
   directory of an installed distribution (or before the stdlib) under one of that distribution's
   top-level names (or a stdlib module's), or any entry on the path that provides an editable
@@ -42,6 +43,7 @@ from warden.deps.integrity_common import oversized_finding
 from warden.deps.interpreter import HOOK_NAMES
 from warden.deps.model import Finding
 from warden.deps.pth import PthRule
+from warden.deps.stdlib import is_derived_pyc_name
 from warden.deps.walk import Budget, Oversized, kind_of, safe_digest, settled, sha256_hex, walk_tree
 from warden.errors import quote_untrusted
 from warden.safeio import stat_identity
@@ -73,6 +75,7 @@ class ClosureResult:
     walked: dict[str, os.stat_result] = field(default_factory=dict)
     pyc_sources: dict[str, str] = field(default_factory=dict)
     hashed: int = 0
+    verified: bool = False  # pycs: checked against their source when not as approved (stdlib.py's rule)
 
 
 def _f(kind: str, path: str, message: str, **details: object) -> Finding:
@@ -151,11 +154,10 @@ def collect_closure(
             visited.update(found.dirs)
         else:
             result.walked[root] = st  # a zip or egg file on the path
-    hashed = result.walked
     if verify_pycs:
+        result.verified = True
         result.pyc_sources = derived_pyc_sources(result.walked)
-        hashed = {p: s for p, s in result.walked.items() if p not in result.pyc_sources}
-    _hash(hashed, cache, full_pass, budget, result, unreadable)
+    _hash(result.walked, cache, full_pass, budget, result, unreadable)
     result.findings.extend(pth_config_findings(target.pth_config, pth_allow, budget))
     result.findings.extend(editable_hooks(target))
     result.findings.extend(shadowing_findings(target, dists, result.entries))
@@ -303,6 +305,7 @@ def closure_document(result: ClosureResult) -> dict[str, Any]:
         "sys_path": [list(e[:3]) for e in result.entries],
         "roots": list(result.roots),
         "files": dict(result.files),
+        "pyc": "verified" if result.verified else "hashed",
     }
 
 
@@ -324,6 +327,9 @@ def compare_closure(approved: Mapping[str, Any], now: Mapping[str, Any]) -> list
         out.append(_f("syspath_changed", subject, message, added=added, removed=removed))
     before: Mapping[str, str] = approved.get("files") or {}
     after: Mapping[str, str] = now.get("files") or {}
+    if now.get("pyc") == "verified":  # one not as approved is checked against its source (bytecode.py)
+        before = {p: d for p, d in before.items() if not is_derived_pyc_name(p)}
+        after = {p: d for p, d in after.items() if not is_derived_pyc_name(p)}
     for path in sorted(set(before) | set(after)):
         old, new = before.get(path, ABSENT), after.get(path, ABSENT)
         if old == new:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,10 +128,12 @@ def check_integrity(
     cache: IntegrityCache,
     cancel: threading.Event | None = None,
     progress: Callable[[str], None] | None = None,
+    approved: Mapping[str, str] | None = None,
 ) -> IntegrityResult:
     """Findings, stats and reasons the check is incomplete (every unreadable path) for ``dists``
     of ``target``: every file under the venv and site-packages is owned by a hashed RECORD row,
-    made by venv (checked by interpreter.py), or a finding. Updates ``cache``."""
+    made by venv (checked by interpreter.py), or a finding. ``approved``: the approved baseline's
+    stdlib and closure files (path -> digest), None without a baseline. Updates ``cache``."""
     cancel = cancel or threading.Event()
     stats = IntegrityStats()
     visited: set[str] = set()
@@ -171,13 +173,21 @@ def check_integrity(
     findings.extend(scope.findings)
     stats.closure_roots, stats.closure_files = len(scope.roots), len(scope.files)
     stats.oversized = sum(1 for f in findings if f.kind == "oversized")
-    # One .pyc pass over site-packages, the stdlib and the closure roots (each pyc against its source).
+    # One .pyc pass: every pyc of site-packages, and those of the stdlib and the closure roots whose
+    # digest is not the approved one (stdlib.py says why), each against its source.
+    known = approved or {}
+    fresh = {
+        pyc: src
+        for result in (stdlib, scope)
+        for pyc, src in result.pyc_sources.items()
+        if approved is not None and known.get(pyc) != result.files.get(pyc)
+    }
     all_walked = {**stdlib.walked, **scope.walked, **walked}
-    all_sources = {**stdlib.pyc_sources, **scope.pyc_sources, **pyc_sources}
+    all_sources = {**fresh, **pyc_sources}
     findings.extend(bytecode.check_pycs(all_walked, all_sources, target, cache, options, stats, cancel, unreadable))
     if options.full_pass and not cancel.is_set():  # cache.prune forgets only after a full pass
         live = set(walked) | {j.path for j in jobs} | set(environment) | set(stdlib.files) | set(scope.files)
-        cache.prune(live | set(all_sources), True)
+        cache.prune(live, True)
     cache.prune_listings(visited)
     stats.dirs_walked = len(visited)
     cache.prune_dists({d.meta_dir for d in dists})

@@ -11,8 +11,8 @@ need no baseline (the approved baseline adds digests of the same files, baseline
 - ``venv_config``: ``pyvenv.cfg`` names a ``home``/``executable`` that is not the
   interpreter ``bin/python`` runs, or cannot be read.
 - ``interpreter_replaced``: a ``bin/python*`` that is neither a link to the base
-  interpreter nor a byte-identical copy of it; or the interpreter reports another executable
-  than the one asked for (a wrapper).
+  interpreter nor a byte-identical copy of it (a wrapper script, a rebuilt binary). Outside a
+  venv, an interpreter that is not a binary is refused by discovery (syspath.py), never run.
 - ``venv_script_changed``: an ``activate`` script that does not match the venv template of
   the base stdlib (only the venv's directory, name and prompt may vary).
 """
@@ -121,11 +121,11 @@ def base_interpreter(cfg: Mapping[str, str], pythons: Sequence[str]) -> str | No
 
 
 def check_venv(target: Target, budget: Budget | None = None) -> tuple[list[Finding], list[str]]:
-    """(findings, unreadable paths) of the venv's pyvenv.cfg and bin/python* (outside a venv: of the
-    interpreter file itself)."""
+    """(findings, unreadable paths) of the venv's pyvenv.cfg and bin/python* (none without a venv:
+    syspath.py refuses an interpreter outside one that is not a binary)."""
     venv = target.venv
     if not venv:
-        return _wrapper_findings(target), []
+        return [], []
     cfg_path = os.path.join(venv, "pyvenv.cfg")
     try:
         cfg = parse_pyvenv_cfg(read_small(cfg_path, 64 * 1024))
@@ -172,26 +172,6 @@ def _python_findings(pythons: Sequence[str], base: str | None, budget: Budget | 
                 why = f"cannot be compared with the base interpreter ({exc.strerror or exc})"
         out.append(_f("interpreter_replaced", path, f"{path}: {why}", base=base))
     return out
-
-
-def _wrapper_findings(target: Target) -> list[Finding]:
-    """The interpreter asked for (outside a venv, whose bin/python* _python_findings checks) is a
-    script, not a binary: a wrapper starts another interpreter with its own environment. Read, never run."""
-    if not target.requested or target.venv or target.kind == "site-packages":
-        return []
-    real = os.path.realpath(target.requested)
-    try:
-        head = read_small(real, 4)
-    except OSError as exc:
-        message = f"{target.requested}: cannot be read as an interpreter binary ({exc.strerror or exc})"
-        return [_f("interpreter_replaced", target.requested, message)]
-    if head in (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe"):
-        return []
-    message = (
-        f"{target.requested}: {real} is not an interpreter binary ({quote_untrusted(repr(head))}...): a wrapper "
-        "starts another interpreter (with its own environment, e.g. PYTHONPATH)"
-    )
-    return [_f("interpreter_replaced", target.requested, message, resolved=real)]
 
 
 def check_venv_scripts(target: Target, walked: Mapping[str, object]) -> tuple[list[Finding], list[str]]:

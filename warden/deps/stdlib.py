@@ -20,12 +20,14 @@ interpreter's site directories, and each ``.zip`` on ``sys.path`` (its digest, o
 A ``sitecustomize``/``usercustomize`` member of such a zip is a ``startup_hook`` without any
 baseline, as the same file in a directory is (interpreter.py).
 
-Bytecode: when the auditor can compile the target's bytecode (same magic), a ``__pycache__/*.pyc``
-whose source was walked is not part of the document (Python writes and removes those on its own: a
-stdlib shipped without them gets one on each first import); each the target would load is checked
-against a compile of its source instead, as in site-packages (bytecode.py), so an absent or
-regenerated pyc is never a finding and a planted one is ``pyc_mismatch``. Otherwise (the document
-says ``"pyc": "hashed"``) they are hashed and compared like any other file.
+Bytecode: when the auditor can compile the target's bytecode (same magic; the document says
+``"pyc": "verified"``), a ``__pycache__/*.pyc`` is never ``stdlib_*`` (Python writes and removes those
+on its own: a stdlib shipped without them gets one on each first import). Its digest is still kept,
+and each one the target would load whose digest is not the approved one (written, regenerated or
+replaced since approval) is checked against a compile of its source, as in site-packages
+(bytecode.py): an absent or regenerated pyc is never a finding, a planted one is ``pyc_mismatch``,
+and the approved ones cost no compile. Otherwise (``"pyc": "hashed"``) they are compared like any
+other file.
 
 A file over the per-file cap (walk.Budget) is never read: ``oversized`` (its digest in the document
 is ``oversized:<size>``); a budget spent makes the audit incomplete.
@@ -136,8 +138,9 @@ def compare_stdlib(approved: Mapping[str, Any], now: Mapping[str, Any]) -> list[
         return [_f("stdlib_changed", subject, message, approved=approved.get("roots"), now=roots_now)]
     before: Mapping[str, str] = approved.get("files") or {}
     after: Mapping[str, str] = now.get("files") or {}
-    if now.get("pyc") == "verified":  # bytecode.py checks them against their source; not compared here
+    if now.get("pyc") == "verified":  # one not as approved is checked against its source (bytecode.py)
         before = {p: d for p, d in before.items() if not is_derived_pyc_name(p)}
+        after = {p: d for p, d in after.items() if not is_derived_pyc_name(p)}
     out = []
     for path in sorted(set(before) | set(after)):
         old, new = before.get(path, ABSENT), after.get(path, ABSENT)
@@ -271,12 +274,10 @@ def collect_stdlib(
             if path in walked and stat.S_ISREG(walked[path].st_mode):
                 result.findings.extend(_zip_findings(path, startup_allow, unreadable))
     result.walked = walked
-    hashed = walked
     if verify_pycs:
         result.pyc = "verified"
         result.pyc_sources = derived_pyc_sources(walked)
-        hashed = {p: st for p, st in walked.items() if p not in result.pyc_sources}
-    _digests(hashed, cache, full_pass, workers, result, unreadable, budget)
+    _digests(walked, cache, full_pass, workers, result, unreadable, budget)
     return result
 
 

@@ -186,6 +186,15 @@ def _read_or_none(path: str, limit: int = CONFIG_LIMIT) -> bytes | None:
         return None
 
 
+def is_binary(path: str) -> bool:
+    """Whether ``path`` starts like an executable binary (ELF, Mach-O), not like a script."""
+    try:
+        head = read_small(path, 4)
+    except OSError:
+        return False
+    return head in (b"\x7fELF", b"\xcf\xfa\xed\xfe", b"\xca\xfe\xba\xbe")
+
+
 def venv_dir(executable: str) -> str | None:
     """The directory whose ``pyvenv.cfg`` the interpreter at ``executable`` (as invoked) reads."""
     bin_dir = os.path.dirname(executable)
@@ -382,6 +391,8 @@ def compute_layout(
             raise TargetError(f"{venv}/pyvenv.cfg: not readable")
         cfg = parse_pyvenv_cfg(data)
     real = os.path.realpath(requested)
+    if venv is None and not is_binary(real):
+        raise TargetError(f"--python {python}: {real} is not an interpreter binary (a script is never run)")
     start = (
         os.path.dirname(cfg["home"].rstrip(os.sep))
         if venv and cfg.get("home")

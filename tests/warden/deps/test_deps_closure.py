@@ -105,14 +105,14 @@ def test_pth_path_line_directory_is_walked_and_baselined(base_env, tmp_path):
     pth = base_env.venv / "lib" / PY_DIR / "site-packages" / "__editable__.proj-1.0.pth"
     pth.write_text(f"{src}\n")
     rules = (PthRule("editable proj", _sha(pth)),)
-    settings = base_env.settings(policy=_policy(pth_allow=rules))
-    approved = run_audit(settings, discover_python(base_env.python))
+    settings = base_env.settings(policy=_policy(pth_allow=rules, unowned_allow=("__editable__*",)))
+    approved = run_audit(replace(settings, approve=True), discover_python(base_env.python))
     assert approved.exit_code == 0, approved.findings
     assert str(src) in approved.stats["closure"]["roots"]
     hook = src / "sitecustomize.py"
     hook.write_text(f"print({MARK!r})\n")
     assert MARK in _run(base_env.python)
-    report = run_audit(replace(settings, approve=False), discover_python(base_env.python))
+    report = run_audit(settings, discover_python(base_env.python))
     assert {("startup_hook", str(hook)), ("closure_added", str(hook))} <= kinds(report, "integrity")
     assert report.exit_code == 1
 
@@ -131,7 +131,8 @@ def test_editable_finder_targets_are_walked(base_env, tmp_path):
     settings = base_env.settings(
         policy=_policy(pth_allow=(PthRule("proj", _sha(pth)),), unowned_allow=("__editable__*",))
     )
-    approved = run_audit(settings, target_obj)
+    approved = run_audit(replace(settings, approve=True), target_obj)
+    assert approved.exit_code == 0, approved.findings
     assert str(target) in approved.stats["closure"]["roots"]
     (target / "__init__.py").write_text("X = 2\n")
     report = run_audit(settings, discover_python(base_env.python))
