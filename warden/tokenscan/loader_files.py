@@ -138,7 +138,9 @@ def resolve(names: Iterable[str], configs: Mapping[str, Any]) -> list[LoaderFile
             value = config.get(key)
             if isinstance(value, str) and value:
                 rel = os.path.normpath(_join(folder, value))
-                role = "tokenizer" if key == "tokenizer_file" else VOCAB_FILES.get(os.path.basename(rel), "model")
+                role = {"tokenizer_file": "tokenizer", "merges_file": "merges"}.get(key) or VOCAB_FILES.get(
+                    os.path.basename(rel), "vocab_json" if rel.endswith(".json") else "model"
+                )
                 add(rel, role, [v for v in every if v.startswith("4.")])
     return [LoaderFile(rel, role, tuple(sorted(v))) for (rel, role), v in sorted(out.items())]
 
