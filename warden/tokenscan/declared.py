@@ -43,11 +43,11 @@ def _overridden(config: dict[str, Any], smap: dict[str, Any]) -> dict[str, str]:
     """``<name>(other)`` -> the value of the file that loses where both set ``<name>_token``
     differently: some loader (a version, a path without the legacy merge) may still use it, so
     it is judged as a special token too."""
-    out = {}
+    out: dict[str, str] = {}
     for name in SPECIAL_NAMES:
-        values = {token(config.get(f"{name}_token")), token(smap.get(f"{name}_token"))} - {None}
-        values.discard(_declared(config, smap, name))
-        out |= {f"{name}(other)": v for v in sorted(values)}  # type: ignore[type-var]
+        values = {t for t in (token(config.get(f"{name}_token")), token(smap.get(f"{name}_token"))) if t}
+        values.discard(_declared(config, smap, name))  # type: ignore[arg-type]
+        out |= {f"{name}(other)": v for v in sorted(values)}
     return out
 
 
@@ -69,7 +69,7 @@ def special_tokens(snap: Snapshot) -> None:
     smap = snap.top("special_tokens_map.json") or {}
     for name in SPECIAL_NAMES:
         snap.special_tokens[name] = _declared(config, smap, name)
-    extra = list(_overridden(config, smap).values())
+    extra: list[str | None] = list(_overridden(config, smap).values())
     extra += [token(t) for t in as_list(config.get("additional_special_tokens"))]
     tok = snap.top("tokenizer.json") or {}
     extra += [token(t) for t in as_list(tok.get("added_tokens")) if isinstance(t, dict) and t.get("special")]

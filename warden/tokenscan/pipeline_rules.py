@@ -100,8 +100,8 @@ def _regex_matches_words(source: str) -> str | None:
         return "the pattern uses a negated class or a range (may match letters)"
     if "(?" in rest and re.search(r"\(\?[^:=!<]", rest):
         return "the pattern uses a group flag or construct this judge does not know"
-    ch = _wordy(rest)
-    return f"the pattern {source[:40]!r} matches {ch!r}" if ch else None
+    letter = _wordy(rest)
+    return f"the pattern {source[:40]!r} matches {letter!r}" if letter else None
 
 
 # -- judges, one per rule type ------------------------------------------------------------------
@@ -356,7 +356,7 @@ def template_issues(processor: Any, specials: Mapping[int, str]) -> list[Pipelin
         if kind == "Sequence" and isinstance(node.get("processors"), list):
             stack += [(p, depth + 1) for p in node["processors"][:MAX_RULES]]
         elif kind == "TemplateProcessing":
-            table = node.get("special_tokens") if isinstance(node.get("special_tokens"), dict) else {}
+            table: dict[str, Any] = node["special_tokens"] if isinstance(node.get("special_tokens"), dict) else {}
             for name in sorted(set(_template_tokens(node))):
                 spec = table.get(name)
                 ids = spec.get("ids") if isinstance(spec, dict) else None

@@ -53,7 +53,7 @@ def check_pipeline(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
         for issue in pr.tokenizer_issues(tok, extra):
             out.append(finding(RULE_OF_KIND[issue.kind], rel, f"{issue.where}: {issue.detail}"))
         if rel != "tokenizer.json":  # the root's is judged with the behaviour (exercise.py)
-            model = tok.get("model") if isinstance(tok.get("model"), dict) else {}
+            model: dict[str, Any] = tok["model"] if isinstance(tok.get("model"), dict) else {}
             problem = tbe.merge_order_problem(model) or tbe.score_order_problem(model)
             if problem and policy.behaviour.bpe_ids_follow_merges:
                 out.append(finding("TS1205", rel, problem))
