@@ -303,8 +303,10 @@ def _filter(name: str, value: Any, args: list[Any]) -> Any:
         return text.replace(old, new)
     if name == "format":
         return _format(text, args)
-    simple: dict[str, Callable[[str], str]] = {"lower": str.lower, "upper": str.upper, "trim": str.strip, "reverse": lambda s: s[::-1],
-              "string": str, "capitalize": str.capitalize, "title": str.title}  # fmt: skip
+    simple: dict[str, Callable[[str], str]] = {
+        "lower": str.lower, "upper": str.upper, "trim": str.strip, "reverse": lambda s: s[::-1],
+        "string": str, "capitalize": str.capitalize, "title": str.title,
+    }  # fmt: skip
     return _small(simple[name](text))
 
 
