@@ -129,8 +129,9 @@ def _fill(shape: dict[str, Any], rng: random.Random, long: bool, index: int) -> 
         texts.append(value)
         return value
 
-    def name() -> str:
-        value = f"{_word(rng, 1).lower()}{_word(rng, rng.randint(3, 14))}_{len(texts):02d}"
+    def name() -> str:  # short in one filling, long in the other: a rule keyed on a name's length splits them
+        size = rng.randint(12, 24) if long else rng.randint(2, 6)
+        value = f"{_word(rng, 1).lower()}{_word(rng, size)}_{len(texts):02d}"
         texts.append(value)
         return value
 
