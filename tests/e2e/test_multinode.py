@@ -257,7 +257,8 @@ def test_two_nodes_one_run_one_killed_one_sig_per_checkpoint_one_object_per_step
             return sum(json.loads(line).get("msg") == message for line in p.log().splitlines() if line.startswith("{"))
 
         signed_a, signed_b = said(a_signer, "signed checkpoint"), said(b_signer, "signed checkpoint")
-        assert signed_a >= 1 and signed_b >= 1 and said(b_signer, "already signed (by the previous lease holder)") >= 1, (signed_a, signed_b)
+        found_done = said(b_signer, "already signed (by the previous lease holder)")
+        assert signed_a >= 1 and signed_b >= 1 and found_done >= 1, (signed_a, signed_b, found_done)
         assert said(b_archiver, "snapshot for a step already chained (a replay); not archived again") >= 1
 
         signer_s, archiver_s = signer_taken - killed_at, archiver_taken - killed_at
