@@ -105,7 +105,7 @@ class HostArena:
             start = _aligned(self._offset) if chunk == self._chunk else 0
             if start + nbytes <= self.chunks[chunk].numel():
                 self._chunk, self._offset = chunk, start + nbytes
-                return memoryview(self.chunks[chunk][start : start + nbytes].numpy()).cast("B")
+                return self.chunks[chunk][start : start + nbytes].numpy().data.cast("B")
             chunk += 1
         return None
 
