@@ -45,7 +45,7 @@ DEPLOYMENTS: dict[str, Deployment] = {
     "warden": Deployment(
         "prometheus.yml",
         jobs=("trainer", "bridge"),
-        rules=("rules/meta-trainer.yml", "rules/trainer.yml", "rules/bridge.yml"),
+        rules=("rules/meta-trainer.yml", "rules/trainer.yml", "rules/rollout-causes.yml", "rules/bridge.yml"),
     ),
     # verl: `warden bridge verl` is the trainer side; no bridge target listed pages.
     "verl": Deployment("prometheus.verl.yml", jobs=("bridge",), rules=("rules/bridge.yml", "rules/meta-bridge.yml")),
