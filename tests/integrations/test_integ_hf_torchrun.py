@@ -11,6 +11,7 @@ import datetime
 import importlib.util
 import json
 import os
+import random
 import shutil
 import struct
 import subprocess
@@ -42,11 +43,14 @@ def torchrun(tiny, output_dir, run_dir, delay, *extra):
 
 
 def flip_weight_byte(checkpoint):
-    """One byte of model.safetensors' tensor data flipped: HF still loads it."""
+    """One bit of model.safetensors' tensor data flipped at a seeded place (``$WARDEN_TAMPER_SEED``,
+    as tests/integrations/test_integ_hf_resume.py; its hypothesis test covers every file): HF still
+    loads it."""
     weights = checkpoint / "model.safetensors"
     raw = bytearray(weights.read_bytes())
     start = 8 + struct.unpack("<Q", bytes(raw[:8]))[0]
-    raw[start + (len(raw) - start) // 2] ^= 0x01
+    rng = random.Random(int(os.environ.get("WARDEN_TAMPER_SEED", 7)))
+    raw[rng.randrange(start, len(raw))] ^= 1 << rng.randrange(8)
     weights.write_bytes(bytes(raw))
 
 

@@ -14,6 +14,7 @@ import importlib.util
 import json
 import math
 import os
+import random
 import shutil
 import struct
 import time
@@ -115,11 +116,14 @@ def read_events(run_dir):
 
 
 def flip_weight_byte(checkpoint):
-    """One byte of model.safetensors' tensor data flipped: HF still loads it."""
+    """One bit of model.safetensors' tensor data flipped at a seeded place (``$WARDEN_TAMPER_SEED``,
+    as tests/integrations/test_integ_hf_resume.py; its hypothesis test covers every file): HF still
+    loads it."""
     weights = checkpoint / "model.safetensors"
     raw = bytearray(weights.read_bytes())
     start = 8 + struct.unpack("<Q", bytes(raw[:8]))[0]
-    raw[start + (len(raw) - start) // 2] ^= 0x01
+    rng = random.Random(int(os.environ.get("WARDEN_TAMPER_SEED", 7)))
+    raw[rng.randrange(start, len(raw))] ^= 1 << rng.randrange(8)
     weights.write_bytes(bytes(raw))
 
 
