@@ -104,6 +104,9 @@ def resolve(names: Iterable[str], configs: Mapping[str, Any]) -> list[LoaderFile
     """The files some loader reads (present in ``names``), per tokenizer root. ``configs``: rel ->
     the parsed ``tokenizer_config.json`` (a dict) of any root that has one."""
     listing = set(names)
+    by_folder: dict[str, list[str]] = {}
+    for rel in sorted(listing):  # one pass: each root looks only at its own folders
+        by_folder.setdefault(os.path.dirname(rel), []).append(rel)
     every = tuple(".".join(map(str, v[:2])) for v in LOADER_VERSIONS)
     out: dict[tuple[str, str], set[str]] = {}
 
@@ -116,9 +119,8 @@ def resolve(names: Iterable[str], configs: Mapping[str, Any]) -> list[LoaderFile
         config = config if isinstance(config, dict) else {}
         for name, role in CONFIG_FILES.items():
             add(_join(folder, name), role)
-        prefix = _join(folder, TEMPLATE_DIR) + "/"
-        for rel in listing:
-            if rel.startswith(prefix) and rel.endswith(".jinja") and "/" not in rel[len(prefix) :]:
+        for rel in by_folder.get(_join(folder, TEMPLATE_DIR), []):
+            if rel.endswith(".jinja"):
                 add(rel, "template")
         fast: dict[str, set[str]] = {}
         for v in LOADER_VERSIONS:
@@ -131,8 +133,8 @@ def resolve(names: Iterable[str], configs: Mapping[str, Any]) -> list[LoaderFile
         for name, role in VOCAB_FILES.items():
             if name != "tekken.json" or not has_fast:
                 add(_join(folder, name), role)
-        for rel in listing:
-            if os.path.dirname(rel) == folder and rel.endswith(".model"):
+        for rel in by_folder.get(folder, []):
+            if rel.endswith(".model"):
                 add(rel, "model")
         for key in CONFIG_PATH_KEYS:  # 4.x let the config name its files
             value = config.get(key)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -281,6 +282,26 @@ def _vocab_entries(model: Any) -> Iterator[tuple[str, int]]:
         yield from ((str(e[0]), i) for i, e in enumerate(vocab) if isinstance(e, list) and e)
 
 
+def _special_id_entries(model: Any, specials: Mapping[int, str]) -> list[tuple[str, int]]:
+    """Vocabulary entries other than the special token itself that hold a special token's id
+    (one pass over a dict vocabulary; direct lookups in Unigram's list)."""
+    vocab = model.get("vocab") if isinstance(model, dict) and specials else None
+    if isinstance(vocab, dict):
+        shared = specials.keys() & set(vocab.values())  # C-level passes; the loop below is rare
+        counts = Counter(vocab.values()) if shared else Counter()
+        if all(counts[i] == 1 and vocab.get(specials[i]) == i for i in shared):
+            return []
+        return [(str(t), i) for t, i in vocab.items() if i in shared and specials[i] != t]
+    if isinstance(vocab, list):
+        out = []
+        for ident, text in specials.items():
+            entry = vocab[ident] if 0 <= ident < len(vocab) else None
+            if isinstance(entry, list) and entry and str(entry[0]) != text:
+                out.append((str(entry[0]), ident))
+        return out
+    return []
+
+
 def _vocab_ids(model: Any) -> dict[int, str]:
     """id -> entry of the model's vocabulary (the first entry per id)."""
     out: dict[int, str] = {}
@@ -319,10 +340,9 @@ def vocabulary_issues(tok: Mapping[str, Any], extra_ids: Mapping[int, str] | Non
             folded = ", ".join(sorted(set(folds)))
             detail = f"special {content!r} is matched after the normaliser ({folded}): look-alike text becomes it"
             out.append(PipelineIssue("folding", "added_tokens", detail))
-    for entry, ident in _vocab_entries(model):
-        if ident in specials and entry != specials[ident]:
-            detail = f"ordinary entry {entry!r} has special {specials[ident]!r}'s id {ident}"
-            out.append(PipelineIssue("collision", "model.vocab", detail))
+    for entry, ident in _special_id_entries(model, specials):
+        detail = f"ordinary entry {entry!r} has special {specials[ident]!r}'s id {ident}"
+        out.append(PipelineIssue("collision", "model.vocab", detail))
     for ident, other in (extra_ids or {}).items():
         known = seen_ids.get(ident)
         if known is not None and known != other:

@@ -172,12 +172,13 @@ def check_generation_config(snap: Snapshot, policy: TokenscanPolicy) -> list[Fin
     return out
 
 
-def _understood(snap: Snapshot, f: lf.LoaderFile) -> str | None:
-    """Why no check understands file ``f`` the loader reads, or None."""
+def _understood(snap: Snapshot, f: lf.LoaderFile, links: set[str]) -> str | None:
+    """Why no check understands file ``f`` the loader reads, or None (``links``: names that are
+    not regular files; the link checks judge those)."""
     facts = snap.facts.get(f.rel)
     doc = snap.json.get(f.rel)
     if facts is None:
-        return None if f.rel in {e.rel for e in snap.entries if e.kind != "file"} else "it was not read"
+        return None if f.rel in links else "it was not read"
     if facts.over_cap is not None or facts.spm_error or facts.problems or (doc is not None and doc.error):
         return None  # that file has a finding of its own
     if f.role in ("config", "added_tokens", "generation", "template_json", "vocab_json", "tekken"):
@@ -187,7 +188,7 @@ def _understood(snap: Snapshot, f: lf.LoaderFile) -> str | None:
     if f.role == "tokenizer":
         if doc is None or not pr.looks_like_tokenizer(doc.data):
             return "it is not a tokenizers serialisation"
-        return None if f.rel in snap.tokenizer_files or f.rel in dict(snap.unanalysed) else "it was not exercised"
+        return None if f.rel in snap.tokenizer_files else "it was not exercised"
     if f.role in ("merges", "vocab_txt"):
         return None if f.rel in snap.vocab_lines else "it was not read as a vocabulary"
     if f.role == "model":
@@ -200,9 +201,11 @@ def check_loader_files(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]
     where tokenizer_config.json and special_tokens_map.json disagree, TS1006."""
     names = [e.rel for e in snap.entries if e.kind in ("file", "symlink")]
     configs = {rel: d.data for rel, d in snap.json.items() if basename(rel) == "tokenizer_config.json"}
+    links = {e.rel for e in snap.entries if e.kind != "file"}
+    unanalysed = dict(snap.unanalysed)
     out = []
     for f in lf.resolve(names, configs):
-        why = _understood(snap, f)
+        why = _understood(snap, f, links) if f.rel not in unanalysed else None
         if why:
             loaders = ", ".join(f.loaders)
             out.append(finding("TS910", f.rel, f"transformers {loaders} read this {f.role} file, but {why}"))
