@@ -26,6 +26,7 @@ vendors ship one, so it is surfaced for a person to review, and judged by the te
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import json
 import random
@@ -63,11 +64,16 @@ def _word(rng: random.Random, n: int) -> str:
     return "".join(rng.choice(START) for _ in range(n))
 
 
+CHUNK = 16
+_CHUNKS = tuple("".join(random.Random(i).choices(POOL, k=CHUNK)) for i in range(512))  # fixed pieces of the pool
+
+
 def _text(rng: random.Random, low: int, high: int, tag: str) -> str:
-    """A unique, locatable text: a tag word, then ``low``..``high`` characters of the pool,
-    starting and ending with a letter."""
+    """A unique, locatable text: a tag word, then ``low``..``high`` characters of the pool (in
+    pieces of :data:`CHUNK`: a long text costs a few draws), ending with a letter."""
     n = rng.randint(low, high)
-    return f"{tag}{''.join(rng.choices(POOL, k=n))}{rng.choice(START)}"
+    body = "".join(rng.choices(_CHUNKS, k=n // CHUNK + 1))[:n]
+    return f"{tag}{body}{rng.choice(START)}"
 
 
 EXTREMES = ({"turns": 24, "first": 0.0}, {"turns": 1, "first": 0.9}, {"turns": 2, "first": 0.45, "parts": True})
@@ -121,11 +127,12 @@ def _fill(shape: dict[str, Any], rng: random.Random, long: bool, index: int) -> 
     (the ones :func:`judge` must find, in the order they were made)."""
     texts: list[str] = []
     low, high = (rng.choice((60, 200, 1000)), 3000) if long else (4, 40)
+    budget = [FILLING_CHARS]  # a long filling's contents stop growing past it (bounds render and judge)
 
     def text(kind: str) -> str:
-        value = _text(
-            rng, low if kind == "content" else 2, high if kind == "content" else 12, f"Q{index:02d}{len(texts):02d}"
-        )
+        lo, hi = (low, high) if kind == "content" and budget[0] > 0 else (2, 12)
+        value = _text(rng, lo, hi, f"Q{index}x{len(texts)}y")
+        budget[0] -= len(value)
         texts.append(value)
         return value
 
@@ -175,10 +182,24 @@ def _fill(shape: dict[str, Any], rng: random.Random, long: bool, index: int) -> 
     return {"messages": messages, "tools": tools or None, "documents": documents or None}, texts
 
 
+FILLING_CHARS = 30000
+
+
 def generate(seed: str, count: int, context: dict[str, Any]) -> list[dict[str, Any]]:
     """``count`` shapes, three renders each (``g{i}a``, ``g{i}b``: two fillings; ``g{i}t``: the
     first at another time), as battery render requests (see :mod:`.template_battery`), each with
-    ``texts``: what the render must show, and ``shape``: a description of the input."""
+    ``texts``: what the render must show, and ``shape``: a description of the input. The draw
+    depends on ``seed`` alone (made once per process); ``context`` (the loader's variables) is
+    laid under each render's keyword arguments."""
+    return [{**r, "context": {**context, **r["context"]}} for r in _drawn(seed, count)]
+
+
+@functools.lru_cache(maxsize=8)
+def _drawn(seed: str, count: int) -> tuple[dict[str, Any], ...]:
+    return tuple(_draw(seed, count))
+
+
+def _draw(seed: str, count: int) -> list[dict[str, Any]]:
     rng = random.Random(hashlib.sha256(seed.encode()).hexdigest())
     out: list[dict[str, Any]] = []
     for i in range(count):
@@ -193,7 +214,7 @@ def generate(seed: str, count: int, context: dict[str, Any]) -> list[dict[str, A
             ("b", second, texts_b, shape["now"]),
             ("t", first, texts_a, shape["other"]),
         ):
-            ctx = {**context, **shape["kwargs"], "tools": filling["tools"], "documents": filling["documents"]}
+            ctx = {**shape["kwargs"], "tools": filling["tools"], "documents": filling["documents"]}
             out.append({"name": f"g{i}{name}", "messages": filling["messages"], "context": ctx, "now": now,
                         "texts": texts, "shape": label})  # fmt: skip
     return out
@@ -208,13 +229,14 @@ def describe(shape: dict[str, Any]) -> str:
     return f"roles {' '.join(roles)} ({kw}{extra})"
 
 
-def _forms(text: str) -> list[str]:
+@functools.lru_cache(maxsize=16384)  # the draw is the same for every template of a process
+def _forms(text: str) -> tuple[str, ...]:
     """``text`` as a template may print it, quoted forms first (the quotes go with the text: a
     repr picks its quote by content): JSON (``tojson``), Python's repr (a list of parts printed
     whole), quoted, as is, JSON- or repr-escaped without quotes."""
     j, ja, r = json.dumps(text, ensure_ascii=False), json.dumps(text), repr(text)
     forms = [j, ja, r, f"'{text}'", f'"{text}"', text, j[1:-1], ja[1:-1], r[1:-1]]
-    return list(dict.fromkeys(forms))
+    return tuple(dict.fromkeys(forms))
 
 
 def abstract(output: str, texts: list[str]) -> str:

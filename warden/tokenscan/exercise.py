@@ -113,7 +113,7 @@ def _generated(
     if cp.generated_conversations <= 0:
         return {"status": "ok", "renders": []}, ()
     context = loader_context(snap)
-    renders = conv.generate(t.digest + cp.conversation_seed, cp.generated_conversations, context)
+    renders = conv.generate(cp.conversation_seed, cp.generated_conversations, context)
     what = ["generated", t.digest, cp.conversation_seed, cp.generated_conversations, context, limits.__dict__]
     rkey = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
     answer = res.memo.get_or_make(

@@ -108,7 +108,7 @@ class ChatTemplatePolicy:
     max_range: int = 10000
     max_literal_chars: int = 24
     generated_conversations: int = 24  # shapes drawn per template (three renders each), issue 33
-    conversation_seed: str = "warden-33"  # with the template's digest: the same scan draws the same shapes
+    conversation_seed: str = "warden-33"  # the draw (drawn once per process); set your own to keep it unknown
 
     def __post_init__(self) -> None:
         if not 0 <= self.generated_conversations <= 1000:
