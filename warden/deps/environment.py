@@ -99,7 +99,7 @@ def target_of(layout: Layout, kind: str, policy_markers: Mapping[str, str] | Non
         platform_python_implementation="CPython" if impl == "cpython" else markers["platform_python_implementation"],
     )
     site_packages = tuple(dict.fromkeys(os.path.realpath(p) for p in layout.site_dirs))
-    if not site_packages:
+    if not site_packages and not layout.pth_config:  # a ._pth without `import site` has none, by design
         raise TargetError(f"--python {layout.requested}: has no site-packages directory")
     own_tag = sys.implementation.cache_tag
     closure = tuple((e.path, e.origin) for e in layout.sys_path)

@@ -15,11 +15,11 @@ path computation (``getpath``) and ``site`` use is a file that can be read inste
 - a ``._pth`` file beside the executable as invoked or beside its resolved binary: it replaces the
   whole path (lines relative to its directory, which becomes the prefix) and turns ``site`` off
   unless it has an ``import site`` line;
-- ``site``: the user site (``<home>/.local/lib/pythonX.Y/site-packages``, when the interpreter would
-  enable it: no venv, or a venv with system site-packages), then each site directory, each followed
-  by its ``.pth`` files in name order: a path line adds an existing path, an ``import`` line runs
-  (an editable install's finder: its ``MAPPING``/``NAMESPACES`` literals name the directories it
-  imports from);
+- ``site``: the venv's site directory, the user site (``<home>/.local/lib/pythonX.Y/site-packages``,
+  when the interpreter would enable it: no venv, or a venv with system site-packages), then the base
+  prefixes' site directories; each followed by its ``.pth`` files in name order: a path line adds
+  an existing path, an ``import`` line runs (an editable install's finder: its ``MAPPING`` /
+  ``NAMESPACES`` literals name the directories it imports from);
 - environment files the deployment names (``KEY=VALUE`` lines): ``PYTHONPATH`` entries come first,
   ``PYTHONHOME`` replaces the prefix search.
 
@@ -467,15 +467,21 @@ def compute_layout(
     user_site = None
     site_dirs: list[str] = []
     if site_enabled:
+        debian = _debian_site(stdlib)
+
+        def add_sites(dirs: Iterable[str]) -> None:
+            for site_dir in dirs:
+                if os.path.isdir(site_dir) and site_dir not in site_dirs:
+                    _add_site_dir(site_dir, path, exec_lines, editable, notes)
+                    site_dirs.append(site_dir)
+
+        if venv:  # site.venv() adds the venv's own site directories first, ahead of the user site
+            add_sites(_site_dirs([venv], version, platlibdir, debian))
         if user_enabled and env.get("PYTHONNOUSERSITE") is None:
             user_site = _user_site(user_homes, env, version)
             if user_site:
-                _add_site_dir(user_site, path, exec_lines, editable, notes)
-                site_dirs.append(user_site)
-        for site_dir in _site_dirs(prefixes, version, platlibdir, _debian_site(stdlib)):
-            if os.path.isdir(site_dir) and site_dir not in site_dirs:
-                _add_site_dir(site_dir, path, exec_lines, editable, notes)
-                site_dirs.append(site_dir)
+                add_sites([user_site])
+        add_sites(_site_dirs(prefixes, version, platlibdir, debian))
     return Layout(
         requested=requested,
         venv=venv,

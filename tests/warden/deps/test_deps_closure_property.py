@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tests.warden.deps.deps_helpers import PY_DIR, BaseEnv
@@ -129,6 +130,7 @@ def _inside(path: str, root: str) -> bool:
     derandomize=True,
     deadline=None,
     database=None,
+    phases=[Phase.explicit, Phase.generate],  # no shrinking: each example builds a venv
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(layout=LAYOUTS)
@@ -164,7 +166,7 @@ def test_every_directory_the_interpreter_imports_from_is_audited(layout, bases, 
     assert computed == real, (layout, target.closure)
     state = os.path.join(scratch, "state")
     os.makedirs(state)
-    env = BaseEnv(base, venv, state)
+    env = BaseEnv(base, pathlib.Path(venv), pathlib.Path(state))
     report = run_audit(env.settings(baseline_path=None), target)
     entries = report.stats["closure"]["sys_path"]
     roots = [
