@@ -250,3 +250,18 @@ def test_template_big_integer_arithmetic_ends_within_the_deadline(gpt2, copy_of,
     result = scan_directory(str(d), POLICY)
     assert time.monotonic() - start < POLICY.scan_budget_seconds + 30
     assert result.findings, "a template the sandbox could not finish must not scan clean"
+
+
+def test_normalized_special_under_folding_is_found_in_either_file(gpt2, copy_of):
+    d = copy_of(gpt2)
+    tok = _read(d / "tokenizer.json")
+    tok["normalizer"] = {"type": "NFKC"}
+    _write(d / "tokenizer.json", tok)
+    assert ids(scan_directory(str(d), POLICY)) == set()  # NFKC alone, specials not normalized: clean
+    config = _read(d / "tokenizer_config.json")
+    decoder = {"0": {"content": "<|endoftext|>", "special": True, "normalized": True}}
+    _write(d / "tokenizer_config.json", {**config, "added_tokens_decoder": decoder})
+    assert at(scan_directory(str(d), POLICY), "TS1211") == {"tokenizer_config.json"}
+    tok["added_tokens"][0]["normalized"] = True
+    _write(d / "tokenizer.json", tok)
+    assert at(scan_directory(str(d), POLICY), "TS1211") == {"tokenizer_config.json", "tokenizer.json"}

@@ -49,9 +49,10 @@ def _tokenizers(snap: Snapshot) -> list[tuple[str, dict[str, Any]]]:
 def check_pipeline(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
     out = []
     for rel, tok in _tokenizers(snap):
-        extra = _decoder_ids(_folder_doc(snap, rel, "tokenizer_config.json"))
-        for issue in pr.tokenizer_issues(tok, extra):
+        config = _folder_doc(snap, rel, "tokenizer_config.json")
+        for issue in pr.tokenizer_issues(tok, _decoder_ids(config)):
             out.append(finding(RULE_OF_KIND[issue.kind], rel, f"{issue.where}: {issue.detail}"))
+        out += _config_folding(rel, tok, config)
         if rel != "tokenizer.json":  # the root's is judged with the behaviour (exercise.py)
             model: dict[str, Any] = tok["model"] if isinstance(tok.get("model"), dict) else {}
             problem = tbe.merge_order_problem(model) or tbe.score_order_problem(model)
@@ -59,6 +60,29 @@ def check_pipeline(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
                 out.append(finding("TS1205", rel, problem))
     out += _slow_vocabularies(snap, policy)
     return out
+
+
+def _config_folding(rel: str, tok: dict[str, Any], config: dict[str, Any] | None) -> list[Finding]:
+    """``added_tokens_decoder`` of the config marks a special token ``normalized: true`` (the
+    loader builds its added tokens from it) under a folding normaliser of the tokenizer."""
+    decoder = (config or {}).get("added_tokens_decoder")
+    if not isinstance(decoder, dict):
+        return []
+    folds = pr.folding_rules(tok)
+    if not folds:
+        return []
+    where = (
+        os.path.join(os.path.dirname(rel), "tokenizer_config.json") if os.path.dirname(rel) else "tokenizer_config.json"
+    )
+    return [
+        finding(
+            "TS1211",
+            where,
+            f"added_tokens_decoder: special {token(v)!r} is normalized under {', '.join(sorted(set(folds)))}",
+        )
+        for v in decoder.values()
+        if isinstance(v, dict) and v.get("special") and v.get("normalized") and token(v)
+    ]
 
 
 def _merges(lines: tuple[str, ...]) -> list[str]:
