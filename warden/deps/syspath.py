@@ -14,7 +14,7 @@ path computation (``getpath``) and ``site`` use is a file that can be read inste
   ``include/pythonX.Y/patchlevel.h`` or ``pyvenv.cfg``;
 - a ``._pth`` file beside the executable as invoked or beside its resolved binary: it replaces the
   whole path (lines relative to its directory, which becomes the prefix) and turns ``site`` off
-  unless it has an ``import site`` line;
+  unless it has an ``import site`` line (with it, the venv and the user site are handled as usual);
 - ``site``: the venv's site directory, the user site (``<home>/.local/lib/pythonX.Y/site-packages``,
   when the interpreter would enable it: no venv, or a venv with system site-packages), then the base
   prefixes' site directories; each followed by its ``.pth`` files in name order: a path line adds
@@ -22,6 +22,9 @@ path computation (``getpath``) and ``site`` use is a file that can be read inste
   ``NAMESPACES`` literals name the directories it imports from);
 - environment files the deployment names (``KEY=VALUE`` lines): ``PYTHONPATH`` entries come first,
   ``PYTHONHOME`` replaces the prefix search.
+
+An ``import`` line that raises makes ``site`` skip the rest of its file; the lines after it are
+counted all the same (more is audited, never less).
 
 What this cannot know is reported in ``notes`` (the audit says discovery was partial): an ``import``
 line of a ``.pth`` other than a recognised finder (its effect is code; the line itself is a finding
@@ -448,7 +451,8 @@ def compute_layout(
         data = _read_or_none(pth_config[0])
         lines, imports = pth_lines(data or b"")
         site_enabled = any(i.strip() == "import site" for i in imports)
-        user_enabled = False  # a ._pth implies isolated mode
+        # A ._pth sets isolated mode, yet CPython 3.11 still enables the user site once `import site`
+        # runs (the coverage property test found it): it is not switched off here.
         pth_dir = os.path.dirname(pth_config[0])
         for line in lines:
             path.add(os.path.join(pth_dir, line), f"_pth:{pth_config[0]}")

@@ -99,7 +99,7 @@ def _write_pth(site: str, index: int, lines: tuple[str, ...], scratch: str, tag:
                 fh.write("")
             module = f"__editable___{name}_finder"
             with open(os.path.join(site, module + ".py"), "w") as fh:
-                fh.write(f"MAPPING = {{'pkg_{name}': {target!r}}}\nNAMESPACES = {{}}\n")
+                fh.write(f"MAPPING = {{'pkg_{name}': {target!r}}}\nNAMESPACES = {{}}\n\n\ndef install():\n    pass\n")
             out.append(f"import {module}; {module}.install()")
             targets.append(target)
     with open(os.path.join(site, f"{index:02d}-{tag}.pth"), "w") as fh:
