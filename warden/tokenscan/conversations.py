@@ -76,9 +76,14 @@ def _text(rng: random.Random, low: int, high: int, tag: str) -> str:
     return f"{tag}{body}{rng.choice(START)}"
 
 
-EXTREMES = ({"turns": 24, "first": 0.0}, {"turns": 1, "first": 0.9}, {"turns": 2, "first": 0.45, "parts": True})
+EXTREMES = (
+    {"turns": 24, "first": 0.0},
+    {"turns": 1, "first": 0.9},
+    {"turns": 2, "first": 0.45, "parts": False},
+    {"turns": 2, "first": 0.9, "parts": True},
+)
 # the first shapes of every draw: the longest conversation (with a system prompt), a single
-# user message, a developer message with list-of-parts content; the rest are drawn
+# user message, a developer message, list-of-parts content; the rest are drawn
 
 
 def _roles(rng: random.Random, turns: int | None = None, first: float | None = None) -> list[str]:
@@ -88,7 +93,7 @@ def _roles(rng: random.Random, turns: int | None = None, first: float | None = N
     first = rng.random() if first is None else first
     if first < 0.4:
         out.append("system")
-    elif first < 0.5:
+    elif first < 0.55:
         out.append("developer")
     turns = turns or rng.choice((1, 1, 2, 3, 5, 8, 13, 24))
     for i in range(turns):
@@ -100,20 +105,26 @@ def _roles(rng: random.Random, turns: int | None = None, first: float | None = N
     return out
 
 
-def _shape(rng: random.Random, forced: dict[str, Any] | None = None) -> dict[str, Any]:
+def _shape(rng: random.Random, index: int, forced: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything a render depends on except the texts: roles, content kinds, kwargs, the clock."""
     forced = forced or {}
     roles = _roles(rng, forced.get("turns"), forced.get("first"))
-    parts = forced.get("parts") or rng.random() < 0.3  # a third of the shapes give some messages as lists of parts (a
+    parts = (
+        forced["parts"] if "parts" in forced else rng.random() < 0.3
+    )  # a third of the shapes give some messages as lists of parts (a
     # template that refuses those still shows everything else in the other shapes)
     kinds = ["parts" if parts and rng.random() < 0.5 else "str" for _ in roles]
-    kwargs: dict[str, Any] = {"add_generation_prompt": roles[-1] != "assistant" and rng.random() < 0.85}
-    if rng.random() < 0.5:
-        kwargs["enable_thinking"] = rng.random() < 0.5
-    if rng.random() < 0.3:
-        kwargs["reasoning_effort"] = rng.choice(("low", "medium", "high"))
-    if rng.random() < 0.2:
-        kwargs["thinking"] = rng.random() < 0.5
+    # every value of every keyword argument within a dozen shapes (absent, then each value), in
+    # cycles of different lengths so the combinations vary
+    kwargs: dict[str, Any] = {"add_generation_prompt": roles[-1] != "assistant" and index % 5 != 4}
+    for name, values, period in (
+        ("enable_thinking", (None, True, False), 1),
+        ("reasoning_effort", (None, "low", "medium", "high"), 3),
+        ("thinking", (None, True, False), 4),
+    ):
+        value = values[(index // period) % len(values)]
+        if value is not None:
+            kwargs[name] = value
     has_call = "assistant_call" in roles
     tools = rng.choice((0, 1, 3)) if has_call or rng.random() < 0.3 else 0
     docs = rng.choice((1, 2)) if rng.random() < 0.15 else 0
@@ -203,7 +214,7 @@ def _draw(seed: str, count: int) -> list[dict[str, Any]]:
     rng = random.Random(hashlib.sha256(seed.encode()).hexdigest())
     out: list[dict[str, Any]] = []
     for i in range(count):
-        shape = _shape(rng, EXTREMES[i] if i < len(EXTREMES) else None)
+        shape = _shape(rng, i, EXTREMES[i] if i < len(EXTREMES) else None)
         first, texts_a = _fill(shape, rng, False, i)
         second, texts_b = _fill(shape, rng, True, i)
         if rng.random() < 0.5:  # which filling is long varies too
