@@ -38,14 +38,14 @@ def test_warm_rescans_of_50_distinct_tokenizers_make_no_sandbox_request(tokensca
     cold = sc.scan_paths(dirs, POLICY, with_manifest=True)
     assert all(s.findings == [] and not s.errors for s in cold)
     assert requests()[0] - before[0] == 50  # each distinct tokenizer was exercised once
-    assert requests()[1] - before[1] == 50  # each distinct template rendered once
+    assert requests()[1] - before[1] == 2 * 50  # each distinct template: its battery, its generated conversations
     sc.default_resources().memo.clear()  # the parsed documents are not what a warm rescan needs
     sc.default_resources().judged.clear()
     sc.default_resources().behaviour.clear()
     cache = HashCache()
     for _ in range(2):
         warm = sc.scan_paths(dirs, POLICY, with_manifest=True, hash_cache=cache)
-        assert requests() == (before[0] + 50, before[1] + 50)
+        assert requests() == (before[0] + 50, before[1] + 2 * 50)
         assert [(s.findings, s.token_ids_digest, s.files, s.manifest) for s in warm] == [
             (c.findings, c.token_ids_digest, c.files, c.manifest) for c in cold
         ]
