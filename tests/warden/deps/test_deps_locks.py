@@ -215,3 +215,65 @@ def test_shipped_policy_loads_and_names_the_project_lock():
     assert resolve(policy.lock.path, path) == PROJECT_LOCK
     assert policy.strict and policy.integrity.check_pyc and not policy.lock.allow_url
     assert "warden" in policy.drift.allow_extra
+
+
+SDIST_LOCK = """lock-version = "1.0"
+created-by = "test"
+
+[[packages]]
+name = "six"
+version = "1.16.0"
+wheels = [{ url = "https://example.invalid/six-1.16.0-py2.py3-none-any.whl", hashes = { sha256 = "SHA" } }]
+
+[[packages]]
+name = "antlr4-python3-runtime"
+version = "4.9.3"
+sdist = { name = "antlr4-python3-runtime-4.9.3.tar.gz", url = "https://x.invalid/a.tgz", hashes = { sha256 = "SHA" } }
+
+[[packages]]
+name = "both"
+version = "1.0"
+sdist = { url = "https://example.invalid/both-1.0.tar.gz", hashes = { sha256 = "SHA" } }
+wheels = [{ url = "https://example.invalid/both-1.0-py3-none-any.whl", hashes = { sha256 = "SHA" } }]
+""".replace("SHA", "a" * 64)
+
+
+def test_sdist_only_entries_block_unless_allowed(tmp_path):
+    from warden.deps.audit import built_locally
+    from warden.deps.installed import InstalledDist
+    from warden.deps.locks.hygiene import sdist_findings
+
+    path = tmp_path / "pylock.toml"
+    path.write_text(SDIST_LOCK)
+    lock = load_lock(str(path))
+    assert {p.canonical: p.sdist_only for p in lock.packages} == {
+        "six": None,
+        "antlr4-python3-runtime": "antlr4-python3-runtime-4.9.3.tar.gz",
+        "both": None,
+    }
+    blocked = sdist_findings(lock.packages, ())
+    assert [(f.kind, f.subject, f.blocking) for f in blocked] == [("sdist_only", "antlr4-python3-runtime", True)]
+    allowed = sdist_findings(lock.packages, ("Antlr4_Python3_Runtime",))
+    assert [(f.kind, f.blocking) for f in allowed] == [("sdist_only", False)]
+    dist = InstalledDist("antlr4-python3-runtime", "antlr4-python3-runtime", "4.9.3", "/x/a.dist-info", "/x", (), None)
+    other = InstalledDist(
+        "local", "local", "1.0", "/x/l.dist-info", "/x", (), None, direct_url="file:///src/local-1.0.tar.gz"
+    )
+    assert built_locally(lock, [dist, other], LINUX) == [
+        {
+            "name": "antlr4-python3-runtime",
+            "version": "4.9.3",
+            "built_from": "lock: antlr4-python3-runtime-4.9.3.tar.gz",
+        },
+        {"name": "local", "version": "1.0", "built_from": "direct_url.json: file:///src/local-1.0.tar.gz"},
+    ]
+
+
+def test_shipped_policy_blocks_sdist_only_entries_and_bounds_the_audit():
+    from warden.deps.policy import DepsPolicy
+    from warden.policy import load_policy
+
+    policy = load_policy(os.path.join(ROOT, "policies", "deps.yaml"), DepsPolicy)
+    assert policy.lock.allow_sdist_only == ()
+    rules = policy.integrity
+    assert rules.max_file_bytes < 4 * 1024**4 and rules.max_audit_seconds > 0 and rules.max_audit_bytes > 0
