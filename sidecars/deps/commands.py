@@ -42,11 +42,12 @@ def load_deps_policy(path: str) -> tuple[DepsPolicy, str]:
 def pick_target(python: str | None, site_packages: str | None, policy: DepsPolicy) -> Target:
     if python and site_packages:
         raise DepsConfigError("pass either --python or --site-packages, not both")
+    homes, env_files = policy.target.user_homes, policy.target.env_files
     if python:
-        return discover_python(python)
+        return discover_python(python, user_homes=homes, env_files=env_files)
     if site_packages:
         return discover_site_packages(site_packages, as_dict(policy.target.markers))
-    return discover_self()
+    return discover_self(homes, env_files)
 
 
 def build_settings(
@@ -133,8 +134,9 @@ def audit(
 ) -> None:
     """Audit an environment against the lock; exit 0 clean, 1 violation, 3 incomplete.
 
-    The target is the auditor's own environment, or --python PATH (that interpreter
-    reports its site-packages; nothing of it is imported), or --site-packages DIR.
+    The target is the auditor's own environment, or --python PATH (its files are read, never run:
+    its sys.path, site-packages and bytecode tag come from pyvenv.cfg, the stdlib and .pth files),
+    or --site-packages DIR.
     """
     loaded, policy_path = load_deps_policy(policy)
     state_dir = resolve_state_dir(state_dir, "deps", say=lambda line: echo(line, err=True))

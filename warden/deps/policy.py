@@ -113,6 +113,10 @@ class TargetRules:
     python: str | None = None
     site_packages: str | None = None
     markers: dict[str, str] = field(default_factory=dict)
+    # Read, never run (syspath.py): the home directories the target runs under (its user site; none
+    # given: the auditor's) and files of KEY=VALUE lines its environment is made of (PYTHONPATH, PYTHONHOME).
+    user_homes: tuple[str, ...] = ()
+    env_files: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

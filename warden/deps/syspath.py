@@ -380,10 +380,10 @@ def compute_layout(
         raise TargetError(f"--python {python}: a link to nothing")
     notes: list[str] = []
     env = dict(environ or {})
-    for path in env_files:
-        data = _read_or_none(path)
+    for env_file in env_files:
+        data = _read_or_none(env_file)
         if data is None:
-            notes.append(f"{path}: environment file not readable")
+            notes.append(f"{env_file}: environment file not readable")
             continue
         env.update(parse_env_file(data))
     venv = venv_dir(requested)
