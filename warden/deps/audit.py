@@ -39,6 +39,7 @@ from warden.deps.osv.server import OsvServer
 from warden.deps.pipaudit import PipAuditError, compare, run_pip_audit
 from warden.deps.policy import DepsPolicy
 from warden.deps.stdlib import stdlib_document
+from warden.deps.syspath import PARTIAL
 from warden.deps.vulns import check_vulnerabilities
 from warden.deps.walk import Budget
 from warden.deps.wheels import WheelOptions, check_wheels
@@ -364,7 +365,11 @@ def run_audit(
     report = AuditReport(target=target, started=now, strict=settings.strict, checks=tuple(sorted(settings.checks)))
     if settings.baseline_path:  # first: nothing of the audit has run yet
         report.baseline = read_baseline(settings.baseline_path)
-    report.notes.extend(f"discovery: {n}" for n in target.discovery_notes)
+    for note in target.discovery_notes:  # syspath.py: a partial discovery cannot vouch for the whole path
+        if note.startswith(PARTIAL):
+            report.incomplete.append(f"discovery partial: {note[len(PARTIAL) :]}")
+        else:
+            report.notes.append(f"discovery: {note}")
     cache = IntegrityCache.for_target(settings.state_dir, target.site_packages).load()
     known = cache.known_records() if "integrity" in settings.checks else frozenset()
     for root in target.site_packages:

@@ -26,10 +26,12 @@ path computation (``getpath``) and ``site`` use is a file that can be read inste
 An ``import`` line that raises makes ``site`` skip the rest of its file; the lines after it are
 counted all the same (more is audited, never less).
 
-What this cannot know is reported in ``notes`` (the audit says discovery was partial): an ``import``
-line of a ``.pth`` other than a recognised finder (its effect is code; the line itself is a finding
-unless its file is allowed), a Debian-patched ``site`` (``dist-packages``, recognised by the text of
-``site.py``), the script directory or ``''`` an invocation puts first.
+What this cannot know is reported in ``notes``; a note starting with ``partial:`` means the path may
+hold more than was computed (an unreadable ``.pth``, a finder whose targets are not literals): the
+audit is then incomplete (exit 3), never silently narrower. Not computed at all: an ``import`` line
+of a ``.pth`` other than a recognised finder (its effect is code; its file is a finding unless
+allowed by digest, pth.py), and the script directory or ``''`` an invocation puts first. A
+Debian-patched ``site`` (``dist-packages``) is recognised by the text of ``site.py``.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from warden.deps.errors import TargetError
 from warden.deps.walk import read_small
 
 CONFIG_LIMIT = 1024 * 1024
+PARTIAL = "partial: "  # a note saying the path may hold more than was computed (the audit is incomplete)
 BUILD_DATA_LIMIT = 8 * 1024 * 1024
 _PY_NAME = re.compile(r"python([0-9]+)\.([0-9]+)t?\Z")
 _FINDER_LINE = re.compile(r"import (__editable___[A-Za-z0-9_]+_finder); \1\.install\(\)\s*\Z")
@@ -324,13 +327,13 @@ def _add_site_dir(
     try:
         names = sorted(n for n in os.listdir(site_dir) if n.endswith(".pth") and not n.startswith("."))
     except OSError as exc:
-        notes.append(f"{site_dir}: cannot list its .pth files ({exc.strerror or exc})")
+        notes.append(f"{PARTIAL}{site_dir}: cannot list its .pth files ({exc.strerror or exc})")
         return
     for name in names:
         pth = os.path.join(site_dir, name)
         data = _read_or_none(pth)
         if data is None:
-            notes.append(f"{pth}: not readable: the paths it adds are not known")
+            notes.append(f"{PARTIAL}{pth}: not readable: the paths it adds are not known")
             continue
         lines, imports = pth_lines(data)
         for line in lines:
@@ -350,7 +353,9 @@ def _import_line(site_dir: str, pth: str, line: str, editable: list[tuple[str, s
     data = _read_or_none(finder)
     targets = finder_targets(data) if data is not None else None
     if targets is None:
-        notes.append(f"{finder}: editable finder without MAPPING/NAMESPACES literals: its targets are not known")
+        notes.append(
+            f"{PARTIAL}{finder}: editable finder without MAPPING/NAMESPACES literals: its targets are not known"
+        )
         return
     for name, paths in sorted(targets.items()):
         for p in paths:
@@ -383,7 +388,7 @@ def compute_layout(
     for env_file in env_files:
         data = _read_or_none(env_file)
         if data is None:
-            notes.append(f"{env_file}: environment file not readable")
+            notes.append(f"{PARTIAL}{env_file}: environment file not readable")
             continue
         env.update(parse_env_file(data))
     venv = venv_dir(requested)

@@ -321,3 +321,14 @@ def test_an_unknown_interpreter_is_refused_not_run(tmp_path):
     with pytest.raises(TargetError):
         compute_layout(str(script))
     assert not flag.exists()
+
+
+def test_a_finder_whose_targets_are_code_makes_the_audit_incomplete(base_env):
+    site = base_env.venv / "lib" / PY_DIR / "site-packages"
+    (site / "__editable___proj_1_0_finder.py").write_text("import os\nMAPPING = {'proj': os.environ['HOME']}\n")
+    pth = site / "__editable__.proj-1.0.pth"
+    pth.write_text("import __editable___proj_1_0_finder; __editable___proj_1_0_finder.install()")
+    report = base_env.audit(baseline_path=None)
+    assert any(r.startswith("discovery partial: ") and "editable finder" in r for r in report.incomplete)
+    assert ("pth_not_allowed", str(pth)) in kinds(report, "integrity")
+    assert report.exit_code == 3
