@@ -15,7 +15,7 @@ import pytest
 from tests.warden.tokenscan.mutations import CONSTRUCTS, base_templates, measure, mutate, report
 
 FULL = os.environ.get("WARDEN_MUTATIONS") == "full"
-SAMPLE = None if FULL else 12
+SAMPLE = None if FULL else 40
 
 
 def test_every_construct_is_tried_on_every_family():
