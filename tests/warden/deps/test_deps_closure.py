@@ -167,12 +167,15 @@ def test_user_site_comes_first_and_shadows(fake_base_template, tmp_path):
     assert without.user_site is None
 
 
-def test_pth_file_beside_the_interpreter(base_env):
-    """python._pth beside the invoked executable replaces the whole path (CPython getpath)."""
-    extra = base_env.venv / "bin" / "extra"
+@pytest.mark.parametrize("where", ["venv", "base"])
+def test_pth_file_beside_the_interpreter(base_env, where):
+    """A ._pth beside the invoked executable (venv/bin/python._pth) or beside the binary it resolves
+    to (base/bin/python3.X._pth) replaces the whole path (CPython getpath)."""
+    bin_dir = base_env.venv / "bin" if where == "venv" else base_env.base / "bin"
+    extra = bin_dir / "extra"
     extra.mkdir()
     (extra / "sitecustomize.py").write_text(f"print({MARK!r})\n")
-    pth = base_env.venv / "bin" / "python._pth"
+    pth = bin_dir / ("python._pth" if where == "venv" else f"{PY_DIR}._pth")
     pth.write_text(f"extra\n{base_env.stdlib}\n{base_env.stdlib}/lib-dynload\nimport site\n")
     assert MARK in _run(base_env.python)
     target = discover_python(base_env.python)
