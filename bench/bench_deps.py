@@ -15,6 +15,10 @@ are printed at the end, with the load average before each round (the machine may
 * ``full``: the periodic full pass with the cache of the cold run: every file re-hashed (pycs
   too), a pair compiled only if its exact bytes were never verified;
 * ``incremental``: stat only; files whose stat identity changed are re-hashed.
+
+Every audit covers the target's import closure (issue 31): the directories on its computed
+``sys.path`` beyond the stdlib, site-packages and venv (an editable install's source tree), read
+from files, the target never run.
 ``--repeat`` repeats full and incremental; every figure is printed.
 
 Anchors measured in the same run: ``walk+stat`` (listing and stat-ing every file: the floor
@@ -170,7 +174,9 @@ def _line(label: str, run: dict, anchor: float, anchor_name: str) -> str:
         f"   {label:<18}{run['seconds']:7.2f}s = {run['seconds'] / anchor:5.2f}x {anchor_name}; "
         f"{run['files_hashed']} hashed, {run['files_cached']} cached; .pyc: {run['pyc_checked']} compiled, "
         f"{run['pyc_verdict_cached']} by verdict, {run['pyc_cached']} by stat; base stdlib: "
-        f"{run['stdlib_hashed']} hashed, {run['stdlib_cached']} cached; {run['dists_cached']} dists judged whole, "
+        f"{run['stdlib_hashed']} hashed, {run['stdlib_cached']} cached; import closure: "
+        f"{run.get('closure_roots', 0)} more roots, {run.get('closure_files', 0)} files; "
+        f"{run['dists_cached']} dists judged whole, "
         f"{run['dirs_listed']}/{run['dirs_walked']} dirs listed; CPU {run['cpu']:.2f}s; {run['findings']} findings"
     )
 
