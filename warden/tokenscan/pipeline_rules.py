@@ -287,8 +287,9 @@ def _special_id_entries(model: Any, specials: Mapping[int, str]) -> list[tuple[s
     (one pass over a dict vocabulary; direct lookups in Unigram's list)."""
     vocab = model.get("vocab") if isinstance(model, dict) and specials else None
     if isinstance(vocab, dict):
-        shared = specials.keys() & set(vocab.values())  # C-level passes; the loop below is rare
-        counts = Counter(vocab.values()) if shared else Counter()
+        ids = [i for i in vocab.values() if type(i) is int]
+        shared = specials.keys() & set(ids)  # C-level passes; the loop below is rare
+        counts = Counter(ids) if shared else Counter()
         if all(counts[i] == 1 and vocab.get(specials[i]) == i for i in shared):
             return []
         return [(str(t), i) for t, i in vocab.items() if i in shared and specials[i] != t]
@@ -355,7 +356,8 @@ def vocabulary_issues(tok: Mapping[str, Any], extra_ids: Mapping[int, str] | Non
 
 def _template_tokens(node: Mapping[str, Any]) -> Iterator[str]:
     for key in ("single", "pair"):
-        for piece in node.get(key) or []:
+        pieces = node.get(key)
+        for piece in pieces[:MAX_RULES] if isinstance(pieces, list) else []:
             special = piece.get("SpecialToken") if isinstance(piece, dict) else None
             if isinstance(special, dict):
                 yield str(special.get("id"))

@@ -371,3 +371,24 @@ def test_the_judged_constructs_really_change_what_tokenizers_does(bases):
     loaded = tokenizers.Tokenizer.from_str(json.dumps(tok))
     assert "not" not in loaded.decode(loaded.encode("do not stop").ids)
     assert {i.kind for i in pr.tokenizer_issues(tok)} == {"rule"}
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=20,
+)
+RULE_LIKE = st.fixed_dictionaries(
+    {"type": st.sampled_from(sorted({t for table in pr.JUDGES.values() for t in table}))},
+    optional={k: JSON for k in ("pattern", "content", "behavior", "invert", "prepend", "replacement", "prefix",
+                                "suffix", "delimiter", "normalizers", "pretokenizers", "decoders", "processors",
+                                "single", "pair", "special_tokens", "sep", "cls")},
+)  # fmt: skip
+
+
+@SETTINGS
+@given(sections=st.dictionaries(st.sampled_from([*pr.JUDGES, "model", "added_tokens"]), RULE_LIKE | JSON))
+def test_hostile_pipeline_json_never_raises(sections):
+    tok = {"model": {"type": "BPE", "vocab": {"a": 0, "b": [1]}, "merges": [["a", 1]]}, "added_tokens": [], **sections}
+    for issue in pr.tokenizer_issues(tok):
+        assert issue.kind in ("rule", "unknown", "collision", "folding", "template")

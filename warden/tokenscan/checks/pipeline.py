@@ -101,7 +101,7 @@ def _slow_vocabularies(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]
         if name == "merges.txt":
             merges = _merges(lines)
             if model is not None and isinstance(model.get("merges"), list):
-                theirs = [" ".join(m) if isinstance(m, list) else str(m) for m in model["merges"]]
+                theirs = [" ".join(map(str, m)) if isinstance(m, list) else str(m) for m in model["merges"]]
                 if theirs != merges:
                     pairs = enumerate(zip(theirs, merges, strict=False))
                     differ = next((i for i, (a, b) in pairs if a != b), min(len(theirs), len(merges)))
