@@ -269,10 +269,10 @@ def optimizer_step(models: Trainables, grad_clip: float) -> float | None:
     if scaler is not None:
         for opt in models.optimizers():
             scaler.unscale_(opt)
-    norm = float(torch.nn.utils.clip_grad_norm_(models.actor.parameters(), grad_clip))
+    norm = float(torch.nn.utils.clip_grad_norm_(_trained(models.actor_opt), grad_clip))
     finite = math.isfinite(norm)
-    if models.critic is not None:
-        finite = math.isfinite(float(torch.nn.utils.clip_grad_norm_(models.critic.parameters(), grad_clip))) and finite
+    if models.critic is not None and models.critic_opt is not None:
+        finite = math.isfinite(float(torch.nn.utils.clip_grad_norm_(_trained(models.critic_opt), grad_clip))) and finite
     if finite:
         for opt in models.optimizers():
             if scaler is not None:
@@ -285,6 +285,12 @@ def optimizer_step(models: Trainables, grad_clip: float) -> float | None:
         models.zero_grad()
         return None
     return norm
+
+
+def _trained(optimizer: Any) -> list[torch.Tensor]:
+    """The parameters ``optimizer`` steps, in order: what is clipped (a model's own parameters would
+    also take in a LoRA base's frozen weights, or a shared critic's adapter for the actor)."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def _no_sync(model: Any, sync: bool) -> AbstractContextManager[Any]:

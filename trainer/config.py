@@ -54,6 +54,25 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """``model.lora``: train low-rank adapters (peft) on a frozen base instead of every weight.
+
+    The reference policy is the base with the adapters disabled; ``critic`` shared: a value head on
+    the same base with its own adapter (one copy of the base weights); separate: today's critic (a
+    whole model from ``model.critic_path``, trained in full). See :mod:`trainer.lora`.
+    """
+
+    rank: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+    critic: str = "shared"  # shared | separate
+
+
+LORA_CRITICS = ("shared", "separate")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     actor_path: str = ""
     critic_path: str = ""  # empty: same weights as the actor, plus a fresh value head
@@ -63,6 +82,7 @@ class ModelConfig:
     # One whitelist: the tokenizer scanner's (a config can narrow it; the guard takes both lists' intersection).
     allowed_tokenizer_classes: tuple[str, ...] = DEFAULT_TOKENIZER_CLASSES
     tiny: TinyAssets | None = None
+    lora: LoraConfig | None = None  # absent: full fine-tuning
 
 
 @dataclass(frozen=True)
@@ -393,6 +413,9 @@ RANGES: dict[str, Range] = {
     "model.tiny.num_heads": AT_LEAST_1,
     "model.tiny.intermediate_size": AT_LEAST_1,
     "model.tiny.num_prompts": AT_LEAST_1,
+    "model.lora.rank": AT_LEAST_1,
+    "model.lora.alpha": POSITIVE,
+    "model.lora.dropout": Range(0, 1, hi_open=True),
     "data.max_prompt_tokens": AT_LEAST_1,
     "rollout.n": AT_LEAST_1,
     "rollout.max_new_tokens": AT_LEAST_1,
@@ -512,11 +535,53 @@ def validate(cfg: TrainerConfig, where: str = "<config>", world_size: int = 1) -
     _choices(where, "oom.action", cfg.oom.action, ("fail", "skip"))
     _choices(where, "run.device", cfg.run.device, ("cpu", "cuda", "auto"))
     _choices(where, "model.dtype", cfg.model.dtype, ("float32", "bfloat16", "float16"))
+    if cfg.model.lora is not None:
+        validate_lora(cfg, where, world_size)
     _require(
         cfg.validation.every_steps == 0 or bool(cfg.validation.files),
         where,
         "validation.files",
         "validation.every_steps is set but no held-out file is named",
+    )
+
+
+def validate_lora(cfg: TrainerConfig, where: str, world_size: int) -> None:
+    """``model.lora``: its keys, and the layouts it does not run in (each refusal names the key)."""
+    lora = cfg.model.lora
+    assert lora is not None
+    _choices(where, "model.lora.critic", lora.critic, LORA_CRITICS)
+    _require(
+        bool(lora.target_modules),
+        where,
+        "model.lora.target_modules",
+        "name at least one module of the base to adapt (e.g. [q_proj, v_proj])",
+    )
+    for i, name in enumerate(lora.target_modules):
+        _require(
+            isinstance(name, str) and _DOTTED.fullmatch(name) is not None,
+            where,
+            f"model.lora.target_modules[{i}]",
+            f"expected a module name such as q_proj, got {name!r}",
+        )
+    _require(
+        cfg.rollout.engine == "hf",
+        where,
+        "rollout.engine",
+        "model.lora samples with the hf engine (vllm would need the adapters merged after every update)",
+    )
+    shared = lora.critic == "shared" and cfg.algorithm.adv_estimator != "grpo"
+    _require(
+        not shared or not cfg.model.critic_path,
+        where,
+        "model.critic_path",
+        "model.lora.critic shared puts the value head on the actor's base; set model.lora.critic separate "
+        "to train a critic from model.critic_path",
+    )
+    _require(
+        not shared or world_size == 1,
+        where,
+        "model.lora.critic",
+        f"shared runs in one process (its two adapters share one module); use separate for a {world_size}-process run",
     )
 
 

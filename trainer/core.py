@@ -19,6 +19,7 @@ Only rank 0 writes events, checkpoints and serves /metrics.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -31,7 +32,7 @@ from typing import Any
 import torch
 
 from trainer import checkpoint as ckpt
-from trainer import elastic, space
+from trainer import elastic, lora, space
 from trainer.algorithm import Experience, Precision, Trainables, make_experience, ppo_update
 from trainer.config import TrainerConfig
 from trainer.data import PromptRow, PromptSampler, batch_digest, encode_prompts, left_pad, load_prompts
@@ -269,15 +270,29 @@ class PPOTrainer:
         self.emit(ev.MODEL_LOADING, {"path": paths.tokenizer, "kind": "tokenizer"})
         self.tokenizer = load_tokenizer(paths.tokenizer, cfg.model.allowed_tokenizer_classes)
         self.tokenizer.padding_side = "left"
-        kinds = [("actor", paths.actor), ("reference", paths.actor)] + [("critic", paths.critic)] * self.has_critic
+        lora_cfg = cfg.model.lora
+        shared_critic = lora_cfg is not None and lora_cfg.critic == "shared" and self.has_critic
+        kinds = [("actor", paths.actor)] + [("reference", paths.actor)] * (lora_cfg is None)
+        kinds += [("critic", paths.critic)] * (self.has_critic and not shared_critic)
         for kind, path in kinds:
             self.emit(ev.MODEL_LOADING, {"path": path, "kind": kind})
         compute = DTYPES[cfg.model.dtype] if cfg.model.dtype != "float32" else None
         self.precision = Precision(self.device.type, compute)
-        # float32 master weights for what is trained; the frozen reference computes in the run's dtype
-        self.actor = load_causal_lm(paths.actor, "float32", self.device)
-        self.ref = load_causal_lm(paths.actor, cfg.model.dtype, self.device).eval().requires_grad_(False)
-        self.critic: Any = load_critic(paths.critic, "float32", self.device) if self.has_critic else None
+        self.lora: lora.LoraModels | None = None
+        self.critic: Any = None
+        if lora_cfg is not None:
+            # One base in the run's dtype with float32 adapters; the reference is that base, adapters off.
+            self.lora = lora.build(paths.actor, cfg, self.device, shared_critic)
+            self.actor = self.lora.peft
+            self.ref: Any = lora.ReferencePolicy(self.lora)
+            if shared_critic:
+                self.critic = lora.SharedCritic(self.lora, lora.hidden_size(self.lora), self.device)
+        else:
+            # float32 master weights for what is trained; the frozen reference computes in the run's dtype
+            self.actor = load_causal_lm(paths.actor, "float32", self.device)
+            self.ref = load_causal_lm(paths.actor, cfg.model.dtype, self.device).eval().requires_grad_(False)
+        if self.has_critic and self.critic is None:
+            self.critic = load_critic(paths.critic, "float32", self.device)
         self.actor.config.use_cache = True
         if self.dist.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -287,8 +302,13 @@ class PPOTrainer:
             self.critic = DDP(self.critic, device_ids=ids) if self.critic is not None else None
         self._build_optimizers()
         self.stop_ids = stop_token_ids(self.tokenizer.eos_token_id, cfg.rollout.stop_token_ids)
-        self.rollout = build_rollout(
-            cfg, unwrap(self.actor), paths.actor, self.stop_ids, self.tokenizer.pad_token_id, compute
+        self.rollout = build_rollout(  # LoRA: sampled from the adapted base itself, never a copy of it
+            cfg,
+            unwrap(self.actor),
+            paths.actor,
+            self.stop_ids,
+            self.tokenizer.pad_token_id,
+            compute if self.lora is None else None,
         )
         if getattr(self.rollout, "static", False):
             log.info(
@@ -301,12 +321,21 @@ class PPOTrainer:
 
     def _build_optimizers(self) -> None:
         p = self.cfg.ppo
-        self.actor_opt = torch.optim.AdamW(self.actor.parameters(), lr=p.actor_lr, weight_decay=p.weight_decay)
+        # LoRA: the actor's adapter only (a shared critic's adapter is the critic's optimizer's)
+        actor_params = (
+            list(self.actor.parameters()) if self.lora is None else self.lora.adapter_params(lora.ACTOR_ADAPTER)
+        )
+        self.actor_opt = torch.optim.AdamW(actor_params, lr=p.actor_lr, weight_decay=p.weight_decay)
         self.actor_sched = _warmup(self.actor_opt, p.warmup_steps)
         self.critic_opt: Any = None
         self.critic_sched: Any = None
         if self.critic is not None:
-            self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=p.critic_lr, weight_decay=p.weight_decay)
+            critic_params = (
+                self.critic.trained_parameters()
+                if isinstance(self.critic, lora.SharedCritic)
+                else list(self.critic.parameters())
+            )
+            self.critic_opt = torch.optim.AdamW(critic_params, lr=p.critic_lr, weight_decay=p.weight_decay)
             self.critic_sched = _warmup(self.critic_opt, p.warmup_steps)
         scaler = torch.amp.GradScaler(self.device.type) if self.precision.needs_scaler else None
         self.trainables = Trainables(self.actor, self.actor_opt, self.critic, self.critic_opt, scaler)
@@ -602,7 +631,8 @@ class PPOTrainer:
     def _update(self, exp: Experience, step: int) -> dict[str, float]:
         cfg = self.cfg
         gen = torch.Generator().manual_seed(cfg.run.seed * 7919 + step)
-        stats = ppo_update(self.trainables, exp, cfg.ppo, cfg.rollout.temperature, self.dist, gen, self.precision)
+        with self.lora.dropout_active() if self.lora is not None else contextlib.nullcontext():
+            stats = ppo_update(self.trainables, exp, cfg.ppo, cfg.rollout.temperature, self.dist, gen, self.precision)
         self.rollout.sync_weights(unwrap(self.actor))  # engines with their own copy follow the actor
         self.kl_ctl.update(exp.mean_kl, exp.responses.shape[0])
         self.actor_sched.step()

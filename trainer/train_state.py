@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from trainer import checkpoint as ckpt
+from trainer import lora
 from trainer.models import CRITIC_WEIGHTS, save_critic, save_pretrained_files, unwrap
 from trainer.verified_load import CheckpointRejected, VerifiedCheckpoint
 from warden.errors import ConfigError, quote_untrusted
@@ -129,7 +130,11 @@ def describe_changes(saved: Any, current: dict[str, Any], keys: list[str]) -> st
 # -- save -------------------------------------------------------------------------------------
 def fill_checkpoint(trainer: Any, writer: ckpt.CheckpointSink) -> None:
     """Serialises ``trainer``'s state into the checkpoint being written (every byte hashed in memory)."""
-    save_pretrained_files(writer, "actor", unwrap(trainer.actor))
+    lora_models = getattr(trainer, "lora", None)
+    if lora_models is None:
+        save_pretrained_files(writer, "actor", unwrap(trainer.actor))
+    else:  # the adapters only: the base is named by its digest
+        lora.save_adapter(writer, "actor", lora_models, lora.ACTOR_ADAPTER)
     ckpt.save_state(writer, "optim_actor", trainer.actor_opt.state_dict())
     state: dict[str, Any] = {
         "step": trainer.step,
@@ -143,8 +148,13 @@ def fill_checkpoint(trainer: Any, writer: ckpt.CheckpointSink) -> None:
         "skipped_updates": int(trainer.skipped_updates),
         "genesis_nonce": trainer.genesis_nonce,
     }
+    if lora_models is not None:
+        state[lora.BASE_DIGEST_KEY] = lora_models.base_digest
     if trainer.critic is not None:
-        save_critic(unwrap(trainer.critic), writer, "critic", trainer.paths.critic)
+        if isinstance(trainer.critic, lora.SharedCritic):
+            lora.save_shared_critic(writer, trainer.critic)
+        else:
+            save_critic(unwrap(trainer.critic), writer, "critic", trainer.paths.critic)
         ckpt.save_state(writer, "optim_critic", trainer.critic_opt.state_dict())
         state["scheduler_critic"] = trainer.critic_sched.state_dict()
     ckpt.save_state(writer, "rng", capture_rng())
@@ -157,9 +167,16 @@ ADAM_MOMENTS = 2
 
 def estimate_state_bytes(trainer: Any) -> int:
     """Bytes of tensors :func:`fill_checkpoint` will save, known before the optimizer has state:
-    every model's parameters and buffers, plus AdamW's moments of each trainable parameter."""
+    every model's parameters and buffers (a LoRA run: the adapters and heads, never the base),
+    plus AdamW's moments of each parameter the optimizers train."""
     from trainer.staging import state_bytes
 
+    lora_models = getattr(trainer, "lora", None)
+    if lora_models is not None:
+        critic = None if trainer.critic is None else unwrap(trainer.critic)
+        optimizers = [o for o in (trainer.actor_opt, trainer.critic_opt) if o is not None]
+        trained = [p for o in optimizers for group in o.param_groups for p in group["params"]]
+        return state_bytes(lora.saved_weights(lora_models, critic)) + ADAM_MOMENTS * state_bytes(trained)
     models = [unwrap(m) for m in (trainer.actor, trainer.critic) if m is not None]
     weights = state_bytes(t for m in models for t in m.state_dict().values())
     moments = state_bytes(p for m in models for p in m.parameters() if p.requires_grad)
@@ -231,6 +248,8 @@ def _critic_state(checkpoint: VerifiedCheckpoint, trainer: Any, state: dict[str,
     rejected, never resumed with a fresh critic."""
     if trainer.critic is None:
         return None
+    if isinstance(trainer.critic, lora.SharedCritic):
+        return lora.read_shared_critic(checkpoint, trainer.critic), checkpoint.state("optim_critic")
     if f"critic/{CRITIC_WEIGHTS}" not in checkpoint.files:
         if "scheduler_critic" in state:
             raise CheckpointRejected(f"critic/{CRITIC_WEIGHTS}: missing, but {ckpt.STATE} says a critic was saved")
@@ -250,24 +269,37 @@ def load_into(trainer: Any, checkpoint: VerifiedCheckpoint) -> None:
     if not isinstance(state, dict):
         raise CheckpointRejected(f"{ckpt.STATE}: not a JSON object")
     changed = guard_config(trainer, state)
-    shards = checkpoint.names("actor", ".safetensors")
-    if not shards:
-        raise CheckpointRejected("actor/: no weights among the signed files")
-    weights: dict[str, Any] = {}
-    for name in shards:
-        weights.update(checkpoint.tensors(name))
+    lora_models = getattr(trainer, "lora", None)
     actor = unwrap(trainer.actor)
-    _check_weights("actor", actor, weights, bool(getattr(actor.config, "tie_word_embeddings", False)))
+    weights: dict[str, Any] = {}
+    adapters: list[Any] = []
+    if lora_models is not None:
+        lora.check_base(lora_models, state, trainer.paths.actor)
+        adapters = lora.read_actor(checkpoint, lora_models)
+    else:
+        shards = checkpoint.names("actor", ".safetensors")
+        if not shards:
+            raise CheckpointRejected("actor/: no weights among the signed files")
+        for name in shards:
+            weights.update(checkpoint.tensors(name))
+        _check_weights("actor", actor, weights, bool(getattr(actor.config, "tie_word_embeddings", False)))
     critic = _critic_state(checkpoint, trainer, state)
     optim_actor, rng = checkpoint.state("optim_actor"), checkpoint.state("rng")
     _check_optimizer_state("optim_actor", trainer.actor_opt, optim_actor)
     if critic is not None:
         _check_optimizer_state("optim_critic", trainer.critic_opt, critic[1])
     try:
-        actor.load_state_dict(weights, strict=False)  # copy_ casts a bf16 checkpoint into fp32 masters
+        if lora_models is not None:
+            lora.copy_pairs(adapters)
+        else:
+            actor.load_state_dict(weights, strict=False)  # copy_ casts a bf16 checkpoint into fp32 masters
         trainer.actor_opt.load_state_dict(optim_actor)
         trainer.actor_sched.load_state_dict(state["scheduler_actor"])
-        if critic is not None:
+        if critic is not None and isinstance(trainer.critic, lora.SharedCritic):
+            lora.copy_pairs(critic[0])
+            trainer.critic_opt.load_state_dict(critic[1])
+            trainer.critic_sched.load_state_dict(state["scheduler_critic"])
+        elif critic is not None:
             unwrap(trainer.critic).load_state_dict(critic[0])
             trainer.critic_opt.load_state_dict(critic[1])
             trainer.critic_sched.load_state_dict(state["scheduler_critic"])

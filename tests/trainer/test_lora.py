@@ -1,0 +1,269 @@
+"""LoRA fine-tuning (model.lora, trainer/lora.py) on the tiny model: only adapters train, the reference is the
+base with adapters off (no second model), checkpoints hold no base weights, resume is bit-exact and refuses
+another base, async and sync saves write the same bytes, GRPO and a separate critic run."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tests.trainer.checkpoint_files import read_tree
+from trainer import checkpoint as ckpt
+from warden.errors import ConfigError
+
+LORA = {"rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+
+
+def _config(make_config, lora=None, **sections):
+    extra = {"max_steps": 4, "run": {"run_id": "lora-run"}, "model": {"lora": {**LORA, **(lora or {})}}}
+    for key, value in sections.items():
+        extra[key] = {**extra.get(key, {}), **value} if isinstance(value, dict) else value
+    return make_config(extra)[0]
+
+
+def _trainer(cfg, run_dir, resume="never"):
+    from trainer.core import PPOTrainer
+
+    return PPOTrainer(cfg, str(run_dir), resume=resume)
+
+
+def _base_state(trainer):
+    """The frozen base's tensors (every parameter that is not an adapter), cloned."""
+    return {n: p.detach().clone() for n, p in trainer.actor.named_parameters() if "lora_" not in n}
+
+
+def _trained_state(trainer):
+    """What the run trains: both optimizers' parameters, cloned, in order."""
+    opts = [o for o in (trainer.actor_opt, trainer.critic_opt) if o is not None]
+    return [p.detach().clone() for o in opts for g in o.param_groups for p in g["params"]]
+
+
+# -- config -----------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("lora", "sections", "key"),
+    [
+        ({"rank": 0}, {}, "model.lora.rank"),
+        ({"alpha": 0}, {}, "model.lora.alpha"),
+        ({"dropout": 1.0}, {}, "model.lora.dropout"),
+        ({"critic": "both"}, {}, "model.lora.critic"),
+        ({"target_modules": []}, {}, "model.lora.target_modules"),
+        ({"target_modules": ["q_proj", "a b"]}, {}, "model.lora.target_modules[1]"),
+        ({}, {"rollout": {"engine": "vllm"}}, "rollout.engine"),
+        ({}, {"model": {"critic_path": "/nonexistent"}}, "model.critic_path"),
+    ],
+)
+def test_bad_lora_settings_are_config_errors_naming_the_key(make_config, lora, sections, key):
+    extra = {"model": {"lora": {**LORA, **lora}}}
+    for name, value in sections.items():
+        extra[name] = {**extra.get(name, {}), **value}
+    with pytest.raises(ConfigError) as info:
+        make_config(extra)
+    assert f": {key}: " in str(info.value)
+
+
+def test_shared_critic_is_refused_for_several_processes(make_config):
+    from trainer.config import validate
+
+    cfg = _config(make_config)
+    with pytest.raises(ConfigError, match=re.escape("model.lora.critic: shared runs in one process")):
+        validate(cfg, "<config>", 2)
+    validate(_config(make_config, {"critic": "separate"}), "<config>", 2)
+
+
+def test_target_modules_missing_from_the_base_is_a_config_error(make_config, tmp_path):
+    cfg = _config(make_config, {"target_modules": ["no_such_proj"]})
+    with pytest.raises(ConfigError, match=re.escape("model.lora.target_modules: ['no_such_proj'] do not fit the base")):
+        _trainer(cfg, tmp_path / "run")
+
+
+# -- training -----------------------------------------------------------------------------------
+def test_lora_ppo_trains_only_adapters_and_the_reference_is_the_base_with_adapters_off(make_config, tmp_path):
+    from trainer.algorithm import batched_logprobs, position_ids_from
+    from trainer.lora import ReferencePolicy, SharedCritic
+    from trainer.models import load_causal_lm
+
+    cfg = _config(make_config, {"dropout": 0.1}, checkpoint={"every_steps": 0})
+    trainer = _trainer(cfg, tmp_path / "run")
+    try:
+        # No reference model: the reference is a view of the actor's module, holding no tensor of its own.
+        assert isinstance(trainer.ref, ReferencePolicy) and not isinstance(trainer.ref, torch.nn.Module)
+        assert trainer.ref.models.peft is trainer.actor and isinstance(trainer.critic, SharedCritic)
+        storages = {p.untyped_storage().data_ptr() for p in trainer.actor.parameters()}
+        storages |= {p.untyped_storage().data_ptr() for p in trainer.critic.trained_parameters()}
+        base_bytes = sum(p.numel() * p.element_size() for n, p in trainer.actor.named_parameters() if "lora_" not in n)
+        held = sum(p.numel() * p.element_size() for n, p in trainer.actor.named_parameters()) + sum(
+            p.numel() * p.element_size() for p in trainer.critic.value_head.parameters()
+        )
+        assert held < 1.5 * base_bytes  # one base (plus adapters), never two
+        trained = {id(p) for o in (trainer.actor_opt, trainer.critic_opt) for g in o.param_groups for p in g["params"]}
+        names = {id(p): n for n, p in trainer.actor.named_parameters()}
+        assert all("lora_" in names[i] for i in trained if i in names)
+        assert {id(p) for p in trainer.critic.value_head.parameters()} <= trained
+        base_before, trained_before = _base_state(trainer), _trained_state(trainer)
+        trainer.train(3)
+        base_after, trained_after = _base_state(trainer), _trained_state(trainer)
+        assert [n for n in base_before if not torch.equal(base_before[n], base_after[n])] == []
+        changed = [
+            i for i, (a, b) in enumerate(zip(trained_before, trained_after, strict=True)) if not torch.equal(a, b)
+        ]
+        assert len(changed) == len(trained_before)  # every adapter matrix and the value head moved
+
+        # The reference's log-probs equal a freshly loaded base's, bit for bit, while the actor's differ.
+        base = load_causal_lm(trainer.paths.actor, "float32", torch.device("cpu")).eval()
+        ids = torch.randint(3, 300, (4, 12), generator=torch.Generator().manual_seed(5))
+        mask = torch.ones_like(ids)
+        args = (ids, mask, position_ids_from(mask), ids[:, 6:], 6, 1.0, 2)
+        ref_lp, base_lp = batched_logprobs(trainer.ref, *args), batched_logprobs(base, *args)
+        assert torch.equal(ref_lp, base_lp)
+        assert not torch.equal(batched_logprobs(trainer.actor, *args), base_lp)
+        assert all(p.requires_grad for p in _params(trainer))  # the switches left the trained set trainable
+    finally:
+        trainer.close()
+
+
+def _params(trainer):
+    return [p for o in (trainer.actor_opt, trainer.critic_opt) for g in o.param_groups for p in g["params"]]
+
+
+def test_grpo_with_lora_has_no_critic_and_trains_the_adapter(make_config, tmp_path):
+    cfg = _config(make_config, algorithm={"adv_estimator": "grpo"}, checkpoint={"every_steps": 2})
+    trainer = _trainer(cfg, tmp_path / "run")
+    try:
+        assert trainer.critic is None and trainer.critic_opt is None
+        base_before, trained_before = _base_state(trainer), _trained_state(trainer)
+        results = trainer.train(2)
+        assert "value_loss" not in results[-1].metrics
+        base_after = _base_state(trainer)
+        assert [n for n in base_before if not torch.equal(base_before[n], base_after[n])] == []
+        assert not all(torch.equal(a, b) for a, b in zip(trained_before, _trained_state(trainer), strict=True))
+    finally:
+        trainer.close()
+    files = read_tree(str(tmp_path / "run" / "checkpoints" / ckpt.step_dir_name(2)))
+    assert not [f for f in files if f.startswith("critic/")]
+
+
+def test_separate_critic_is_a_whole_model_trained_beside_the_adapters(make_config, tmp_path):
+    from trainer.models import Critic
+
+    cfg = _config(make_config, {"critic": "separate"}, checkpoint={"every_steps": 1})
+    trainer = _trainer(cfg, tmp_path / "run")
+    try:
+        assert isinstance(trainer.critic, Critic)
+        before = _trained_state(trainer)
+        trainer.train(1)
+        assert not all(torch.equal(a, b) for a, b in zip(before, _trained_state(trainer), strict=True))
+    finally:
+        trainer.close()
+    resumed = _trainer(cfg, tmp_path / "run", resume="auto")
+    try:
+        assert resumed.step == 1
+        assert all(torch.equal(a, b) for a, b in zip(_trained_state(trainer), _trained_state(resumed), strict=True))
+    finally:
+        resumed.close()
+
+
+# -- checkpoints --------------------------------------------------------------------------------
+def _tensor_files(path):
+    return {rel: load_file(os.path.join(path, rel)) for rel in read_tree(path) if rel.endswith(".safetensors")}
+
+
+def test_a_lora_checkpoint_holds_adapters_heads_and_the_base_digest_only(make_config, tmp_path):
+    from trainer.lora import BASE_DIGEST_KEY, base_digest
+    from trainer.models import load_causal_lm
+    from trainer.train_state import ADAM_MOMENTS, estimate_state_bytes
+
+    cfg = _config(make_config, checkpoint={"every_steps": 2})
+    trainer = _trainer(cfg, tmp_path / "run")
+    try:
+        trainer.train(2)
+        estimate = estimate_state_bytes(trainer)
+        trained_bytes = sum(p.numel() * p.element_size() for p in _params(trainer))
+    finally:
+        trainer.close()
+    path = str(tmp_path / "run" / "checkpoints" / ckpt.step_dir_name(2))
+    tensors = _tensor_files(path)
+    weights = {rel: t for rel, t in tensors.items() if rel.startswith(("actor/", "critic/"))}
+    assert sorted(weights) == [
+        "actor/adapter_model.safetensors",
+        "critic/adapter_model.safetensors",
+        "critic/value_head.safetensors",
+    ]
+    names = [n for rel in ("actor/adapter_model.safetensors", "critic/adapter_model.safetensors") for n in weights[rel]]
+    assert names and all(".lora_A." in n or ".lora_B." in n for n in names)
+    base = load_causal_lm(trainer.paths.actor, "float32", torch.device("cpu"))
+    base_names = set(base.state_dict())
+    assert not [n for t in tensors.values() for n in t if n in base_names or n.endswith("embed_tokens.weight")]
+    # What is saved is what the staging arena was sized for: the weights plus AdamW's two moments.
+    weight_bytes = sum(t.numel() * t.element_size() for ts in weights.values() for t in ts.values())
+    assert estimate == weight_bytes + ADAM_MOMENTS * trained_bytes
+    base_bytes = sum(t.numel() * t.element_size() for t in base.state_dict().values())
+    assert estimate < base_bytes / 4
+    state = json.loads(read_tree(path)[ckpt.STATE])
+    assert state[BASE_DIGEST_KEY] == base_digest(base)
+    adapter = json.loads(read_tree(path)["actor/adapter_config.json"])
+    assert adapter["r"] == 4 and adapter["target_modules"] == ["q_proj", "v_proj"]
+
+
+def _comparable(path):
+    files = dict(read_tree(path))
+    state = json.loads(files.pop(ckpt.STATE))
+    state["config"]["checkpoint"].pop("async_save")
+    files.pop(ckpt.MANIFEST)
+    files[ckpt.STATE] = {k: v for k, v in state.items() if k not in ("config_digest", "genesis_nonce")}
+    return files
+
+
+def _run(make_config, run_dir, steps, mode="off", resume="never", **extra):
+    cfg = _config(make_config, checkpoint={"every_steps": 2, "async_save": mode}, **extra)
+    trainer = _trainer(cfg, run_dir, resume=resume)
+    try:
+        trainer.train(steps)
+        return _trained_state(trainer), trainer
+    finally:
+        trainer.close()
+
+
+def test_lora_async_and_sync_checkpoints_are_byte_identical_and_resume_is_bit_exact(make_config, tmp_path):
+    straight, sync_trainer = _run(make_config, tmp_path / "sync", 4, "off")
+    _, async_trainer = _run(make_config, tmp_path / "async", 4, "on")
+    assert sync_trainer.saver.asynchronous is False and async_trainer.saver.asynchronous is True
+    for step in (2, 4):
+        name = ckpt.step_dir_name(step)
+        assert _comparable(str(tmp_path / "async" / "checkpoints" / name)) == _comparable(
+            str(tmp_path / "sync" / "checkpoints" / name)
+        ), name
+    _run(make_config, tmp_path / "resumed", 2, "on")
+    resumed, trainer = _run(make_config, tmp_path / "resumed", 4, "on", resume="auto")
+    assert trainer.resumed is not None and trainer.resumed.step == 2
+    assert [i for i, (a, b) in enumerate(zip(straight, resumed, strict=True)) if not torch.equal(a, b)] == []
+    assert _comparable(str(tmp_path / "resumed" / "checkpoints" / ckpt.step_dir_name(4))) == _comparable(
+        str(tmp_path / "sync" / "checkpoints" / ckpt.step_dir_name(4))
+    )
+
+
+def test_a_resume_onto_another_base_is_refused_naming_both_digests(make_config, tiny_cache, tmp_path):
+    """The same config and paths, but the base's weights changed in place since the checkpoint: the
+    config guard cannot see it, the base digest does."""
+    from trainer.lora import DIGEST_PREFIX
+
+    _, assets = tiny_cache
+    base = str(tmp_path / "base")
+    shutil.copytree(assets.model_dir, base)
+    paths = {"actor_path": base, "tokenizer_path": assets.tokenizer_dir}
+    _run(make_config, tmp_path / "run", 2, model=paths)
+    weights = os.path.join(base, "model.safetensors")
+    tensors = load_file(weights)
+    name = sorted(n for n in tensors if n.endswith("mlp.down_proj.weight"))[0]
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] += 1.0  # one weight of one layer
+    save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(ConfigError) as info:
+        _run(make_config, tmp_path / "run", 4, resume="auto", model=paths)
+    message = str(info.value)
+    assert message.count(DIGEST_PREFIX) == 2 and "trained on the base model" in message and base in message
