@@ -265,28 +265,36 @@ def importable_names(directory: str) -> dict[str, str]:
 def shadowing_findings(
     target: Target, dists: Sequence[InstalledDist], entries: Sequence[Sequence[str]]
 ) -> list[Finding]:
-    """``shadowing`` (see the module doc)."""
+    """``shadowing`` (see the module doc). A distribution's RECORD is read only when an entry ahead
+    of its site directory provides modules at all (a plain venv has none: only the stdlib is ahead)."""
     path_entries = [e for e in entries if not e[2].startswith("editable:") and e[3] != ABSENT]
     position: dict[str, int] = {}
     for i, e in enumerate(path_entries):
         position.setdefault(e[1], i)
+    provided = {
+        i: names
+        for i, e in enumerate(path_entries)
+        if e[2] not in STDLIB_ORIGINS and os.path.isdir(e[1]) and (names := importable_names(e[1]))
+    }
+    if not provided:
+        return []
+    first = min(provided)
     owners: dict[str, list[tuple[int, str]]] = {}  # name -> (position of its site dir, owner)
     for dist in dists:
         where = position.get(os.path.realpath(dist.site_packages))
-        if where is None:
+        if where is None or where <= first:
             continue
         for name in top_level_names(dist):
             owners.setdefault(name, []).append((where, f"{dist.name} {dist.version}"))
     stdlib_at = [i for i, e in enumerate(path_entries) if e[2] == "stdlib"]
-    if stdlib_at and target.stdlib:
+    if stdlib_at and target.stdlib and stdlib_at[0] > first:
         for name in importable_names(target.stdlib):
             owners.setdefault(name, []).append((stdlib_at[0], "the stdlib"))
     editable = {name: path for name, path, _ in target.editable if "." not in name}
     out: list[Finding] = []
-    for i, e in enumerate(path_entries):
-        if e[2] in STDLIB_ORIGINS or not os.path.isdir(e[1]):
-            continue
-        for name, path in sorted(importable_names(e[1]).items()):
+    for i, names in sorted(provided.items()):
+        e = path_entries[i]
+        for name, path in sorted(names.items()):
             ahead = [owner for where, owner in owners.get(name, ()) if where > i]
             if name in editable and os.path.realpath(path) != os.path.realpath(editable[name]):
                 ahead.append(f"the editable install mapping {name} to {editable[name]}")
