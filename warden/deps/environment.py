@@ -130,15 +130,6 @@ def _realpath_or_none(path: object) -> str | None:
     return os.path.realpath(str(path)) if path else None
 
 
-def venv_of(executable: str) -> str | None:
-    """The venv directory ``executable`` (an absolute path, not resolved) lies in, if any."""
-    bin_dir = os.path.dirname(executable)
-    for candidate in (os.path.dirname(bin_dir), bin_dir):
-        if os.path.lexists(os.path.join(candidate, "pyvenv.cfg")):
-            return os.path.realpath(candidate)
-    return None
-
-
 def discover_self(user_homes: Sequence[str] = (), env_files: Sequence[str] = ()) -> Target:
     """The auditor's own environment, read like any other interpreter's."""
     return discover_python(sys.executable, "self", user_homes, env_files)
