@@ -2,8 +2,8 @@
 
 - ``--python PATH``: that interpreter's files are read, never run (syspath.py: ``pyvenv.cfg``, the
   stdlib landmark, the build data, ``._pth`` and ``.pth`` files): its import path, site-packages,
-  version and bytecode tag. Markers other than the Python version are the auditor's host's (the
-  sidecar runs beside the trainer), overridden by the policy's ``target.markers``.
+  version and bytecode tag. Markers other than the Python version and implementation are the
+  auditor's host's (the sidecar runs on the trainer's node).
 - ``--site-packages DIR``: a directory only read (e.g. the trainer's site-packages mounted
   read-only into the sidecar's container). The Python version comes from the path
   (``lib/python3.11/site-packages``) or the ``.pyc`` tags found; other markers from the policy.
