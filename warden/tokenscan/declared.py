@@ -102,7 +102,8 @@ def _set_weight(value: frozenset[str]) -> int:
 
 
 def vocabulary(snap: Snapshot, pieces: set[str], res: ScanResources) -> None:
-    """Fills ``snap.vocabulary``: tokenizer.json's, vocab.json's, added tokens, sentencepiece ``pieces``."""
+    """Fills ``snap.vocabulary``: tokenizer.json's, vocab.json's, vocab.txt's, added tokens,
+    sentencepiece ``pieces``."""
     parts: list[frozenset[str]] = [frozenset(pieces)] if pieces else []
     tok = snap.top("tokenizer.json")
     if tok is not None:
@@ -113,6 +114,10 @@ def vocabulary(snap: Snapshot, pieces: set[str], res: ScanResources) -> None:
         if doc is not None:
             make = lambda d=doc: frozenset(map(str, d))  # noqa: E731
             parts.append(res.memo.get_or_make(("keys", snap.digests.get(name, "")), make, nbytes=_set_weight))
+    if "vocab.txt" in snap.vocab_lines:  # a slow WordPiece layout: the vocabulary is its lines
+        lines = snap.vocab_lines["vocab.txt"]
+        make_lines = lambda: frozenset(t for t in lines if t)  # noqa: E731
+        parts.append(res.memo.get_or_make(("lines", snap.digests.get("vocab.txt", "")), make_lines, nbytes=_set_weight))
     decoder = (snap.top("tokenizer_config.json") or {}).get("added_tokens_decoder")
     if isinstance(decoder, dict):
         parts.append(frozenset(t for t in (token(v) for v in decoder.values()) if t))

@@ -265,3 +265,13 @@ def test_normalized_special_under_folding_is_found_in_either_file(gpt2, copy_of)
     tok["added_tokens"][0]["normalized"] = True
     _write(d / "tokenizer.json", tok)
     assert at(scan_directory(str(d), POLICY), "TS1211") == {"tokenizer_config.json", "tokenizer.json"}
+
+
+def test_vocab_txt_only_layout_judges_its_special_tokens(tmp_path):
+    d = build_family("bert", tmp_path / "bert")
+    (d / "tokenizer.json").unlink()
+    assert ids(scan_directory(str(d), POLICY)) == set()
+    config = _read(d / "tokenizer_config.json")
+    _write(d / "tokenizer_config.json", {**config, "pad_token": "[END]"})
+    _write(d / "special_tokens_map.json", {**_read(d / "special_tokens_map.json"), "pad_token": "[END]"})
+    assert "TS1002" in ids(scan_directory(str(d), POLICY))  # [END] is not a line of vocab.txt
