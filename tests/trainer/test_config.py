@@ -116,12 +116,12 @@ def _every_key_config():
     """A config in which every optional numeric key is present (tiny model, stop ids, reward weights)."""
     import dataclasses
 
-    from trainer.config import RewardConfig, RolloutConfig, TinyAssets, TrainerConfig
+    from trainer.config import LoraConfig, RewardConfig, RolloutConfig, TinyAssets, TrainerConfig
 
     cfg = TrainerConfig()
     return dataclasses.replace(
         cfg,
-        model=dataclasses.replace(cfg.model, tiny=TinyAssets()),
+        model=dataclasses.replace(cfg.model, tiny=TinyAssets(), lora=LoraConfig()),
         rollout=RolloutConfig(stop_token_ids=(7,)),
         reward=RewardConfig(functions={"digits": 1.0}),
         snapshot=dataclasses.replace(cfg.snapshot, min_reward=0.5),
