@@ -33,6 +33,7 @@ LAZY_COMMANDS: dict[str, str] = {
     "scan": "sidecars.tokenscan.commands:scan",
     "deps": "sidecars.deps.commands:deps",
     "train": "trainer.cli:train",
+    "export": "trainer.export:export",
     "demo": "sidecars.stack.commands:demo",
     "stack": "sidecars.stack.commands:stack",
     "init": "sidecars.commands.init:init",

@@ -267,3 +267,72 @@ def test_a_resume_onto_another_base_is_refused_naming_both_digests(make_config, 
         _run(make_config, tmp_path / "run", 4, resume="auto", model=paths)
     message = str(info.value)
     assert message.count(DIGEST_PREFIX) == 2 and "trained on the base model" in message and base in message
+
+
+# -- warden export ------------------------------------------------------------------------------
+def test_export_merges_the_adapter_into_its_base_signs_the_result_and_refuses_another_base(
+    make_config, tiny_cache, tmp_path, monkeypatch
+):
+    from click.testing import CliRunner
+
+    from sidecars.cli import cli
+    from trainer.algorithm import position_ids_from
+    from trainer.models import load_causal_lm
+    from warden.signing.keys import generate_keypair, load_trusted_keys
+    from warden.signing.verify import verify_checkpoint
+
+    _, assets = tiny_cache
+    keys = generate_keypair(tmp_path / "keys")
+    monkeypatch.setenv("WARDEN_SIGNING_KEY", keys.private_key)
+    cfg = _config(make_config, algorithm={"adv_estimator": "grpo"}, checkpoint={"every_steps": 2})
+    trainer = _trainer(cfg, tmp_path / "run")
+    ids = torch.randint(3, 300, (3, 10), generator=torch.Generator().manual_seed(9))
+    mask = torch.ones_like(ids)
+    try:
+        trainer.train(2)
+        with torch.no_grad():
+            adapted = trainer.actor(input_ids=ids, attention_mask=mask, position_ids=position_ids_from(mask)).logits
+    finally:
+        trainer.close()
+    checkpoint = str(tmp_path / "run" / "checkpoints" / ckpt.step_dir_name(2))
+    out = str(tmp_path / "merged")
+    runner = CliRunner()
+    args = ["export", "--checkpoint", checkpoint, "--base", assets.model_dir, "--out", out]
+    result = runner.invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert sorted(os.listdir(out)) == [
+        "config.json",
+        "generation_config.json",
+        "manifest.sha256.json",
+        "model.safetensors",
+    ]
+    merged = load_causal_lm(out, "float32", torch.device("cpu")).eval()
+    assert not [n for n in load_file(os.path.join(out, "model.safetensors")) if "lora_" in n]
+    with torch.no_grad():
+        logits = merged(input_ids=ids, attention_mask=mask, position_ids=position_ids_from(mask)).logits
+    assert torch.allclose(logits, adapted, atol=1e-5, rtol=0)
+    base = load_causal_lm(assets.model_dir, "float32", torch.device("cpu")).eval()
+    with torch.no_grad():
+        base_logits = base(input_ids=ids, attention_mask=mask, position_ids=position_ids_from(mask)).logits
+    assert not torch.allclose(base_logits, adapted, atol=1e-5, rtol=0)  # the adapter changed the model
+    verified = verify_checkpoint(out, load_trusted_keys(keys.public_key))
+    assert verified.ok, verified.summary()
+    assert (
+        verified.provenance is not None and verified.provenance.run_id == "lora-run" and verified.provenance.step == 2
+    )
+    # The export of a signed checkpoint verifies it first: with --trust and no signature it is refused.
+    again = runner.invoke(cli, [*args[:-1], str(tmp_path / "merged-2"), "--trust", keys.public_key])
+    assert again.exit_code == 1 and "no valid signature" in again.output
+    assert not os.path.exists(tmp_path / "merged-2")
+
+    other = str(tmp_path / "other-base")
+    shutil.copytree(assets.model_dir, other)
+    tensors = load_file(os.path.join(other, "model.safetensors"))
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[0] += 1.0
+    save_file(tensors, os.path.join(other, "model.safetensors"), metadata={"format": "pt"})
+    refused = runner.invoke(cli, ["export", "--checkpoint", checkpoint, "--base", other, "--out", out + "-other"])
+    assert refused.exit_code == 1, refused.output
+    assert "trained on the base model sha256:" in refused.output and refused.output.count("sha256:") >= 2
+    assert not os.path.exists(out + "-other")
