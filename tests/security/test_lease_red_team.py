@@ -19,6 +19,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -650,7 +651,8 @@ class Signer:
 def _signers(tmp_path: Path, nodes: list[str]) -> tuple[Path, list[Signer]]:
     run_dir = tmp_path / "run"
     (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
-    key = generate_keypair(tmp_path / "keys").private_key
+    keys = tmp_path / "keys"
+    key = str(keys / "signing.key") if (keys / "signing.key").exists() else generate_keypair(keys).private_key
     policy = tmp_path / "signer.yaml"
     policy.write_text(
         yaml.safe_dump(
@@ -719,7 +721,7 @@ def test_real_signers_under_a_ghost_lease_page(tmp_path):
         with EventWriter(str(run_dir / "events.jsonl"), "run-ghost") as journal:
             journal.emit("run.started", {"config_digest": "c0ffee" + "0" * 58, "genesis_nonce": "n" * 32})
             saved = save_checkpoint(journal, run_dir / "checkpoints", 2)
-        paged = _until(lambda: sum(s.alarms() for s in signers) > 0, 2 * PROC_BOUND)
+        paged = _until(lambda: sum(s.alarms() for s in signers) > 0, PROC_BOUND + 1)
         assert not Path(f"{saved}.sig").exists()
         assert all(s.proc.poll() is None for s in signers)
         assert paged, "an announced checkpoint went unsigned for two lease times and no signer paged"
@@ -756,10 +758,46 @@ def test_a_real_holder_whose_claims_path_is_replaced_by_a_file_pages(tmp_path):
         with EventWriter(str(run_dir / "events.jsonl"), "run-claims") as journal:
             journal.emit("run.started", {"config_digest": "c0ffee" + "0" * 58, "genesis_nonce": "n" * 32})
             saved = save_checkpoint(journal, run_dir / "checkpoints", 2)
-        paged = _until(lambda: holder.alarms() > 0 or Path(f"{saved}.sig").exists(), 2 * PROC_BOUND)
+        paged = _until(lambda: holder.alarms() > 0 or Path(f"{saved}.sig").exists(), PROC_BOUND + 1)
         assert not Path(f"{saved}.sig").exists() and holder.proc.poll() is None
         assert holder.value("warden_signer_lease_held") == 1  # the gauge was last set before the plant
         assert paged, "the holder stopped signing and nothing paged"
     finally:
         for s in signers:
             stop_process(s.proc, timeout=10)
+
+
+@pytest.mark.slow
+def test_real_signers_paused_and_restarted_under_one_name_never_page_and_sign_once(tmp_path):
+    """Honest operation: the holder is SIGSTOPped past its lease (a standby takes over), resumed (it
+    stands by), then the new holder is killed -9 and restarted under the same holder name and state
+    directory. No lease alarm, no violation, and the checkpoint announced at the end is signed once."""
+    from tests.e2e.test_multinode import save_checkpoint
+
+    signers: list[Signer] = []
+    try:
+        run_dir, signers = _signers(tmp_path, ["nodeA", "nodeB"])
+        a, b = signers
+        assert _until(lambda: a.value("warden_signer_lease_held") == 1, 20)
+        a.proc.send_signal(signal.SIGSTOP)
+        assert _until(lambda: b.value("warden_signer_lease_held") == 1, PROC_BOUND + 2)
+        a.proc.send_signal(signal.SIGCONT)
+        assert _until(lambda: a.value("warden_signer_lease_held") == 0, 10)
+        b.proc.send_signal(signal.SIGKILL)
+        b.proc.wait(10)
+        _run, (b2,) = _signers(tmp_path, ["nodeB"])  # the supervisor's restart: same name, same state dir
+        signers.append(b2)
+        live = [a, b2]
+        assert _until(lambda: sum(s.value("warden_signer_lease_held") for s in live) == 1, PROC_BOUND + 2)
+        with EventWriter(str(run_dir / "events.jsonl"), "run-honest") as journal:
+            journal.emit("run.started", {"config_digest": "c0ffee" + "0" * 58, "genesis_nonce": "n" * 32})
+            saved = save_checkpoint(journal, run_dir / "checkpoints", 2)
+        assert _until(lambda: Path(f"{saved}.sig").exists(), 20)
+        for s in live:
+            assert s.alarms() == 0, s.log.read_text(errors="replace")[-2000:]
+            assert s.value("warden_sidecar_violations_total", sidecar="signer") == 0
+        assert LeaseFile(str(run_dir), SCOPE).read().record.token == 3  # A, B, then A or the restarted B
+    finally:
+        for s in signers:
+            if s.proc.poll() is None:
+                stop_process(s.proc, timeout=10)
