@@ -81,12 +81,14 @@ EXTREMES = (
     {"turns": 1, "first": 0.9, "single": True},
     {"turns": 2, "first": 0.45, "parts": False},
     {"turns": 2, "first": 0.9, "parts": True},
+    {"turns": 3, "first": 0.9, "parts": False, "plain": True, "tools": 3},
 )
 # the first shapes of every draw: the longest conversation (with a system prompt), a single
-# user message, a developer message, list-of-parts content; the rest are drawn
+# user message, a developer message, list-of-parts content, tools passed to plain alternating
+# turns (templates that refuse tool roles still see the tools); the rest are drawn
 
 
-def _roles(rng: random.Random, turns: int | None = None, first: float | None = None) -> list[str]:
+def _roles(rng: random.Random, turns: int | None = None, first: float | None = None, plain: bool = False) -> list[str]:
     """A role sequence: an optional system or developer message, then user/assistant turns with
     tool exchanges (an assistant tool call, one or more tool responses, the answer)."""
     out: list[str] = []
@@ -98,7 +100,7 @@ def _roles(rng: random.Random, turns: int | None = None, first: float | None = N
     turns = turns or rng.choice((1, 1, 2, 3, 5, 8, 13, 24))
     for i in range(turns):
         out.append("user")
-        if rng.random() < 0.2:
+        if not plain and rng.random() < 0.2:
             out += ["assistant_call"] + ["tool"] * rng.choice((1, 1, 2)) + ["assistant"]
         elif i < turns - 1 or rng.random() < 0.3:
             out.append("assistant")
@@ -108,7 +110,11 @@ def _roles(rng: random.Random, turns: int | None = None, first: float | None = N
 def _shape(rng: random.Random, index: int, forced: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything a render depends on except the texts: roles, content kinds, kwargs, the clock."""
     forced = forced or {}
-    roles = ["user"] if forced.get("single") else _roles(rng, forced.get("turns"), forced.get("first"))
+    roles = (
+        ["user"]
+        if forced.get("single")
+        else _roles(rng, forced.get("turns"), forced.get("first"), forced.get("plain", False))
+    )
     parts = (
         forced["parts"] if "parts" in forced else rng.random() < 0.3
     )  # a third of the shapes give some messages as lists of parts (a
@@ -127,6 +133,7 @@ def _shape(rng: random.Random, index: int, forced: dict[str, Any] | None = None)
             kwargs[name] = value
     has_call = "assistant_call" in roles
     tools = rng.choice((0, 1, 3)) if has_call or rng.random() < 0.3 else 0
+    tools = forced.get("tools", tools)
     docs = rng.choice((1, 2)) if rng.random() < 0.15 else 0
     day = FIRST_DAY + rng.randrange(DAYS) * DAY_SECONDS
     now, other = day + rng.randrange(DAY_SECONDS), day + rng.randrange(DAY_SECONDS)
