@@ -344,12 +344,12 @@ def vocabulary_issues(tok: Mapping[str, Any], extra_ids: Mapping[int, str] | Non
     for entry, ident in _special_id_entries(model, specials):
         detail = f"ordinary entry {entry!r} has special {specials[ident]!r}'s id {ident}"
         out.append(PipelineIssue("collision", "model.vocab", detail))
+    by_id = _vocab_ids(model) if extra_ids else {}
     for ident, other in (extra_ids or {}).items():
-        known = seen_ids.get(ident)
+        known = seen_ids.get(ident, by_id.get(ident))
         if known is not None and known != other:
-            out.append(
-                PipelineIssue("collision", "added_tokens", f"id {ident} is {known!r} here and {other!r} in the config")
-            )
+            detail = f"id {ident} is {known!r} here and {other!r} in the loader's other file"
+            out.append(PipelineIssue("collision", "added_tokens", detail))
     out += template_issues(tok.get("post_processor"), specials)
     return out
 

@@ -275,3 +275,12 @@ def test_vocab_txt_only_layout_judges_its_special_tokens(tmp_path):
     _write(d / "tokenizer_config.json", {**config, "pad_token": "[END]"})
     _write(d / "special_tokens_map.json", {**_read(d / "special_tokens_map.json"), "pad_token": "[END]"})
     assert "TS1002" in ids(scan_directory(str(d), POLICY))  # [END] is not a line of vocab.txt
+
+
+def test_added_tokens_json_giving_a_word_id_to_a_token_is_found(gpt2, copy_of):
+    d = copy_of(gpt2)
+    word_id = _read(d / "vocab.json")["Ġthe"]
+    _write(d / "added_tokens.json", {"<|endoftext|>": 0})
+    assert ids(scan_directory(str(d), POLICY)) == set()
+    _write(d / "added_tokens.json", {"<|endoftext|>": 0, "<|im_start|>": word_id})
+    assert "tokenizer.json" in at(scan_directory(str(d), POLICY), "TS1210")

@@ -42,6 +42,11 @@ def _decoder_ids(config: dict[str, Any] | None) -> dict[int, str]:
     return out
 
 
+def _added_json_ids(doc: dict[str, Any] | None) -> dict[int, str]:
+    """added_tokens.json (token -> id; the slow tokenizers' legacy file) as id -> token."""
+    return {i: str(t) for t, i in (doc or {}).items() if type(i) is int}
+
+
 def _tokenizers(snap: Snapshot) -> list[tuple[str, dict[str, Any]]]:
     return [(rel, d.data) for rel, d in sorted(snap.json.items()) if pr.looks_like_tokenizer(d.data)]
 
@@ -50,7 +55,8 @@ def check_pipeline(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
     out = []
     for rel, tok in _tokenizers(snap):
         config = _folder_doc(snap, rel, "tokenizer_config.json")
-        for issue in pr.tokenizer_issues(tok, _decoder_ids(config)):
+        extra = _decoder_ids(config) | _added_json_ids(_folder_doc(snap, rel, "added_tokens.json"))
+        for issue in pr.tokenizer_issues(tok, extra):
             out.append(finding(RULE_OF_KIND[issue.kind], rel, f"{issue.where}: {issue.detail}"))
         out += _config_folding(rel, tok, config)
         if rel != "tokenizer.json":  # the root's is judged with the behaviour (exercise.py)
