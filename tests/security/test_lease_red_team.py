@@ -624,6 +624,26 @@ def test_the_held_gauge_drops_when_the_lease_runs_out_during_a_storage_failure(c
     assert gauge == 0, "a process that does not hold the lease reports warden_signer_lease_held 1"
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="red team: journal_trusted (the catch-up's check after taking the lease) accepts a journal in a "
+    "group-writable run directory: whoever can write the lease there -- every attack above needs that -- can "
+    "rename their own events.jsonl (mode 0644) into place and have the new holder replay it",
+)
+def test_the_catch_up_distrusts_a_journal_its_directory_lets_others_replace(tmp_path):
+    from sidecars.runner import journal_trusted
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    os.chmod(run_dir, 0o775)  # the shared run directory, writable by the storage group
+    planted = run_dir / ".planted"
+    with EventWriter(str(planted), "run-x") as journal:
+        journal.emit("checkpoint.saved", {"path": "checkpoints/step-000000002"}, step=2)
+    os.chmod(planted, 0o644)
+    os.rename(planted, run_dir / "events.jsonl")  # what a group member can do
+    assert not journal_trusted(str(run_dir / "events.jsonl"))
+
+
 # == real processes: two signer sidecars on one run directory ========================================
 PROC_LEASE = {
     "enabled": True,
