@@ -31,7 +31,6 @@ import hashlib
 import operator
 import os
 import stat
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -247,35 +246,38 @@ class Budget:
         self.clock = clock
         self.deadline = clock() + max_seconds
         self.used = 0
-        self._lock = threading.Lock()
 
     def exhausted(self) -> str | None:
         """Why the audit may read nothing more, or None."""
+        return self._why(self.clock())
+
+    def _why(self, now: float) -> str | None:
         if self.used > self.max_bytes:
             return f"the audit's byte budget ({self.max_bytes}) is spent"
-        if self.clock() > self.deadline:
+        if now > self.deadline:
             return f"the audit's time budget ({self.max_seconds:.0f}s) is spent"
         return None
 
     def admit(self, path: str, size: int) -> float:
         """Before reading ``path`` of ``size`` bytes: raises Oversized / OutOfBudget; returns the
-        file's own deadline."""
+        file's own deadline. One clock read: this runs once per file hashed."""
         if size > self.max_file_bytes:
             raise Oversized(path, size, self.max_file_bytes)
-        why = self.exhausted()
-        if why:
-            raise OutOfBudget(path, why)
-        return min(self.deadline, self.clock() + self.max_file_seconds)
+        now = self.clock()
+        if self.used > self.max_bytes or now > self.deadline:
+            raise OutOfBudget(path, self._why(now) or "budget spent")
+        return min(self.deadline, now + self.max_file_seconds)
 
     def charge(self, path: str, count: int, file_deadline: float) -> None:
-        """After reading ``count`` more bytes of ``path``: raises OutOfBudget when a budget is spent."""
-        with self._lock:
-            self.used += count
-        if self.clock() > file_deadline:
+        """After reading ``count`` more bytes of ``path``: raises OutOfBudget when a budget is spent.
+        The byte count is shared by the hashing threads without a lock (a lost update undercounts
+        by one chunk at most; the budget is a bound, not an account)."""
+        self.used += count
+        now = self.clock()
+        if now > file_deadline:
             raise OutOfBudget(path, f"reading it took longer than the per-file budget ({self.max_file_seconds:.0f}s)")
-        why = self.exhausted()
-        if why:
-            raise OutOfBudget(path, why)
+        if self.used > self.max_bytes or now > self.deadline:
+            raise OutOfBudget(path, self._why(now) or "budget spent")
 
 
 class Changed(OSError):
@@ -309,7 +311,12 @@ def _encode(algo: str, digest: bytes) -> str:
 
 
 def _fd_digest(
-    fd: int, algo: str, path: str = "", expect: os.stat_result | None = None, budget: Budget | None = None
+    fd: int,
+    algo: str,
+    path: str = "",
+    expect: os.stat_result | None = None,
+    budget: Budget | None = None,
+    file_deadline: float | None = None,
 ) -> bytes:
     """The ``algo`` digest of everything readable from ``fd`` (closed here). The first read asks for
     the whole file (its size + 1) and later reads for 1 MiB: most files of an environment are a few
@@ -320,13 +327,14 @@ def _fd_digest(
     try:
         st = os.fstat(fd)
         _check(path, st, expect)
-        file_deadline = budget.admit(path, st.st_size) if budget is not None else 0.0
+        if budget is not None and file_deadline is None:
+            file_deadline = budget.admit(path, st.st_size)
         want = min(st.st_size + 1, HASH_CHUNK)
         digest = hashlib.new(algo)
         while data := os.read(fd, want):
             digest.update(data)
             want = HASH_CHUNK
-            if budget is not None:
+            if budget is not None and file_deadline is not None:
                 budget.charge(path, len(data), file_deadline)
         if expect is not None:
             _check(path, os.fstat(fd), expect)
@@ -361,9 +369,8 @@ def safe_digest(path: str, algo: str, expect: os.stat_result | None = None, budg
     if stat.S_ISLNK(st.st_mode):
         target = _link_target(path, expect)
         return _encode(algo, hashlib.new(algo, target.encode("utf-8", "surrogateescape")).digest())
-    if budget is not None:
-        budget.admit(path, st.st_size)  # before the open: an oversized file is never opened
-    return _encode(algo, _fd_digest(open_regular_fd(path), algo, path, expect, budget))
+    deadline = budget.admit(path, st.st_size) if budget is not None else None  # an oversized file is never opened
+    return _encode(algo, _fd_digest(open_regular_fd(path), algo, path, expect, budget, deadline))
 
 
 def read_as(path: str, limit: int, expect: os.stat_result) -> bytes:
@@ -387,9 +394,8 @@ def sha256_hex(path: str, budget: Budget | None = None) -> str:
     st = os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         return "link:" + os.readlink(path)
-    if budget is not None:
-        budget.admit(path, st.st_size)
-    return _fd_digest(open_regular_fd(path), "sha256", path, None, budget).hex()
+    deadline = budget.admit(path, st.st_size) if budget is not None else None
+    return _fd_digest(open_regular_fd(path), "sha256", path, None, budget, deadline).hex()
 
 
 def batches_of(
