@@ -336,3 +336,45 @@ def test_export_merges_the_adapter_into_its_base_signs_the_result_and_refuses_an
     assert refused.exit_code == 1, refused.output
     assert "trained on the base model sha256:" in refused.output and refused.output.count("sha256:") >= 2
     assert not os.path.exists(out + "-other")
+
+
+@pytest.mark.slow
+def test_lora_under_torchrun_two_processes_match_one(make_config, tmp_path):
+    """DDP over the peft model (frozen base, separate critic): the first step matches one process."""
+    import subprocess
+    import sys
+
+    from support import ROOT
+
+    from warden import journal as ev
+
+    lora = {**LORA, "critic": "separate"}
+    _, config = make_config({"max_steps": 1, "checkpoint": {"every_steps": 1}, "model": {"lora": lora}})
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    train = ["-m", "sidecars.cli", "train", "--config", config, "--run-dir"]
+    for cmd in (
+        [sys.executable, *train, str(tmp_path / "one")],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            *train,
+            str(tmp_path / "two"),
+        ],
+    ):
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    first = {}
+    for name in ("one", "two"):
+        events = [e for e, _ in ev.JournalReader(str(tmp_path / name / "events.jsonl")).read_available()]
+        first[name] = next(e.data for e in events if e.type == ev.STEP_COMPLETED and e.step == 1)
+    for key in ("reward_mean", "kl", "policy_loss", "value_loss", "entropy", "grad_norm", "response_tokens"):
+        assert abs(first["one"][key] - first["two"][key]) < 1e-5, (key, first["one"][key], first["two"][key])
+    adapters = [
+        load_file(str(tmp_path / name / "checkpoints" / ckpt.step_dir_name(1) / "actor" / "adapter_model.safetensors"))
+        for name in ("one", "two")
+    ]
+    assert sorted(adapters[0]) == sorted(adapters[1])
+    assert max(float((adapters[0][k] - adapters[1][k]).abs().max()) for k in adapters[0]) < 1e-4
