@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from warden.deps.audit import AuditReport
+from warden.deps.closure import CLOSURE_KINDS
 from warden.deps.drift import DRIFT_KINDS
 from warden.deps.locks.hygiene import LOCK_KINDS
 from warden.deps.model import SEVERITIES
@@ -35,6 +36,7 @@ INTEGRITY_KINDS = (
     "record_mismatch",
     "wheel_missing",
     "wheel_unusable",
+    *CLOSURE_KINDS,
 )
 # Everything that means "the environment is not what was installed and approved" pages as
 # tampering (WardenDepsTamperedFiles): start-up hooks and interpreter changes included.
@@ -57,6 +59,7 @@ TAMPER_KINDS = (
     "stdlib_added",
     "stdlib_removed",
     "record_mismatch",
+    *CLOSURE_KINDS,  # the import path changed, a file on it, a shadowing module, a ._pth, an oversized file
 )
 RESULTS = ("clean", "violation", "incomplete")
 
