@@ -37,6 +37,10 @@ from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
+from repo_tests import use_repo_tests  # noqa: E402
+
+use_repo_tests(ROOT)
 
 from sidecars.runner import Runner  # noqa: E402
 from tests.warden.archive.archiver_helpers import (  # noqa: E402

@@ -28,6 +28,9 @@ from pathlib import Path
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests"), os.path.dirname(os.path.abspath(__file__))]
+from repo_tests import use_repo_tests  # noqa: E402
+
+use_repo_tests(ROOT)
 
 from bench_archive import populate, signed_chain  # noqa: E402
 

@@ -51,6 +51,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(1, os.path.dirname(os.path.abspath(__file__)))
+from repo_tests import use_repo_tests  # noqa: E402
+
+use_repo_tests(ROOT)
 
 from warden.tokenscan import chat_template as ct  # noqa: E402
 from warden.tokenscan import default_policy, scan_directory  # noqa: E402
