@@ -133,7 +133,8 @@ def test_generated_conversations_past_their_budget_are_incomplete_never_clean(tm
     """A template fast on the battery's short probes but slow on long content: the generated
     renders time out, and the template is analysis-incomplete (TS910), not clean."""
     slow = CHATML.replace(
-        "{% for m in messages %}", "{% for m in messages %}{% for _ in range(m.content|length) %}{% for _ in range(2000) %}{% endfor %}{% endfor %}"
+        "{% for m in messages %}",
+        "{% for m in messages %}{% for _ in range(m.content|length) %}{% for _ in range(2000) %}{% endfor %}{% endfor %}",
     )
     d = tmp_path / "tok"
     d.mkdir()
