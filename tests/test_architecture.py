@@ -132,6 +132,7 @@ def test_the_shared_runtime_names_no_sidecar_and_no_trainer():
 # name (a rendered chat template's dates, a model's answer, lock-file lines).
 TEXT_PARSERS = {
     "warden/tokenscan/template_battery.py",
+    "warden/tokenscan/conversations.py",  # rendered template text: Unicode letters vs digits, date words
     "trainer/rewards.py",
     "warden/deps/locks/requirements.py",  # a line-oriented comment pattern over lock-file lines
 }

@@ -129,7 +129,7 @@ def read_order(item: tuple[str, str, str | None]) -> tuple[bool, str]:
     return bool(_TOKENIZER_NAME.match(name)) or name.endswith(".model"), item[0]
 
 
-_TOKENIZER_NAME = re.compile(r"^tokenizer(?:\..+)?\.json$")  # tokenizer.json, tokenizer.4.0.json (redirects)
+_TOKENIZER_NAME = re.compile(r"^tokenizer(?:\..+)?\.json\Z")  # tokenizer.json, tokenizer.4.0.json (redirects)
 
 
 def directory_manifest(

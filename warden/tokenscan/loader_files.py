@@ -52,7 +52,7 @@ MARKERS = frozenset({"tokenizer_config.json", "tokenizer.json", "special_tokens_
                      "vocab.txt", "tekken.json", "added_tokens.json"})  # fmt: skip
 TEMPLATE_DIR = "additional_chat_templates"
 CONFIG_PATH_KEYS = ("vocab_file", "merges_file", "tokenizer_file")
-_VERSIONED = re.compile(r"^tokenizer\.(.*)\.json$")
+_VERSIONED = re.compile(r"^tokenizer\.(.*)\.json\Z")
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ def _regex_matches_words(source: str) -> str | None:
         elif esc[0] in _WIDE_ESCAPES or (esc[0].isalnum() and esc[0] not in _SPACE_ESCAPES):
             return f"the pattern uses {m.group(0)!r} (may match letters or digits)"
     rest = _ESCAPE_RE.sub("", source)
-    rest = re.sub(r"\{\d*,?\d*\}", "", rest)  # quantifiers {2,}
+    rest = re.sub(r"\{[0-9]*,?[0-9]*\}", "", rest)  # quantifiers {2,}
     if "." in rest:
         return "the pattern uses '.' (matches letters)"
     if "[^" in rest or re.search(r"[^\\]-[^\]]", rest.split("[", 1)[1] if "[" in rest else ""):

@@ -32,7 +32,7 @@ from warden.tokenscan.tokenizer_behaviour import TokenizerIssue
 MEMO_MIN_BYTES = 64 << 10  # smaller files parse faster than they hash
 JSON_WEIGHT = 6  # a parsed JSON document takes about this many times its source bytes
 VOCAB_TEXT = frozenset({"vocab.txt", "merges.txt"})  # slow tokenizers' vocabularies, at any depth
-_TIKTOKEN_LINE = re.compile(r"^[A-Za-z0-9+/=]+ [0-9]{1,9}\r?$")
+_TIKTOKEN_LINE = re.compile(r"^[A-Za-z0-9+/=]+ [0-9]{1,9}\r?\Z")
 ANALYSIS_ERRORS = (ValueError, RecursionError, MemoryError, struct.error, EOFError, LookupError, TypeError)
 
 

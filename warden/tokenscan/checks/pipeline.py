@@ -37,7 +37,7 @@ def _decoder_ids(config: dict[str, Any] | None) -> dict[int, str]:
     if isinstance(decoder, dict):
         for key, value in decoder.items():
             text = token(value)
-            if text and str(key).isdigit() and len(str(key)) < 10:
+            if text and str(key).isascii() and str(key).isdigit() and len(str(key)) < 10:
                 out[int(key)] = text
     return out
 
