@@ -39,6 +39,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -183,6 +184,13 @@ def read_config(path: str, limit: int = CONFIG_LIMIT) -> bytes:
     """A configuration file the interpreter would read (it follows links, so this does: the link is
     resolved first, the file itself opened without following, non-blocking and capped). Raises OSError."""
     return read_small(os.path.realpath(path), limit)
+
+
+def _regular(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _read_or_none(path: str, limit: int = CONFIG_LIMIT) -> bytes | None:
@@ -332,6 +340,9 @@ def _add_site_dir(
     for name in names:
         pth = os.path.join(site_dir, name)
         data = _read_or_none(pth)
+        if data is None and not _regular(pth):
+            notes.append(f"{pth}: not a regular file, never read (a finding of its own: special_file)")
+            continue
         if data is None:
             notes.append(f"{PARTIAL}{pth}: not readable: the paths it adds are not known")
             continue

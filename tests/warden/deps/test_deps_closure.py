@@ -139,8 +139,9 @@ def test_editable_finder_targets_are_walked(base_env, tmp_path):
     assert ("closure_changed", str(target / "__init__.py")) in kinds(report, "integrity")
 
 
-def test_user_site_comes_first_and_shadows(fake_base_template, tmp_path):
-    """A venv with system site-packages enables the user site, ahead of the venv's site-packages."""
+def test_user_site_is_on_the_path_and_walked(fake_base_template, tmp_path):
+    """A venv with system site-packages enables the user site: after the venv's site-packages
+    (site.venv adds those first), ahead of the base interpreter's."""
     base = tmp_path / "base"
     shutil.copytree(fake_base_template, base, symlinks=True)
     venv = tmp_path / "venv"
@@ -154,7 +155,10 @@ def test_user_site_comes_first_and_shadows(fake_base_template, tmp_path):
     evil.write_text(f"print({MARK!r})\n")
     assert MARK in _run(venv / "bin" / "python", env={"HOME": str(home)})
     target = discover_python(str(venv / "bin" / "python"), user_homes=[str(home)])
-    assert target.user_site == str(user) and target.site_packages[0] == str(user)
+    venv_site = str(venv / "lib" / PY_DIR / "site-packages")
+    assert target.user_site == str(user) and target.site_packages[:2] == (venv_site, str(user))
+    order = [p for p, _ in target.closure]
+    assert order.index(str(user)) == order.index(venv_site) + 1
     state = tmp_path / "state"
     state.mkdir()
     from tests.warden.deps.deps_helpers import BaseEnv
