@@ -397,3 +397,84 @@ def test_lora_ppo_and_grpo_learn_the_digit_reward(make_config, tmp_path, estimat
         trainer.close()
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert first < 0.2 and last > 0.5, rewards
+
+
+def _mutations(rng):
+    """Seeded rewrites of a LoRA checkpoint (each leaves a consistent manifest): what integrity-only mode
+    cannot tell from a real checkpoint, and the restore must refuse."""
+
+    def tensors(rel, change):
+        def apply(path):
+            file = os.path.join(path, rel)
+            data = load_file(file)
+            change(data, sorted(data)[rng.randrange(len(data))])
+            save_file(data, file, metadata={"format": "pt"})
+
+        return apply
+
+    def drop(data, name):
+        del data[name]
+
+    def extra(data, name):
+        data[name + ".extra"] = data[name].clone()
+
+    def grow(data, name):
+        data[name] = torch.cat([data[name], data[name]])
+
+    def widen(data, name):
+        data[name] = data[name].double()
+
+    def state(change):
+        def apply(path):
+            file = os.path.join(path, ckpt.STATE)
+            with open(file, encoding="utf-8") as fh:
+                doc = json.load(fh)
+            change(doc)
+            with open(file, "w", encoding="utf-8") as fh:
+                json.dump(doc, fh)
+
+        return apply
+
+    def remove(rel):
+        return lambda path: os.unlink(os.path.join(path, rel))
+
+    rels = ["actor/adapter_model.safetensors", "critic/adapter_model.safetensors", "critic/value_head.safetensors"]
+    kinds = [drop, extra, grow, widen]
+    out = [(f"{k.__name__} in {rel}", tensors(rel, k)) for rel in rels for k in kinds]
+    out += [(f"remove {rel}", remove(rel)) for rel in rels]
+    out += [
+        ("no base digest", state(lambda d: d.pop("base_model_digest"))),
+        ("base digest a number", state(lambda d: d.update(base_model_digest=7))),
+    ]
+    return out
+
+
+def test_rewritten_lora_checkpoints_are_refused_never_loaded(make_config, tmp_path):
+    """Integrity-only mode (the manifest rewritten too): each seeded rewrite of the adapters, heads or base digest
+    ends in a refusal naming the file, never a resume with a partly restored adapter or a traceback.
+    WARDEN_LORA_MUTATIONS=all runs every rewrite (default: a seeded sample of 4)."""
+    import random
+
+    from tests.trainer.checkpoint_files import write_manifest
+    from trainer.resume import ResumeRefused
+
+    rng = random.Random(int(os.environ.get("WARDEN_TAMPER_SEED", "34")))
+    _run(make_config, tmp_path / "run", 2)
+    path = str(tmp_path / "run" / "checkpoints" / ckpt.step_dir_name(2))
+    pristine = str(tmp_path / "pristine")
+    shutil.copytree(path, pristine)
+    mutations = _mutations(rng)
+    if os.environ.get("WARDEN_LORA_MUTATIONS") != "all":
+        mutations = rng.sample(mutations, 4)
+    loaded = []
+    for what, mutate in mutations:
+        shutil.rmtree(path)
+        shutil.copytree(pristine, path)
+        mutate(path)
+        write_manifest(path)
+        try:
+            _run(make_config, tmp_path / "run", 2, resume="auto")
+            loaded.append(what)
+        except ResumeRefused as exc:
+            assert "step-000000002" in str(exc), what
+    assert loaded == []
