@@ -45,17 +45,26 @@ def journal_exposure(path: str, file_mode: int, dir_mode: int) -> str | None:
 
 
 def journal_trusted(path: str | None) -> bool:
-    """False while :func:`journal_exposure` finds the journal at ``path`` writable by others (a
-    missing journal is trusted: there is nothing to act on). Used where a sidecar reads the
-    journal itself (the catch-up after taking a run lease, warden/lease.py)."""
+    """Whether the journal at ``path`` can be read as the run's own (used where a sidecar reads the
+    journal itself: the catch-up after taking a run lease, warden/lease.py). False while
+    :func:`journal_exposure` finds it writable by others, while its directory is writable by group or
+    others without the sticky bit (anyone there can rename their own file into place), while the
+    journal is not owned by the directory's owner, and on any error but its absence (a missing
+    journal is trusted: there is nothing to act on)."""
     if not path:
         return True
     try:
-        file_mode = os.stat(path).st_mode
-        dir_mode = os.stat(os.path.dirname(os.path.abspath(path))).st_mode
-    except OSError:
+        info = os.stat(path)
+        directory = os.stat(os.path.dirname(os.path.abspath(path)))
+    except FileNotFoundError:
         return True
-    return journal_exposure(path, file_mode, dir_mode) is None
+    except OSError:
+        return False
+    if journal_exposure(path, info.st_mode, directory.st_mode) is not None:
+        return False
+    if directory.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not directory.st_mode & stat.S_ISVTX:
+        return False
+    return info.st_uid == directory.st_uid
 
 
 class Runner:

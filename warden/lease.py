@@ -50,6 +50,7 @@ import os
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -66,11 +67,28 @@ MAX_LEASE_BYTES = 4096
 MAX_CLAIMS_LISTED = 100_000
 LEASE_PREFIX = ".warden-lease-"
 HOLDER_ENV = "WARDEN_LEASE_HOLDER"
-ALARM_REASONS = ("malformed", "token_backwards", "stolen", "expiry_too_far", "missing", "tampered")
+ALARM_REASONS = (
+    "malformed",
+    "token_backwards",
+    "stolen",
+    "expiry_too_far",
+    "missing",
+    "tampered",
+    "claim",
+    "claims_unusable",
+    "exhausted",
+    "late_write",
+)
 """Why a lease pages: content that does not parse (or no regular file); a token below one seen
 before; an ``expires_at`` later than now + duration + skew; another holder (or token) while ours
 is held and in time; our lease file removed while held; our write swapped right after it was made,
-or our own record found with an expiry we did not write."""
+or our own record found with an expiry we did not write; a claim above our token while ours is in
+time, or a claim that is unreadable, from the future, or pending (no lease file written for it)
+longer than ``renew_seconds``; the claims directory unusable (a file, FIFO or link there, any
+OSError); the next token out of range; a side effect that finished after the lease it was checked
+under ran out or changed (a holder paused between check and write)."""
+MAX_TOKEN = 10**18 - 1
+"""The highest token a record carries (and a claim name spells: 1 to 18 digits)."""
 _TOKEN_NAME = re.compile(r"[1-9][0-9]{0,17}\Z")
 _SCOPE = re.compile(r"[a-z][a-z0-9_]{0,31}\Z")
 
@@ -125,8 +143,18 @@ class LeaseSettings:
             raise ValueError("holder: 1-200 printable characters")
 
     def holder_id(self) -> str:
-        """``holder``, else ``$WARDEN_LEASE_HOLDER``, else ``<hostname>:<pid>``."""
-        return self.holder or os.environ.get(HOLDER_ENV) or f"{socket.gethostname()}:{os.getpid()}"
+        """``holder``, else ``$WARDEN_LEASE_HOLDER``, else ``<hostname>:<pid>``; ConfigError naming the
+        source when the name is not 1-200 printable characters (no control character, no line or
+        paragraph separator): the lease record would refuse it."""
+        if self.holder:
+            name, source = self.holder, "lease.holder"
+        elif os.environ.get(HOLDER_ENV):
+            name, source = os.environ[HOLDER_ENV], HOLDER_ENV
+        else:
+            name, source = f"{socket.gethostname()}:{os.getpid()}", "the host name"
+        if not _plain_text(name):
+            raise ConfigError(f"{source}: the lease holder must be 1-200 printable characters (got {name[:40]!r})")
+        return name
 
 
 def _plain_text(value: object) -> bool:
@@ -190,13 +218,16 @@ class Observation:
 
     ``record``: the lease file's record (None: no file, or ``problem``); ``problem``: why the lease
     file is not a record (malformed, link, not regular, too large), or None; ``claim_token``: the
-    highest claimed token (0: none); ``claim``: that claim's record (None: unreadable or not read).
+    highest claimed token (0: none); ``claim``: that claim's record (None: unreadable or not read);
+    ``claims_problem``: why the claims directory could not be listed (a file, FIFO or link at its
+    path, any OSError but its absence), or None.
     """
 
     record: LeaseRecord | None
     problem: str | None = None
     claim_token: int = 0
     claim: LeaseRecord | None = None
+    claims_problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -217,6 +248,10 @@ class View:
     alarm: str | None = None
     acquired_from: str | None = None
     """At the last acquisition: the holder of the lease file it replaced (None: there was none)."""
+    seen: tuple[object, ...] | None = None
+    """What the last read found (lease record or problem, highest claim and its record)."""
+    seen_since: float = 0.0
+    """Since when (this process's local, monotonic clock) every read found ``seen`` unchanged."""
 
 
 @dataclass(frozen=True)
@@ -237,6 +272,10 @@ def _alarm_of(now: float, me: str, settings: LeaseSettings, view: View, obs: Obs
     held_in_time = view.token is not None and now < view.expires_at
     if obs.problem is not None:
         return "tampered" if obs.problem == "swapped" else "malformed"
+    if obs.claims_problem is not None:
+        return "claims_unusable"
+    if held_in_time and view.token is not None and obs.claim_token > view.token:
+        return "claim"  # an honest claimant claims only after our expiry + skew
     if rec is None:
         return "missing" if held_in_time else None
     if rec.token < view.highest:
@@ -250,14 +289,47 @@ def _alarm_of(now: float, me: str, settings: LeaseSettings, view: View, obs: Obs
     return None
 
 
-def decide(now: float, me: str, scope: str, settings: LeaseSettings, view: View, obs: Observation) -> Decision:
-    """The next step of process ``me`` after reading ``obs`` at its clock reading ``now``."""
-    alarm = _alarm_of(now, me, settings, view, obs)
+def _seen_key(obs: Observation) -> tuple[object, ...]:
+    return (obs.record, obs.problem, obs.claim_token, obs.claim, obs.claims_problem)
+
+
+def _pending_alarm(now: float, local: float, settings: LeaseSettings, view: View, obs: Observation) -> str | None:
+    """A standby's look at a claim above the lease file's token: one no honest claimant leaves."""
+    file_token = obs.record.token if obs.record is not None else 0
+    if view.token is not None or view.claimed is not None or obs.claim_token <= file_token:
+        return None
+    claim = obs.claim
+    if claim is None or claim.token != obs.claim_token:
+        return "claim"  # unreadable (garbage, a FIFO, a directory, a link)
+    if claim.acquired_at > now + settings.max_clock_skew_seconds:
+        return "claim"  # from the future
+    if local - view.seen_since > settings.renew_seconds and view.seen == _seen_key(obs):
+        return "claim"  # a claimant writes its lease at once, or gives its claim up after renew_seconds
+    return None
+
+
+def decide(
+    now: float,
+    me: str,
+    scope: str,
+    settings: LeaseSettings,
+    view: View,
+    obs: Observation,
+    local: float | None = None,
+) -> Decision:
+    """The next step of process ``me`` after reading ``obs`` at its clock reading ``now`` (Unix
+    time, compared with the lease's times) and ``local`` (its monotonic clock, default ``now``:
+    how long it has seen one state, never compared with anything read)."""
+    local = now if local is None else local
+    alarm = _alarm_of(now, me, settings, view, obs) or _pending_alarm(now, local, settings, view, obs)
+    seen = _seen_key(obs)
+    seen_since = view.seen_since if view.seen == seen else local
+    unchanged = local - seen_since
     rec = obs.record if alarm is None else None
     new_alarm = alarm if alarm is not None and alarm != view.alarm else None
-    odd_since = (view.odd_since if view.odd_since is not None else now) if alarm is not None else None
+    odd_since = (view.odd_since if view.odd_since is not None else local) if alarm is not None else None
     highest = max(view.highest, rec.token if rec is not None else 0)
-    base = replace(view, highest=highest, odd_since=odd_since, alarm=alarm)
+    base = replace(view, highest=highest, odd_since=odd_since, alarm=alarm, seen=seen, seen_since=seen_since)
     margin_end = view.expires_at - settings.act_margin_seconds
 
     def mine(token: int, acquired_at: float) -> LeaseRecord:
@@ -283,21 +355,30 @@ def decide(now: float, me: str, scope: str, settings: LeaseSettings, view: View,
         view_after = replace(base, token=claimed.token, expires_at=record.expires_at, claimed=None)
         return Decision(view_after, "acquired", write=record, alarm=new_alarm)
 
+    # A standby trusts no time read from the storage (anyone who writes it wrote them): the lease is
+    # free once one state stayed unchanged for the lease time by its own clock, or once the record
+    # says it ran out and stayed so for the act margin (a holder that checked before the change has
+    # finished its side effect). No lease file while a claim exists is a pending claim, not free.
     skew = settings.max_clock_skew_seconds
     wait = settings.duration_seconds + skew
     file_token = rec.token if rec is not None else 0
-    if alarm is not None:
-        free = odd_since is not None and now > odd_since + wait
+    if obs.claims_problem is not None:
+        free = False  # no claim can be made (nor seen) there: it pages until repaired
+    elif alarm is not None:
+        free = odd_since is not None and local > odd_since + wait
     elif obs.claim_token > file_token:  # someone claimed and has not written the lease yet
-        free = obs.claim is not None and now > obs.claim.acquired_at + wait
-        free = free or (obs.claim is None and now > (view.odd_since or now) + wait)
-        if obs.claim is None:
-            base = replace(base, odd_since=view.odd_since if view.odd_since is not None else now)
+        free = unchanged > wait
+    elif rec is None:
+        free = True  # nothing was ever claimed here
     else:
-        free = rec is None or now > rec.expires_at + skew
+        ran_out = now > rec.expires_at + skew and unchanged >= settings.act_margin_seconds
+        free = unchanged > wait or ran_out
     if not free:
         return Decision(base, "standby", alarm=new_alarm)
     token = max(file_token, obs.record.token if obs.record is not None else 0, obs.claim_token, view.highest) + 1
+    if token > MAX_TOKEN:  # a planted record at the top of the range: nobody can hold a next token
+        exhausted = "exhausted" if view.alarm != "exhausted" else None
+        return Decision(replace(base, alarm="exhausted"), "standby", alarm=new_alarm or exhausted)
     claim = LeaseRecord(scope, me, token, now, now + settings.duration_seconds)
     replaced = obs.record.holder if obs.record is not None else None
     return Decision(replace(base, claimed=claim, acquired_from=replaced), "claimed", claim=claim, alarm=new_alarm)
@@ -349,18 +430,19 @@ class LeaseFile:
             record, problem = _read_record(self.name, root)
             if not claims:
                 return Observation(record, problem)
-            token, claim = self._highest_claim(root)
+            try:
+                token, claim = self._highest_claim()
+            except OSError as exc:  # UnsafeFile included: a link, a file or FIFO there, EIO
+                return Observation(record, problem, claims_problem=_os_problem(exc))
             return Observation(record, problem, token, claim)
         finally:
             os.close(root)
 
-    def _highest_claim(self, root: int) -> tuple[int, LeaseRecord | None]:
+    def _highest_claim(self) -> tuple[int, LeaseRecord | None]:
         try:
             fd = open_dirs_below(self.directory, [self.claims])
         except FileNotFoundError:
             return 0, None
-        except UnsafeFile:
-            return 0, None  # a planted link: claims are then made (and refused) at claim time
         try:
             highest = 0
             with os.scandir(fd) as entries:
@@ -391,6 +473,12 @@ class LeaseFile:
             atomic_write_at(root, self.name, record.encode())
         finally:
             os.close(root)
+
+
+def _os_problem(exc: OSError) -> str:
+    if isinstance(exc, UnsafeFile):
+        return f"unsafe: {exc.reason}"
+    return f"{type(exc).__name__}: {exc.strerror or exc}"
 
 
 def _read_record(name: str, dir_fd: int) -> tuple[LeaseRecord | None, str | None]:
@@ -428,8 +516,9 @@ class LeaseMetrics:
         )
         self.alarms = Counter(
             f"warden_{scope}_lease_alarms",
-            "Lease files found forged or stolen, by reason (malformed, token_backwards, stolen, expiry_too_far, "
-            "missing, tampered): each pages (WardenLeaseForged).",
+            "Lease files or claims found forged or stolen, or a write made after the lease ran out, by reason "
+            "(malformed, token_backwards, stolen, expiry_too_far, missing, tampered, claim, claims_unusable, "
+            "exhausted, late_write): each pages (WardenLeaseForged).",
             ["reason"],
             registry=registry,
         )
@@ -441,7 +530,8 @@ class LeaseMetrics:
 class LeaseKeeper:
     """Holds (or waits for) the lease of ``scope`` for process ``me``: :meth:`tick` is one read and
     decision (a thread runs it every ``renew_seconds`` after :meth:`start`), :meth:`guard` the check
-    right before a side effect. ``clock`` is Unix time (compared across nodes)."""
+    right before a side effect. ``clock`` is Unix time (compared across nodes); ``local_clock``
+    measures how long a state was seen (monotonic; default ``clock``, for simulated clocks)."""
 
     io: LeaseIO
     scope: str
@@ -451,19 +541,28 @@ class LeaseKeeper:
     metrics: LeaseMetrics | None = None
     log: logging.Logger = field(default_factory=lambda: logging.getLogger("warden"))
     view: View = field(default_factory=View)
+    local_clock: Callable[[], float] | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._checked: tuple[int | None, float] = (None, 0.0)
+        if self.metrics is not None:
+            # computed at each scrape from the last view and the clock: it drops when the lease runs
+            # out even while every read of the storage fails
+            self.metrics.held.set_function(lambda: 1.0 if self.held() is not None else 0.0)
+
+    def _local(self) -> float:
+        return (self.local_clock or self.clock)()
 
     def held(self) -> int | None:
-        """The token held now (by this process's last read and its clock), or None."""
-        with self._lock:
-            view = self.view
-            if view.token is None or self.clock() >= view.expires_at - self.settings.act_margin_seconds:
-                return None
-            return view.token
+        """The token held now (by this process's last read and its clock), or None (no lock: a
+        scrape never waits on a tick blocked in the storage)."""
+        view = self.view
+        if view.token is None or self.clock() >= view.expires_at - self.settings.act_margin_seconds:
+            return None
+        return view.token
 
     def tick(self) -> Decision:
         """Reads the storage and does what :func:`decide` says (a claim is followed by its lease at once)."""
@@ -475,11 +574,21 @@ class LeaseKeeper:
 
     def _step(self) -> Decision:
         obs = self.io.read()
-        decision = decide(self.clock(), self.me, self.scope, self.settings, self.view, obs)
+        decision = decide(self.clock(), self.me, self.scope, self.settings, self.view, obs, self._local())
         view = decision.view
-        if decision.claim is not None and not self.io.claim(decision.claim):
-            view = replace(view, claimed=None)
-            decision = replace(decision, change="standby")
+        if decision.claim is not None:
+            try:
+                made = self.io.claim(decision.claim)
+            except UnsafeFile as exc:  # a link or file planted at the claims path since the read
+                problem = _os_problem(exc)
+                alarm = "claims_unusable" if self.view.alarm != "claims_unusable" else None
+                view = replace(view, claimed=None, alarm="claims_unusable")
+                decision = replace(decision, change="standby", alarm=decision.alarm or alarm)
+                obs = replace(obs, claims_problem=problem)
+                made = True
+            if not made:
+                view = replace(view, claimed=None)
+                decision = replace(decision, change="standby")
         if decision.write is not None:
             try:
                 self.io.write(decision.write)
@@ -499,7 +608,11 @@ class LeaseKeeper:
         if decision.alarm is not None:
             if self.metrics is not None:
                 self.metrics.alarms.labels(decision.alarm).inc()
-            found = obs.record.to_data() if obs.record is not None else obs.problem
+            found: object = obs.record.to_data() if obs.record is not None else obs.problem
+            if decision.alarm in ("claim", "claims_unusable"):
+                found = obs.claims_problem or (
+                    obs.claim.to_data() if obs.claim else f"unreadable claim {obs.claim_token}"
+                )
             self.log.error(
                 f"lease {self.scope}: forged or stolen ({decision.alarm}): found {str(found)[:300]}",
                 extra=log_fields(scope=self.scope, holder=self.me, reason=decision.alarm),
@@ -514,13 +627,13 @@ class LeaseKeeper:
         elif decision.change == "lost" and before.token is not None:
             self.log.warning(f"lease {self.scope} lost: standing by", extra=fields)
         if self.metrics is not None:
-            self.metrics.held.set(1 if view.token is not None else 0)
             self.metrics.token.set(view.token or view.highest)
 
     def guard(self) -> bool:
         """True when a side effect may happen now (:func:`may_act` on a fresh read of the lease file).
 
-        A read that contradicts what this process holds runs a :meth:`tick` (which pages and steps down)."""
+        A read that contradicts what this process holds runs a :meth:`tick` (which pages and steps down).
+        After the side effect, :meth:`after_write` checks it did not outlast the lease."""
         with self._lock:
             if self.view.token is None:
                 return False
@@ -529,15 +642,51 @@ class LeaseKeeper:
             except OSError:
                 return False
             if may_act(self.clock(), self.me, self.settings, self.view, obs.record):
+                self._checked = (self.view.token, self.view.expires_at)
                 return True
             with contextlib.suppress(OSError, LeaseError):
                 self.tick()
             return False
 
-    def fence(self) -> None:
-        """:meth:`guard`, raising LeaseLost when it says no."""
+    def fence(self) -> Callable[[], None]:
+        """:meth:`guard`, raising LeaseLost when it says no; returns the after-write check of this
+        check (:meth:`after_write` bound to the token and expiry it passed under)."""
         if not self.guard():
             raise LeaseLost(f"{self.scope}: not holding the run's lease with the current token; not acting")
+        token, expires_at = self._checked
+
+        def confirm() -> None:
+            self.after_write(token, expires_at)
+
+        return confirm
+
+    def after_write(self, token: int | None = None, expires_at: float | None = None) -> bool:
+        """Right after a side effect allowed by a guard (default: the last one that passed): False,
+        and a ``late_write`` alarm, when it finished at or after that lease's local expiry, or the
+        lease file no longer names this holder with that token (a pause between check and write)."""
+        if token is None or expires_at is None:
+            token, expires_at = self._checked
+        if token is None:
+            return True
+        late = self.clock() >= expires_at
+        changed = False
+        if not late:
+            try:
+                record = self.io.read(claims=False).record
+            except OSError:
+                record = None
+            changed = record is None or (record.holder, record.token) != (self.me, token)
+        if not (late or changed):
+            return True
+        if self.metrics is not None:
+            self.metrics.alarms.labels("late_write").inc()
+        self.log.error(
+            f"lease {self.scope}: a side effect finished after the lease it was checked under "
+            + ("ran out" if late else "passed on")
+            + f" (token {token}): another node may have acted too",
+            extra=log_fields(scope=self.scope, holder=self.me, token=token, reason="late_write"),
+        )
+        return False
 
     def start(self) -> None:
         if self._thread is None:
@@ -570,8 +719,6 @@ class LeaseKeeper:
                 if obs.record is not None and (obs.record.holder, obs.record.token) == (self.me, view.token):
                     now = self.clock()
                     self.io.write(replace(obs.record, expires_at=now))
-            if self.metrics is not None:
-                self.metrics.held.set(0)
 
 
 def keeper_for(
@@ -582,16 +729,25 @@ def keeper_for(
     clock: Callable[[], float],
     registry: CollectorRegistry,
     log: logging.Logger,
+    local_clock: Callable[[], float] | None = None,
 ) -> LeaseKeeper | None:
     """The keeper a sidecar uses (None when ``settings.enabled`` is false); its metrics are registered
-    either way. The lease lies in ``settings.directory``, else ``run_dir`` (ConfigError without either)."""
+    either way. The lease lies in ``settings.directory``, else ``run_dir`` (ConfigError without either,
+    or with a holder name the lease record refuses). ``local_clock``: see :class:`LeaseKeeper`;
+    default ``time.monotonic`` when ``clock`` is ``time.time`` (a simulated clock measures its own
+    durations)."""
     metrics = LeaseMetrics(registry, scope)
     if not settings.enabled:
         return None
     directory = settings.directory or run_dir
     if not directory:
         raise ConfigError(f"{scope} policy: lease.enabled needs a run directory (--run-dir) or lease.directory")
-    return LeaseKeeper(LeaseFile(directory, scope), scope, settings.holder_id(), settings, clock, metrics, log)
+    holder = settings.holder_id()
+    if local_clock is None and clock is time.time:
+        local_clock = time.monotonic
+    return LeaseKeeper(
+        LeaseFile(directory, scope), scope, holder, settings, clock, metrics, log, local_clock=local_clock
+    )
 
 
 class LeaseGate:

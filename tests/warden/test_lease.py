@@ -358,10 +358,16 @@ def test_hostile_storage_every_substitution_on_a_tick_ends_sound_refused_or_stan
 
 # -- release, the catch-up gate, the policy section -------------------------------------------------
 def test_a_holder_stopped_cleanly_hands_over_after_the_skew_not_the_lease_time(tmp_path):
+    """A released lease (expires_at = now) is free once it has run out by the skew and the standby has
+    seen it unchanged for the act margin (a forged expired record looks the same: a holder that checked
+    just before the change has finished its side effect by then)."""
     world, _io = _holding(tmp_path)
     world.now += 1
     world.keepers[0].close(release=True)
     world.now += SETTINGS.max_clock_skew_seconds + 0.01
+    world.tick(1)
+    assert world.keepers[1].held() is None, "first sight of the released record: not yet"
+    world.now += SETTINGS.act_margin_seconds
     world.tick(1)
     assert world.keepers[1].held() == 2
     assert world.alarms == []

@@ -79,9 +79,10 @@ class SignerState:
     stop: threading.Event
     """Set on SIGTERM: a hash in progress is abandoned within one read."""
     run_dir: str | None = None
-    fence: Callable[[], None] | None = None
+    fence: Callable[[], Callable[[], None] | None] | None = None
     """Runs right before a ``.sig`` is written; raises LeaseLost when this process does not hold the
-    run's lease with the current token (multi-node, warden/lease.py). None: no lease."""
+    run's lease with the current token (multi-node, warden/lease.py), else returns the check run right
+    after the write (a late write pages). None: no lease."""
     unsigned: dict[str, Unsigned] = field(default_factory=dict)
     """Complete checkpoints of the watched roots without a signature, by path."""
     failed: dict[str, tuple[Fingerprint, float]] = field(default_factory=dict)

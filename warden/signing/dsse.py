@@ -258,7 +258,7 @@ def sign_checkpoint(
     cancel: threading.Event | None = None,
     expected: Announced | None = None,
     serialization: Serialization = FILES_SHA256,
-    before_write: Callable[[], None] | None = None,
+    before_write: Callable[[], Callable[[], None] | None] | None = None,
 ) -> SignResult:
     """Hashes ``checkpoint_dir``, signs its manifest and writes the bundle atomically.
 
@@ -278,7 +278,8 @@ def sign_checkpoint(
     ``predicate.warden.files_root_digest``.
 
     ``before_write`` runs right before the bundle is written and may raise to write nothing (the
-    signer's lease check: warden/lease.py).
+    signer's lease check: warden/lease.py); what it returns, if not None, is its after-write hook,
+    run right after the bundle is written (the lease's check that the write did not outlast it).
     """
     directory = os.fspath(checkpoint_dir)
     target = os.fspath(signature_path) if signature_path is not None else signature_path_for(directory)
@@ -316,9 +317,10 @@ def sign_checkpoint(
         if serialization != FILES_SHA256:
             provenance = replace(provenance or Provenance(), files_root_digest=expected.root_digest)
     bundle = sign_payload(encode_statement(build_statement(manifest, provenance)), private_key)
-    if before_write is not None:
-        before_write()
+    after_write = before_write() if before_write is not None else None
     write_bundle(target, bundle)
+    if after_write is not None:
+        after_write()
     return SignResult(target, manifest, manifest.root_digest.hex(), key_id(private_key.public_key()), scan.total_bytes)
 
 
