@@ -547,7 +547,6 @@ class LeaseKeeper:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._checked: tuple[int | None, float] = (None, 0.0)
         if self.metrics is not None:
             # computed at each scrape from the last view and the clock: it drops when the lease runs
             # out even while every read of the storage fails
@@ -633,41 +632,42 @@ class LeaseKeeper:
         """True when a side effect may happen now (:func:`may_act` on a fresh read of the lease file).
 
         A read that contradicts what this process holds runs a :meth:`tick` (which pages and steps down).
-        After the side effect, :meth:`after_write` checks it did not outlast the lease."""
+        :meth:`fence` is the same check returning the after-write check of the side effect."""
+        return self._check() is not None
+
+    def _check(self) -> tuple[int, float] | None:
         with self._lock:
-            if self.view.token is None:
-                return False
+            view = self.view
+            if view.token is None:
+                return None
             try:
                 obs = self.io.read(claims=False)
             except OSError:
-                return False
-            if may_act(self.clock(), self.me, self.settings, self.view, obs.record):
-                self._checked = (self.view.token, self.view.expires_at)
-                return True
+                return None
+            if may_act(self.clock(), self.me, self.settings, view, obs.record):
+                return view.token, view.expires_at
             with contextlib.suppress(OSError, LeaseError):
                 self.tick()
-            return False
+            return None
 
     def fence(self) -> Callable[[], None]:
-        """:meth:`guard`, raising LeaseLost when it says no; returns the after-write check of this
-        check (:meth:`after_write` bound to the token and expiry it passed under)."""
-        if not self.guard():
+        """:meth:`guard`, raising LeaseLost when it says no; returns the check to run right after the
+        side effect (:meth:`after_write` for the token and expiry this check passed under)."""
+        checked = self._check()
+        if checked is None:
             raise LeaseLost(f"{self.scope}: not holding the run's lease with the current token; not acting")
-        token, expires_at = self._checked
+        token, expires_at = checked
 
         def confirm() -> None:
             self.after_write(token, expires_at)
 
         return confirm
 
-    def after_write(self, token: int | None = None, expires_at: float | None = None) -> bool:
-        """Right after a side effect allowed by a guard (default: the last one that passed): False,
-        and a ``late_write`` alarm, when it finished at or after that lease's local expiry, or the
-        lease file no longer names this holder with that token (a pause between check and write)."""
-        if token is None or expires_at is None:
-            token, expires_at = self._checked
-        if token is None:
-            return True
+    def after_write(self, token: int, expires_at: float) -> bool:
+        """Right after a side effect a check passed under lease ``token`` (local expiry ``expires_at``):
+        False, and a ``late_write`` alarm, when it finished at or after that expiry by this process's
+        clock, or the lease file no longer names this holder with that token (a pause between check
+        and write: another node may have acted too)."""
         late = self.clock() >= expires_at
         changed = False
         if not late:

@@ -422,3 +422,81 @@ def test_the_policy_section_is_checked_where_it_is_loaded(tmp_path):
             {"version": 1, "request_timeout_seconds": 10, "lease": {"enabled": True, "act_margin_seconds": 1}},
             ArchiverPolicy,
         )
+
+
+# -- after the side effect: a write that outlasted its lease pages (late_write) ----------------------
+def test_a_side_effect_that_outlasts_its_lease_pages_late_write_and_one_in_time_does_not(tmp_path):
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    clock = {"now": 1000.0}
+    metrics = LeaseMetrics(registry, SCOPE)
+    keeper = LeaseKeeper(LeaseFile(str(tmp_path), SCOPE), SCOPE, "a", SETTINGS, lambda: clock["now"], metrics)
+    keeper.tick()
+    confirm = keeper.fence()
+    clock["now"] += SETTINGS.act_margin_seconds / 2  # a side effect that took less than the margin
+    confirm()
+    late = lambda: registry.get_sample_value("warden_signer_lease_alarms_total", {"reason": "late_write"})  # noqa: E731
+    assert late() == 0
+    confirm = keeper.fence()
+    clock["now"] = keeper.view.expires_at  # paused between the check and the end of the write
+    confirm()
+    assert late() == 1
+    keeper.tick()  # renewal refused (the lease ran out): it stands by
+    assert keeper.held() is None and registry.get_sample_value("warden_signer_lease_held") == 0
+
+
+def test_an_archiver_put_that_outlasts_the_lease_pages_late_write(tmp_path):
+    from dataclasses import replace
+
+    from support import FakeStore
+
+    from sidecars.archiver.sidecar import ArchiverSidecar
+    from sidecars.runner import Runner
+    from sidecars.runtime import SidecarContext
+    from tests.warden.archive.archiver_helpers import CONFIG_DIGEST, metric, snapshot_data
+    from warden.archive.policy import ArchiverPolicy, BackoffPolicy
+    from warden.archive.signing import RecordSigner
+    from warden.journal import EventWriter
+    from warden.signing.keys import generate_keypair, load_private_key
+
+    now = {"t": 1_800_000_000.0}
+    lease = replace(SETTINGS, holder="node-a", act_margin_seconds=3.0)
+
+    class StallingStore(FakeStore):
+        """A real in-memory store whose put of step 2 stalls past the lease (an NFS or network stall)."""
+
+        def _put_if_absent(self, key, body, retention):
+            if key.endswith("2.json"):
+                now["t"] += lease.duration_seconds
+            return super()._put_if_absent(key, body, retention)
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    policy = ArchiverPolicy(
+        store="fake://store", request_timeout_seconds=2.0, check_interval_seconds=0.1,
+        backoff=BackoffPolicy(0.05, 0.2), lease=lease,
+    )  # fmt: skip
+    ctx = SidecarContext(
+        name="archiver", state_dir=str(tmp_path / "a"), run_dir=str(run_dir), policy=policy, clock=lambda: now["t"]
+    )
+    sidecar = ArchiverSidecar(
+        ctx,
+        store=StallingStore(),
+        signer=RecordSigner(load_private_key(generate_keypair(tmp_path / "keys").private_key)),
+    )
+    runner = Runner(sidecar, use_watchdog=False)
+    try:
+        with EventWriter(str(run_dir / "events.jsonl"), "run-1") as journal:
+            journal.emit("run.started", {"config_digest": CONFIG_DIGEST, "genesis_nonce": "g" * 32})
+            journal.emit("reward.snapshot", snapshot_data(1), step=1)
+            runner.drain()
+            sidecar.check()
+            sidecar.uploader.run_pass()
+            assert metric(sidecar, "warden_archiver_lease_alarms_total", reason="late_write") == 0
+            journal.emit("reward.snapshot", snapshot_data(2), step=2)
+            runner.drain()
+            sidecar.uploader.run_pass()
+        assert metric(sidecar, "warden_archiver_lease_alarms_total", reason="late_write") == 1
+    finally:
+        sidecar.close()

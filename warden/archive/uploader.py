@@ -50,7 +50,7 @@ from warden.archive.record import build_head, head_key, object_hash, step_key
 from warden.archive.signing import RecordSigner
 from warden.archive.spool import Spool
 from warden.archive.store import Created, Retention, Store
-from warden.lease import LeaseKeeper
+from warden.lease import LeaseKeeper, LeaseLost
 from warden.logs import log_fields
 
 # Stored records are dropped from the spool (after the head covering them is spooled) in
@@ -65,6 +65,10 @@ PROBE_PREFIX = "runs/"
 
 def _event_wait(event: threading.Event, timeout: float) -> bool:
     return event.wait(timeout)
+
+
+def _nothing() -> None:
+    """The after-put check without a lease."""
 
 
 class Fenced(StoreError):
@@ -243,15 +247,30 @@ class Uploader:
 
     def _store_one(self, run_id: str, step: int) -> tuple[int, bytes, Created | StoreError]:
         body = self.spool.read(run_id, step)
-        if self.lease is not None and not (self.holding() and self.lease.guard()):
+        confirm = self._fence()
+        if confirm is None:
             return step, body, Fenced(f"run {run_id} step {step}: not the lease holder; not put", "lease")
         started = self._monotonic()
         try:
             answer: Created | StoreError = self.store.create(step_key(run_id, step), body, self.retention)
         except StoreError as exc:
             answer = exc
+        finally:
+            confirm()  # a put that outlasted the lease pages (late_write)
         self.metrics.upload_seconds.observe(self._monotonic() - started)
         return step, body, answer
+
+    def _fence(self) -> Callable[[], None] | None:
+        """None when this process may not put now; else the check to run right after the put (the
+        lease's :meth:`~warden.lease.LeaseKeeper.fence`; nothing to check without a lease)."""
+        if self.lease is None:
+            return _nothing
+        if not self.holding():
+            return None
+        try:
+            return self.lease.fence()
+        except LeaseLost:
+            return None
 
     def _conflict(self, run_id: str, step: int, exc: StoreConflict, result: PassResult) -> None:
         where = self.spool.set_aside(run_id, step)
@@ -284,9 +303,13 @@ class Uploader:
         False when the lease check refused the put."""
         body = self.spool.head(run_id)
         if body is not None and self._heads_put.get(run_id) != body:
-            if self.lease is not None and not (self.holding() and self.lease.guard()):
+            confirm = self._fence()
+            if confirm is None:
                 return False
-            self.store.put(head_key(run_id), body, self.retention)
+            try:
+                self.store.put(head_key(run_id), body, self.retention)
+            finally:
+                confirm()
             self._heads_put[run_id] = body
         return True
 
