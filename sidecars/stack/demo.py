@@ -91,9 +91,7 @@ def approve_demo_assets(run_dir: str, echo: Echo) -> None:
         "scan", "tokenizer", built.tokenizer_dir, built.model_dir, "--approve", "--state-dir", state
     )
     if result.returncode != 0:
-        echo(
-            f"  note: the demo's tokenizer was not approved (scan exit {result.returncode}): tokenscan reports it"
-        )
+        echo(f"  note: the demo's tokenizer was not approved (scan exit {result.returncode}): tokenscan reports it")
 
 
 def wait_for_sidecars(plan: components.Plan, timeout: float = 60.0) -> None:
