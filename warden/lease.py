@@ -498,9 +498,15 @@ def _read_record(name: str, dir_fd: int) -> tuple[LeaseRecord | None, str | None
 
 # -- metrics and the keeper -----------------------------------------------------------------------
 class LeaseMetrics:
-    """``warden_<scope>_lease_*``: held (0/1), token, takeovers_total, alarms_total{reason}."""
+    """``warden_<scope>_lease_*``: enabled (0/1), held (0/1, computed at each scrape), token,
+    takeovers_total, alarms_total{reason}."""
 
     def __init__(self, registry: CollectorRegistry, scope: str) -> None:
+        self.enabled = Gauge(
+            f"warden_{scope}_lease_enabled",
+            f"1 when this {scope} takes part in a run lease (lease.enabled): WardenLeaseVacant looks only at these.",
+            registry=registry,
+        )
         self.held = Gauge(
             f"warden_{scope}_lease_held", f"1 while this {scope} holds the run's lease.", registry=registry
         )
@@ -739,6 +745,7 @@ def keeper_for(
     metrics = LeaseMetrics(registry, scope)
     if not settings.enabled:
         return None
+    metrics.enabled.set(1)
     directory = settings.directory or run_dir
     if not directory:
         raise ConfigError(f"{scope} policy: lease.enabled needs a run directory (--run-dir) or lease.directory")
