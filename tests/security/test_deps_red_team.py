@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.warden.deps.deps_helpers import fake_base_template
 from warden.deps.audit import AuditReport, AuditSettings, run_audit
 from warden.deps.environment import discover_python
 from warden.deps.policy import DepsPolicy, IntegrityRules
@@ -35,10 +36,13 @@ AUDIT_DEADLINE = 60.0
 class Target:
     """A throwaway venv, its auditor state, and the files the deployment runs it with."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, base: Path | None = None) -> None:
+        """``base``: a base interpreter the test owns (then the venv sees its system site-packages)."""
         self.root = root
         self.venv = root / "venv"
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(self.venv)], check=True, timeout=120)
+        creator = str(base / "bin" / f"python{SHORT}") if base else sys.executable
+        flags = ["--system-site-packages"] if base else []
+        subprocess.run([creator, "-m", "venv", "--without-pip", *flags, str(self.venv)], check=True, timeout=120)
         self.python = str(self.venv / "bin" / "python")
         self.site = self.venv / "lib" / f"python{SHORT}" / "site-packages"
         self.state = root / "state"
@@ -115,11 +119,19 @@ def blocking(report: AuditReport) -> list[tuple[str, str]]:
     return sorted((f.kind, f.subject) for f in report.findings if f.blocking)
 
 
-def assert_stopped(report: AuditReport, kinds: set[str]) -> None:
-    """The attack ends in one of ``kinds`` as a blocking finding (exit 1), or in a refusal (exit 3)."""
+def assert_found(report: AuditReport, *kinds: str) -> None:
+    """The attack ends in each of ``kinds`` as a blocking finding, the audit complete (exit 1)."""
+    found = {k for k, _ in blocking(report)}
+    assert not set(kinds) - found, f"expected {sorted(kinds)}; got {blocking(report)} / {report.incomplete}"
+    assert report.exit_code == 1, report.incomplete
+
+
+def assert_caught(report: AuditReport, fixes: set[str]) -> None:
+    """For the xfail attacks (they pass today): the audit must not be clean, and the finding must be
+    one a fix of the mechanism named in the reason would give (the kind is the fixer's choice)."""
     found = {k for k, _ in blocking(report)}
     assert report.exit_code in (1, 3), "the audit passed"
-    assert found & kinds, f"expected one of {sorted(kinds)}; got {blocking(report)} / {report.incomplete}"
+    assert found & fixes or report.incomplete, f"not stopped by the mechanism: {blocking(report)}"
 
 
 def record_row(site: Path, rel: str) -> str:
@@ -180,6 +192,18 @@ def target(tmp_path: Path) -> Target:
     return Target(tmp_path)
 
 
+@pytest.fixture
+def system_site_target(tmp_path: Path, fake_base_template: Path) -> Target:
+    """A venv with system site-packages of a base the test owns (deps_helpers.fake_base_template:
+    an empty base site-packages, so the host's own .pth files are not part of the target)."""
+    base = tmp_path / "base"
+    shutil.copytree(fake_base_template, base, symlinks=True)
+    return Target(tmp_path, base)
+
+
+__all__ = ["fake_base_template"]  # the session fixture, shared with tests/warden/deps
+
+
 # --- environment files: what the auditor reads of them is PYTHONPATH/PYTHONHOME/PYTHONUSERBASE/PYTHONNOUSERSITE
 
 
@@ -198,7 +222,7 @@ def test_env_file_pycache_prefix_runs_planted_stdlib_bytecode(target: Target) ->
     with target.env_file.open("a") as fh:
         fh.write(f"PYTHONPYCACHEPREFIX={prefix}\n")
     target.assert_payload_runs()
-    assert_stopped(audit_within(target), {"syspath_changed", "environment_changed", "closure_added", "pyc_mismatch"})
+    assert_caught(audit_within(target), {"syspath_changed", "environment_changed", "closure_added", "pyc_mismatch"})
 
 
 @pytest.mark.xfail(
@@ -213,7 +237,7 @@ def test_env_file_empty_pythonpath_component_adds_working_directory(target: Targ
     with target.env_file.open("a") as fh:
         fh.write("PYTHONPATH=:\n")
     target.assert_payload_runs()
-    assert_stopped(audit_within(target), {"syspath_changed", "startup_hook", "shadowing", "closure_added"})
+    assert_caught(audit_within(target), {"syspath_changed", "startup_hook", "shadowing", "closure_added"})
 
 
 @pytest.mark.xfail(
@@ -238,7 +262,7 @@ def test_env_file_ld_preload_runs_native_code(target: Target) -> None:
     with target.env_file.open("a") as fh:
         fh.write(f"LD_PRELOAD={lib}\n")
     target.assert_payload_runs()
-    assert_stopped(audit_within(target), {"environment_changed", "syspath_changed"})
+    assert_caught(audit_within(target), {"environment_changed", "syspath_changed"})
 
 
 def test_env_file_pythonpath_directory_is_walked(target: Target) -> None:
@@ -250,7 +274,7 @@ def test_env_file_pythonpath_directory_is_walked(target: Target) -> None:
     with target.env_file.open("a") as fh:
         fh.write(f"PYTHONPATH={extra}\n")
     target.assert_payload_runs()
-    assert_stopped(audit_within(target), {"syspath_changed", "startup_hook"})
+    assert_found(audit_within(target), "syspath_changed", "startup_hook")
 
 
 # --- pyvenv.cfg parsed differently by the auditor and by site.venv()
@@ -268,7 +292,7 @@ def test_pyvenv_cfg_vertical_tab_enables_system_site_and_user_site(target: Targe
     assert text != cfg.read_text()
     cfg.write_text(text)
     target.assert_payload_runs()
-    assert_stopped(audit_within(target), {"environment_changed", "venv_config", "syspath_changed"})
+    assert_found(audit_within(target), "environment_changed")
 
 
 # --- .pth files
@@ -282,7 +306,7 @@ def test_dot_named_pth_runs_on_this_python_and_is_found(target: Target) -> None:
     if sys.version_info >= (3, 13):
         pytest.skip("site skips dot-named .pth files from 3.13 on")
     target.assert_payload_runs()
-    assert_stopped(audit_within(target), {"pth_not_allowed", "unowned_file", "unowned"})
+    assert_found(audit_within(target), "pth_not_allowed")
 
 
 def test_pth_with_bom_crlf_and_semicolon_import_is_found(target: Target) -> None:
@@ -292,7 +316,7 @@ def test_pth_with_bom_crlf_and_semicolon_import_is_found(target: Target) -> None
     )
     (target.site / "0001.pth").write_bytes(b"\xef\xbb\xbf" + str(target.root).encode() + b"\r\n")
     target.assert_payload_runs()
-    assert_stopped(audit_within(target), {"pth_not_allowed"})
+    assert_found(audit_within(target), "pth_not_allowed")
 
 
 def test_fifo_pth_hangs_the_target_not_the_audit(target: Target) -> None:
@@ -302,9 +326,7 @@ def test_fifo_pth_hangs_the_target_not_the_audit(target: Target) -> None:
     os.mkfifo(target.site / "aaa.pth")
     with pytest.raises(subprocess.TimeoutExpired):
         target.run_target(timeout=3)
-    report = audit_within(target)
-    assert report.exit_code in (1, 3)
-    assert blocking(report) or report.incomplete
+    assert_found(audit_within(target), "special_file")
 
 
 # --- bytecode in site-packages
@@ -316,7 +338,7 @@ def test_unchecked_hash_pyc_of_an_installed_module_is_a_mismatch(target: Target)
     cfile = str(target.site / "__pycache__" / f"rtmod.{TAG}.pyc")
     unchecked_pyc("VALUE = 1\n" + marker_code(target.marker), cfile, target.root)
     target.assert_payload_runs("import rtmod")
-    assert_stopped(audit_within(target), {"pyc_mismatch"})
+    assert_found(audit_within(target), "pyc_mismatch")
 
 
 def test_sourceless_package_shadows_an_installed_module(target: Target) -> None:
@@ -326,7 +348,7 @@ def test_sourceless_package_shadows_an_installed_module(target: Target) -> None:
     pkg = target.site / "rtmod"
     unchecked_pyc("VALUE = 1\n" + marker_code(target.marker), str(pkg / "__init__.pyc"), target.root)
     target.assert_payload_runs("import rtmod")
-    assert_stopped(audit_within(target), {"unowned_file", "unowned", "shadowing", "startup_hook"})
+    assert_found(audit_within(target), "unowned")
 
 
 @pytest.mark.xfail(
@@ -343,4 +365,145 @@ def test_env_file_pycache_prefix_runs_planted_dependency_bytecode(target: Target
     with target.env_file.open("a") as fh:
         fh.write(f"PYTHONPYCACHEPREFIX={prefix}\n")
     target.assert_payload_runs("import rtmod")
-    assert_stopped(audit_within(target), {"syspath_changed", "environment_changed", "pyc_mismatch", "closure_added"})
+    assert_caught(audit_within(target), {"syspath_changed", "environment_changed", "pyc_mismatch", "closure_added"})
+
+
+# --- more environment-file semantics the auditor reads differently from CPython
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="red team: a relative PYTHONPATH entry is resolved against the auditor's working directory "
+    "(os.path.abspath in syspath._Path.add), CPython resolves it against the target's: a hook in the target's "
+    "<cwd>/<entry> is never walked and the audit is clean (D2)",
+)
+def test_env_file_relative_pythonpath_resolved_against_the_auditors_cwd(target: Target) -> None:
+    rel = "rt-relative-src-7f3a"
+    assert not os.path.lexists(rel), "the auditor's cwd must not hold the entry"
+    with target.env_file.open("a") as fh:
+        fh.write(f"PYTHONPATH={rel}\n")  # approved so: a relative entry, as images write 'PYTHONPATH=src'
+    target.approve()
+    (target.work / rel).mkdir()
+    (target.work / rel / "sitecustomize.py").write_text(marker_code(target.marker))
+    target.assert_payload_runs()
+    assert_caught(audit_within(target), {"syspath_changed", "startup_hook", "closure_added", "shadowing"})
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="red team: PYTHONNOUSERSITE= (empty) is taken as set by syspath.compute_layout (`is None`), CPython "
+    "ignores an empty variable and enables the user site: a usercustomize there runs and the audit is clean (D2)",
+)
+def test_env_file_empty_pythonnousersite_leaves_user_site_on(system_site_target: Target) -> None:
+    target = system_site_target
+    with target.env_file.open("a") as fh:
+        fh.write("PYTHONNOUSERSITE=\n")
+    target.approve()
+    user_site = target.home / ".local" / "lib" / f"python{SHORT}" / "site-packages"
+    user_site.mkdir(parents=True)
+    (user_site / "usercustomize.py").write_text(marker_code(target.marker))
+    target.assert_payload_runs()
+    assert_caught(audit_within(target), {"syspath_changed", "startup_hook", "closure_added"})
+
+
+def test_user_site_appearing_in_a_system_site_venv_is_found(system_site_target: Target) -> None:
+    """Control for the above: without the variable, the user site appearing is a path change."""
+    target = system_site_target
+    target.approve()
+    user_site = target.home / ".local" / "lib" / f"python{SHORT}" / "site-packages"
+    user_site.mkdir(parents=True)
+    (user_site / "usercustomize.py").write_text(marker_code(target.marker))
+    target.assert_payload_runs()
+    assert_found(audit_within(target), "syspath_changed", "startup_hook")
+
+
+# --- sys.path entries whose name ends in .zip
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="red team: a sys.path entry ending in '.zip' is taken for a zip file (stdlib.py stats it, closure.py "
+    "and interpreter.hook_dirs skip it); a directory so named is imported from by the path finder but never "
+    "walked, so a sitecustomize.py added to it runs and the audit is clean (D2)",
+)
+def test_directory_named_zip_on_sys_path_is_never_walked(target: Target) -> None:
+    vendored = target.root / "vendor.zip"
+    vendored.mkdir()
+    (vendored / "helper.py").write_text("X = 1\n")
+    with target.env_file.open("a") as fh:
+        fh.write(f"PYTHONPATH={vendored}\n")
+    target.approve()
+    (vendored / "sitecustomize.py").write_text(marker_code(target.marker))
+    target.assert_payload_runs()
+    assert_caught(audit_within(target), {"startup_hook", "stdlib_added", "stdlib_changed", "closure_added"})
+
+
+def test_zip_on_sys_path_appearing_with_a_hook_is_found(target: Target) -> None:
+    import zipfile
+
+    archive = target.root / "deps.zip"
+    with target.env_file.open("a") as fh:
+        fh.write(f"PYTHONPATH={archive}\n")
+    target.approve()  # absent at approval
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("sitecustomize.py", marker_code(target.marker))
+    target.assert_payload_runs()
+    assert_found(audit_within(target), "startup_hook", "stdlib_added")
+
+
+def test_zip_without_zip_suffix_on_sys_path_is_found(target: Target) -> None:
+    """zipimport takes any file name: an approved-absent entry 'deps.bundle' becomes a zip with a hook."""
+    import zipfile
+
+    archive = target.root / "deps.bundle"
+    with target.env_file.open("a") as fh:
+        fh.write(f"PYTHONPATH={archive}\n")
+    target.approve()
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("sitecustomize.py", marker_code(target.marker))
+    target.assert_payload_runs()
+    assert_found(audit_within(target), "closure_added")
+
+
+# --- unbounded work
+
+
+def test_sparse_huge_files_and_symlink_loops_end_in_findings_within_the_deadline(target: Target) -> None:
+    """An owned module replaced by a 4 TiB sparse file, an unowned one beside it, link
+    loops: the hook planted beside them is still reported, within the deadline."""
+    install_dist(target.site)
+    target.approve()
+    owned = target.site / "rtmod.py"
+    with owned.open("r+b") as fh:
+        fh.truncate(4 << 40)  # 4 TiB, sparse
+    with (target.site / "zz_huge.py").open("wb") as fh:
+        fh.truncate(4 << 40)
+    os.symlink("loop_b", target.site / "loop_a")
+    os.symlink("loop_a", target.site / "loop_b")
+    os.symlink(".", target.site / "loop_dir")
+    (target.site / "sitecustomize.py").write_text(marker_code(target.marker))
+    target.assert_payload_runs()
+    report = audit_within(target)
+    assert_found(report, "startup_hook", "tampered", "unowned")
+    assert ("tampered", str(owned)) in blocking(report)  # its size is not RECORD's: never read
+    assert {("unowned", str(target.site / n)) for n in ("loop_a", "loop_b", "loop_dir")} <= set(blocking(report))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="red team: a pyvenv.cfg approved with 'include-system-site-packages\\x0b= true' (site.venv() strips "
+    "the \\x0b and enables system and user site; parse_pyvenv_cfg splits the line at it and reads false): the "
+    "computed sys.path never has the user site, so a usercustomize there later runs and the audit is clean (D2)",
+)
+def test_pyvenv_cfg_vertical_tab_approved_then_user_site_appears(system_site_target: Target) -> None:
+    target = system_site_target
+    cfg = target.venv / "pyvenv.cfg"
+    text = cfg.read_text().replace("include-system-site-packages = true", "include-system-site-packages\x0b= true")
+    assert text != cfg.read_text()
+    cfg.write_text(text)
+    target.approve()
+    user_site = target.home / ".local" / "lib" / f"python{SHORT}" / "site-packages"
+    user_site.mkdir(parents=True)
+    (user_site / "usercustomize.py").write_text(marker_code(target.marker))
+    target.assert_payload_runs()
+    assert_caught(audit_within(target), {"syspath_changed", "startup_hook", "venv_config"})
