@@ -507,3 +507,31 @@ def test_pyvenv_cfg_vertical_tab_approved_then_user_site_appears(system_site_tar
     (user_site / "usercustomize.py").write_text(marker_code(target.marker))
     target.assert_payload_runs()
     assert_caught(audit_within(target), {"syspath_changed", "startup_hook", "venv_config"})
+
+
+# --- the base interpreter's stdlib (a base the test owns)
+
+
+def test_stdlib_sitecustomize_is_found(system_site_target: Target) -> None:
+    target = system_site_target
+    target.approve()
+    stdlib = Path(target.target_stdlib_file("json")).parent.parent
+    (stdlib / "sitecustomize.py").write_text(marker_code(target.marker))
+    target.assert_payload_runs()
+    assert_found(audit_within(target), "stdlib_added", "startup_hook")
+
+
+def test_stdlib_unchecked_hash_pyc_is_a_mismatch_and_a_purge_is_not(system_site_target: Target) -> None:
+    target = system_site_target
+    json_init = Path(target.target_stdlib_file("json"))
+    cache = json_init.parent / "__pycache__"
+    shutil.rmtree(cache, ignore_errors=True)  # benign: an image purging __pycache__ before approval...
+    target.approve()
+    cache.mkdir(exist_ok=True)  # ...and Python writing it back on first import is benign too
+    proc = subprocess.run([target.python, "-c", "import json"], capture_output=True, text=True, timeout=60, env={})
+    assert proc.returncode == 0 and (cache / f"__init__.{TAG}.pyc").exists(), proc.stderr
+    regenerated = target.audit()
+    assert regenerated.exit_code == 0, (blocking(regenerated), regenerated.incomplete)
+    unchecked_pyc(json_init.read_text() + marker_code(target.marker), str(cache / f"__init__.{TAG}.pyc"), target.root)
+    target.assert_payload_runs("import json")
+    assert_found(audit_within(target), "pyc_mismatch")
