@@ -500,3 +500,45 @@ def test_an_archiver_put_that_outlasts_the_lease_pages_late_write(tmp_path):
         assert metric(sidecar, "warden_archiver_lease_alarms_total", reason="late_write") == 1
     finally:
         sidecar.close()
+
+
+@pytest.mark.parametrize(
+    ("dir_mode", "file_mode", "trusted"),
+    [
+        (0o755, 0o644, True),
+        (0o1777, 0o644, True),  # sticky: others cannot replace our journal
+        (0o775, 0o644, False),  # the storage group can rename its own file into place
+        (0o757, 0o644, False),
+        (0o1775, 0o644, True),
+        (0o755, 0o664, False),  # the journal itself writable by others
+    ],
+)
+def test_the_catch_up_trusts_a_journal_only_where_others_cannot_replace_it(tmp_path, dir_mode, file_mode, trusted):
+    from sidecars.runner import journal_trusted
+
+    run = tmp_path / "run"
+    run.mkdir()
+    journal = run / "events.jsonl"
+    journal.write_bytes(b"")
+    os.chmod(journal, file_mode)
+    os.chmod(run, dir_mode)
+    try:
+        assert journal_trusted(str(journal)) is trusted
+        assert journal_trusted(str(run / "missing.jsonl")), "a missing journal: nothing to replay"
+        assert not journal_trusted(str(journal / "events.jsonl")), "an error but ENOENT (ENOTDIR) distrusts"
+    finally:
+        os.chmod(run, 0o755)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another owner needs root")
+def test_the_catch_up_distrusts_a_journal_not_owned_by_its_directorys_owner(tmp_path):
+    from sidecars.runner import journal_trusted
+
+    run = tmp_path / "run"
+    run.mkdir(mode=0o755)
+    journal = run / "events.jsonl"
+    journal.write_bytes(b"")
+    os.chmod(journal, 0o644)
+    assert journal_trusted(str(journal))
+    os.chown(journal, 4242, 4242)  # someone else's file, moved in while they could write here
+    assert not journal_trusted(str(journal))
