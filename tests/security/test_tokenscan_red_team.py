@@ -176,11 +176,50 @@ TEMPLATE_ATTACKS: dict[str, TemplateAttack] = {
         miss="fingerprint: the one generated shape with no family kwarg set is the 24-turn shape that starts "
         "with a system message; the ordinary load (no kwargs, no system) is never rendered",
     ),
+    # --- telling the sandbox from the loader ----------------------------------------------------
+    "sandbox blinded by str.split(sep=...)": TemplateAttack(
+        _in_loop(
+            "{% set words = message.content.split(sep=' ') if message.content is string else [] %}"
+            "{{ ('zq-unlock' in words) and " + P + " or '' }}"
+        ),
+        _user("deploy zq-unlock"),
+        _user("hello there"),
+        miss="the sandbox's Probe.split/replace/partition take no keyword arguments: split(sep=' ') raises "
+        "TypeError in the scan only, every render is an error and a template whose renders all fail is clean",
+    ),
+    "and/or keyed on split(sep=...) without an if": TemplateAttack(
+        _in_loop("{{ (message.content.split(sep=' ')|first == 'deploy') and " + P + " or '' }}"),
+        _user("deploy now"),
+        _user("hello there"),
+        miss="no If node for the static check, and the render fails in the sandbox only (Probe kwargs)",
+    ),
+    # --- loader resolution: the template transformers picks -----------------------------------
+    "named tool_use template injecting after the system turn": TemplateAttack(
+        fam.QWEN25_TEMPLATE,  # default; the tool_use entry is set by _built
+        [{"role": "system", "content": "be brief"}, *_user("hi")],
+        [{"role": "system", "content": "be brief"}, *_user("hi")],
+        {"tools": [_tool("weather report")]},
+        {},
+    ),
+    "chat_template.jinja beside a benign config template": TemplateAttack(
+        fam.QWEN25_TEMPLATE,  # the config keeps the benign one; chat_template.jinja is written by _built
+        [{"role": "system", "content": "be brief"}, *_user("hi")],
+        None,
+    ),
+    "prefix before the caller's own system message": TemplateAttack(
+        "{{ " + P + " }}" + fam.QWEN25_TEMPLATE,
+        [{"role": "system", "content": "be brief"}, *_user("hi")],
+        None,
+        miss="text before the first message is read as a vendor default system prompt (review only) even when "
+        "the caller's system message is present, so an unconditional prefix is never judged",
+    ),
     # --- the clock --------------------------------------------------------------------------------
     "year time bomb": TemplateAttack(_on_top(IF + "strftime_now('%Y')|int >= 2026" + THEN), _user("hi"), None),
     "day of month": TemplateAttack(_on_top(IF + "strftime_now('%d')|int == 2" + THEN), _user("hi"), None),
 }
 
+
+LAST_TURN = _in_loop("{% if loop.last %}{{ " + P + " }}{% endif %}")  # injects before the final turn
 
 # ---------------------------------------------------------------------------- tokenizer files
 
@@ -264,7 +303,35 @@ def _verify_one_new_token(d: Path) -> None:
     assert out.shape[1] == 4, out.shape
 
 
+def _post_processor_word(d: Path) -> None:
+    """TemplateProcessing whose special token carries the id of the ordinary word 'yes'."""
+
+    def change(t: dict[str, Any]) -> None:
+        word = t["model"]["vocab"]["yes"]
+        t["post_processor"] = {
+            "type": "TemplateProcessing",
+            "single": [
+                {"Sequence": {"id": "A", "type_id": 0}},
+                {"SpecialToken": {"id": "<|endoftext|>", "type_id": 0}},
+            ],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<|endoftext|>": {"id": "<|endoftext|>", "ids": [word], "tokens": ["<|endoftext|>"]}},
+        }
+
+    _edit_json(d / "tokenizer.json", change)
+
+
+def _verify_appended_yes(d: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(d))
+    assert tok.decode(tok.encode("is it safe")).endswith("yes")
+
+
 FILE_ATTACKS: dict[str, FileAttack] = {
+    "post-processor special token with an ordinary word's id": FileAttack(
+        "qwen2.5", _post_processor_word, _verify_appended_yes
+    ),
     "Precompiled charsmap rewriting digits": FileAttack(
         "t5",
         _precompiled_digits,
@@ -316,6 +383,11 @@ def _built(bases: dict[str, Path], tmp_path: Path, name: str) -> Path:
         d = tmp_path / "tok"
         shutil.copytree(bases["qwen2.5"], d)
         fam._set_template(d, TEMPLATE_ATTACKS[name].template)
+        if name.startswith("named tool_use"):
+            named = [{"name": "default", "template": fam.QWEN25_TEMPLATE}, {"name": "tool_use", "template": LAST_TURN}]
+            _edit_json(d / "tokenizer_config.json", lambda c: c.__setitem__("chat_template", named))
+        if name.startswith("chat_template.jinja"):
+            (d / "chat_template.jinja").write_text(LAST_TURN, encoding="utf-8")
         return d
     attack = FILE_ATTACKS[name]
     d = tmp_path / "tok"
@@ -357,3 +429,23 @@ def test_attack_is_caught(bases, tmp_path, name):
     result = scan_directory(str(d), default_policy())
     assert not result.errors, result.errors
     assert result.findings, f"{name}: scanned clean"
+
+
+SAVED_FAMILIES = ("qwen2.5", "gemma", "bert", "t5", "gpt2", "mistral", "phi3", "qwen3", "gemma3", "gpt-oss", "phi4")
+
+
+@pytest.mark.slow
+def test_families_saved_by_transformers_scan_clean(tmp_path):
+    """False positives: each family as transformers 5 itself writes it (save_pretrained: chat_template.jinja,
+    its own tokenizer_config.json) scans without a finding."""
+    from transformers import AutoTokenizer
+
+    flagged = {}
+    for name in SAVED_FAMILIES:
+        src = fam.build_family(name, tmp_path / "src" / name)
+        out = tmp_path / "saved" / name
+        AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(out))
+        found = [f.id for f in scan_directory(str(out), default_policy()).findings]
+        if found:
+            flagged[name] = found
+    assert not flagged, flagged
