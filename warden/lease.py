@@ -10,10 +10,14 @@ a counter that grows by one at every change of owner.
 Protocol (all I/O through :mod:`warden.safeio`: descriptor-relative, no link followed, capped
 reads, atomic replacement, exclusive creation):
 
-- *claim*: a standby that finds the lease expired (its clock past ``expires_at`` plus the clock
-  skew bound) claims token ``T+1`` by creating ``<dir>/.warden-lease-<scope>.claims/<T+1>``
+- *claim*: a standby that finds the lease free claims token ``T+1`` by creating
+  ``<dir>/.warden-lease-<scope>.claims/<T+1>``
   exclusively; of several claimants exactly one creates it. It then writes the lease file
-  (holder, token, ``expires_at = now + duration``) and holds the lease;
+  (holder, token, ``expires_at = now + duration``) and holds the lease. *Free* is judged by the
+  standby's own monotonic clock, never by a time read from the storage alone: one state (record and
+  claims) unchanged for ``duration + skew`` since it first saw it, or a record past ``expires_at``
+  plus the skew that stayed so for ``act_margin_seconds``; no lease file while a claim exists is a
+  pending claim, not a free lease;
 - *renew*: the holder rewrites the lease file every ``renew_seconds`` while its own clock is
   before ``expires_at - act_margin`` and the file still names it with its token; otherwise it
   steps down (a lease that ran out is never renewed: a standby may be taking it over);
@@ -25,14 +29,18 @@ reads, atomic replacement, exclusive creation):
 - *page*: a lease file that does not parse (or is a link, FIFO, oversized file), a token lower
   than one already seen (going backwards), an expiry later than any holder could have written,
   or a lease naming someone else while we hold ours and renewed it in time (or our own record with
-  an expiry we did not write), is counted in ``warden_<scope>_lease_alarms_total{reason}`` (alert
-  ``WardenLeaseForged``); the holder steps down on a stolen lease rather than fight for it.
+  an expiry we did not write); a claim above our token while ours is in time, or an unreadable,
+  future or abandoned claim, or an unusable claims path; the token range exhausted; a side effect
+  that outlasted its lease (below): each is counted in ``warden_<scope>_lease_alarms_total{reason}``
+  (alert ``WardenLeaseForged``); the holder steps down on a stolen lease rather than fight for it.
 
 The fencing is checked by the actor, not enforced by the storage (a filesystem has no
 conditional write): a process paused between its last check and its write for longer than
-``act_margin_seconds`` can still write once after its lease ran out; the next read by the new
-owner then finds the token gone backwards or another holder, which pages. docs/threat-model.md
-states the invariant, docs/deploy.md the settings.
+``act_margin_seconds`` can still write once after its lease ran out; the check right after the
+write (:meth:`LeaseKeeper.fence` returns it) then finds its clock past that lease's expiry or the
+lease passed on, which pages (``late_write``). Lease records are not authenticated: a plausible
+record rewritten by whoever writes the directory looks live (alert ``WardenLeaseVacant``).
+docs/threat-model.md states the invariant, docs/deploy.md the settings.
 
 :func:`decide` and :func:`may_act` are the whole decision, pure functions of the clock reading,
 the settings, what this process remembers (:class:`View`) and what it read (:class:`Observation`);
