@@ -535,3 +535,21 @@ def test_stdlib_unchecked_hash_pyc_is_a_mismatch_and_a_purge_is_not(system_site_
     unchecked_pyc(json_init.read_text() + marker_code(target.marker), str(cache / f"__init__.{TAG}.pyc"), target.root)
     target.assert_payload_runs("import json")
     assert_found(audit_within(target), "pyc_mismatch")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="red team: a pyvenv.cfg approved with a first line 'home\\x0b= <other base>/bin' (CPython's getpath "
+    "strips the \\x0b and takes the first home; parse_pyvenv_cfg splits the line and keeps the last home): the "
+    "target loads another base's stdlib, whose sitecustomize runs, and the audit is clean (D2; venv_config)",
+)
+def test_pyvenv_cfg_vertical_tab_first_home_swaps_the_stdlib(system_site_target: Target) -> None:
+    target = system_site_target
+    other = target.root / "other-base"
+    shutil.copytree(target.root / "base", other, symlinks=True)
+    (other / "lib" / f"python{SHORT}" / "sitecustomize.py").write_text(marker_code(target.marker))
+    cfg = target.venv / "pyvenv.cfg"
+    cfg.write_text(f"home\x0b= {other / 'bin'}\n" + cfg.read_text())
+    target.approve()
+    target.assert_payload_runs()
+    assert_caught(audit_within(target), {"venv_config", "syspath_changed", "startup_hook"})
