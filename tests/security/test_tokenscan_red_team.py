@@ -193,6 +193,13 @@ TEMPLATE_ATTACKS: dict[str, TemplateAttack] = {
         _user("hello there"),
         miss="no If node for the static check, and the render fails in the sandbox only (Probe kwargs)",
     ),
+    "sandbox told apart by strftime_now('%Z')": TemplateAttack(
+        _in_loop("{% if loop.last and not strftime_now('%Z') %}{{ " + P + " }}{% endif %}"),
+        [{"role": "system", "content": "be brief"}, *_user("hello")],
+        None,
+        miss="transformers' strftime_now formats a naive datetime.now() ('%Z' and '%z' are ''), the sandbox "
+        "formats time.gmtime ('GMT', '+0000'): every real render gets the payload, no scanned render does",
+    ),
     # --- loader resolution: the template transformers picks -----------------------------------
     "named tool_use template injecting after the system turn": TemplateAttack(
         fam.QWEN25_TEMPLATE,  # default; the tool_use entry is set by _built
@@ -243,7 +250,7 @@ def _digit_charsmap() -> bytes:
             input=str(work / "t.txt"), model_prefix=str(work / "m"), vocab_size=300, model_type="unigram",
             character_coverage=1.0, minloglevel=2, normalization_rule_tsv=str(work / "r.tsv"),
         )  # fmt: skip
-        proto = pb.ModelProto()
+        proto = pb.ModelProto()  # type: ignore[attr-defined]
         proto.ParseFromString((work / "m.model").read_bytes())
         return bytes(proto.normalizer_spec.precompiled_charsmap)
     finally:
@@ -325,7 +332,7 @@ def _verify_appended_yes(d: Path) -> None:
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(d))
-    assert tok.decode(tok.encode("is it safe")).endswith("yes")
+    assert str(tok.decode(tok.encode("is it safe"))).endswith("yes")
 
 
 FILE_ATTACKS: dict[str, FileAttack] = {
@@ -405,14 +412,15 @@ def _render(d: Path, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> 
 
 def _params() -> list[Any]:
     out = []
-    for name, attack in [*TEMPLATE_ATTACKS.items(), *FILE_ATTACKS.items()]:
+    attacks: list[tuple[str, TemplateAttack | FileAttack]] = [*TEMPLATE_ATTACKS.items(), *FILE_ATTACKS.items()]
+    for name, attack in attacks:
         marks = [pytest.mark.xfail(strict=True, reason=f"red team: {attack.miss}")] if attack.miss else []
         out.append(pytest.param(name, marks=marks, id=name))
     return out
 
 
 @pytest.mark.parametrize("name", [*TEMPLATE_ATTACKS, *FILE_ATTACKS])
-def test_attack_is_real(bases, tmp_path, name):
+def test_attack_is_real(bases: dict[str, Path], tmp_path: Path, name: str) -> None:
     d = _built(bases, tmp_path, name)
     if name in FILE_ATTACKS:
         FILE_ATTACKS[name].verify(d)
@@ -424,7 +432,7 @@ def test_attack_is_real(bases, tmp_path, name):
 
 
 @pytest.mark.parametrize("name", _params())
-def test_attack_is_caught(bases, tmp_path, name):
+def test_attack_is_caught(bases: dict[str, Path], tmp_path: Path, name: str) -> None:
     d = _built(bases, tmp_path, name)
     result = scan_directory(str(d), default_policy())
     assert not result.errors, result.errors
@@ -434,8 +442,7 @@ def test_attack_is_caught(bases, tmp_path, name):
 SAVED_FAMILIES = ("qwen2.5", "gemma", "bert", "t5", "gpt2", "mistral", "phi3", "qwen3", "gemma3", "gpt-oss", "phi4")
 
 
-@pytest.mark.slow
-def test_families_saved_by_transformers_scan_clean(tmp_path):
+def test_families_saved_by_transformers_scan_clean(tmp_path: Path) -> None:
     """False positives: each family as transformers 5 itself writes it (save_pretrained: chat_template.jinja,
     its own tokenizer_config.json) scans without a finding."""
     from transformers import AutoTokenizer
