@@ -207,11 +207,6 @@ __all__ = ["fake_base_template"]  # the session fixture, shared with tests/warde
 # --- environment files: what the auditor reads of them is PYTHONPATH/PYTHONHOME/PYTHONUSERBASE/PYTHONNOUSERSITE
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team: PYTHONPYCACHEPREFIX in an env file moves every bytecode cache outside the walked roots; "
-    "a planted unchecked-hash pyc of the stdlib's encodings runs at every start-up and the audit is clean (D2)",
-)
 def test_env_file_pycache_prefix_runs_planted_stdlib_bytecode(target: Target) -> None:
     target.approve()
     encodings = target.target_stdlib_file("encodings")
@@ -225,12 +220,6 @@ def test_env_file_pycache_prefix_runs_planted_stdlib_bytecode(target: Target) ->
     assert_caught(audit_within(target), {"syspath_changed", "environment_changed", "closure_added", "pyc_mismatch"})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team: an empty PYTHONPATH component (PYTHONPATH=':') puts the working directory on sys.path "
-    "ahead of the stdlib; syspath.compute_layout drops empty entries, so a sitecustomize.py there runs and "
-    "the audit is clean (D2)",
-)
 def test_env_file_empty_pythonpath_component_adds_working_directory(target: Target) -> None:
     target.approve()
     (target.work / "sitecustomize.py").write_text(marker_code(target.marker))
@@ -240,11 +229,6 @@ def test_env_file_empty_pythonpath_component_adds_working_directory(target: Targ
     assert_caught(audit_within(target), {"syspath_changed", "startup_hook", "shadowing", "closure_added"})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team: LD_PRELOAD in an env file loads native code into every interpreter start; env files are "
-    "read for four PYTHON* variables only and are not in the baseline, so the audit is clean (D2)",
-)
 def test_env_file_ld_preload_runs_native_code(target: Target) -> None:
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
@@ -351,11 +335,6 @@ def test_sourceless_package_shadows_an_installed_module(target: Target) -> None:
     assert_found(audit_within(target), "unowned")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team: PYTHONPYCACHEPREFIX (env file) + a pyc of an installed module under the prefix: the pyc "
-    "check only pairs __pycache__ files, the prefix is never walked, and the audit is clean (D2/D4)",
-)
 def test_env_file_pycache_prefix_runs_planted_dependency_bytecode(target: Target) -> None:
     install_dist(target.site)
     target.approve()
@@ -389,11 +368,6 @@ def test_env_file_relative_pythonpath_resolved_against_the_auditors_cwd(target: 
     assert_caught(audit_within(target), {"syspath_changed", "startup_hook", "closure_added", "shadowing"})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team: PYTHONNOUSERSITE= (empty) is taken as set by syspath.compute_layout (`is None`), CPython "
-    "ignores an empty variable and enables the user site: a usercustomize there runs and the audit is clean (D2)",
-)
 def test_env_file_empty_pythonnousersite_leaves_user_site_on(system_site_target: Target) -> None:
     target = system_site_target
     with target.env_file.open("a") as fh:
@@ -420,12 +394,6 @@ def test_user_site_appearing_in_a_system_site_venv_is_found(system_site_target: 
 # --- sys.path entries whose name ends in .zip
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team: a sys.path entry ending in '.zip' is taken for a zip file (stdlib.py stats it, closure.py "
-    "and interpreter.hook_dirs skip it); a directory so named is imported from by the path finder but never "
-    "walked, so a sitecustomize.py added to it runs and the audit is clean (D2)",
-)
 def test_directory_named_zip_on_sys_path_is_never_walked(target: Target) -> None:
     vendored = target.root / "vendor.zip"
     vendored.mkdir()

@@ -44,6 +44,7 @@ from warden.deps.interpreter import HOOK_NAMES
 from warden.deps.model import Finding
 from warden.deps.pth import PthRule
 from warden.deps.stdlib import is_derived_pyc_name
+from warden.deps.syspath import zip_entry
 from warden.deps.walk import Budget, Oversized, kind_of, safe_digest, settled, sha256_hex, walk_tree
 from warden.errors import quote_untrusted
 from warden.safeio import stat_identity
@@ -107,7 +108,7 @@ def closure_entries(target: Target, stdlib_roots: Sequence[str]) -> list[list[st
     items = [(p, o) for p, o in target.closure] + [(p, f"editable:{name}") for name, p, _ in target.editable]
     for path, origin in items:
         real = os.path.realpath(path)
-        if path.endswith(".zip") and not origin.startswith("editable:"):
+        if not origin.startswith("editable:") and zip_entry(path):
             covered = "zip"  # stdlib.py: every zip on sys.path, by digest (or absent), and its start-up hooks
         else:
             covered = coverage(real, target, stdlib_roots) if os.path.lexists(path) else ABSENT

@@ -55,6 +55,8 @@ class Target:
     exec_lines: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     user_site: str | None = None
     discovery_notes: tuple[str, ...] = field(default_factory=tuple)
+    env_files: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (env file, digest)
+    env_problems: tuple[tuple[str, str], ...] = field(default_factory=tuple)  # (variable, why)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -123,6 +125,8 @@ def target_of(layout: Layout, kind: str, policy_markers: Mapping[str, str] | Non
         exec_lines=layout.exec_lines,
         user_site=os.path.realpath(layout.user_site) if layout.user_site else None,
         discovery_notes=layout.notes,
+        env_files=layout.env_files,
+        env_problems=layout.env_problems,
     )
 
 

@@ -225,6 +225,9 @@ def _interpreter(
 ) -> list[Finding]:
     out, bad = startup_hooks(hook_dirs(target), options.startup_allow, options.budget)
     unreadable.extend(bad)
+    for name, why in target.env_problems:
+        message = f"{name}: set by an environment file ({why}; not on the modelled or inert list)"
+        out.append(Finding("integrity", "environment_variable", name, message, True, {"variable": name}))
     for check in (check_venv(target, options.budget), check_venv_scripts(target, walked)):
         out.extend(check[0])
         unreadable.extend(check[1])
@@ -269,7 +272,7 @@ def _environment_digests(
     paths = [p for p in walked if target.venv and venv_made(target.venv, p)]
     if target.venv:
         paths.extend(os.path.realpath(p) for p in list(paths) if os.path.basename(p).startswith("python"))
-    out: dict[str, str] = {}
+    out: dict[str, str] = dict(target.env_files)  # read whole by discovery (syspath.py)
     now = time.time_ns()  # before any read: walk.settled
     for path in sorted(set(paths)):
         st = walked.get(path) or lstat_or_none(path)

@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from warden.deps.environment import Target
 from warden.deps.model import Finding
-from warden.deps.syspath import parse_pyvenv_cfg
+from warden.deps.syspath import parse_pyvenv_cfg, pyvenv_cfg_problems, zip_entry
 from warden.deps.walk import Budget, kind_of, read_small, sha256_hex
 from warden.errors import quote_untrusted
 
@@ -128,12 +128,14 @@ def check_venv(target: Target, budget: Budget | None = None) -> tuple[list[Findi
         return [], []
     cfg_path = os.path.join(venv, "pyvenv.cfg")
     try:
-        cfg = parse_pyvenv_cfg(read_small(cfg_path, 64 * 1024))
+        data = read_small(cfg_path, 64 * 1024)
     except OSError as exc:
         return [_f("venv_config", cfg_path, f"{cfg_path}: not a readable regular file ({exc.strerror or exc})")], []
+    cfg = parse_pyvenv_cfg(data)
     pythons = _interpreter_files(venv)
     base = base_interpreter(cfg, pythons)
     out = _config_findings(cfg_path, cfg, base)
+    out.extend(_f("venv_config", cfg_path, f"{cfg_path}: {why}") for why in pyvenv_cfg_problems(data))
     out.extend(_python_findings(pythons, base, budget))
     return out, []
 
@@ -219,7 +221,7 @@ def venv_made(venv: str, path: str) -> bool:
 def hook_dirs(target: Target) -> list[str]:
     """Directories imported from at start-up: the target's computed sys.path (syspath.py: stdlib,
     user site, site dirs, .pth path lines, ._pth lines) and site dirs."""
-    dirs = [p for p in target.sys_path if p and not p.endswith(".zip")]
+    dirs = [p for p in target.sys_path if p and not zip_entry(p)]
     if target.stdlib:
         dirs.append(target.stdlib)
     return [*dirs, *target.site_packages]

@@ -56,6 +56,7 @@ from warden.deps.environment import Target
 from warden.deps.integrity_common import oversized_finding
 from warden.deps.interpreter import is_hook_name
 from warden.deps.model import Finding
+from warden.deps.syspath import zip_entry
 from warden.deps.walk import (
     Budget,
     Oversized,
@@ -262,7 +263,7 @@ def collect_stdlib(
             walked.update(files)
             unreadable.extend(bad)
     for entry in target.sys_path:
-        if entry.endswith(".zip"):
+        if zip_entry(entry):
             path = os.path.realpath(entry)
             try:
                 walked[path] = os.lstat(path)

@@ -37,6 +37,7 @@ Debian-patched ``site`` (``dist-packages``) is recognised by the text of ``site.
 from __future__ import annotations
 
 import ast
+import hashlib
 import os
 import re
 import stat
@@ -85,15 +86,74 @@ class Layout:
     exec_lines: tuple[tuple[str, str], ...]  # (.pth file, import line)
     editable: tuple[tuple[str, str, str], ...]  # (module name, path it maps to, finder file)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    env_files: tuple[tuple[str, str], ...] = ()  # (env file, sha256 of its content): in the baseline
+    env_problems: tuple[tuple[str, str], ...] = ()  # env_problems() of the env files
+
+
+def pyvenv_cfg_lines(data: bytes) -> list[str]:
+    """The lines of a pyvenv.cfg as CPython reads them: split at ``\\r\\n``, ``\\r`` and ``\\n`` only
+    (getpath's reader and site's text file), never at the other breaks ``str.splitlines`` knows (pure)."""
+    return re.split(r"\r\n|\r|\n", data.decode("utf-8", "replace"))
 
 
 def parse_pyvenv_cfg(data: bytes) -> dict[str, str]:
-    """``key = value`` lines of a pyvenv.cfg, keys lower-cased (pure)."""
+    """``key = value`` lines of a pyvenv.cfg as CPython reads them (pure): keys and values stripped
+    as site.py strips them (``str.strip``, so ``\\x0b`` too), keys lower-cased; ``home`` from the first
+    line naming it (getpath stops there and so picks the prefix), every other key from the last (site.py)."""
     out: dict[str, str] = {}
-    for line in data.decode("utf-8", "replace").splitlines():
+    for line in pyvenv_cfg_lines(data):
         key, sep, value = line.partition("=")
-        if sep:
-            out[key.strip().lower()] = value.strip()
+        key = key.strip().lower()
+        if sep and not (key == "home" and "home" in out):
+            out[key] = value.strip()
+    return out
+
+
+PYVENV_KEYS = frozenset(
+    {
+        "home",
+        "include-system-site-packages",
+        "version",
+        "version_info",
+        "executable",
+        "command",
+        "implementation",
+        "prompt",
+        "virtualenv",
+        "uv",
+        "base-prefix",
+        "base-exec-prefix",
+        "base-executable",
+    }
+)
+
+
+def pyvenv_cfg_problems(data: bytes) -> list[str]:
+    """Lines of a pyvenv.cfg that are not a plain ``key = value`` of a known key, given once (pure):
+    what CPython reads of any other line (a key with a control character stripped off, a second
+    ``home``, a comment holding ``=``) may differ from what a reader expects, so each is a finding."""
+    out: list[str] = []
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        out.append("not UTF-8 (site.py fails on it)")
+    seen: set[str] = set()
+    for number, line in enumerate(pyvenv_cfg_lines(data), 1):
+        if not line:
+            continue
+        m = re.fullmatch(r"([a-z][a-z_-]*) = (.*)", line)
+        value = m.group(2) if m else ""
+        plain = (
+            m is not None
+            and m.group(1) in PYVENV_KEYS
+            and m.group(1) not in seen
+            and value == value.strip()
+            and value.isprintable()
+        )
+        if not plain:
+            out.append(f"line {number} {line[:200]!r} is not a plain 'key = value' line of a known key, given once")
+        if m:
+            seen.add(m.group(1))
     return out
 
 
@@ -114,11 +174,52 @@ def parse_env_file(data: bytes) -> dict[str, str]:
     return out
 
 
-def pth_lines(data: bytes) -> tuple[list[str], list[str]]:
-    """(path lines, import lines) of a ``.pth`` file as ``site.addpackage`` reads it (pure)."""
+# Environment variables: the ones syspath models, the ones known to change nothing that is imported,
+# and what else changes the interpreter or the dynamic loader (each of those is a finding).
+MODELLED_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONNOUSERSITE")
+INERT_ENV = frozenset(
+    {
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONUNBUFFERED",
+        "PYTHONIOENCODING",
+        "PYTHONHASHSEED",
+        "PYTHONUTF8",
+        "PYTHONFAULTHANDLER",
+        "PYTHONSAFEPATH",
+    }
+)
+_LOADING_ENV = re.compile(r"(PYTHON|LD_|DYLD_|__PYVENV_LAUNCHER__)|(GLIBC_TUNABLES|GCONV_PATH|LOCPATH|HOME)\Z")
+
+
+def env_value(env: Mapping[str, str], name: str) -> str | None:
+    """A ``PYTHON*`` variable as CPython reads it: set to the empty string is not set (getpath and
+    the config read them through ``config_get_env``, site.py ``PYTHONUSERBASE`` with a truth test)."""
+    return env.get(name) or None
+
+
+def env_problems(env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(variable, why) for each variable of the env files that changes the interpreter or the dynamic
+    loader and is neither modelled here nor inert (pure). An empty ``PYTHON*`` one is not set."""
+    out = []
+    for name, value in sorted(env.items()):
+        if name in MODELLED_ENV or name in INERT_ENV or not _LOADING_ENV.match(name):
+            continue
+        if name.startswith("PYTHON") and not value:
+            continue
+        why = "moves bytecode caches outside the audited trees" if name == "PYTHONPYCACHEPREFIX" else ""
+        out.append((name, why or "changes what the interpreter or the dynamic loader loads; not modelled"))
+    return out
+
+
+def pth_lines(data: bytes, version: tuple[int, int] = (3, 11)) -> tuple[list[str], list[str]]:
+    """(path lines, import lines) of a ``.pth`` file as ``site.addpackage`` of Python ``version``
+    reads it (pure): before 3.13 a text file in universal-newline mode (split at ``\\r\\n``, ``\\r``
+    and ``\\n`` only, a ``\\x0b`` stays inside its line), from 3.13 on ``str.splitlines``."""
+    text = data.decode("utf-8", "surrogateescape")
+    lines = text.splitlines() if version >= (3, 13) else re.split(r"\r\n|\r|\n", text)
     paths: list[str] = []
     imports: list[str] = []
-    for line in data.decode("utf-8", "surrogateescape").splitlines():
+    for line in lines:
         if line.startswith("#") or not line.strip():
             continue
         if line.startswith(("import ", "import\t")):
@@ -178,6 +279,14 @@ def build_vars(source: bytes) -> dict[str, object]:
                 return {}
             return value if isinstance(value, dict) else {}
     return {}
+
+
+def zip_entry(path: str) -> bool:
+    """Whether the ``sys.path`` entry ``path`` is covered as a zip (stdlib.py: its digest and its
+    start-up hooks): named ``*.zip`` and a regular file by type (links followed, as the path finder
+    sees it), or absent (recorded absent: its appearance is found). A directory so named is walked like
+    any directory; a regular file of another name is a closure file (closure.py hashes it)."""
+    return path.endswith(".zip") and (_regular(path) or not os.path.lexists(path))
 
 
 def read_config(path: str, limit: int = CONFIG_LIMIT) -> bytes:
@@ -329,6 +438,7 @@ def _add_site_dir(
     exec_lines: list[tuple[str, str]],
     editable: list[tuple[str, str, str]],
     notes: list[str],
+    version: tuple[int, int] = (3, 11),
 ) -> None:
     """``site.addsitedir``: the directory, then the path lines of its ``.pth`` files in name order."""
     path.add(site_dir, "site")
@@ -346,7 +456,7 @@ def _add_site_dir(
         if data is None:
             notes.append(f"{PARTIAL}{pth}: not readable: the paths it adds are not known")
             continue
-        lines, imports = pth_lines(data)
+        lines, imports = pth_lines(data, version)
         for line in lines:
             target = os.path.join(site_dir, line)
             if os.path.exists(target):
@@ -396,11 +506,13 @@ def compute_layout(
         raise TargetError(f"--python {python}: a link to nothing")
     notes: list[str] = []
     env = dict(environ or {})
+    env_digests: list[tuple[str, str]] = []
     for env_file in env_files:
         data = _read_or_none(env_file)
         if data is None:
             notes.append(f"{PARTIAL}{env_file}: environment file not readable")
             continue
+        env_digests.append((os.path.abspath(env_file), "sha256:" + hashlib.sha256(data).hexdigest()))
         env.update(parse_env_file(data))
     venv = venv_dir(requested)
     cfg: dict[str, str] = {}
@@ -431,7 +543,7 @@ def compute_layout(
                 base = os.path.realpath(os.path.join(home_bin, name))
                 break
     pth_config = _pth_file([requested, real, base])
-    home = env.get("PYTHONHOME")
+    home = env_value(env, "PYTHONHOME")
     platlibdir = "lib"
     if pth_config:
         prefix = exec_prefix = os.path.dirname(pth_config[0])
@@ -465,7 +577,7 @@ def compute_layout(
     user_enabled = True
     if pth_config:
         data = _read_or_none(pth_config[0])
-        lines, imports = pth_lines(data or b"")
+        lines, imports = pth_lines(data or b"", version)
         site_enabled = any(i.strip() == "import site" for i in imports)
         # A ._pth sets isolated mode, yet CPython 3.11 still enables the user site once `import site`
         # runs (the coverage property test found it): it is not switched off here.
@@ -473,8 +585,15 @@ def compute_layout(
         for line in lines:
             path.add(os.path.join(pth_dir, line), f"_pth:{pth_config[0]}")
     else:
-        for entry in [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]:
-            path.add(entry, "env:PYTHONPATH")
+        pythonpath = env_value(env, "PYTHONPATH")
+        for entry in pythonpath.split(os.pathsep) if pythonpath else []:
+            if os.path.isabs(entry):
+                path.add(entry, "env:PYTHONPATH")
+            else:  # CPython: abspath(entry), '' the working directory itself: the target's, not known here
+                notes.append(
+                    f"{PARTIAL}PYTHONPATH entry {entry!r} is relative to the target's working directory "
+                    "(an empty one is that directory), which is not known here"
+                )
         path.add(os.path.join(prefix, platlibdir, f"python{version[0]}{version[1]}.zip"), "stdlib-zip")
         path.add(stdlib, "stdlib")
         path.add(dynload, "lib-dynload")
@@ -492,12 +611,12 @@ def compute_layout(
         def add_sites(dirs: Iterable[str]) -> None:
             for site_dir in dirs:
                 if os.path.isdir(site_dir) and site_dir not in site_dirs:
-                    _add_site_dir(site_dir, path, exec_lines, editable, notes)
+                    _add_site_dir(site_dir, path, exec_lines, editable, notes, version)
                     site_dirs.append(site_dir)
 
         if venv:  # site.venv() adds the venv's own site directories first, ahead of the user site
             add_sites(_site_dirs([venv], version, platlibdir, debian))
-        if user_enabled and env.get("PYTHONNOUSERSITE") is None:
+        if user_enabled and env_value(env, "PYTHONNOUSERSITE") is None:
             user_site = _user_site(user_homes, env, version)
             if user_site:
                 add_sites([user_site])
@@ -522,6 +641,8 @@ def compute_layout(
         exec_lines=tuple(exec_lines),
         editable=tuple(editable),
         notes=tuple(notes),
+        env_files=tuple(env_digests),
+        env_problems=tuple(env_problems(env)),
     )
 
 
@@ -542,7 +663,8 @@ def _debian_site(stdlib: str) -> bool:
 
 def _user_site(user_homes: Sequence[str], env: Mapping[str, str], version: tuple[int, int]) -> str | None:
     """The first existing user site directory of the homes the interpreter may run under."""
-    bases = [env["PYTHONUSERBASE"]] if env.get("PYTHONUSERBASE") else [os.path.join(h, ".local") for h in user_homes]
+    userbase = env_value(env, "PYTHONUSERBASE")
+    bases = [userbase] if userbase else [os.path.join(h, ".local") for h in user_homes]
     for base in bases:
         candidate = os.path.join(base, "lib", f"python{version[0]}.{version[1]}", "site-packages")
         if os.path.isdir(candidate):
