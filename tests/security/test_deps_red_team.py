@@ -115,6 +115,12 @@ class Target:
         assert clean.exit_code == 0, (blocking(clean), clean.incomplete)
 
 
+def refused_approval(t: Target, fixes: set[str]) -> None:
+    """An attack planted before approval: the approval is refused (caught as assert_caught says), no baseline."""
+    assert_caught(t.audit(approve=True), fixes)
+    assert not (t.state / "baseline.json").exists(), "a baseline was approved over the attack"
+
+
 def blocking(report: AuditReport) -> list[tuple[str, str]]:
     return sorted((f.kind, f.subject) for f in report.findings if f.blocking)
 
@@ -350,18 +356,14 @@ def test_env_file_pycache_prefix_runs_planted_dependency_bytecode(target: Target
 # --- more environment-file semantics the auditor reads differently from CPython
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team: a relative PYTHONPATH entry is resolved against the auditor's working directory "
-    "(os.path.abspath in syspath._Path.add), CPython resolves it against the target's: a hook in the target's "
-    "<cwd>/<entry> is never walked and the audit is clean (D2)",
-)
 def test_env_file_relative_pythonpath_resolved_against_the_auditors_cwd(target: Target) -> None:
+    """Fixed: a relative entry (CPython resolves it against the target's working directory, not known to
+    the auditor) makes the audit incomplete, so the approval itself is refused."""
     rel = "rt-relative-src-7f3a"
     assert not os.path.lexists(rel), "the auditor's cwd must not hold the entry"
     with target.env_file.open("a") as fh:
         fh.write(f"PYTHONPATH={rel}\n")  # approved so: a relative entry, as images write 'PYTHONPATH=src'
-    target.approve()
+    refused_approval(target, {"syspath_changed", "startup_hook", "closure_added", "shadowing"})
     (target.work / rel).mkdir()
     (target.work / rel / "sitecustomize.py").write_text(marker_code(target.marker))
     target.assert_payload_runs()
@@ -457,19 +459,15 @@ def test_sparse_huge_files_and_symlink_loops_end_in_findings_within_the_deadline
     assert {("unowned", str(target.site / n)) for n in ("loop_a", "loop_b", "loop_dir")} <= set(blocking(report))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team: a pyvenv.cfg approved with 'include-system-site-packages\\x0b= true' (site.venv() strips "
-    "the \\x0b and enables system and user site; parse_pyvenv_cfg splits the line at it and reads false): the "
-    "computed sys.path never has the user site, so a usercustomize there later runs and the audit is clean (D2)",
-)
 def test_pyvenv_cfg_vertical_tab_approved_then_user_site_appears(system_site_target: Target) -> None:
+    """Fixed: pyvenv.cfg is read as site.py reads it (the system and user site are on), and a line that
+    is not a plain 'key = value' is venv_config, so the approval itself is refused."""
     target = system_site_target
     cfg = target.venv / "pyvenv.cfg"
     text = cfg.read_text().replace("include-system-site-packages = true", "include-system-site-packages\x0b= true")
     assert text != cfg.read_text()
     cfg.write_text(text)
-    target.approve()
+    refused_approval(target, {"syspath_changed", "startup_hook", "venv_config"})
     user_site = target.home / ".local" / "lib" / f"python{SHORT}" / "site-packages"
     user_site.mkdir(parents=True)
     (user_site / "usercustomize.py").write_text(marker_code(target.marker))
@@ -505,19 +503,15 @@ def test_stdlib_unchecked_hash_pyc_is_a_mismatch_and_a_purge_is_not(system_site_
     assert_found(audit_within(target), "pyc_mismatch")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="red team: a pyvenv.cfg approved with a first line 'home\\x0b= <other base>/bin' (CPython's getpath "
-    "strips the \\x0b and takes the first home; parse_pyvenv_cfg splits the line and keeps the last home): the "
-    "target loads another base's stdlib, whose sitecustomize runs, and the audit is clean (D2; venv_config)",
-)
 def test_pyvenv_cfg_vertical_tab_first_home_swaps_the_stdlib(system_site_target: Target) -> None:
+    """Fixed: the first home is taken as getpath takes it (the other base's stdlib, its hook found), and a
+    line that is not a plain 'key = value' is venv_config, so the approval itself is refused."""
     target = system_site_target
     other = target.root / "other-base"
     shutil.copytree(target.root / "base", other, symlinks=True)
     (other / "lib" / f"python{SHORT}" / "sitecustomize.py").write_text(marker_code(target.marker))
     cfg = target.venv / "pyvenv.cfg"
     cfg.write_text(f"home\x0b= {other / 'bin'}\n" + cfg.read_text())
-    target.approve()
+    refused_approval(target, {"venv_config", "syspath_changed", "startup_hook"})
     target.assert_payload_runs()
     assert_caught(audit_within(target), {"venv_config", "syspath_changed", "startup_hook"})

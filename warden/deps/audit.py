@@ -187,7 +187,7 @@ def _integrity(
         cache.save()
     except OSError as exc:
         report.notes.append(f"integrity cache not saved: {exc}")
-    clean = not any(f.blocking for f in findings) and not incomplete
+    clean = not any(f.blocking for f in findings) and not incomplete and not report.incomplete  # discovery too
     stdlib = stdlib_document(report.target, result.stdlib) if result.stdlib.roots else {}
     report.stats["closure"] = {
         "sys_path": [e[:4] for e in result.closure.entries],
