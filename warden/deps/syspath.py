@@ -143,17 +143,17 @@ def pyvenv_cfg_problems(data: bytes) -> list[str]:
             continue
         m = re.fullmatch(r"([a-z][a-z_-]*) = (.*)", line)
         value = m.group(2) if m else ""
+        read_key = line.partition("=")[0].strip().lower()  # the key as CPython reads it
         plain = (
             m is not None
             and m.group(1) in PYVENV_KEYS
-            and m.group(1) not in seen
+            and read_key not in seen
             and value == value.strip()
             and value.isprintable()
         )
         if not plain:
             out.append(f"line {number} {line[:200]!r} is not a plain 'key = value' line of a known key, given once")
-        if m:
-            seen.add(m.group(1))
+        seen.add(read_key)
     return out
 
 
