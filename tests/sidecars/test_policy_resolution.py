@@ -37,6 +37,7 @@ POLICY_COMMANDS: dict[tuple[str, ...], tuple[str, list[str]]] = {
     ("audit", "list"): ("archiver", ["--run", "r1"]),
     ("paths", "check"): ("paths", []),
     ("compare",): ("shadow", ["{d}/run-a", "{d}/run-b"]),
+    ("export",): ("signer", ["--checkpoint", "{d}/run", "--base", "{d}/run-a", "--out", "{d}/exported"]),
 }
 
 
