@@ -16,7 +16,7 @@ import pytest
 import yaml
 from drills import record
 from faults import FaultFS, need
-from support import ROOT, TEST_CONFIG, merge
+from support import ROOT, TEST_CONFIG, merge, run_warden
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -137,6 +137,11 @@ def test_drill_4_malicious_file_in_an_approved_tokenizer_pages(drill):
     tok = os.path.join(drill.base, "tokenizer")
     build_tokenizer(tok, vocab_size=300)
     drill.policy("tokenscan", {"paths": [tok], "check_interval_seconds": 0.2, "rescan_interval_seconds": 2})
+    # A person's decision first (the sidecar never approves on its own, issue 33), into the state the
+    # stack gives the sidecar (<run>/state/tokenscan), under the drill's policy.
+    state = os.path.join(drill.run_dir, "state", "tokenscan")
+    approved = run_warden("scan", "tokenizer", tok, "--approve", "--state-dir", state, "--policy-dir", drill.policy_dir)
+    assert approved.returncode == 0, approved.stdout + approved.stderr
     stack = drill.start("tokenscan", extra=("--no-s3",))
     deadline = time.monotonic() + 30
     while "warden_tokenscan_approved_directories 1.0" not in http_text(stack.urls["tokenscan"] + "/metrics"):
