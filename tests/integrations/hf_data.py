@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import random
+import struct
 from typing import Any
 
 
@@ -50,3 +53,15 @@ def tiny_trainer(
         model=model, args=args, train_dataset=TinyText(tokenizer), processing_class=tokenizer, callbacks=callbacks
     )
     return trainer, tokenizer
+
+
+def flip_weight_byte(checkpoint: Any) -> None:
+    """One bit of model.safetensors' tensor data flipped at a seeded place (``$WARDEN_TAMPER_SEED``,
+    as tests/integrations/test_integ_hf_resume.py; its hypothesis test covers every file): HF still
+    loads it."""
+    weights = checkpoint / "model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    start = 8 + struct.unpack("<Q", bytes(raw[:8]))[0]
+    rng = random.Random(int(os.environ.get("WARDEN_TAMPER_SEED", 7)))
+    raw[rng.randrange(start, len(raw))] ^= 1 << rng.randrange(8)
+    weights.write_bytes(bytes(raw))

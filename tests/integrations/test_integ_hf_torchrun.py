@@ -11,13 +11,12 @@ import datetime
 import importlib.util
 import json
 import os
-import random
 import shutil
-import struct
 import subprocess
 import sys
 
 import pytest
+from integrations.hf_data import flip_weight_byte
 from support import ROOT, free_port, run_warden
 
 from tests.warden.signing.signing_helpers import run_model_signing
@@ -40,18 +39,6 @@ def torchrun(tiny, output_dir, run_dir, delay, *extra):
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run(command, capture_output=True, text=True, timeout=400, cwd=ROOT, env=env)
-
-
-def flip_weight_byte(checkpoint):
-    """One bit of model.safetensors' tensor data flipped at a seeded place (``$WARDEN_TAMPER_SEED``,
-    as tests/integrations/test_integ_hf_resume.py; its hypothesis test covers every file): HF still
-    loads it."""
-    weights = checkpoint / "model.safetensors"
-    raw = bytearray(weights.read_bytes())
-    start = 8 + struct.unpack("<Q", bytes(raw[:8]))[0]
-    rng = random.Random(int(os.environ.get("WARDEN_TAMPER_SEED", 7)))
-    raw[rng.randrange(start, len(raw))] ^= 1 << rng.randrange(8)
-    weights.write_bytes(bytes(raw))
 
 
 @pytest.mark.slow

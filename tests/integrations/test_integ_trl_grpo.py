@@ -14,12 +14,11 @@ import importlib.util
 import json
 import math
 import os
-import random
 import shutil
-import struct
 import time
 
 import pytest
+from integrations.hf_data import flip_weight_byte
 from integrations.trl_support import import_trl
 from support import IN_CI, free_port, run_warden, scrape
 
@@ -114,18 +113,6 @@ def grpo_trainer(tiny, output_dir, callback, scores, max_steps, extra_callbacks=
 
 def read_events(run_dir):
     return [e for e, _ in JournalReader(os.path.join(run_dir, "events.jsonl")).read_available()]
-
-
-def flip_weight_byte(checkpoint):
-    """One bit of model.safetensors' tensor data flipped at a seeded place (``$WARDEN_TAMPER_SEED``,
-    as tests/integrations/test_integ_hf_resume.py; its hypothesis test covers every file): HF still
-    loads it."""
-    weights = checkpoint / "model.safetensors"
-    raw = bytearray(weights.read_bytes())
-    start = 8 + struct.unpack("<Q", bytes(raw[:8]))[0]
-    rng = random.Random(int(os.environ.get("WARDEN_TAMPER_SEED", 7)))
-    raw[rng.randrange(start, len(raw))] ^= 1 << rng.randrange(8)
-    weights.write_bytes(bytes(raw))
 
 
 def archiver_policy(tmp_path, seaweed, key):
