@@ -119,6 +119,11 @@ class RolloutConfig:
     max_num_batched_tokens: int = 0  # 0: vLLM's default; else at least max_num_seqs
     kv_cache_gib: float = 0.0  # 0: from gpu_memory_utilization on a GPU, from the batch's needs on CPU
     enforce_eager: bool = False  # true: no CUDA graphs or torch.compile (quicker start, slower decoding)
+    # Rollout on its own devices (trainer/rollout_split.py): empty: colocated with the trainer ranks;
+    # GPU indices or UUIDs (GPU-...) of this node, disjoint from the trainer's; ["cpu"]: a separate
+    # rollout process on the host CPU (tests). tensor_parallel_size: vllm only, = len(devices).
+    devices: tuple[Any, ...] = ()
+    tensor_parallel_size: int = 1
 
 
 @dataclass(frozen=True)
@@ -427,6 +432,8 @@ RANGES: dict[str, Range] = {
     "rollout.max_num_seqs": NON_NEGATIVE,
     "rollout.max_num_batched_tokens": NON_NEGATIVE,
     "rollout.kv_cache_gib": NON_NEGATIVE,
+    "rollout.devices": NON_NEGATIVE,
+    "rollout.tensor_parallel_size": AT_LEAST_1,
     "algorithm.gamma": UNIT,
     "algorithm.lam": UNIT,
     "algorithm.kl_coef": NON_NEGATIVE,
@@ -530,6 +537,7 @@ def validate(cfg: TrainerConfig, where: str = "<config>", world_size: int = 1) -
     )
     if roll.engine == "vllm":
         validate_vllm(cfg, where, world_size)
+    validate_split(cfg, where, world_size)
     _choices(where, "data.truncation", cfg.data.truncation, ("error", "left", "right"))
     validate_reward(cfg, where)
     _choices(where, "oom.action", cfg.oom.action, ("fail", "skip"))
@@ -648,10 +656,10 @@ def validate_vllm(cfg: TrainerConfig, where: str, world_size: int) -> None:
     roll = cfg.rollout
     responses = cfg.ppo.train_batch_size * roll.n
     _require(
-        world_size == 1,
+        world_size == 1 or bool(roll.devices),
         where,
         "rollout.engine",
-        f"vllm runs in-process on one device; use hf for a {world_size}-process run",
+        f"vllm runs in-process on one device; use hf or rollout.devices for a {world_size}-process run",
     )
     _require(
         0 < roll.gpu_memory_utilization <= 1,
@@ -675,3 +683,87 @@ def validate_vllm(cfg: TrainerConfig, where: str, world_size: int) -> None:
         f"got {roll.max_num_batched_tokens}",
     )
     _require(roll.kv_cache_gib >= 0, where, "rollout.kv_cache_gib", "must be >= 0 (0: sized automatically)")
+
+
+_GPU_UUID = re.compile(r"(?:GPU|MIG)-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
+MAX_GPU_INDEX = 255
+
+
+def _is_index(device: Any) -> bool:
+    if isinstance(device, bool):
+        return False
+    return (isinstance(device, int) and device >= 0) or (isinstance(device, str) and device.isdigit())
+
+
+def split_device_problem(devices: tuple[Any, ...], trainer_uuids: tuple[str, ...], world_size: int) -> str | None:
+    """Why ``rollout.devices`` is not a usable set of this node's devices (None when it is). Pure.
+
+    Indices (int or digits) or UUIDs, not both; no duplicates; disjoint from the trainer ranks'
+    devices (``run.gpu_uuids``, else local indices ``0 .. world_size-1``); ``["cpu"]`` alone."""
+    if list(devices) == ["cpu"]:
+        return None
+    names = [str(d) for d in devices]
+    if "cpu" in names:
+        return 'cpu stands alone (["cpu"]: a rollout process on the host CPU)'
+    if len(set(names)) != len(names):
+        return f"lists a device twice: {names}"
+    indices = [d for d in devices if _is_index(d)]
+    uuids = [d for d in devices if isinstance(d, str) and _GPU_UUID.fullmatch(d)]
+    for i, d in enumerate(devices):
+        if d not in indices and d not in uuids:
+            return f"[{i}]: expected a GPU index (0..{MAX_GPU_INDEX}) or UUID (GPU-xxxxxxxx-...), got {str(d)[:60]!r}"
+    if indices and uuids:
+        return "mixes GPU indices and UUIDs; name the devices one way"
+    if any(int(d) > MAX_GPU_INDEX for d in indices):
+        return f"GPU index above {MAX_GPU_INDEX}"
+    taken = set(trainer_uuids) if uuids else ({str(i) for i in range(world_size)} if not trainer_uuids else set())
+    if uuids and not trainer_uuids:
+        return "GPU UUIDs need the trainer's devices as UUIDs too (run.gpu_uuids)"
+    if indices and trainer_uuids:
+        return "GPU indices with run.gpu_uuids set; name the rollout devices by UUID"
+    shared = sorted({str(d) for d in devices} & taken)
+    return f"shares {shared} with the trainer ranks; the devices must be disjoint" if shared else None
+
+
+def validate_split(cfg: TrainerConfig, where: str, world_size: int) -> None:
+    """``rollout.devices`` and ``rollout.tensor_parallel_size`` (trainer/rollout_split.py)."""
+    roll = cfg.rollout
+    _require(
+        roll.tensor_parallel_size == 1 or (roll.engine == "vllm" and bool(roll.devices)),
+        where,
+        "rollout.tensor_parallel_size",
+        "above 1 needs rollout.engine vllm on rollout.devices",
+    )
+    if not roll.devices:
+        return
+    problem = split_device_problem(roll.devices, cfg.run.gpu_uuids, world_size)
+    _require(problem is None, where, "rollout.devices", problem or "")
+    on_cpu = list(roll.devices) == ["cpu"]
+    _require(
+        on_cpu == (cfg.run.device == "cpu"),
+        where,
+        "rollout.devices",
+        '["cpu"] goes with run.device cpu, GPU devices with cuda or auto',
+    )
+    count = 1 if on_cpu else len(roll.devices)
+    wanted = roll.tensor_parallel_size if roll.engine == "vllm" else 1
+    _require(
+        count == wanted,
+        where,
+        "rollout.devices",
+        f"{roll.engine} engine runs on {wanted} device(s) (rollout.tensor_parallel_size), got {count}",
+    )
+    responses = cfg.ppo.train_batch_size * roll.n
+    _require(
+        roll.max_num_seqs == 0 or roll.max_num_seqs >= responses,
+        where,
+        "rollout.max_num_seqs",
+        f"the rollout process generates the whole batch (train_batch_size x rollout.n = {responses}); "
+        f"must be at least that or 0, got {roll.max_num_seqs}",
+    )
+    _require(
+        cfg.model.lora is None,
+        where,
+        "model.lora",
+        "rollout.devices pushes whole weights; LoRA samples from the adapted base in the trainer (colocated)",
+    )

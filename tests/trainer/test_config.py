@@ -122,7 +122,7 @@ def _every_key_config():
     return dataclasses.replace(
         cfg,
         model=dataclasses.replace(cfg.model, tiny=TinyAssets(), lora=LoraConfig()),
-        rollout=RolloutConfig(stop_token_ids=(7,)),
+        rollout=RolloutConfig(stop_token_ids=(7,), devices=(2,)),
         reward=RewardConfig(functions={"digits": 1.0}),
         snapshot=dataclasses.replace(cfg.snapshot, min_reward=0.5),
     )

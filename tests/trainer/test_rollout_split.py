@@ -1,0 +1,174 @@
+"""Rollout on its own devices (trainer/rollout_split.py): config rules, typed messages, weight buckets,
+the version check, and a trainer process and a rollout process (HF engine) joined over gloo."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from support import ROOT
+
+from trainer import rollout_split as rs
+from trainer.config import split_device_problem, validate
+from warden.errors import ConfigError
+
+UUID_A = "GPU-0123abcd-0000-1111-2222-333344445555"
+UUID_B = "GPU-0123abcd-0000-1111-2222-333344446666"
+
+
+def _with(cfg, run=None, **rollout):
+    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, **rollout))
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, **run)) if run else cfg
+
+
+@pytest.mark.parametrize(
+    ("devices", "uuids", "world", "ok"),
+    [
+        (["cpu"], (), 1, True),
+        ([2, 3], (), 2, True),
+        (["2"], (), 2, True),
+        ([1], (), 2, False),  # a trainer rank's device
+        ([2, 2], (), 1, False),  # duplicate
+        ([UUID_B], (UUID_A,), 1, True),
+        ([UUID_A], (UUID_A,), 1, False),  # shared with the trainer
+        ([UUID_A], (), 1, False),  # UUIDs without the trainer's
+        ([2], (UUID_A,), 1, False),  # indices with trainer UUIDs
+        ([2, UUID_B], (UUID_A,), 1, False),  # mixed
+        (["GPU-xyz"], (), 1, False),  # malformed UUID
+        ([-1], (), 1, False),
+        ([256], (), 1, False),
+        (["cpu", 2], (), 1, False),
+        ([True], (), 1, False),
+    ],
+)
+def test_device_rules(devices, uuids, world, ok):
+    assert (split_device_problem(tuple(devices), uuids, world) is None) == ok
+
+
+def test_generated_index_sets_are_disjoint_from_trainer_ranks():
+    rng = random.Random(34)
+    for _ in range(300):
+        world = rng.randint(1, 8)
+        devices = tuple(rng.sample(range(12), rng.randint(1, 4)))
+        problem = split_device_problem(devices, (), world)
+        assert (problem is None) == (min(devices) >= world), (devices, world, problem)
+
+
+def test_config_rules_name_their_key(make_config):
+    cfg, _ = make_config()
+    validate(_with(cfg, devices=("cpu",)))
+    validate(_with(cfg, devices=(1, 2), engine="vllm", tensor_parallel_size=2, run={"device": "cuda"}))
+    cases = [
+        (dict(devices=(0,), run={"device": "cuda"}), "rollout.devices"),  # trainer rank 0's device
+        (dict(devices=(1,)), "rollout.devices"),  # GPU devices with run.device cpu
+        (dict(devices=("cpu",), run={"device": "cuda"}), "rollout.devices"),
+        (dict(devices=(1, 2), run={"device": "cuda"}), "rollout.devices"),  # hf runs on one device
+        (dict(devices=(1,), engine="vllm", tensor_parallel_size=2, run={"device": "cuda"}), "rollout.devices"),
+        (dict(tensor_parallel_size=2), "rollout.tensor_parallel_size"),  # colocated
+        (dict(devices=("cpu",), max_num_seqs=3), "rollout.max_num_seqs"),
+        (dict(devices=("cpu",), tensor_parallel_size=0), "rollout.tensor_parallel_size"),
+    ]
+    for changes, key in cases:
+        run = changes.pop("run", None)
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            validate(_with(cfg, run, **changes))
+    # micro batch divides batch: the trainer world's rule holds in the split layout too
+    bad = dataclasses.replace(_with(cfg, devices=("cpu",)), ppo=dataclasses.replace(cfg.ppo, micro_batch_size=3))
+    with pytest.raises(ConfigError, match=r"ppo\.micro_batch_size"):
+        validate(bad)
+
+
+def test_messages_round_trip_and_reject_malformed():
+    req = rs.GenerateRequest(((1, 2, 3), (4,)), seed=7, offset=0, total=2, temperature=1.0, version=3)
+    assert rs.GenerateRequest.from_data(req.to_data()) == req
+    res = rs.GenerateResult(((5, 6),), ((1, 0),), ((-0.5, 0.0),), version=3)
+    assert rs.GenerateResult.from_data(res.to_data()) == res
+    with pytest.raises(rs.SplitError, match="prompts"):
+        rs.GenerateRequest.from_data({**req.to_data(), "prompts": [["x"]]})
+    with pytest.raises(rs.SplitError, match="mask"):
+        rs.GenerateResult.from_data({**res.to_data(), "mask": [[1]]})
+
+
+def test_buckets_round_trip_bit_exact():
+    gen = torch.Generator().manual_seed(1)
+    named = [(f"w{i}", torch.randn(*shape, generator=gen)) for i, shape in enumerate([(3, 5), (700,), (2, 2), (40, 9)])]
+    named.append(("h", torch.randn(4, generator=gen).to(torch.bfloat16)))
+    plan = rs.plan_buckets(named, bucket_bytes=1024, version=1)
+    assert all(n <= 1024 or len([s for s in plan.slots if s.bucket == b]) == 1 for b, n in enumerate(plan.bucket_bytes))
+    plan = rs.WeightPush.from_data(plan.to_data())
+    out = rs.unpack(rs.pack_buckets(named, plan), plan)
+    for name, tensor in named:
+        assert out[name].dtype == tensor.dtype and torch.equal(out[name], tensor)
+
+
+def test_engine_refuses_stale_weights():
+    weights = rs.EngineWeights()
+    req = rs.GenerateRequest(((1,),), 0, 0, 1, 1.0, version=1)
+    with pytest.raises(rs.StaleWeights):
+        weights.check(req)  # nothing pushed yet: the weights on disk are never sampled from
+    push = rs.WeightPush(2, (), ())
+    weights.accept(push)
+    weights.installed(push)
+    with pytest.raises(rs.StaleWeights, match="version 1"):
+        weights.check(req)  # the trainer expected an older version than the engine holds
+    weights.check(dataclasses.replace(req, version=2))
+    with pytest.raises(rs.StaleWeights):
+        weights.accept(rs.WeightPush(2, (), ()))  # a push must be newer
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_trainer_and_rollout_process_match_colocated(make_config, tiny_cache):
+    """Rank 0 here (the trainer), rank 1 the rollout process: tokens equal the in-process HF engine's
+    exactly, before and after a weight push; a request for an older version is refused."""
+    import torch.distributed as dist
+
+    from trainer.data import left_pad
+    from trainer.models import load_causal_lm
+    from trainer.rollout import HFRollout, SamplingPlan
+
+    cfg, config_path = make_config({"rollout": {"devices": ["cpu"]}})
+    _, assets = tiny_cache
+    model_dir = assets.model_dir
+    actor = load_causal_lm(model_dir, "float32", torch.device("cpu"))
+    pad, stops = 0, [1]
+    init = f"tcp://127.0.0.1:{_free_port()}"
+    cmd = [sys.executable, "-m", "trainer.rollout_split", "--model-dir", model_dir, "--config", config_path]
+    cmd += ["--init-method", init, "--rank", "1", "--world-size", "2", "--pad-id", str(pad), "--stop-ids", "1"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", "WORLD_SIZE": "1"})
+    try:
+        dist.init_process_group("gloo", init_method=init, rank=0, world_size=2)
+        client = rs.SplitClient(1, dist.new_group([0, 1]), bucket_bytes=64 << 10)
+        local = HFRollout(actor, cfg.rollout, stops, pad, None)
+        prompts = [[5, 9, 12, 40], [7, 8], [33, 34, 35], [2, 100, 101, 102, 103]]
+        ids, mask = left_pad(prompts, pad, None)
+        for round_ in range(2):
+            version = client.push(actor)  # after each update the engine gets the new weights
+            req = rs.GenerateRequest(tuple(map(tuple, prompts)), 11 + round_, 0, len(prompts), 1.0, version)
+            got = client.generate(req)
+            want, want_mask = local.generate(ids, mask, SamplingPlan(11 + round_, 0, len(prompts), 1.0))
+            assert got.tensors()[0].tolist() == want.tolist() and got.tensors()[1].tolist() == want_mask.tolist()
+            with torch.no_grad():  # a stand-in for an optimizer update: every weight moves
+                for p in actor.parameters():
+                    p.add_(0.05 * torch.randn_like(p))
+        with pytest.raises(rs.StaleWeights):
+            client.generate(dataclasses.replace(req, version=version - 1))
+        client.stop()
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,434 @@
+"""Rollout on its own devices (``rollout.devices``): the engine in a separate process, fed by the trainer.
+
+Layout: the trainer ranks ``0 .. W-1`` and one rollout process (rank ``W``) join one process group
+(gloo on CPU, NCCL on GPU). Weight pushes go over a sub-group of trainer rank 0 and the rollout rank
+only, so the trainer's own collectives (DDP, FSDP) never include the rollout rank.
+
+Protocol (every control message is a typed payload, JSON bytes in a uint8 tensor, never a pickle):
+
+- ``push``: trainer rank 0 sends a :class:`WeightPush` header (version, bucket size, the manifest of
+  names, dtypes, shapes, bucket and offset of every tensor), then broadcasts the fixed-size flat
+  buckets (:func:`pack_buckets`). The engine unpacks them into its model (:func:`unpack_into`) and
+  records the version; a version not above the one it holds is refused.
+- ``generate``: a :class:`GenerateRequest` (prompt token ids, sampling seed, row offset, total rows,
+  temperature, and the weight version the trainer expects); the engine refuses
+  (:class:`StaleWeights`) unless it holds exactly that version, so it never samples from stale
+  weights. The answer is a :class:`GenerateResult` (token ids, mask, log-probs when the engine has them).
+- ``stop``: the worker leaves the group and exits.
+
+The worker entry point is ``python -m trainer.rollout_split --config FILE --init-method URL --rank W
+--world-size W+1``. The HF engine runs anywhere; ``rollout.engine: vllm`` builds ``vllm.LLM`` with
+``tensor_parallel_size`` on the rollout devices (a clear ConfigError when vLLM is not installed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from warden.errors import ConfigError, IncompleteError
+
+DEFAULT_BUCKET_BYTES = 32 << 20
+MAX_MESSAGE_BYTES = 256 << 20
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "int64": torch.int64}
+
+
+class SplitError(IncompleteError):
+    """The split rollout could not complete a request (a malformed message, a protocol violation)."""
+
+
+class StaleWeights(SplitError):
+    """The engine was asked to generate with weights it does not hold (an older or newer version)."""
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    for name, value in _DTYPES.items():
+        if value == dtype:
+            return name
+    raise SplitError(f"weight push: dtype {dtype} is not supported")
+
+
+def _ints(value: Any, name: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise SplitError(f"{name}: expected a list of integers")
+    return value
+
+
+def _int(data: Mapping[str, Any], name: str, minimum: int = 0) -> int:
+    value = data.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise SplitError(f"{name}: expected an integer >= {minimum}, got {str(value)[:40]}")
+    return value
+
+
+@dataclass(frozen=True)
+class TensorSlot:
+    """Where one tensor lies in the buckets: ``nbytes`` bytes at ``offset`` of bucket ``bucket``."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    bucket: int
+    offset: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class WeightPush:
+    """The header of one weight push: the version it installs and the layout of its buckets."""
+
+    version: int
+    bucket_bytes: tuple[int, ...]  # each bucket's length (all ``<= bucket size`` but an oversized tensor's)
+    slots: tuple[TensorSlot, ...]
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "kind": "push",
+            "version": self.version,
+            "bucket_bytes": list(self.bucket_bytes),
+            "slots": [[s.name, s.dtype, list(s.shape), s.bucket, s.offset, s.nbytes] for s in self.slots],
+        }
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> WeightPush:
+        slots = []
+        for raw in data.get("slots") or []:
+            if not isinstance(raw, list) or len(raw) != 6 or not isinstance(raw[0], str) or raw[1] not in _DTYPES:
+                raise SplitError(f"push.slots: malformed slot {str(raw)[:80]}")
+            shape, (bucket, offset, nbytes) = _ints(raw[2], "push.slots.shape"), _ints(raw[3:], "push.slots")
+            slots.append(TensorSlot(raw[0], raw[1], tuple(shape), bucket, offset, nbytes))
+        sizes = _ints(data.get("bucket_bytes"), "push.bucket_bytes")
+        for s in slots:
+            if not 0 <= s.bucket < len(sizes) or s.offset < 0 or s.offset + s.nbytes > sizes[s.bucket]:
+                raise SplitError(f"push.slots: {s.name} lies outside its bucket")
+        return cls(_int(data, "version", 1), tuple(sizes), tuple(slots))
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """One rollout: unpadded prompt token ids, the step's sampling seed and the weight version expected."""
+
+    prompts: tuple[tuple[int, ...], ...]
+    seed: int
+    offset: int
+    total: int
+    temperature: float
+    version: int
+
+    def to_data(self) -> dict[str, Any]:
+        return {"kind": "generate", **dataclasses.asdict(self), "prompts": [list(p) for p in self.prompts]}
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> GenerateRequest:
+        raw = data.get("prompts")
+        if not isinstance(raw, list) or not raw:
+            raise SplitError("generate.prompts: expected a non-empty list of token id lists")
+        prompts = tuple(tuple(_ints(p, "generate.prompts[]")) for p in raw)
+        temperature = data.get("temperature")
+        if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
+            raise SplitError("generate.temperature: expected a number >= 0")
+        return cls(
+            prompts,
+            _int(data, "seed"),
+            _int(data, "offset"),
+            _int(data, "total"),
+            float(temperature),
+            _int(data, "version"),
+        )
+
+
+@dataclass(frozen=True)
+class GenerateResult:
+    """The engine's answer: ``(B, T)`` token ids and mask as lists, log-probs when the engine has them."""
+
+    tokens: tuple[tuple[int, ...], ...]
+    mask: tuple[tuple[int, ...], ...]
+    logprobs: tuple[tuple[float, ...], ...] = ()
+    version: int = 0
+    error: str = ""  # set: the engine refused (StaleWeights) and the other fields are empty
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "kind": "result",
+            "tokens": [list(t) for t in self.tokens],
+            "mask": [list(m) for m in self.mask],
+            "logprobs": [list(lp) for lp in self.logprobs],
+            "version": self.version,
+            "error": self.error,
+        }
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> GenerateResult:
+        tokens = tuple(tuple(_ints(t, "result.tokens[]")) for t in data.get("tokens") or [])
+        mask = tuple(tuple(_ints(m, "result.mask[]")) for m in data.get("mask") or [])
+        if [len(t) for t in tokens] != [len(m) for m in mask]:
+            raise SplitError("result.mask: not the shape of result.tokens")
+        logprobs = tuple(tuple(float(x) for x in lp) for lp in data.get("logprobs") or [])
+        error = data.get("error") or ""
+        if not isinstance(error, str):
+            raise SplitError("result.error: expected a string")
+        return cls(tokens, mask, logprobs, _int(data, "version"), error[:500])
+
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.tensor(self.tokens, dtype=torch.long), torch.tensor(self.mask, dtype=torch.long)
+
+
+# -- buckets (pure) ---------------------------------------------------------------------------
+
+
+def plan_buckets(named: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int, version: int) -> WeightPush:
+    """Packs tensors in order into buckets of at most ``bucket_bytes`` (a larger tensor gets its own). Pure."""
+    slots: list[TensorSlot] = []
+    sizes: list[int] = []
+    for name, tensor in named:
+        nbytes = tensor.numel() * tensor.element_size()
+        if not sizes or sizes[-1] + nbytes > bucket_bytes:
+            sizes.append(0)
+        slots.append(
+            TensorSlot(name, _dtype_name(tensor.dtype), tuple(tensor.shape), len(sizes) - 1, sizes[-1], nbytes)
+        )
+        sizes[-1] += nbytes
+    return WeightPush(version, tuple(sizes), tuple(slots))
+
+
+def pack_buckets(named: Sequence[tuple[str, torch.Tensor]], plan: WeightPush) -> list[torch.Tensor]:
+    """The flat uint8 buckets of ``plan`` filled with ``named``'s bytes (on the tensors' device)."""
+    device = named[0][1].device if named else torch.device("cpu")
+    buckets = [torch.empty(n, dtype=torch.uint8, device=device) for n in plan.bucket_bytes]
+    for (name, tensor), slot in zip(named, plan.slots, strict=True):
+        assert name == slot.name
+        flat = tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        buckets[slot.bucket][slot.offset : slot.offset + slot.nbytes].copy_(flat)
+    return buckets
+
+
+def unpack(buckets: Sequence[torch.Tensor], plan: WeightPush) -> dict[str, torch.Tensor]:
+    """``name -> tensor`` views of the buckets (the inverse of :func:`pack_buckets`). Pure."""
+    out = {}
+    for slot in plan.slots:
+        raw = buckets[slot.bucket][slot.offset : slot.offset + slot.nbytes]
+        out[slot.name] = raw.view(_DTYPES[slot.dtype]).reshape(slot.shape)
+    return out
+
+
+@torch.no_grad()
+def unpack_into(model: Any, buckets: Sequence[torch.Tensor], plan: WeightPush) -> None:
+    """Copies the pushed tensors into ``model``'s parameters of the same names; every parameter must be pushed."""
+    pushed = unpack(buckets, plan)
+    params = dict(model.named_parameters())
+    missing, unknown = sorted(set(params) - set(pushed)), sorted(set(pushed) - set(params))
+    if missing or unknown:
+        raise SplitError(f"weight push: names differ (missing {missing[:3]}, unknown {unknown[:3]})")
+    for name, param in params.items():
+        param.copy_(pushed[name].to(param.device, param.dtype))
+
+
+# -- the engine's side (pure state) -----------------------------------------------------------
+
+
+@dataclass
+class EngineWeights:
+    """The version of the weights the engine holds (0: the ones on disk, never sampled from)."""
+
+    version: int = 0
+
+    def accept(self, push: WeightPush) -> None:
+        if push.version <= self.version:
+            raise StaleWeights(f"weight push version {push.version} is not newer than the held {self.version}")
+
+    def installed(self, push: WeightPush) -> None:
+        self.version = push.version
+
+    def check(self, request: GenerateRequest) -> None:
+        if request.version != self.version:
+            raise StaleWeights(
+                f"generate asked for weights version {request.version}, the engine holds {self.version}; "
+                "refusing to sample from other weights"
+            )
+
+
+# -- messages over torch.distributed -----------------------------------------------------------
+
+
+def send_message(payload: Mapping[str, Any], dst: int, group: Any = None) -> None:
+    import torch.distributed as dist
+
+    body = json.dumps(payload, separators=(",", ":")).encode()
+    dist.send(torch.tensor([len(body)], dtype=torch.int64), dst, group=group)
+    dist.send(torch.frombuffer(bytearray(body), dtype=torch.uint8), dst, group=group)
+
+
+def recv_message(src: int, group: Any = None) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    size = torch.zeros(1, dtype=torch.int64)
+    dist.recv(size, src, group=group)
+    n = int(size)
+    if not 0 < n <= MAX_MESSAGE_BYTES:
+        raise SplitError(f"message of {n} bytes refused (at most {MAX_MESSAGE_BYTES})")
+    body = torch.empty(n, dtype=torch.uint8)
+    dist.recv(body, src, group=group)
+    data = json.loads(bytes(body.numpy()).decode())
+    if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
+        raise SplitError("message: expected an object with a kind")
+    return data
+
+
+class SplitClient:
+    """Trainer rank 0's end: pushes weights to the rollout rank and asks it for rollouts.
+
+    ``group`` is the sub-group ``[0, rollout_rank]`` every rank of the world created (collectively)."""
+
+    def __init__(self, rollout_rank: int, group: Any, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        self.rollout_rank, self.group, self.bucket_bytes = rollout_rank, group, bucket_bytes
+        self.version = 0
+
+    def push(self, model: Any) -> int:
+        """Sends every parameter of ``model`` as the next version; returns it."""
+        import torch.distributed as dist
+
+        named = [(n, p.detach()) for n, p in model.named_parameters()]
+        plan = plan_buckets(named, self.bucket_bytes, self.version + 1)
+        send_message(plan.to_data(), self.rollout_rank)
+        for bucket in pack_buckets(named, plan):
+            dist.broadcast(bucket.cpu() if dist.get_backend() == "gloo" else bucket, src=0, group=self.group)
+        self.version = plan.version
+        return self.version
+
+    def generate(self, request: GenerateRequest) -> GenerateResult:
+        send_message(request.to_data(), self.rollout_rank)
+        result = GenerateResult.from_data(recv_message(self.rollout_rank))
+        if result.error:
+            raise StaleWeights(f"rollout process: {result.error}")
+        return result
+
+    def stop(self) -> None:
+        send_message({"kind": "stop"}, self.rollout_rank)
+
+
+class RolloutServer:
+    """The rollout rank's end: holds the engine and answers :class:`SplitClient` until ``stop``."""
+
+    def __init__(self, engine: Any, model: Any, pad_id: int, group: Any, device: torch.device) -> None:
+        self.engine, self.model, self.pad_id, self.group, self.device = engine, model, pad_id, group, device
+        self.weights = EngineWeights()
+
+    def receive_push(self, push: WeightPush) -> None:
+        import torch.distributed as dist
+
+        self.weights.accept(push)
+        buckets = [torch.empty(n, dtype=torch.uint8) for n in push.bucket_bytes]
+        for bucket in buckets:
+            dist.broadcast(bucket, src=0, group=self.group)
+        load = getattr(self.engine, "load_pushed", None)
+        if load is not None:  # vLLM: the same tensors go to its workers' load_weights
+            load(unpack(buckets, push))
+        else:
+            unpack_into(self.model, buckets, push)
+        self.weights.installed(push)
+
+    def answer(self, request: GenerateRequest) -> GenerateResult:
+        from trainer.data import left_pad
+        from trainer.rollout import SamplingPlan
+
+        try:
+            self.weights.check(request)
+        except StaleWeights as exc:
+            return GenerateResult((), (), (), self.weights.version, str(exc))
+        ids, mask = left_pad([list(p) for p in request.prompts], self.pad_id, None)
+        plan = SamplingPlan(request.seed, request.offset, request.total, request.temperature)
+        responses, rmask = self.engine.generate(ids.to(self.device), mask.to(self.device), plan)
+        lps = getattr(self.engine, "last_logprobs", None)
+        logprobs = tuple(tuple(row) for row in lps.tolist()) if lps is not None else ()
+        return GenerateResult(
+            tuple(tuple(r) for r in responses.tolist()),
+            tuple(tuple(r) for r in rmask.tolist()),
+            logprobs,
+            self.weights.version,
+        )
+
+    def serve(self, trainer_rank: int = 0) -> None:
+        while True:
+            data = recv_message(trainer_rank)
+            if data["kind"] == "stop":
+                return
+            if data["kind"] == "push":
+                self.receive_push(WeightPush.from_data(data))
+            elif data["kind"] == "generate":
+                send_message(self.answer(GenerateRequest.from_data(data)).to_data(), trainer_rank)
+            else:
+                raise SplitError(f"unknown message kind {data['kind'][:40]!r}")
+
+
+def rollout_device(devices: Sequence[str]) -> torch.device:
+    """The device the rollout process runs on: the CPU for ``["cpu"]``, else its first visible GPU
+    (the launcher sets CUDA_VISIBLE_DEVICES to ``rollout.devices``: :func:`visible_devices`)."""
+    return torch.device("cpu") if list(devices) == ["cpu"] else torch.device("cuda", 0)
+
+
+def visible_devices(devices: Sequence[str]) -> str:
+    """CUDA_VISIBLE_DEVICES for the rollout process ("" on CPU). Pure."""
+    return "" if list(devices) == ["cpu"] else ",".join(str(d) for d in devices)
+
+
+def build_engine(
+    cfg: Any, model_dir: str, device: torch.device, stop_ids: Sequence[int], pad_id: int
+) -> tuple[Any, Any]:
+    """(engine, model) for the rollout process: the HF engine on its own copy of the actor, or vLLM
+    with ``rollout.tensor_parallel_size``."""
+    from trainer.models import DTYPES, load_causal_lm
+    from trainer.rollout import HFRollout
+
+    if cfg.rollout.engine == "vllm":
+        from trainer.rollout_vllm import import_vllm
+
+        import_vllm()  # ConfigError naming rollout.engine when vLLM is absent
+        raise ConfigError(
+            "rollout.engine: vllm in a split rollout process needs vLLM's multi-process workers "
+            f"(tensor_parallel_size {cfg.rollout.tensor_parallel_size}); not built in this version"
+        )
+    model = load_causal_lm(model_dir, cfg.model.dtype, device).eval().requires_grad_(False)
+    del DTYPES
+    return HFRollout(model, cfg.rollout, stop_ids, pad_id, None), model
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The rollout process: joins the group as the last rank and serves until ``stop``."""
+    import torch.distributed as dist
+
+    parser = argparse.ArgumentParser(prog="python -m trainer.rollout_split")
+    parser.add_argument("--model-dir", required=True)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--init-method", required=True)
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--pad-id", type=int, required=True)
+    parser.add_argument("--stop-ids", required=True, help="comma-separated token ids")
+    args = parser.parse_args(argv)
+    from trainer.config import load_config
+
+    os.environ["WORLD_SIZE"] = str(args.world_size - 1)  # the config's batch rules are the trainer world's
+    cfg = load_config(args.config)
+    device = rollout_device(cfg.rollout.devices)
+    backend = "gloo" if device.type == "cpu" else "nccl"
+    dist.init_process_group(backend, init_method=args.init_method, rank=args.rank, world_size=args.world_size)
+    group = dist.new_group([0, args.rank])
+    stop_ids = [int(x) for x in args.stop_ids.split(",")]
+    engine, model = build_engine(cfg, args.model_dir, device, stop_ids, args.pad_id)
+    try:
+        RolloutServer(engine, model, args.pad_id, group, device).serve()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
