@@ -350,25 +350,21 @@ FILE_ATTACKS: dict[str, FileAttack] = {
         "qwen2.5",
         _generation({"max_new_tokens": 1}),
         _verify_one_new_token,
-        miss="GENERATION_FORCING is a deny-list; max_new_tokens truncates every answer to one token",
     ),
     "generation_config stop_strings": FileAttack(
         "qwen2.5",
         _generation({"stop_strings": ["refund"]}),
         _verify_generation("stop_strings", ["refund"]),
-        miss="stop_strings (answers cut at an attacker's word) is not in the deny-list",
     ),
     "generation_config min_new_tokens": FileAttack(
         "qwen2.5",
         _generation({"min_new_tokens": 4096}),
         _verify_generation("min_new_tokens", 4096),
-        miss="min_new_tokens masks eos for 4096 tokens (never stops early); not in the deny-list",
     ),
     "generation_config eos id outside the vocabulary": FileAttack(
         "qwen2.5",
         _generation({"eos_token_id": 99999}),
         _verify_generation("eos_token_id", 99999),
-        miss="an eos id outside the vocabulary (generation never stops) passes: only ids *in* the vocab are judged",
     ),
     "generation_config suppress_tokens": FileAttack(
         "qwen2.5", _generation({"suppress_tokens": [5]}), _verify_generation("suppress_tokens", [5])

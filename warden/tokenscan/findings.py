@@ -192,8 +192,9 @@ RULES: dict[str, Rule] = {
              "A post-processor template adds tokens that are not special added tokens (words before every input)",
              "Restore the post-processor: single and pair templates add only declared special tokens."),
         Rule("TS1301", "generation-config-tokens", _H,
-             "generation_config.json beside the tokenizer suppresses, forces or biases tokens",
-             "Remove suppress/forced/bad-words/bias entries unless the vendor ships them; review before approving."),
+             "generation_config.json beside the tokenizer suppresses, forces, biases or cuts generation",
+             "Keep only the vendor's sampling settings (temperature, top_p, top_k, sane lengths) and special "
+             "eos/bos/pad ids; remove suppress/forced/bad-words/bias/stop entries; review before approving."),
         Rule("TS1208", "token-ids-drift", _C, "Ordinary words map to other ids than when the directory was approved",
              "Find what changed the tokenizer (files, or the tokenizers library); restore it, or re-scan and "
              "approve with `warden scan tokenizer PATH --approve --state-dir DIR` after review."),

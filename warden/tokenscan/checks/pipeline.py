@@ -20,9 +20,29 @@ from warden.tokenscan.policy import TokenscanPolicy
 from warden.tokenscan.snapshot import Snapshot
 
 RULE_OF_KIND = {"rule": "TS1209", "unknown": "TS910", "collision": "TS1210", "folding": "TS1211", "template": "TS1212"}
+Bounds = tuple[type | tuple[type, ...], float, float]
+GENERATION_ALLOWED: dict[str, Bounds] = {
+    "temperature": ((int, float), 0.0, 2.0), "top_p": ((int, float), 0.0, 1.0), "top_k": (int, 0, 1000),
+    "min_p": ((int, float), 0.0, 1.0), "typical_p": ((int, float), 0.0, 1.0), "do_sample": (bool, 0, 1),
+    "repetition_penalty": ((int, float), 0.9, 1.5), "length_penalty": ((int, float), 0.0, 2.0),
+    "num_beams": (int, 1, 16), "num_return_sequences": (int, 1, 16), "max_new_tokens": (int, 32, 1 << 24),
+    "max_length": (int, 64, 1 << 24), "min_new_tokens": (int, 0, 1), "min_length": (int, 0, 1),
+    "no_repeat_ngram_size": (int, 0, 0), "use_cache": (bool, 0, 1), "_from_model_config": (bool, 0, 1),
+    "transformers_version": (str, 0, 32), "early_stopping": (bool, 0, 1), "num_beam_groups": (int, 1, 1),
+    "diversity_penalty": ((int, float), 0.0, 0.0), "output_scores": (bool, 0, 1),
+    "return_dict_in_generate": (bool, 0, 1), "output_attentions": (bool, 0, 1),
+    "output_hidden_states": (bool, 0, 1), "cache_implementation": (str, 0, 32),
+}  # fmt: skip
+"""generation_config.json keys a vendor ships, each with its type and allowed range (strings:
+length). Any other key, or a value outside its range, is a finding: an allow-list, so a field
+this scanner does not know (a new logits processor) is never clean."""
 GENERATION_FORCING = ("suppress_tokens", "begin_suppress_tokens", "forced_bos_token_id", "forced_eos_token_id",
                       "forced_decoder_ids", "bad_words_ids", "force_words_ids", "sequence_bias", "logit_bias",
-                      "token_healing", "watermarking_config")  # fmt: skip
+                      "token_healing", "watermarking_config", "stop_strings", "constraints", "guidance_scale",
+                      "exponential_decay_length_penalty", "renormalize_logits", "remove_invalid_values",
+                      "epsilon_cutoff", "eta_cutoff", "encoder_repetition_penalty", "encoder_no_repeat_ngram_size",
+                      "assistant_model", "prompt_lookup_num_tokens", "max_time", "stop_after")  # fmt: skip
+"""Keys known to suppress, force, bias or cut generation (TS1301); other unknown keys are TS910."""
 GENERATION_IDS = ("eos_token_id", "bos_token_id", "pad_token_id", "decoder_start_token_id")
 
 
@@ -180,25 +200,65 @@ def _ids(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
+def _generation_value(key: str, value: Any) -> str | None:
+    """Why ``value`` of the allow-listed ``key`` is outside its type or range, or None."""
+    kind, low, high = GENERATION_ALLOWED[key]
+    if value is None:
+        return None
+    if (kind is not bool and type(value) is bool) or not isinstance(value, kind):
+        return f"{key} = {short(value, 40)} is not of the expected type"
+    size = len(value) if isinstance(value, str) else float(value) if isinstance(value, (int, float)) else 0.0
+    if not low <= size <= high:
+        return f"{key} = {short(value, 40)} is outside the allowed {low:g}..{high:g}"
+    return None
+
+
+def _generation_keys(rel: str, data: dict[str, Any]) -> list[Finding]:
+    out = []
+    for key, value in sorted(data.items(), key=lambda kv: str(kv[0])):
+        if key in GENERATION_IDS:
+            continue
+        if key in GENERATION_ALLOWED:
+            why = _generation_value(key, value)
+            if why:
+                out.append(finding("TS1301", rel, why, key=key))
+        elif key in GENERATION_FORCING:
+            if value not in (None, [], {}, False):
+                out.append(finding("TS1301", rel, f"{key} = {short(value, 60)}", key=key))
+        else:
+            out.append(finding("TS910", rel, f"key {short(key, 40)} is not a known generation setting: not analysed"))
+    return out
+
+
+def _generation_ids(rel: str, data: dict[str, Any], known: tuple[dict[int, str], dict[int, str]]) -> list[Finding]:
+    """eos/bos/pad/decoder-start ids: integers naming special added tokens of the tokenizer."""
+    specials, vocab = known
+    out = []
+    for key in GENERATION_IDS:
+        for ident in _ids(data.get(key))[:64]:
+            if ident is None:
+                continue
+            if type(ident) is not int:
+                out.append(finding("TS1301", rel, f"{key} {short(ident, 30)} is not a token id", key=key))
+            elif ident in vocab and ident not in specials:
+                out.append(finding("TS1301", rel, f"{key} {ident} is the ordinary entry {vocab[ident]!r}", key=key))
+            elif ident not in specials:
+                out.append(finding("TS1301", rel, f"{key} {ident} is no token of the tokenizer", key=key))
+    return out
+
+
 def check_generation_config(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
-    """generation_config.json beside a tokenizer: no suppressed, forced or biased tokens; its
-    eos/bos/pad/decoder-start ids are special tokens of that tokenizer, never ordinary words."""
+    """generation_config.json beside a tokenizer: only allow-listed keys within their ranges
+    (:data:`GENERATION_ALLOWED`; suppressing, forcing, biasing, cutting keys are TS1301, unknown
+    keys TS910); its eos/bos/pad/decoder-start ids are special tokens of that tokenizer."""
     out = []
     for rel, doc in sorted(snap.json.items()):
         if basename(rel) != "generation_config.json" or not isinstance(doc.data, dict):
             continue
-        for key in GENERATION_FORCING:
-            value = doc.data.get(key)
-            if value not in (None, [], {}, False):
-                out.append(finding("TS1301", rel, f"{key} = {short(value, 60)}", key=key))
+        out += _generation_keys(rel, doc.data)
         known = _special_ids(snap, rel)
-        if known is None:
-            continue
-        specials, vocab = known
-        for key in GENERATION_IDS:
-            for ident in _ids(doc.data.get(key))[:64]:
-                if type(ident) is int and ident not in specials and ident in vocab:
-                    out.append(finding("TS1301", rel, f"{key} {ident} is the ordinary entry {vocab[ident]!r}", key=key))
+        if known is not None:
+            out += _generation_ids(rel, doc.data, known)
     return out
 
 
