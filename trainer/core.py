@@ -302,14 +302,21 @@ class PPOTrainer:
             self.critic = DDP(self.critic, device_ids=ids) if self.critic is not None else None
         self._build_optimizers()
         self.stop_ids = stop_token_ids(self.tokenizer.eos_token_id, cfg.rollout.stop_token_ids)
-        self.rollout = build_rollout(  # LoRA: sampled from the adapted base itself, never a copy of it
-            cfg,
-            unwrap(self.actor),
-            paths.actor,
-            self.stop_ids,
-            self.tokenizer.pad_token_id,
-            compute if self.lora is None else None,
-        )
+        if cfg.rollout.devices:  # the engine in its own process on its own devices (trainer/rollout_split.py)
+            from trainer.rollout_split import SplitRollout
+
+            self.rollout: Any = SplitRollout(
+                cfg, unwrap(self.actor), paths.actor, self.stop_ids, self.tokenizer.pad_token_id
+            )
+        else:
+            self.rollout = build_rollout(  # LoRA: sampled from the adapted base itself, never a copy of it
+                cfg,
+                unwrap(self.actor),
+                paths.actor,
+                self.stop_ids,
+                self.tokenizer.pad_token_id,
+                compute if self.lora is None else None,
+            )
         if getattr(self.rollout, "static", False):
             log.info(
                 "rollout: static KV cache with the compiled forward, prompts padded to %d tokens",

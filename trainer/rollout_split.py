@@ -400,6 +400,78 @@ def build_engine(
     return HFRollout(model, cfg.rollout, stop_ids, pad_id, None), model
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class SplitRollout:
+    """The trainer's engine for ``rollout.devices``: starts the rollout process, joins a two-rank group
+    with it (this trainer rank 0 and the rollout rank 1), pushes the actor's weights at start and after
+    every update (``sync_weights``) and sends each rollout to it (the :class:`RolloutEngine` protocol)."""
+
+    def __init__(self, cfg: Any, actor: Any, model_dir: str, stop_ids: Sequence[int], pad_id: int) -> None:
+        import subprocess
+        import tempfile
+
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            raise ConfigError("rollout.devices: the split runs beside a one-process trainer in this version")
+        self.cfg, self.pad_id = cfg, pad_id
+        self.device = next(actor.parameters()).device
+        self._dir = tempfile.mkdtemp(prefix="warden-rollout-")
+        config_path = os.path.join(self._dir, "config.json")
+        with open(config_path, "w", encoding="utf-8") as fh:  # our own child reads it; a private directory
+            json.dump({"version": 1, **cfg.to_dict()}, fh)
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        env = {**os.environ, "WORLD_SIZE": "1", "CUDA_VISIBLE_DEVICES": visible_devices(cfg.rollout.devices)}
+        for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(name, None)
+        cmd = [sys.executable, "-m", "trainer.rollout_split", "--model-dir", model_dir, "--config", config_path]
+        cmd += ["--init-method", init, "--rank", "1", "--world-size", "2", "--pad-id", str(pad_id)]
+        cmd += ["--stop-ids", ",".join(str(i) for i in stop_ids)]
+        self.process = subprocess.Popen(cmd, env=env)
+        backend = "gloo" if rollout_device(cfg.rollout.devices).type == "cpu" else "nccl"
+        dist.init_process_group(backend, init_method=init, rank=0, world_size=2)
+        self.client = SplitClient(1, dist.new_group([0, 1]))
+        self.last_logprobs: torch.Tensor | None = None
+        self.sync_weights(actor)  # the engine never samples from the weights on disk
+
+    def sync_weights(self, actor: Any) -> None:
+        self.client.push(actor)
+
+    def generate(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, plan: Any = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        from trainer.rollout_vllm import prompt_rows
+
+        rows = prompt_rows(prompt_ids, prompt_mask)
+        seed, offset, total, temperature = (
+            (plan.seed, plan.offset, plan.total, plan.temperature) if plan else (0, 0, 0, 1.0)
+        )
+        request = GenerateRequest(tuple(map(tuple, rows)), seed, offset, total, temperature, self.client.version)
+        result = self.client.generate(request)
+        responses, mask = result.tensors()
+        self.last_logprobs = torch.tensor(result.logprobs).to(self.device) if result.logprobs else None
+        return responses.to(self.device), mask.to(self.device)
+
+    def close(self) -> None:
+        import shutil
+
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            self.client.stop()
+            dist.destroy_process_group()
+        if self.process.wait(timeout=120) != 0:
+            raise SplitError(f"the rollout process exited with {self.process.returncode}")
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """The rollout process: joins the group as the last rank and serves until ``stop``."""
     import torch.distributed as dist
