@@ -108,34 +108,27 @@ TEMPLATE_ATTACKS: dict[str, TemplateAttack] = {
         _in_loop(IF + "(" + C + "|int) == 31337" + THEN),
         _user("31337"),
         _user("hello"),
-        miss="content|int == 31337: |int drops the probe, the only string constant is '' (read as markup), "
-        "generated content is never a number",
     ),
     "content |list|length above the generator's cap": TemplateAttack(
         _in_loop(IF + "(" + C + "|list|length) > 6000" + THEN),
         _user("a" * 6001),
         _user("hello"),
-        miss="length via |list|length is a plain int (no ProbeInt), '' in the test reads as markup, "
-        "generated content stops at 3000 characters",
     ),
     # --- inputs that are not probed (tool calls, names, documents, descriptions) ----------------
     "tool-call argument key": TemplateAttack(
         _in_loop(IF + "message.tool_calls and message.tool_calls[0].function.arguments.command is defined" + THEN),
         _tool_turn({"command": "ls"}),
         _tool_turn({"q": "x"}),
-        miss="arguments are never Probes and the generator only ever sends the key 'q'",
     ),
     "tool-call argument value": TemplateAttack(
         _in_loop(IF + "message.tool_calls and 'rm -rf' in (message.tool_calls[0].function.arguments|string)" + THEN),
         _tool_turn({"q": "rm -rf /"}),
         _tool_turn({"q": "x"}),
-        miss="argument values are not tainted (TEXT_KEYS omits them); the static check looks at .content only",
     ),
     "tool-call name equality": TemplateAttack(
         _in_loop(IF + "message.tool_calls and message.tool_calls[0].function.name == 'execute_shell'" + THEN),
         _tool_turn({"q": "x"}, "execute_shell"),
         _tool_turn({"q": "x"}),
-        miss="tool names are plain strings; only their length varies between fillings",
     ),
     "tool description membership": TemplateAttack(
         _on_top(IF + "tools and 'bank' in tools[0].function.description" + THEN),
@@ -143,7 +136,6 @@ TEMPLATE_ATTACKS: dict[str, TemplateAttack] = {
         _user("hi"),
         {"tools": [_tool("bank transfer")]},
         {"tools": [_tool("weather report")]},
-        miss="tool descriptions are not tainted",
     ),
     "document title membership": TemplateAttack(
         _on_top(IF + "documents and 'invoice' in documents[0].title" + THEN),
@@ -151,13 +143,11 @@ TEMPLATE_ATTACKS: dict[str, TemplateAttack] = {
         _user("hi"),
         {"documents": [{"title": "invoice 7", "text": "t"}]},
         {"documents": [{"title": "notes", "text": "t"}]},
-        miss="document titles are not tainted (TEXT_KEYS has 'text' only)",
     ),
     "message name equality": TemplateAttack(
         _in_loop(IF + "message.name is defined and message.name == 'browser'" + THEN),
         [{"role": "user", "content": "x", "name": "browser"}],
         _user("hi"),
-        miss="a user message's 'name' is never generated nor tainted",
     ),
     # --- shapes the generator never draws ---------------------------------------------------------
     "conversation longer than the generator's": TemplateAttack(

@@ -355,11 +355,17 @@ def _introspection(tree: nodes.Template) -> list[TemplateIssue]:
     return out
 
 
+CALLER_FIELDS = frozenset({"content", "name", "description", "title", "text", "arguments", "thinking",
+                           "reasoning_content"})  # fmt: skip
+"""Fields of messages, tool calls, tools and documents that hold the caller's text: keyed on,
+they are content-keyed behaviour like ``content`` itself."""
+
+
 def _is_content_ref(node: nodes.Node, aliases: set[str]) -> bool:
     if isinstance(node, nodes.Getattr):
-        return node.attr == "content"
+        return node.attr in CALLER_FIELDS
     if isinstance(node, nodes.Getitem):
-        return isinstance(node.arg, nodes.Const) and node.arg.value == "content"
+        return isinstance(node.arg, nodes.Const) and node.arg.value in CALLER_FIELDS
     return isinstance(node, nodes.Name) and node.name in aliases
 
 
@@ -372,7 +378,7 @@ def _is_content_ref_any(node: nodes.Node, aliases: set[str]) -> bool:
         and isinstance(node.node, nodes.Getattr)
         and node.node.attr == "get"
         and bool(node.args)
-        and folded(node.args[0]) == "content"
+        and folded(node.args[0]) in CALLER_FIELDS
     )
 
 
@@ -395,12 +401,13 @@ def _is_trigger_test(test: nodes.Node, aliases: set[str]) -> bool:
     if not _uses_content(test, aliases):
         return False
     consts = [c.value for c in test.find_all(nodes.Const) if isinstance(c.value, str) and c.value != "content"]
-    markup = bool(consts) and all(not v.strip() or TAG_RE.fullmatch(v.strip()) for v in consts)
+    words = [v for v in consts if v.strip()]  # '' or ' ' (a fallback, a default) is no markup
+    numbers = [c.value for c in test.find_all(nodes.Const) if type(c.value) in (int, float)]
+    markup = bool(words) and all(TAG_RE.fullmatch(v.strip()) for v in words) and not numbers
     if markup and isinstance(test, (nodes.Compare, nodes.Call)):
         return False
-    numbers = [c.value for c in test.find_all(nodes.Const) if type(c.value) in (int, float)]
-    if not consts and isinstance(test, nodes.Compare) and all(n in (0, 1) for n in numbers):
-        return False  # an emptiness test: content|length > 0
+    if not words and isinstance(test, nodes.Compare) and all(n in (0, 1) for n in numbers):
+        return False  # an emptiness test: content|length > 0, content == ''
     return not (
         isinstance(test, (nodes.And, nodes.Or))
         and not any(_is_trigger_test(side, aliases) for side in (test.left, test.right))
