@@ -866,6 +866,17 @@ def run_row() -> Row:
             ),
             stat("Last step", f"max({tm('warden_trainer_last_step')})", "none", description="Last completed step."),
             stat(
+                "Rollout layout",
+                tm("warden_trainer_rollout_layout_info"),
+                "none",
+                w=6,
+                description="Where the rollout engine runs: colocated with the trainer or split onto rollout.devices "
+                "(its own process; weights pushed after every update), the engine and its tensor parallel size.",
+                legend="{{mode}} {{engine}}: rollout [{{rollout_devices}}] TP {{tensor_parallel_size}}, "
+                "trainer [{{trainer_devices}}]",
+                text_mode="name",
+            ),
+            stat(
                 "World size",
                 f"max({tm('warden_trainer_world_size')})",
                 "none",

@@ -52,6 +52,7 @@ from trainer.models import DTYPES, load_causal_lm, load_critic, unwrap
 from trainer.resume import ResumeResult, find_resume_point
 from trainer.rewards import RewardSources, build_reward
 from trainer.rollout import SamplingPlan, build_rollout
+from trainer.rollout_split import rollout_layout
 from trainer.rollout_vllm import RolloutCollector, SchedulerState
 from trainer.saver import CheckpointSaver, SaveTiming
 from trainer.setup import ResolvedPaths, check_environment, resolve_paths
@@ -414,6 +415,7 @@ class PPOTrainer:
             self.emit(resumed.TYPE, resumed.to_data(), step=self.step)
             return
         started = RunStarted(
+            rollout_layout=rollout_layout(self.cfg, self.device, self.dist.world_size),
             config_digest=self.cfg.digest(),
             model_path=self.paths.actor,
             tokenizer_path=self.paths.tokenizer,
@@ -432,6 +434,8 @@ class PPOTrainer:
 
     def _serve_metrics(self) -> Any:
         self.metrics.info.info({"run_id": self.run_id, **_versions()})
+        layout = rollout_layout(self.cfg, self.device, self.dist.world_size).to_data()
+        self.metrics.rollout_layout.info({k: ",".join(v) if isinstance(v, list) else str(v) for k, v in layout.items()})
         if not self.cfg.run.metrics_port:
             return None
         from warden.httpserve import MetricsServer

@@ -131,6 +131,11 @@ class TrainerMetrics:
         self.val_last_step = Gauge(p + "val_last_step", "Step of the last validation.", registry=reg)
         self.oom = Counter(p + "oom_events", "Out-of-memory errors caught.", ["phase"], registry=reg)
         self.info = Info(p + "run", "Run id and versions.", registry=reg)
+        self.rollout_layout = Info(
+            p + "rollout_layout",
+            "Where the rollout engine runs: colocated or split (rollout.devices), engine, devices, TP size.",
+            registry=reg,
+        )
         # Elastic runs (docs/elastic.md): a smaller world after a node loss, and what the resume cost.
         self.world_size = Gauge(p + "world_size", "Data-parallel ranks of the running worker group.", registry=reg)
         self.restart_count = Gauge(

@@ -400,6 +400,21 @@ def build_engine(
     return HFRollout(model, cfg.rollout, stop_ids, pad_id, None), model
 
 
+def rollout_layout(cfg: Any, trainer_device: torch.device, world_size: int) -> Any:
+    """Where the engine runs, for ``run.started`` and ``warden_trainer_rollout_layout_info``. Pure."""
+    from warden.payloads import RolloutLayout
+
+    if trainer_device.type == "cpu":
+        trainer = ("cpu",)
+    else:
+        trainer = tuple(cfg.run.gpu_uuids) or tuple(str(i) for i in range(world_size))
+    roll = cfg.rollout
+    if not roll.devices:
+        return RolloutLayout("colocated", roll.engine, trainer, trainer, 1)
+    tp = roll.tensor_parallel_size if roll.engine == "vllm" else 1
+    return RolloutLayout("split", roll.engine, tuple(str(d) for d in roll.devices), trainer, tp)
+
+
 def _free_port() -> int:
     import socket
 

@@ -301,7 +301,14 @@ class RunStarted(_Payload):
     versions: Mapping[str, Any] | None = None
     source: str | None = None
     genesis_nonce: str | None = None
+    rollout_layout: RolloutLayout | None = None  # where the rollout engine runs (issue 34)
     extra: Mapping[str, Any] = field(default_factory=lambda: _EMPTY, compare=False)
+
+    def to_data(self) -> dict[str, Any]:
+        data = super().to_data()
+        if self.rollout_layout is not None:
+            data["rollout_layout"] = self.rollout_layout.to_data()
+        return data
 
     @property
     def warden_version(self) -> str | None:
@@ -319,8 +326,49 @@ class RunStarted(_Payload):
             versions=_opt_mapping(data, "versions"),
             source=_opt_str(data, "source"),
             genesis_nonce=_opt_nonce(data),
+            rollout_layout=RolloutLayout.from_data(data["rollout_layout"]) if "rollout_layout" in data else None,
             extra=cls._extra(data),
         )
+
+
+ROLLOUT_MODES = ("colocated", "split")
+
+
+@dataclass(frozen=True)
+class RolloutLayout:
+    """``run.started``'s ``rollout_layout``: colocated (the engine on the trainer's devices) or split
+    (its own process on ``rollout_devices``), the engine and its tensor-parallel size."""
+
+    mode: str
+    engine: str
+    rollout_devices: tuple[str, ...]
+    trainer_devices: tuple[str, ...]
+    tensor_parallel_size: int = 1
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "engine": self.engine,
+            "rollout_devices": list(self.rollout_devices),
+            "trainer_devices": list(self.trainer_devices),
+            "tensor_parallel_size": self.tensor_parallel_size,
+        }
+
+    @classmethod
+    def from_data(cls, data: Any) -> RolloutLayout:
+        if not isinstance(data, Mapping):
+            raise _field_error("rollout_layout", "an object", data)
+        mode = _required_str(data, "mode")
+        if mode not in ROLLOUT_MODES:
+            raise _field_error("rollout_layout.mode", "colocated or split", mode)
+        lists = {}
+        for name in ("rollout_devices", "trainer_devices"):
+            value = data.get(name)
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise _field_error(f"rollout_layout.{name}", "a list of strings", value)
+            lists[name] = tuple(value)
+        tp = _opt_int(data, "tensor_parallel_size", 1)
+        return cls(mode, _required_str(data, "engine"), lists["rollout_devices"], lists["trainer_devices"], tp or 1)
 
 
 @dataclass(frozen=True)

@@ -203,3 +203,28 @@ def test_split_trainer_equals_colocated(make_config, tmp_path):
     worst = {key: max(abs(ma[key] - mb[key]) for ma, mb in zip(a, b, strict=True)) for key in keys}
     print("split vs colocated, worst |difference| over 3 steps:", worst)
     assert all(value < 1e-5 for value in worst.values()), worst
+
+
+def test_layout_in_run_started_and_metrics(make_config, tmp_path):
+    from prometheus_client import generate_latest
+
+    from trainer.core import PPOTrainer
+    from warden import journal as ev
+    from warden.payloads import RolloutLayout, RunStarted
+
+    cfg, _ = make_config()
+    layout = rs.rollout_layout(
+        _with(cfg, devices=(UUID_B,), engine="vllm", run={"gpu_uuids": (UUID_A,)}), torch.device("cuda", 0), 1
+    )
+    assert layout == RolloutLayout("split", "vllm", (UUID_B,), (UUID_A,), 1)
+    assert RolloutLayout.from_data(layout.to_data()) == layout
+    trainer = PPOTrainer(cfg, str(tmp_path / "run"), serve_metrics=False)
+    try:
+        trainer._serve_metrics()  # metrics_port 0: no server, the families are set
+        scrape = generate_latest(trainer.metrics.registry).decode()
+    finally:
+        trainer.close()
+    events = [e for e, _ in ev.JournalReader(str(tmp_path / "run" / "events.jsonl")).read_available()]
+    started = RunStarted.from_data(next(e.data for e in events if e.type == ev.RUN_STARTED))
+    assert started.rollout_layout == RolloutLayout("colocated", "hf", ("cpu",), ("cpu",), 1)
+    assert 'warden_trainer_rollout_layout_info{engine="hf",mode="colocated"' in scrape
