@@ -197,6 +197,12 @@ def test_split_trainer_equals_colocated(make_config, tmp_path):
             runs[name] = ([r.metrics for r in trainer.train(max_steps=3)], tokens)
         finally:
             trainer.close()
+    from warden import journal as ev
+    from warden.payloads import RunStarted
+
+    events = [e for e, _ in ev.JournalReader(str(tmp_path / "split" / "events.jsonl")).read_available()]
+    started = RunStarted.from_data(next(e.data for e in events if e.type == ev.RUN_STARTED))
+    assert started.rollout_layout is not None and started.rollout_layout.mode == "split"
     (a, tok_a), (b, tok_b) = runs["colocated"], runs["split"]
     assert tok_a == tok_b and len(tok_a) == 3
     keys = ("reward_mean", "policy_loss", "value_loss", "kl", "entropy", "grad_norm")
