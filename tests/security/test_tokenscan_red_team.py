@@ -333,8 +333,6 @@ FILE_ATTACKS: dict[str, FileAttack] = {
         "t5",
         _precompiled_digits,
         _verify_digits,
-        miss="a Precompiled normaliser's charsmap is trusted undecoded; the corpus has no 7 or 8, so the "
-        "round trip never sees '780' become '100'",
     ),
     "generation_config max_new_tokens 1": FileAttack(
         "qwen2.5",

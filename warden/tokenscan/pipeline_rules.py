@@ -17,12 +17,16 @@ not special added tokens (a pair template inserting words before every response)
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 import unicodedata
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from warden.tokenscan.charsmap import charsmap_problem
 
 MAX_RULES = 256
 MAX_DEPTH = 8
@@ -169,6 +173,20 @@ def _ctc(_rule: Mapping[str, Any]) -> str | None:
     return "CTC decoder collapses repeated tokens and drops its pad token (a speech decoder on text)"
 
 
+def _precompiled(rule: Mapping[str, Any]) -> str | None:
+    """Sentencepiece's charsmap decoded (:mod:`.charsmap`), every mapping judged."""
+    raw = rule.get("precompiled_charsmap")
+    if raw is None or raw == "":
+        return None  # an empty map: the identity
+    if not isinstance(raw, str):
+        return "Precompiled charsmap is not a base64 string"
+    try:
+        blob = base64.b64decode(raw, validate=True)
+    except (binascii.Error, ValueError):
+        return "Precompiled charsmap is not valid base64"
+    return charsmap_problem(blob)
+
+
 def _bert_normalizer(rule: Mapping[str, Any]) -> str | None:
     return None  # clean_text (controls, whitespace), Chinese spacing, lowercase, accents: all allowed
 
@@ -185,7 +203,7 @@ JUDGES: dict[str, dict[str, Judge]] = {
     "normalizer": {
         "NFC": _ok, "NFD": _ok, "NFKC": _ok, "NFKD": _ok, "Lowercase": _ok, "StripAccents": _ok,
         "Strip": _ok, "Nmt": _ok, "BertNormalizer": _bert_normalizer, "ByteLevel": _ok,
-        "Precompiled": _ok, "Replace": _replace, "Prepend": _affix("prepend"), "Append": _affix("append"),
+        "Precompiled": _precompiled, "Replace": _replace, "Prepend": _affix("prepend"), "Append": _affix("append"),
         "Sequence": _sequence,
     },
     "pre_tokenizer": {
@@ -203,7 +221,7 @@ JUDGES: dict[str, dict[str, Judge]] = {
         "ByteLevel": _ok, "Sequence": _sequence,
     },
 }  # fmt: skip
-"""Section -> rule type -> judge. ``Precompiled`` is sentencepiece's compiled NFKC-like map."""
+"""Section -> rule type -> judge. ``Precompiled`` is sentencepiece's compiled map, decoded."""
 
 _CHILDREN = ("normalizers", "pretokenizers", "decoders", "processors")
 
