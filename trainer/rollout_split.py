@@ -18,7 +18,8 @@ Protocol (every control message is a typed payload, JSON bytes in a uint8 tensor
 
 The worker entry point is ``python -m trainer.rollout_split --config FILE --init-method URL --rank W
 --world-size W+1``. The HF engine runs anywhere; ``rollout.engine: vllm`` builds ``vllm.LLM`` with
-``tensor_parallel_size`` on the rollout devices (a clear ConfigError when vLLM is not installed).
+``tensor_parallel_size`` on the rollout devices (:class:`SplitVLLMEngine`; a ConfigError naming
+``rollout.engine`` when vLLM is not installed; not yet run on a GPU node).
 """
 
 from __future__ import annotations
@@ -379,24 +380,82 @@ def visible_devices(devices: Sequence[str]) -> str:
     return "" if list(devices) == ["cpu"] else ",".join(str(d) for d in devices)
 
 
+class SplitVLLMEngine:
+    """vLLM in the rollout process: ``vllm.LLM`` with ``rollout.tensor_parallel_size`` on the visible
+    (rollout) GPUs, weights from the pushed buckets into every worker's model (``reload_weights``
+    through ``collective_rpc``, as :class:`trainer.rollout_vllm.VLLMRollout` syncs), the sampled tokens'
+    log-probs kept in ``last_logprobs``. Written for a GPU node; not run here (vLLM is not installed)."""
+
+    def __init__(self, cfg: Any, model_dir: str, stop_ids: Sequence[int], pad_id: int) -> None:
+        from transformers import AutoConfig
+
+        from trainer.rollout_vllm import engine_kwargs, import_vllm
+
+        vllm = import_vllm()  # ConfigError naming rollout.engine when vLLM is absent
+        if cfg.rollout.tensor_parallel_size > 1:  # TP workers are processes of their own
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+        model_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=False, local_files_only=True)
+        kwargs = engine_kwargs(cfg, model_dir, model_config, on_cpu=False)
+        kwargs["tensor_parallel_size"] = cfg.rollout.tensor_parallel_size
+        self.llm, self.cfg, self.stop_ids, self.pad_id = vllm.LLM(**kwargs), cfg, list(stop_ids), pad_id
+        self.sampling_params = vllm.SamplingParams
+        self.last_logprobs: torch.Tensor | None = None
+
+    def load_pushed(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        from trainer.rollout_vllm import WeightSyncError, _reload_from
+
+        named = [(name, t.cuda()) for name, t in tensors.items()]
+        missing = [m for result in self.llm.collective_rpc(_reload_from, args=(named,)) for m in result]
+        if missing:
+            raise WeightSyncError(f"rollout push: {len(missing)} engine parameters not loaded (first: {missing[:3]})")
+        self.llm.reset_prefix_cache()  # its keys and values came from the old weights
+
+    def generate(
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, plan: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        from trainer.rollout_vllm import pack_outputs, prompt_rows
+
+        roll = self.cfg.rollout
+        rows = prompt_rows(prompt_ids, prompt_mask)
+        gen = torch.Generator().manual_seed(plan.seed)  # one seed per request, from the step's seed
+        seeds = torch.randint(0, 2**31 - 1, (plan.total or len(rows),), generator=gen)[plan.offset :].tolist()
+        params = [
+            self.sampling_params(
+                n=1,
+                temperature=plan.temperature,
+                top_p=roll.top_p,
+                top_k=roll.top_k,
+                max_tokens=roll.max_new_tokens,
+                stop_token_ids=self.stop_ids,
+                logprobs=0,
+                seed=seed,
+                detokenize=False,
+            )
+            for seed in seeds[: len(rows)]
+        ]
+        outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], params, use_tqdm=False)
+        tokens = [list(o.outputs[0].token_ids) for o in outputs]
+        logprobs = [
+            [step[tok].logprob for step, tok in zip(o.outputs[0].logprobs or [], o.outputs[0].token_ids, strict=True)]
+            for o in outputs
+        ]
+        responses, mask, self.last_logprobs = pack_outputs(
+            tokens, logprobs, roll.max_new_tokens, self.pad_id, self.stop_ids
+        )
+        return responses, mask
+
+
 def build_engine(
     cfg: Any, model_dir: str, device: torch.device, stop_ids: Sequence[int], pad_id: int
 ) -> tuple[Any, Any]:
     """(engine, model) for the rollout process: the HF engine on its own copy of the actor, or vLLM
-    with ``rollout.tensor_parallel_size``."""
-    from trainer.models import DTYPES, load_causal_lm
+    with ``rollout.tensor_parallel_size`` (no module of ours: the pushes go to its workers)."""
+    from trainer.models import load_causal_lm
     from trainer.rollout import HFRollout
 
     if cfg.rollout.engine == "vllm":
-        from trainer.rollout_vllm import import_vllm
-
-        import_vllm()  # ConfigError naming rollout.engine when vLLM is absent
-        raise ConfigError(
-            "rollout.engine: vllm in a split rollout process needs vLLM's multi-process workers "
-            f"(tensor_parallel_size {cfg.rollout.tensor_parallel_size}); not built in this version"
-        )
+        return SplitVLLMEngine(cfg, model_dir, stop_ids, pad_id), None
     model = load_causal_lm(model_dir, cfg.model.dtype, device).eval().requires_grad_(False)
-    del DTYPES
     return HFRollout(model, cfg.rollout, stop_ids, pad_id, None), model
 
 

@@ -234,3 +234,21 @@ def test_layout_in_run_started_and_metrics(make_config, tmp_path):
     started = RunStarted.from_data(next(e.data for e in events if e.type == ev.RUN_STARTED))
     assert started.rollout_layout == RolloutLayout("colocated", "hf", ("cpu",), ("cpu",), 1)
     assert 'warden_trainer_rollout_layout_info{engine="hf",mode="colocated"' in scrape
+
+
+def test_vllm_engine_absent_is_a_config_error(make_config, monkeypatch):
+    from trainer.rollout_vllm import import_vllm
+
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))  # import_vllm sets them; restored afterwards
+    try:
+        import_vllm()
+    except ConfigError:
+        pass
+    else:
+        pytest.skip("vllm is installed here")
+    cfg, _ = make_config()
+    cfg = _with(cfg, devices=(1, 2), engine="vllm", tensor_parallel_size=2, run={"device": "cuda"})
+    validate(cfg)  # the layout itself is valid
+    with pytest.raises(ConfigError, match=r"rollout\.engine: vllm cannot be imported"):
+        rs.build_engine(cfg, "/nonexistent", torch.device("cpu"), [1], 0)
