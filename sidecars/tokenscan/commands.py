@@ -4,7 +4,8 @@ Text output groups findings by severity with their fix hints; ``--format json`` 
 ``--format sarif`` (SARIF 2.1.0, for code-scanning tools) carry the same findings.
 With ``--state-dir``, each directory is also compared with its approved manifest (drift,
 TS1101) and with the digest of the ids its tokenizer gave the built-in corpus at approval
-(TS1208); ``--approve`` records both for every directory that scanned clean.
+(TS1208); ``--approve`` records both for every directory that scanned clean, and
+``--approve --accept-findings`` also for one with findings, recording which were accepted.
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ def _policy(path: str) -> tuple[TokenscanPolicy, str]:
     return load_tokenscan_policy(path), path
 
 
-def _compare(store: ApprovalStore, scan_result: DirectoryScan, approve: bool, policy: TokenscanPolicy) -> DirectoryScan:
+def _compare(
+    store: ApprovalStore, scan_result: DirectoryScan, approve: bool, policy: TokenscanPolicy, accept: bool = False
+) -> DirectoryScan:
     """The scan with its approval's findings (see :func:`~warden.tokenscan.approval.review`);
     records the approval ``--approve`` asks for."""
     loaded: Approval | ManifestError | None
@@ -41,10 +44,11 @@ def _compare(store: ApprovalStore, scan_result: DirectoryScan, approve: bool, po
         loaded = store.load(scan_result.root)
     except ManifestError as exc:
         loaded = exc
-    decided = review(loaded, scan_result, approve, policy)
+    decided = review(loaded, scan_result, approve, policy, accept)
     if decided.save is not None:
         when = utc_timestamp(time.time())
-        store.save(scan_result.root, decided.save.manifest, when, decided.save.token_ids_digest)
+        save = decided.save
+        store.save(scan_result.root, save.manifest, when, save.token_ids_digest, save.accepted)
     return decided.scan
 
 
@@ -58,6 +62,11 @@ def _compare(store: ApprovalStore, scan_result: DirectoryScan, approve: bool, po
     is_flag=True,
     help="Record the manifest and token-ids digest of every directory that scans clean (needs --state-dir).",
 )
+@option(
+    "--accept-findings",
+    is_flag=True,
+    help="With --approve: approve despite findings, recording exactly those; a later new finding is not covered.",
+)
 @option("--output", type=click.Path(dir_okay=False), help="Write the report to this file instead of stdout.")
 @click.pass_context
 def tokenizer(
@@ -67,6 +76,7 @@ def tokenizer(
     output_format: str,
     state_dir: str | None,
     approve: bool,
+    accept_findings: bool,
     output: str | None,
 ) -> None:
     """Scan tokenizer or model directories PATH... against the policy.
@@ -79,11 +89,13 @@ def tokenizer(
     """
     if approve and not state_dir:
         raise click.UsageError("--approve needs --state-dir DIR (where approved manifests are kept)")
+    if accept_findings and not approve:
+        raise click.UsageError("--accept-findings is part of an approval: give --approve too")
     loaded, policy_path = _policy(policy)
     scans = scan_paths(paths, loaded, with_manifest=bool(state_dir))
     if state_dir:
         store = ApprovalStore(state_dir)
-        scans = [_compare(store, s, approve, loaded) for s in scans]
+        scans = [_compare(store, s, approve, loaded, accept_findings) for s in scans]
     fail_on = loaded.fail_severity
     if output_format == "text":
         text = render_text(scans, fail_on, policy_path)

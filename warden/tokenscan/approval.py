@@ -22,6 +22,7 @@ class ToSave:
 
     manifest: Manifest
     token_ids_digest: str | None
+    accepted: tuple[str, ...] = ()  # fingerprints of the findings accepted with it
 
 
 @dataclass(frozen=True)
@@ -37,15 +38,36 @@ class Review:
     drift: tuple[Finding, ...] | None
 
 
+def fingerprint(f: Finding) -> str:
+    """What identifies a finding across scans of unchanged files: rule, file, key and message."""
+    return f"{f.id}|{f.path}|{f.key or ''}|{f.message}"
+
+
+def _accepted(scan: DirectoryScan, accepted: tuple[str, ...]) -> list[Finding]:
+    """The findings, those a person accepted at approval lowered to LOW and marked as accepted."""
+    keep = set(accepted)
+    return [
+        replace(f, severity=Severity.LOW, message=f"accepted at approval: {f.message}") if fingerprint(f) in keep else f
+        for f in scan.findings
+    ]
+
+
 def review(
-    loaded: Approval | ManifestError | None, scan: DirectoryScan, approve: bool, policy: TokenscanPolicy
+    loaded: Approval | ManifestError | None,
+    scan: DirectoryScan,
+    approve: bool,
+    policy: TokenscanPolicy,
+    accept_findings: bool = False,
 ) -> Review:
     """The approval decision for ``scan`` given ``loaded``: the directory's approval record,
     None when it has none, or the error of an unreadable record (the scan becomes incomplete).
 
     A scan without a manifest is neither compared nor approved. With ``approve`` (the CLI's
     ``--approve``, a person's decision after reading the scan's review report), a clean scan
-    (at ``policy.fail_severity``) is recorded, replacing any record, and nothing is compared.
+    (at ``policy.fail_severity``) is recorded, replacing any record, and nothing is compared;
+    with ``accept_findings`` too (``--approve --accept-findings``) a scan with findings is
+    recorded with the fingerprints of the findings accepted (:func:`fingerprint`): a later scan
+    lowers exactly those to LOW (marked accepted); any other finding keeps its severity.
     Without it, a scan is compared with its record; a directory with no record is *unapproved*
     (first sight): TS1103, low under ``policy.unapproved: warn``, high under ``block``. Nothing
     approves itself: the sidecar never passes ``approve``.
@@ -57,11 +79,15 @@ def review(
     if approve:
         if scan.outcome(policy.fail_severity) == 0:
             return Review(_copy(scan), ToSave(scan.manifest, scan.token_ids_digest), True, None)
+        if accept_findings and not scan.errors:
+            accepted = tuple(sorted({fingerprint(f) for f in scan.findings}))
+            save = ToSave(scan.manifest, scan.token_ids_digest, accepted)
+            return Review(_copy(scan, findings=_accepted(scan, accepted)), save, True, None)
         return Review(_copy(scan), None, loaded is not None, None)
     if loaded is None:
         return Review(_copy(scan, findings=[unapproved_finding(scan, policy), *scan.findings]), None, False, None)
     found = tuple(replace(f, root=scan.root) for f in approval_findings(loaded, scan.manifest, scan.token_ids_digest))
-    return Review(_copy(scan, findings=[*found, *scan.findings]), None, True, found)
+    return Review(_copy(scan, findings=[*found, *_accepted(scan, loaded.accepted)]), None, True, found)
 
 
 def _copy(scan: DirectoryScan, findings: list[Finding] | None = None, errors: list[str] | None = None) -> DirectoryScan:

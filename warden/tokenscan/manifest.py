@@ -207,6 +207,7 @@ class Approval(NamedTuple):
     manifest: Manifest
     approved_at: str
     token_ids_digest: str | None = None
+    accepted: tuple[str, ...] = ()  # fingerprints of the findings a person accepted (--accept-findings)
 
 
 def token_ids_finding(approved: str | None, current: str | None, approved_at: str = "") -> Finding | None:
@@ -247,15 +248,27 @@ class ApprovalStore:
             ids = raw.get("token_ids_digest")
             if not isinstance(ids, str) or raw.get("token_ids_corpus") != CORPUS_VERSION:
                 ids = None  # approved before digests were recorded, or with another corpus
-            return Approval(Manifest.from_dict(raw["manifest"]), str(raw.get("approved_at", "")), ids)
+            accepted = tuple(str(a) for a in raw.get("accepted_findings", ()))
+            return Approval(Manifest.from_dict(raw["manifest"]), str(raw.get("approved_at", "")), ids, accepted)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ManifestError(f"{path}: approval record unreadable ({exc}); delete it to re-approve") from None
 
-    def save(self, directory: str, manifest: Manifest, approved_at: str, token_ids_digest: str | None = None) -> None:
+    def save(
+        self,
+        directory: str,
+        manifest: Manifest,
+        approved_at: str,
+        token_ids_digest: str | None = None,
+        accepted: tuple[str, ...] = (),
+    ) -> None:
         os.makedirs(self.dir, exist_ok=True)
-        record = {"path": os.path.abspath(directory), "approved_at": approved_at, "manifest": manifest.to_dict()}
+        record: dict[str, Any] = {
+            "path": os.path.abspath(directory), "approved_at": approved_at, "manifest": manifest.to_dict()
+        }  # fmt: skip
+        if accepted:
+            record["accepted_findings"] = list(accepted)
         if token_ids_digest is not None:
             record |= {"token_ids_digest": token_ids_digest, "token_ids_corpus": CORPUS_VERSION}
         atomic_write_bytes(self._path(directory), json.dumps(record, indent=1, sort_keys=True).encode())

@@ -99,3 +99,25 @@ def test_first_sight_is_unapproved_warn_or_block_and_nothing_approves_itself():
     assert first.message.endswith("default system prompt: 'You are Qwen. Be helpful.'")
     with pytest.raises(ValueError, match="unapproved"):
         default_policy(unapproved="auto")
+
+
+def test_approve_despite_findings_is_explicit_and_covers_only_those(tmp_path):
+    from warden.tokenscan.approval import fingerprint
+    from warden.tokenscan.manifest import ApprovalStore
+
+    dirty = scan_of(dirty=True)
+    assert review(None, dirty, True, POLICY).save is None  # --approve alone: a finding blocks it
+    out = review(None, dirty, True, POLICY, accept_findings=True)
+    assert out.save is not None and out.save.accepted == (fingerprint(dirty.findings[0]),)
+    assert out.scan.outcome(POLICY.fail_severity) == 0 and "accepted at approval" in out.scan.findings[0].message
+    store = ApprovalStore(str(tmp_path))
+    store.save(ROOT, out.save.manifest, "2026-01-01T00:00:00Z", out.save.token_ids_digest, out.save.accepted)
+    record = store.load(ROOT)
+    assert record is not None and record.accepted == out.save.accepted
+    later = review(record, dirty, False, POLICY)  # the same finding again: accepted, not failing
+    assert later.scan.outcome(POLICY.fail_severity) == 0
+    new = finding("TS803", "tokenizer_config.json", "if on message content (line 3)")
+    grown = DirectoryScan(ROOT, [*dirty.findings, new], [], 3, 30, 0.1, APPROVED, "c" * 64)
+    later = review(record, grown, False, POLICY)  # a new finding keeps its severity
+    assert later.scan.outcome(POLICY.fail_severity) == 1
+    assert [f.severity for f in later.scan.findings if f.id == "TS803"] == [new.severity]
