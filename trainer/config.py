@@ -686,13 +686,16 @@ def validate_vllm(cfg: TrainerConfig, where: str, world_size: int) -> None:
 
 
 _GPU_UUID = re.compile(r"(?:GPU|MIG)-[0-9a-fA-F]{8}(?:-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}")
+_GPU_INDEX = re.compile(r"[0-9]{1,6}")  # ASCII digits only (str.isdigit accepts other scripts' digits)
 MAX_GPU_INDEX = 255
 
 
 def _is_index(device: Any) -> bool:
     if isinstance(device, bool):
         return False
-    return (isinstance(device, int) and device >= 0) or (isinstance(device, str) and device.isdigit())
+    return (isinstance(device, int) and device >= 0) or (
+        isinstance(device, str) and _GPU_INDEX.fullmatch(device) is not None
+    )
 
 
 def split_device_problem(devices: tuple[Any, ...], trainer_uuids: tuple[str, ...], world_size: int) -> str | None:

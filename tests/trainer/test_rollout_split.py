@@ -45,6 +45,7 @@ def _with(cfg, run=None, **rollout):
         ([256], (), 1, False),
         (["cpu", 2], (), 1, False),
         ([True], (), 1, False),
+        (["\u0663"], (), 1, False),  # an Arabic-Indic digit is no GPU index
     ],
 )
 def test_device_rules(devices, uuids, world, ok):
