@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 
+from warden.tokenscan.charsmap import charsmap_problem
 from warden.tokenscan.declared import config_tokens
 from warden.tokenscan.exercise import exercise
 from warden.tokenscan.gguf import GGUFError, read_strings
@@ -151,6 +152,9 @@ class Reader:
         problem = spm_order_problem(model)
         if problem and self.policy.behaviour.bpe_ids_follow_merges:
             self.snap.tokenizer_issues.append((rel, TokenizerIssue("order", problem)))
+        for blob in model.charsmaps:  # the normaliser rule of tokenizer.json's Precompiled (TS1209)
+            if why := charsmap_problem(blob):
+                self.snap.tokenizer_issues.append((rel, TokenizerIssue("rule", why)))
         return facts
 
     def _exercise_early(self, kind: str, path: str, digest: str, size: int) -> None:

@@ -33,6 +33,7 @@ class SentencePieceModel:
     pieces: tuple[str, ...]
     scores: tuple[float, ...] = ()
     types: tuple[int, ...] = ()
+    charsmaps: tuple[bytes, ...] = ()  # precompiled_charsmap of normalizer_spec, denormalizer_spec
 
 
 def order_problem(model: SentencePieceModel) -> str | None:
@@ -129,6 +130,7 @@ def parse_sentencepiece(data: bytes) -> SentencePieceModel:
     if not data:
         raise ProtobufError("empty file")
     pieces: list[tuple[str, float, int]] = []
+    charsmaps: list[bytes] = []
     for number, wire, value in fields(data):
         expected = _MODEL_FIELDS.get(number)
         if expected is None and number < 200:
@@ -141,10 +143,12 @@ def parse_sentencepiece(data: bytes) -> SentencePieceModel:
         elif number in (2, 3, 5):
             assert isinstance(value, bytes)
             check_message(value)
+            if number in (3, 5):  # NormalizerSpec: field 2 is precompiled_charsmap
+                charsmaps += [v for n, w, v in fields(value) if n == 2 and w == LEN and isinstance(v, bytes) and v]
     if not pieces:
         raise ProtobufError("no pieces (field 1) in the model")
     texts, scores, kinds = zip(*pieces, strict=True)
-    return SentencePieceModel(tuple(texts), tuple(scores), tuple(kinds))
+    return SentencePieceModel(tuple(texts), tuple(scores), tuple(kinds), tuple(charsmaps))
 
 
 def encode_varint(value: int) -> bytes:

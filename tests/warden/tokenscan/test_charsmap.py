@@ -69,3 +69,14 @@ def test_rewriting_rules_are_found(tmp_path: Path, source: str, target: str) -> 
 def test_malformed_blob_is_not_clean() -> None:
     assert cm.charsmap_problem(b"\xff\xff\x00\x00abc") is not None
     assert cm.charsmap_problem(b"\x01") is not None
+
+
+def test_a_sentencepiece_model_carries_its_charsmap_to_the_judge(tmp_path: Path) -> None:
+    from warden.tokenscan.spm import parse_sentencepiece
+
+    _charsmap(tmp_path, rules=f"{_hex('7')}\t{_hex('1')}\n")
+    model = parse_sentencepiece((tmp_path / "m.model").read_bytes())
+    assert model.charsmaps and cm.charsmap_problem(model.charsmaps[0]) is not None
+    _charsmap(tmp_path, "nmt_nfkc")
+    model = parse_sentencepiece((tmp_path / "m.model").read_bytes())
+    assert model.charsmaps and all(cm.charsmap_problem(b) is None for b in model.charsmaps)

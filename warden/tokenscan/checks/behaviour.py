@@ -13,6 +13,7 @@ RULE_OF_KIND = {
     "special": "TS1203",
     "added": "TS1204",
     "order": "TS1205",
+    "rule": "TS1209",  # a sentencepiece .model's charsmap rewrites text (judged as tokenizer.json's)
     "timeout": "TS1206",
     "lookalike": "TS1004",
     "ordinary": "TS1005",
