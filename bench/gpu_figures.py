@@ -39,6 +39,12 @@ import yaml
 SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>")
 FULL = {"vocab": 32000, "hidden": 1024, "layers": 24, "heads": 16, "mlp": 4096, "batch": 64, "tokens": 256, "micro": 16}
 TINY = {"vocab": 1000, "hidden": 64, "layers": 2, "heads": 2, "mlp": 128, "batch": 8, "tokens": 12, "micro": 4}
+# --lora-8b: the Llama-3-8B shape (hidden 4096, 32 layers, 32 query / 8 KV heads, MLP 14336) on the
+# script's own 32k vocabulary (Llama 3's is 128k; no tokenizer of that size is built offline here).
+LORA_8B = {"vocab": 32000, "hidden": 4096, "layers": 32, "heads": 32, "kv_heads": 8, "mlp": 14336}
+LORA_8B.update({"batch": 64, "tokens": 256, "micro": 8})
+LORA_TINY = dict(TINY, kv_heads=1)
+LORA = {"rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
 
 
 def log(msg: str) -> None:
@@ -89,7 +95,7 @@ def llama_config(size: dict, tokenizer: Any, **extra: Any) -> Any:
         intermediate_size=size["mlp"],
         num_hidden_layers=size["layers"],
         num_attention_heads=size["heads"],
-        num_key_value_heads=size["heads"],
+        num_key_value_heads=size.get("kv_heads", size["heads"]),
         max_position_embeddings=1024,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -99,8 +105,9 @@ def llama_config(size: dict, tokenizer: Any, **extra: Any) -> Any:
     )
 
 
-def build_assets(root: str, size: dict, device: str, dtype: torch.dtype) -> dict[str, Any]:
-    """Tokenizer, policy (saved in ``dtype``), a tiny reward classifier for TRL, and prompts."""
+def build_assets(root: str, size: dict, device: str, dtype: torch.dtype, reward: bool = True) -> dict[str, Any]:
+    """Tokenizer, policy (built and saved in ``dtype``: an 8B model never exists in float32), a tiny
+    reward classifier for TRL (``reward``), and prompts."""
     from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 
     from trainer.assets import WORDS
@@ -109,15 +116,23 @@ def build_assets(root: str, size: dict, device: str, dtype: torch.dtype) -> dict
     model_dir, reward_dir = os.path.join(root, "policy"), os.path.join(root, "reward")
     tokenizer = build_tokenizer(model_dir, size["vocab"], 30000 if size["vocab"] > 5000 else 3000)
     torch.manual_seed(0)
-    with torch.device(device):
-        policy = LlamaForCausalLM(llama_config(size, tokenizer)).to(dtype)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            policy = LlamaForCausalLM(llama_config(size, tokenizer))
+    finally:
+        torch.set_default_dtype(default)
     params = sum(p.numel() for p in policy.parameters())
     policy.save_pretrained(model_dir, safe_serialization=True)
     del policy
-    tiny = {"hidden": 64, "mlp": 128, "layers": 1, "heads": 2}
-    reward = LlamaForSequenceClassification(llama_config(tiny, tokenizer, num_labels=1)).to(dtype)
-    reward.save_pretrained(reward_dir, safe_serialization=True)
-    tokenizer.save_pretrained(reward_dir)
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    if reward:
+        tiny = {"hidden": 64, "mlp": 128, "layers": 1, "heads": 2}
+        classifier = LlamaForSequenceClassification(llama_config(tiny, tokenizer, num_labels=1)).to(dtype)
+        classifier.save_pretrained(reward_dir, safe_serialization=True)
+        tokenizer.save_pretrained(reward_dir)
     rng = random.Random(1)
     prompts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 16))) for _ in range(8 * size["batch"])]
     prompt_file = os.path.join(root, "prompts.jsonl")
@@ -138,11 +153,13 @@ def summary(steps: list[dict[str, float]], tokens: list[int], peak: int) -> dict
 
 
 # -- ours -----------------------------------------------------------------------------------
-def run_ours(assets: dict, size: dict, args: argparse.Namespace, root: str) -> dict[str, Any]:
+def run_ours(assets: dict, size: dict, args: argparse.Namespace, root: str, lora: dict | None = None) -> dict[str, Any]:
+    """Our PPO steps; with ``lora`` (``model.lora``, shared critic) also one synchronous checkpoint
+    after the timed steps: its wall time and size (adapters, value head and their optimizer state)."""
     from trainer.config import load_config
     from trainer.core import PPOTrainer
 
-    raw = {
+    raw: dict[str, Any] = {
         "version": 1,
         "run": {"seed": 1, "device": args.device, "metrics_port": 0, "console": False},
         "model": {"actor_path": assets["model"], "dtype": args.dtype},
@@ -164,9 +181,11 @@ def run_ours(assets: dict, size: dict, args: argparse.Namespace, root: str) -> d
             "critic_lr": 1e-6,
         },
         "snapshot": {"top_k": 4},
-        "checkpoint": {"every_steps": 0},
+        "checkpoint": {"every_steps": 0, "async_save": "off"},
         "max_steps": 1000,
     }
+    if lora:
+        raw["model"]["lora"] = dict(lora, critic="shared")
     path = os.path.join(root, "ours.yaml")
     with open(path, "w") as fh:
         yaml.safe_dump(raw, fh)
@@ -193,13 +212,32 @@ def run_ours(assets: dict, size: dict, args: argparse.Namespace, root: str) -> d
             steps.append(row)
             tokens.append(result.metrics["response_tokens"])
     peak = torch.cuda.max_memory_allocated() if args.device == "cuda" else 0
+    saved = time_checkpoint(trainer, args.device) if lora else None
     static = bool(getattr(trainer.rollout, "static", False)) and not getattr(trainer.rollout, "static_failed", False)
     log(f"ours rollout: {'static KV cache, compiled forward' if static else 'dynamic KV cache'}")
     trainer.close()
     del trainer
     out = summary(steps, tokens, peak)
     out["rollout_path"] = "static" if static else "dynamic"
+    if saved:
+        out.update(saved)
     return out
+
+
+def time_checkpoint(trainer: Any, device: str) -> dict[str, float]:
+    """One synchronous save (``checkpoint.async_save: off``): seconds from the call to the durable
+    directory, and the directory's bytes."""
+    sync(device)
+    t0 = time.perf_counter()
+    trainer.save_checkpoint()
+    trainer.saver.settle()
+    seconds = time.perf_counter() - t0
+    from trainer.checkpoint import step_dir_name
+
+    folder = os.path.join(trainer.paths.checkpoint_root, step_dir_name(trainer.step))
+    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder) for f in files)
+    log(f"ours checkpoint {os.path.basename(folder)}: {size / 2**20:.1f} MiB in {seconds:.2f}s")
+    return {"checkpoint_s": seconds, "checkpoint_mib": size / 2**20}
 
 
 # -- TRL ------------------------------------------------------------------------------------
@@ -364,6 +402,66 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
     return env
 
 
+def run_468m(results: dict[str, Any], size: dict, args: argparse.Namespace, root: str) -> None:
+    """Ours, then TRL, on the 468M model (the anchor of every other figure of the call)."""
+    assets = build_assets(root, size, args.device, getattr(torch, args.dtype))
+    results["params"] = assets["params"]
+    results["ours"] = run_ours(assets, size, args, root)
+    free_device(args.device)
+    results["trl"] = None
+    if args.device == "cuda":
+        log(f"GPU memory still allocated before TRL: {torch.cuda.memory_allocated() / 2**30:.2f} GiB")
+    if not args.skip_trl:
+        try:
+            results["trl"] = run_trl(assets, size, args, root)
+        except Exception as exc:  # report what broke, keep our figures
+            import traceback
+
+            traceback.print_exc()
+            results["trl_error"] = f"{type(exc).__name__}: {exc}"
+    free_device(args.device)
+
+
+def run_lora_8b(size: dict, args: argparse.Namespace, root: str) -> dict[str, Any]:
+    """LoRA PPO (``LORA`` adapters, shared critic) on a random-init model of ``size``, base in ``--dtype``."""
+    t0 = time.perf_counter()
+    assets = build_assets(root, size, args.device, getattr(torch, args.dtype), reward=False)
+    built = time.perf_counter() - t0
+    out = run_ours(assets, size, args, root, lora=LORA)
+    out.update(params=assets["params"], build_s=built, lora=LORA, size=size)
+    free_device(args.device)
+    return out
+
+
+def lora_table(r: dict[str, Any]) -> str:
+    rows = [
+        ("parameters (base)", f"{r['params'] / 1e9:.2f} B"),
+        ("step s", f"{r['step_s']:.2f}"),
+        ("  generation s", f"{r['generation_s']:.2f}"),
+        ("  scoring s", f"{r['scoring_s']:.2f}"),
+        ("  update s", f"{r['update_s']:.2f}"),
+        ("response tokens per step", f"{r['tokens']:.0f}"),
+        ("generation tokens/s", f"{r['gen_tokens_per_s']:.0f}"),
+        ("step tokens/s", f"{r['step_tokens_per_s']:.0f}"),
+        ("peak GPU memory GiB", f"{r['peak_gib']:.1f}"),
+        ("checkpoint MiB", f"{r['checkpoint_mib']:.1f}"),
+        ("checkpoint save s", f"{r['checkpoint_s']:.2f}"),
+    ]
+    return "\n".join(f"{label:<28}{value:>12}" for label, value in rows)
+
+
+def free_device(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def save_results(path: str, results: dict[str, Any]) -> None:
+    """After every phase: a call cut short at its time limit still returns what it measured."""
+    with open(path, "w") as fh:
+        json.dump(results, fh, indent=2, default=str)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="tiny sizes: checks the script in seconds")
@@ -372,6 +470,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--skip-468m", action="store_true", help="only the --lora-8b phase")
+    parser.add_argument(
+        "--lora-8b", action="store_true", help="then LoRA PPO on an 8B-shaped Llama (with --tiny: a tiny one)"
+    )
     parser.add_argument(
         "--static-cache", default="auto", choices=("auto", "on", "off"), help="ours: rollout.static_cache"
     )
@@ -381,28 +483,21 @@ def main() -> None:
     os.makedirs(out_dir, exist_ok=True)
     results: dict[str, Any] = {"environment": environment(args), "size": size, "args": vars(args)}
     log(f"environment: {results['environment']}")
-    with tempfile.TemporaryDirectory() as root:
-        assets = build_assets(root, size, args.device, getattr(torch, args.dtype))
-        results["params"] = assets["params"]
-        results["ours"] = run_ours(assets, size, args, root)
-        gc.collect()
-        if args.device == "cuda":
-            torch.cuda.empty_cache()
-        results["trl"] = None
-        if args.device == "cuda":
-            log(f"GPU memory still allocated before TRL: {torch.cuda.memory_allocated() / 2**30:.2f} GiB")
-        if not args.skip_trl:
-            try:
-                results["trl"] = run_trl(assets, size, args, root)
-            except Exception as exc:  # report what broke, keep our figures
-                import traceback
-
-                traceback.print_exc()
-                results["trl_error"] = f"{type(exc).__name__}: {exc}"
+    path = os.path.join(out_dir, "gpu_figures.json")
+    if not args.skip_468m:
+        with tempfile.TemporaryDirectory() as root:
+            run_468m(results, size, args, root)
+        save_results(path, results)
+    if args.lora_8b:
+        with tempfile.TemporaryDirectory() as root:
+            results["lora_8b"] = run_lora_8b(LORA_TINY if args.tiny else LORA_8B, args, root)
+        save_results(path, results)
+        print("\n" + lora_table(results["lora_8b"]))
+    if args.skip_468m:
+        return
     text = table(results["ours"], results["trl"])
     results["table"] = text
-    with open(os.path.join(out_dir, "gpu_figures.json"), "w") as fh:
-        json.dump(results, fh, indent=2, default=str)
+    save_results(path, results)
     shape = f"{size['batch']}x{size['tokens']}"
     print(f"\n{results['params'] / 1e6:.0f}M-parameter Llama, {shape}, {args.dtype}, median of {args.steps} steps")
     print(text)
