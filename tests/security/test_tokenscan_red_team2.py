@@ -663,6 +663,14 @@ BENIGN: dict[str, tuple[str, Callable[[Path], None]]] = {
     "phi4 with {% generation %} blocks": ("phi4", lambda d: fam._set_template(d, GENERATION_TEMPLATE)),
 }
 
+# Caught at 12:45 only because an uncommitted run-time taint change (sandbox_child.py) was in the
+# working tree; that change flagged the gpt-oss family and was not merged (branch wip/tokenscan-taint).
+# Missed on main (re-run 13:35 UTC on a clean tree).
+WIP_ONLY = (
+    "caught only with the unmerged run-time taint change (every str method of Probe tainted, filters "
+    "over tainted sequences recorded; branch wip/tokenscan-taint): on main the copy, filter or clock "
+    "value leaves the taint behind and the static check sees no if"
+)
 MISSES: dict[str, str] = {  # measured 12:37 and again 12:45 UTC, same misses (name -> mechanism the scanner lacks)
     "dict .get keyed on a ''.join copy": "content copied to a plain str (''.join([content])) leaves the run-time taint (Probe) behind; the static check sees no if; the dict lookup is on a plain str",
     "range over a bool of a str.format copy": "content copied to a plain str ('{}'.format(content) returns the format string's type) leaves the run-time taint (Probe) behind; the static check sees no if; range() over the bool is not judged",
@@ -700,6 +708,17 @@ MISSES: dict[str, str] = {  # measured 12:37 and again 12:45 UTC, same misses (n
     "uniform 400k-word render (quadratic word diff)": "the battery judge runs in the scanner process, unbounded by the scan deadline: difflib word diffs (autojunk off) of a 400k-word uniform render are quadratic; the scan ran past 20 s with a 5 s budget",
     "day-name word backtracking the date-word pattern": "DATE_WORD_RE nests quantifiers ((mon[a-z]*)*): a 'monmon...mon\u00e9' word that only a generated developer shape shows backtracks exponentially in the scanner process; the scan ran past 20 s with a 5 s budget",
     "model_input_names without attention_mask": "model_input_names is not judged: the tokenizer stops returning attention_mask",
+    "and/or on a str.ljust copy": WIP_ONLY,
+    "repetition by membership in a translate() copy": WIP_ONLY,
+    "slice bound by startswith on a copy": WIP_ONLY,
+    "namespace words |select equalto": WIP_ONLY,
+    "|map('e')|select over all contents": WIP_ONLY,
+    "|batch|map('join') prefix": WIP_ONLY,
+    "|dictsort|selectattr keyed on content": WIP_ONLY,
+    "str.isdigit repetition": WIP_ONLY,
+    "str.istitle short-circuit": WIP_ONLY,
+    "continue_final_message tag in content": WIP_ONLY,
+    "minute-of-day time bomb": WIP_ONLY,
 }
 
 
