@@ -869,8 +869,6 @@ def test_scan_ends_within_its_deadline(robust_runs: dict[str, dict[str, Any] | N
 BENIGN_FLAGGED = {
     "qwen2.5 in a tokenizer/ subfolder": "TS1001 eos_token is not defined: the root without a tokenizer of its own "
     "is judged as one, though the loader reads tokenizer/ (subfolder=)",
-    "qwen2.5 with fast_tokenizer_files copy": "TS702 internal key '_': the versioned tokenizer.<v>.json is read as a "
-    "config and its vocabulary's '_'-words are reported as private keys",
 }
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from warden.tokenscan.chat_template import RenderResult, TemplateIssue
 from warden.tokenscan.manifest import Manifest
+from warden.tokenscan.pipeline_rules import looks_like_tokenizer
 from warden.tokenscan.reads import ReadLog
 from warden.tokenscan.sniff import Sniff
 from warden.tokenscan.template_battery import BehaviourIssue
@@ -22,6 +23,10 @@ from warden.tokenscan.tree import Entry
 
 DATA_JSON_NAMES = frozenset({"tokenizer.json", "vocab.json", "added_tokens.json"})
 TOKENIZER_FILES = frozenset({"tokenizer_config.json", "tokenizer.json", "tokenizer.model", "special_tokens_map.json"})
+# Names a loader reads as configuration: always config, whatever their content looks like.
+LOADER_CONFIG_NAMES = frozenset(
+    {"tokenizer_config.json", "special_tokens_map.json", "config.json", "generation_config.json", "chat_template.json"}
+)
 
 
 def is_config_json(rel: str) -> bool:
@@ -38,6 +43,13 @@ class JsonDoc:
 
     @property
     def config(self) -> bool:
+        """Config-like, by name and then by content: a ``tokenizers`` serialisation under another
+        name (a ``fast_tokenizer_files`` target such as ``tokenizer.4.57.0.json``) is data, like
+        ``tokenizer.json``; a name the loader reads as configuration stays config whatever it holds."""
+        if os.path.basename(self.rel) in LOADER_CONFIG_NAMES:
+            return True
+        if self.error is None and looks_like_tokenizer(self.data):
+            return False
         return is_config_json(self.rel)
 
 

@@ -297,3 +297,17 @@ def test_a_fifo_swapped_in_is_refused_not_waited_on(tmp_path):
     with pytest.raises(OSError, match="not a regular file"):
         sniff_file(str(fifo), 0, 1 << 20)
     assert time.perf_counter() - start < 1.0
+
+
+def test_json_is_config_by_loader_name_then_by_content() -> None:
+    """A tokenizers serialisation under another name (fast_tokenizer_files) is data, like tokenizer.json;
+    a name the loader reads as configuration keeps its key checks whatever its content looks like."""
+    from warden.tokenscan.snapshot import LOADER_CONFIG_NAMES, JsonDoc
+
+    shaped = {"model": {"type": "BPE", "vocab": {"_private": 0}}, "added_tokens": [], "_hidden": 1}
+    assert not JsonDoc("tokenizer.4.57.0.json", shaped).config
+    assert not JsonDoc("tokenizer.json", shaped).config
+    for name in sorted(LOADER_CONFIG_NAMES):
+        assert JsonDoc(f"sub/{name}", shaped).config, name
+    assert JsonDoc("extra.json", {"_hidden": 1}).config
+    assert JsonDoc("broken.json", None, error="bad").config
