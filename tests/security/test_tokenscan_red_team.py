@@ -187,8 +187,6 @@ TEMPLATE_ATTACKS: dict[str, TemplateAttack] = {
         _in_loop("{% if loop.last and not strftime_now('%Z') %}{{ " + P + " }}{% endif %}"),
         [{"role": "system", "content": "be brief"}, *_user("hello")],
         None,
-        miss="transformers' strftime_now formats a naive datetime.now() ('%Z' and '%z' are ''), the sandbox "
-        "formats time.gmtime ('GMT', '+0000'): every real render gets the payload, no scanned render does",
     ),
     # --- loader resolution: the template transformers picks -----------------------------------
     "named tool_use template injecting after the system turn": TemplateAttack(

@@ -690,7 +690,9 @@ MISSES: dict[str, str] = {  # measured 12:37 and again 12:45 UTC, same misses (n
     "dict global is TemplateDict": "sandbox parity: transformers 5 binds dict to TemplateDict, the sandbox keeps jinja's dict type",
     "namespace global is TemplateNamespace": "sandbox parity: transformers 5 binds namespace to TemplateNamespace, the sandbox keeps jinja's Namespace",
     "additional_special_tokens undefined in transformers 5": "loader context defines additional_special_tokens; transformers 5 passes only the named special tokens (special_tokens_map), and the 5.x context is not rendered separately",
-    "strftime_now('%f') microseconds": "sandbox strftime_now formats with time.strftime (no %f: literal '%f'); transformers uses datetime.now().strftime",
+    "strftime_now('%f') microseconds": "the sandbox's strftime_now now formats a naive datetime as transformers does "
+    "(so '%f' is digits), but the payload then renders unconditionally before the first message, where text "
+    "is read as a vendor default system prompt (review only)",
     "small-int identity of lengths": "ProbeInt lengths are fresh objects: 'is sameas' between two lengths is False only in the sandbox",
     "poisoned default system prompt": "text before the first message without a system message is a vendor default (review only); only keyword rules judge it",
     "homoglyph instruction in the default prompt": "INJECTION_RE runs on NFKC text, which keeps Cyrillic letters: a homoglyph-spelled instruction passes",

@@ -29,6 +29,7 @@ loopcontrols, ``{% generation %}``, ``raise_exception``, ``tojson``, ``strftime_
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import resource
@@ -300,12 +301,18 @@ def _environment() -> Any:
     env = Recording(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: Probe(time.strftime(str(fmt), time.gmtime(NOW[0])), "date")
+    # As transformers: a naive datetime's strftime (so '%Z' and '%z' are '', '%f' is microseconds).
+    env.globals["strftime_now"] = lambda fmt: Probe(_naive_now().strftime(str(fmt)), "date")
     _keep_taint(env)
     return env
 
 
 NOW = [1767225600.0]
+
+
+def _naive_now() -> datetime.datetime:
+    """The render's clock (``NOW``, set per request) as the naive datetime transformers' strftime_now formats."""
+    return datetime.datetime.fromtimestamp(NOW[0], datetime.UTC).replace(tzinfo=None)
 
 
 def _stream(template: Any, context: dict[str, Any], cap: int) -> tuple[str, bool]:
