@@ -7,6 +7,7 @@ No model hub is contacted. The directory is complete only when ``assets.json`` e
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
@@ -155,14 +156,25 @@ def ensure_tiny_assets(spec: TinyAssets, seed: int = 0) -> AssetPaths:
     marker = os.path.join(build_dir, "assets.json")
     if os.path.exists(marker):
         return paths
+    os.makedirs(root, exist_ok=True)
+    # Ranks of one torchrun (and tests side by side) share the cache: one builds, the others wait
+    # on the lock and then find the marker. A lock held by a dead process is released by the kernel.
+    with open(build_dir + ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(marker):
+            _build(build_dir, paths, spec, seed)
+    return paths
+
+
+def _build(build_dir: str, paths: AssetPaths, spec: TinyAssets, seed: int) -> None:
+    """Builds every asset afresh into ``build_dir``; the marker is written last."""
     shutil.rmtree(build_dir, ignore_errors=True)
     os.makedirs(build_dir)
     build_tokenizer(paths.tokenizer_dir, spec.vocab_size, seed)
     build_model(paths.model_dir, paths.tokenizer_dir, spec, seed)
     build_prompts(paths.prompts_file, spec.num_prompts, seed)
     build_arithmetic(paths.arithmetic_file, spec.num_prompts, seed)
-    atomic_write_bytes(marker, json.dumps(asdict(paths), indent=2).encode())
-    return paths
+    atomic_write_bytes(os.path.join(build_dir, "assets.json"), json.dumps(asdict(paths), indent=2).encode())
 
 
 def hash_text(text: str) -> int:

@@ -71,6 +71,7 @@ class Reverification:
         self._next_round = 0.0
         self._invalid: set[str] = {e.candidate.path for e in self.resumed.entries()}  # verified on the first check
         self._pruned: set[str] = set()
+        self._verified: set[str] = set()  # paths verify_one judged in this process
         state.metrics.invalid.set(len(self._invalid))
 
     def check(self, now: float, first: bool) -> ExitCode:
@@ -99,8 +100,13 @@ class Reverification:
         return outcome
 
     def _recheck_failed_resumes(self) -> ExitCode:
+        """Verifies again the resumed checkpoints a previous process found failed. One this process
+        already judged (its ``run.resumed`` was handled before the first check) is not verified
+        twice: each verification counts one failure, whatever the order of events and checks."""
         outcome = ExitCode.OK
         for entry in self.resumed.entries():
+            if entry.candidate.path in self._verified:
+                continue
             if self.state.stop.is_set():
                 return max(outcome, ExitCode.INCOMPLETE)
             try:
@@ -151,6 +157,7 @@ class Reverification:
         that run and step. Raises HashingCancelled when the signer is stopping (nothing counted).
         """
         resumed = resumed or self._resumed_of(candidate.path)
+        self._verified.add(candidate.path)
         unsafe = not_a_directory(candidate.path)
         if unsafe is not None:
             message = f"{candidate.path} is {unsafe}, not a checkpoint directory; it is never verified"
@@ -164,6 +171,7 @@ class Reverification:
             self._gone(candidate.path)
             return PRUNED, ExitCode.OK
         except HashingCancelled:
+            self._verified.discard(candidate.path)
             raise
         except SignerError as exc:
             count(self.state, exc, candidate.path)

@@ -183,6 +183,27 @@ def test_a_flipped_byte_pages_names_run_and_step_and_outlives_a_restart(signer, 
     third.journal.close()
 
 
+def test_a_resume_handled_before_the_first_check_is_verified_once(signer):
+    # The run.resumed can arrive in the same loop pass as startup, before the first check: that
+    # check re-verifies what a previous process left failed, not what this one already judged.
+    two = signer.save(2)
+    flip(two / "actor" / "model.safetensors")
+    os.symlink(two, signer.checkpoints / "step-000000006")
+    assert signer.resume(RunResumed(from_step=2, checkpoint=str(two)), step=2) is ExitCode.VIOLATION
+    assert signer.resume(RunResumed(from_step=6, checkpoint=str(signer.checkpoints / "step-000000006")), step=6) is (
+        ExitCode.VIOLATION
+    )
+    assert signer.reverify.check(time.time(), first=True) is ExitCode.OK
+    assert signer.value("warden_signer_verifications_total", result="failed") == 2
+    assert signer.value("warden_signer_verify_failures_total", reason="files_mismatch") == 1
+    assert signer.value("warden_signer_verify_failures_total", reason="unsafe_path") == 1
+    assert signer.invalid == 2  # still paging
+    again = signer.restart()  # a new process verifies both again on its first check
+    assert again.reverify.check(time.time(), first=True) is ExitCode.VIOLATION
+    assert again.value("warden_signer_verifications_total", result="failed") == 2
+    again.journal.close()
+
+
 def test_a_failed_resumed_checkpoint_is_in_every_periodic_round(tmp_path):
     signer = make_signer(tmp_path / "run", policy=SignerPolicy(sign_run_checkpoints=False))
     outside = signer.save(3, root=tmp_path / "elsewhere")  # signed from its event, no root watches it
