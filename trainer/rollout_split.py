@@ -413,24 +413,14 @@ class SplitVLLMEngine:
     def generate(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, plan: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        from trainer.rollout_vllm import pack_outputs, prompt_rows
+        from trainer.rollout_vllm import pack_outputs, prompt_rows, sampling_params
 
         roll = self.cfg.rollout
         rows = prompt_rows(prompt_ids, prompt_mask)
         gen = torch.Generator().manual_seed(plan.seed)  # one seed per request, from the step's seed
         seeds = torch.randint(0, 2**31 - 1, (plan.total or len(rows),), generator=gen)[plan.offset :].tolist()
         params = [
-            self.sampling_params(
-                n=1,
-                temperature=plan.temperature,
-                top_p=roll.top_p,
-                top_k=roll.top_k,
-                max_tokens=roll.max_new_tokens,
-                stop_token_ids=self.stop_ids,
-                logprobs=0,
-                seed=seed,
-                detokenize=False,
-            )
+            sampling_params(self.sampling_params, roll, self.stop_ids, seed, plan.temperature)
             for seed in seeds[: len(rows)]
         ]
         outputs = self.llm.generate([{"prompt_token_ids": r} for r in rows], params, use_tqdm=False)

@@ -102,6 +102,23 @@ def engine_kwargs(cfg: TrainerConfig, model_dir: str, model_config: Any, on_cpu:
     return kwargs
 
 
+def sampling_params(factory: Any, roll: Any, stop_ids: Sequence[int], seed: int, temperature: float) -> Any:
+    """vLLM ``SamplingParams`` (``factory``) for one request of a rollout: one sample of at most
+    ``max_new_tokens`` with the sampled token's log-prob, token ids only, seeded per request."""
+    return factory(
+        n=1,
+        temperature=temperature,
+        top_p=roll.top_p,
+        top_k=roll.top_k,
+        max_tokens=roll.max_new_tokens,
+        min_tokens=0,
+        stop_token_ids=list(stop_ids),
+        logprobs=0,  # the sampled token's log-prob only
+        seed=seed,
+        detokenize=False,
+    )
+
+
 def prompt_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> list[list[int]]:
     """The unpadded token ids of each left-padded prompt row."""
     ids, mask = prompt_ids.cpu(), prompt_mask.cpu().bool()
@@ -211,19 +228,7 @@ class VLLMRollout:
         self.last_sync_s = time.perf_counter() - t0
 
     def _params(self, seed: int) -> Any:
-        roll = self.roll
-        return self._sampling_params(
-            n=1,
-            temperature=roll.temperature,
-            top_p=roll.top_p,
-            top_k=roll.top_k,
-            max_tokens=roll.max_new_tokens,
-            min_tokens=0,
-            stop_token_ids=list(self.stop_ids),
-            logprobs=0,  # the sampled token's log-prob only
-            seed=seed,
-            detokenize=False,
-        )
+        return sampling_params(self._sampling_params, self.roll, self.stop_ids, seed, self.roll.temperature)
 
     @torch.no_grad()
     def generate_with_logprobs(
