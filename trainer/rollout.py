@@ -14,9 +14,11 @@ noise drawn for the *whole* global batch from a generator seeded by the step
 prompt, the seed and its global row index: two ranks that each generate half the batch get
 the responses one process would.
 
-On CUDA (``rollout.static_cache`` auto/on) ``generate`` uses a static KV cache, which
-transformers compiles; prompts are padded to ``data.max_prompt_tokens`` so the shapes never
-change. A failure of that path falls back to the dynamic cache, with a log line. With a
+On CUDA (``rollout.static_cache`` auto/on) sampling runs Warden's own decode loop
+(:mod:`trainer.decode`: a static KV cache, each token step replayed from a CUDA graph, the same
+:class:`SeededSampling` on the same logits) instead of ``generate``; prompts are padded to
+``data.max_prompt_tokens`` so the shapes never change. A failure of that path falls back to
+``generate`` with the dynamic cache, with a log line. With a
 low-precision ``model.dtype`` the engine samples from its own copy of the actor in that
 dtype (the trained actor keeps float32 master weights), refreshed in place after each update.
 """
@@ -153,6 +155,7 @@ class HFRollout:
         device = next(actor.parameters()).device
         self.static = use_static_cache(cfg, device)
         self.static_failed = False  # the caller pads prompts to data.max_prompt_tokens while static
+        self.decoder: Any = None  # trainer.decode.StaticDecoder, made on the first static rollout
 
     def _copy(self, actor: Any) -> Any:
         model = copy.deepcopy(actor).to(self.dtype).eval()
@@ -184,6 +187,17 @@ class HFRollout:
             "top_k": None,
         }
 
+    def _decode(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
+        """``(B, P + T)`` prompts and responses from :class:`~trainer.decode.StaticDecoder`, as ``generate`` gives."""
+        from trainer.decode import StaticDecoder
+
+        if self.decoder is None:
+            graphs = prompt_ids.device.type == "cuda"
+            self.decoder = StaticDecoder(self.model, self.cfg.max_new_tokens, self.stop_ids, self.pad_id, graphs)
+        [sampling] = kwargs["logits_processor"]
+        responses = self.decoder.generate(prompt_ids, prompt_mask, lambda logits: sampling(None, logits))
+        return torch.cat([prompt_ids, responses.to(prompt_ids.dtype)], dim=1)
+
     def _generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, kwargs: dict[str, Any]) -> torch.Tensor:
         from transformers import StoppingCriteriaList
 
@@ -197,11 +211,10 @@ class HFRollout:
         try:
             if self.static and not self.static_failed:
                 try:
-                    return self.model.generate(
-                        input_ids=prompt_ids, attention_mask=prompt_mask, cache_implementation="static", **kwargs
-                    )
-                except Exception as exc:  # any failure of the compiled path: the dynamic cache still works
+                    return self._decode(prompt_ids, prompt_mask, kwargs)
+                except Exception as exc:  # any failure of the graph path: the dynamic cache still works
                     self.static_failed = True
+                    self.decoder = None
                     log.warning(
                         "static-cache rollout failed (%s: %s); falling back to the dynamic cache",
                         type(exc).__name__,
