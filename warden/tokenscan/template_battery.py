@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import difflib
 import re
-import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from warden.tokenscan import confusables
 from warden.tokenscan.chat_template import INJECTION_RE, INVISIBLE_RE, TAG_RE, URL_RE, residual_text
 
 DEFAULT_NOW = 1767225600  # 2026-01-01
@@ -224,7 +224,7 @@ def _text_issues(
     out = []
     if INVISIBLE_RE.search(added):
         out.append(BehaviourIssue("invisible", f"the {name!r} render contains invisible or bidi characters"))
-    folded = unicodedata.normalize("NFKC", INVISIBLE_RE.sub("", added))
+    folded = confusables.fold_keep_case(INVISIBLE_RE.sub("", added))
     hit = INJECTION_RE.search(folded)
     if hit:
         around = folded[max(0, hit.start() - 40) : hit.end() + 40]
@@ -481,33 +481,13 @@ def judge(
 
 
 # -- lookalike role markup ------------------------------------------------------------------------
-CONFUSABLE = str.maketrans(
-    {
-        **dict.fromkeys("｜∣│┃ǀ￨❘ⵏ⏐︱︳।", "|"),
-        **dict.fromkeys("＜‹〈⟨˂ᐸ❮﹤", "<"),
-        **dict.fromkeys("＞›〉⟩˃ᐳ❯﹥", ">"),
-        **dict.fromkeys("［⟦〚", "["),
-        **dict.fromkeys("］⟧〛", "]"),
-        **dict.fromkeys("＿‗﹍﹎﹏▁", "_"),
-        **dict.fromkeys("‐‑‒–—―−﹣－", "-"),
-        "а": "a", "е": "e", "о": "o", "р": "p", "с": "c", "у": "y", "х": "x", "і": "i", "ј": "j", "ѕ": "s",
-        "һ": "h", "ԁ": "d", "ԛ": "q", "ԝ": "w", "ɡ": "g", "ı": "i", "ο": "o", "α": "a", "ε": "e", "ι": "i",
-        "κ": "k", "ν": "v", "ρ": "p", "τ": "t", "υ": "u", "χ": "x", "ѵ": "v", "ℓ": "l", "Ι": "i", "Ο": "o",
-        "Α": "a", "Ε": "e", "Τ": "t", "Μ": "m", "Ν": "n", "Κ": "k", "Χ": "x", "Ρ": "p", "Β": "b", "Н": "h",
-        "М": "m", "Т": "t", "В": "b", "К": "k", "А": "a", "Е": "e", "О": "o", "Р": "p", "С": "c", "Х": "x",
-    }
-)  # fmt: skip
 MARKUP_CHARS = set("<>|[]")
 
 
 def _skeleton_char(ch: str) -> str:
     """One character folded to what it looks like (NFKC, a table of confusables, case): one
     character out for one in, so positions in a skeleton are positions in the text."""
-    folded = unicodedata.normalize("NFKC", ch).translate(CONFUSABLE)
-    if len(folded) != 1:
-        folded = ch.translate(CONFUSABLE)
-    low = folded.lower()
-    return low if len(low) == 1 else folded
+    return confusables.fold_char(ch)
 
 
 def skeleton(text: str) -> str:

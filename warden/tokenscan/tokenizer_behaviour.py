@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warden.tokenscan import chat_template as ct
+from warden.tokenscan import confusables
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tokenizer_child.py")
 CHILD_ENV = {"RAYON_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"}
@@ -322,13 +323,10 @@ def rewrite_rules(tok: Mapping[str, Any]) -> list[TokenizerIssue]:
     return out
 
 
-CONFUSABLES = str.maketrans("аеорсухіјѕԁӏАВЕКМНОРСТХІЈЅ", "aeopcyxijsdlABEKMHOPCTXIJS")
-
-
 def skeleton(token: str) -> str:
-    """``token`` without invisible characters, NFKC-folded, Cyrillic look-alikes mapped to Latin."""
+    """``token`` without invisible characters, folded to what it looks like (:func:`.confusables.fold`)."""
     visible = "".join(ch for ch in token if unicodedata.category(ch) not in ("Cf", "Mn", "Zs") or ch == " ")
-    return unicodedata.normalize("NFKC", visible).translate(CONFUSABLES).casefold()
+    return confusables.fold(visible)
 
 
 def special_token_problems(declared: Mapping[str, str | None], known: Iterable[str]) -> list[TokenizerIssue]:
