@@ -3,16 +3,22 @@
 :data:`JUDGES` is the one table: for each section (normalizer, pre_tokenizer, decoder,
 post_processor) it maps a rule ``type`` to the function judging one rule of that type. A rule
 may change whitespace, metaspace, the byte-level alphabet and Unicode normal forms (NFC/NFD/
-NFKC/NFKD, case, accents); a rule that can change, remove or insert letters, digits or words
-is an issue, whatever the corpus holds (a single-character ``Replace``, a ``Split`` that
-``Removed`` words, a decoder that strips a letter prefix). A type missing from the table is
-``unknown`` (the analysis is incomplete, never clean). Patterns are judged from their source
-text: no regular expression of the file is compiled or run in this process.
+NFKC/NFKD, case, accents); a rule that can rewrite, remove or insert any other character of user
+text (a letter, a digit, a currency sign, punctuation) is an issue, whatever a corpus holds: a
+``Replace`` or ``Split Removed`` is judged by the set of characters its pattern can match and its
+content can write (:func:`pattern_reaches_text`: only whitespace and metaspace are allowed), so
+``'$' -> '€'`` or a decoder deleting ``'%'`` is a finding like one deleting ``not``. A type missing
+from the table is ``unknown`` (the analysis is incomplete, never clean). Patterns are judged from
+their source text: no regular expression of the file is compiled or run in this process.
 
 Vocabulary-wide invariants are here too (:func:`vocabulary_issues`): an ordinary entry sharing
-a special token's id, special tokens matched after a normaliser that folds look-alikes into
-them (``normalized: true`` under NFKC/lowercase), post-processor templates whose tokens are
-not special added tokens (a pair template inserting words before every response).
+a special token's id; a ``normalized: true`` special token that some other user text normalises
+into (:func:`folding_rules`, per token and per rule: a rule that deletes characters, as
+``clean_text`` and ``Nmt`` delete format and control characters, or whose output characters have
+other sources, as NFKC's fullwidth forms, folds); post-processor templates whose tokens are not
+special added tokens (a pair template inserting words before every response); and the base
+alphabet's ids in one of the standard orders (:func:`alphabet_order_problem`: byte-level
+characters by code point or by byte, byte-fallback ``<0xNN>`` pieces by byte).
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ import binascii
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
+from itertools import pairwise
 from typing import Any
 
 from warden.tokenscan.charsmap import charsmap_problem
@@ -47,7 +55,7 @@ Judge = Callable[[Mapping[str, Any]], str | None]  # why the rule rewrites text,
 
 
 # -- what a pattern or a text may contain -------------------------------------------------------
-_SAFE_TEXT = frozenset(" \t\n\r\f\v\u2581\u0120\u010a")  # whitespace, metaspace, byte-level space/newline
+_SAFE_TEXT = frozenset(" \t\n\r\f\v\u2581")  # whitespace and metaspace (byte-level Ġ is a letter of user text)
 
 
 def _wordy(text: Any) -> str | None:
@@ -109,17 +117,94 @@ def _regex_matches_words(source: str) -> str | None:
     return f"the pattern {source[:40]!r} matches {letter!r}" if letter else None
 
 
+_REGEX_PIECE_RE = re.compile(
+    r"\\x\{[0-9A-Fa-f]{1,6}\}|\\x[0-9A-Fa-f]{2}|\\u[0-9A-Fa-f]{4}|\\.|\[(?:\\.|[^\]\\])*\]|\(\?:|\{[0-9]*,?[0-9]*\}|.",
+    re.S,
+)
+_REGEX_SYNTAX = frozenset("()|*+?^$")  # groups, alternation, quantifiers, anchors: they match no character
+
+
+def _space_piece(piece: str) -> bool:
+    """Whether one piece of a pattern (a literal, an escape, a class) matches only whitespace or
+    metaspace. Classes must be plain lists of such pieces (no negation, no range)."""
+    if piece.startswith("[") and len(piece) > 1:
+        inner = piece[1:-1]
+        if not inner or inner.startswith("^"):
+            return False
+        return all(_space_piece(m.group(0)) for m in _REGEX_PIECE_RE.finditer(inner))
+    if piece.startswith("\\x") or piece.startswith("\\u"):
+        code = int(piece[3:-1] if piece.startswith("\\x{") else piece[2:], 16)
+        return code <= 0x10FFFF and _only_space(chr(code))
+    if piece.startswith("\\") and len(piece) == 2:
+        esc = piece[1]
+        return (esc in _SPACE_ESCAPES and esc != "X") or (not esc.isalnum() and _only_space(esc))
+    return len(piece) == 1 and _only_space(piece)
+
+
+def pattern_reaches_text(pattern: Any) -> str | None:
+    """Why a Replace/Split pattern (``{"String": ...}`` or ``{"Regex": ...}``) may match a character
+    other than whitespace or metaspace (any letter, digit, symbol, punctuation or format character
+    of user text), or None when every character it can match is whitespace or metaspace. Judged
+    from the source alone and conservatively: ``.``, classes that are negated or hold a range, group
+    constructs other than ``(?:``, and escapes other than whitespace ones count as reaching text."""
+    if not isinstance(pattern, dict) or len(pattern) != 1:
+        return "a pattern that is neither String nor Regex"
+    kind, source = next(iter(pattern.items()))
+    if not isinstance(source, str):
+        return "a pattern that is not a string"
+    if kind == "String":
+        ch = next((c for c in source if not _only_space(c)), None)
+        return f"the pattern {source[:40]!r} matches {ch!r}" if ch else None
+    if kind != "Regex":
+        return f"a pattern of kind {kind!r}"
+    for m in _REGEX_PIECE_RE.finditer(source):
+        piece = m.group(0)
+        if piece in _REGEX_SYNTAX or piece == "(?:" or (piece.startswith("{") and len(piece) > 1):
+            continue
+        if not _space_piece(piece):
+            return f"the pattern {source[:40]!r} may match {piece[:20]!r} (not whitespace or metaspace)"
+    return None
+
+
+def pattern_may_match_empty(pattern: Any) -> bool:
+    """Whether a pattern may match the empty string (a Replace then writes its content at every
+    position). Conservative: any zero-minimum quantifier or empty alternative counts."""
+    if not isinstance(pattern, dict) or len(pattern) != 1:
+        return True
+    kind, source = next(iter(pattern.items()))
+    if not isinstance(source, str) or not source:
+        return True
+    if kind != "Regex":
+        return False
+    pieces = [m.group(0) for m in _REGEX_PIECE_RE.finditer(source)]
+    zero = any(p in ("*", "?") or p.startswith("{0") or p.startswith("{,") for p in pieces)
+    empty_alt = source.startswith("|") or source.endswith("|") or any(x in source for x in ("||", "(|", "|)", "()"))
+    return zero or empty_alt
+
+
+def _rewrites(rule: Mapping[str, Any], what: str) -> str | None:
+    """Why a Replace (``what``: its section's word for it) changes more than whitespace: its
+    pattern reaches other characters, its content writes them, or it writes at every position."""
+    pattern, content = rule.get("pattern"), rule.get("content")
+    source = next(iter(pattern.values()), None) if isinstance(pattern, dict) and pattern else pattern
+    shown = f"{str(source)[:40]!r} -> {str(content)[:40]!r}"
+    if why := pattern_reaches_text(pattern):
+        return f"{what} {shown}: {why}"
+    if not _only_space(content):
+        ch = next((c for c in str(content) if not _only_space(c)), str(content)[:1])
+        return f"{what} {shown} writes {ch!r} into the text"
+    if content and pattern_may_match_empty(pattern):
+        return f"{what} {shown} may match the empty string: its content is written at every position"
+    return None
+
+
 # -- judges, one per rule type ------------------------------------------------------------------
 def _ok(_rule: Mapping[str, Any]) -> str | None:
     return None
 
 
 def _replace(rule: Mapping[str, Any]) -> str | None:
-    why = pattern_matches_words(rule.get("pattern"))
-    if why:
-        return f"Replace: {why}"
-    ch = _wordy(rule.get("content"))
-    return f"Replace inserts {str(rule.get('content'))[:40]!r} ({ch!r})" if ch else None
+    return _rewrites(rule, "Replace")
 
 
 def _affix(field: str) -> Judge:
@@ -132,24 +217,37 @@ def _affix(field: str) -> Judge:
 
 def _metaspace(rule: Mapping[str, Any]) -> str | None:
     rep = rule.get("replacement", "\u2581")
-    if not isinstance(rep, str) or len(rep) != 1 or _wordy(rep):
-        return f"Metaspace replacement {rep!r} is not one non-letter character"
+    if rep not in ("\u2581", " "):
+        return f"Metaspace replacement {rep!r} is not '\u2581': that character of user text would decode as a space"
     return None
+
+
+SPLIT_BEHAVIOURS = frozenset({"removed", "isolated", "mergedwithprevious", "mergedwithnext", "contiguous"})
 
 
 def _split(rule: Mapping[str, Any]) -> str | None:
     behavior = str(rule.get("behavior", "")).lower()
+    if behavior not in SPLIT_BEHAVIOURS:
+        return f"Split behavior {rule.get('behavior')!r} is not one this judge knows"
     if behavior != "removed":
         return None  # Isolated, Merged*, Contiguous only split: every character is kept
     if rule.get("invert"):
         return "Split removes everything its pattern does not match (invert with behavior Removed)"
-    why = pattern_matches_words(rule.get("pattern"))
-    return f"Split with behavior Removed deletes words: {why}" if why else None
+    why = pattern_reaches_text(rule.get("pattern"))
+    return f"Split with behavior Removed deletes characters of user text: {why}" if why else None
+
+
+def _punctuation(rule: Mapping[str, Any]) -> str | None:
+    behavior = str(rule.get("behavior", "isolated")).lower()
+    if behavior == "removed":
+        return "Punctuation with behavior Removed deletes every punctuation character of user text"
+    return None if behavior in SPLIT_BEHAVIOURS else f"Punctuation behavior {rule.get('behavior')!r} is not known"
 
 
 def _delimiter(rule: Mapping[str, Any]) -> str | None:
     ch = rule.get("delimiter")
-    return f"CharDelimiterSplit removes {ch!r} from the text" if _wordy(ch) else None
+    ok = isinstance(ch, str) and len(ch) == 1 and _only_space(ch)
+    return None if ok else f"CharDelimiterSplit removes {ch!r} from the text (not whitespace)"
 
 
 def _strip(rule: Mapping[str, Any]) -> str | None:
@@ -159,7 +257,9 @@ def _strip(rule: Mapping[str, Any]) -> str | None:
 
 def _wordpiece_decoder(rule: Mapping[str, Any]) -> str | None:
     prefix = rule.get("prefix", "##")
-    return None if not _wordy(prefix) else f"WordPiece decoder strips the prefix {prefix!r} (letters) from tokens"
+    if not isinstance(prefix, str) or len(prefix) < 2 or _wordy(prefix) or _only_space(prefix):
+        return f"WordPiece decoder prefix {prefix!r} is not a marker of two or more symbols: tokens lose it"
+    return None
 
 
 def _bpe_decoder(rule: Mapping[str, Any]) -> str | None:
@@ -208,7 +308,7 @@ JUDGES: dict[str, dict[str, Judge]] = {
     },
     "pre_tokenizer": {
         "ByteLevel": _ok, "Whitespace": _ok, "WhitespaceSplit": _ok, "BertPreTokenizer": _ok,
-        "Punctuation": _ok, "Digits": _ok, "UnicodeScripts": _ok, "Metaspace": _metaspace,
+        "Punctuation": _punctuation, "Digits": _ok, "UnicodeScripts": _ok, "Metaspace": _metaspace,
         "Split": _split, "CharDelimiterSplit": _delimiter, "FixedLength": _ok, "Sequence": _sequence,
     },
     "decoder": {
@@ -258,6 +358,7 @@ def rule_issues(tok: Mapping[str, Any]) -> list[PipelineIssue]:
             elif why := judge(rule):
                 out.append(PipelineIssue("rule", where, why))
     out += _model_issues(tok.get("model"))
+    out += alphabet_issues(tok)
     return out
 
 
@@ -276,18 +377,171 @@ def _model_issues(model: Any) -> list[PipelineIssue]:
     return []
 
 
-# -- vocabulary-wide invariants ----------------------------------------------------------------
-FOLDING = frozenset({"NFKC", "NFKD", "Lowercase", "Precompiled", "StripAccents", "Replace", "Prepend", "Append"})
+# -- the base alphabet's ids -------------------------------------------------------------------
+def _byte_level_chars() -> tuple[str, ...]:
+    """The byte-level alphabet (GPT-2's bytes-to-unicode), indexed by byte: printable Latin-1 bytes
+    stand for themselves, the other 68 take U+0100 onwards in byte order."""
+    kept = {*range(33, 127), *range(161, 173), *range(174, 256)}
+    out, shifted = [], 0
+    for byte in range(256):
+        out.append(chr(byte) if byte in kept else chr(256 + shifted))
+        shifted += byte not in kept
+    return tuple(out)
 
 
-def folding_rules(tok: Mapping[str, Any]) -> list[str]:
-    """Normaliser rules that can map different text onto a special token's text (compatibility
-    forms, case, accents, replacements)."""
+BYTE_LEVEL_CHARS = _byte_level_chars()
+_BYTE_OF = {ch: b for b, ch in enumerate(BYTE_LEVEL_CHARS)}
+_HEX = "0123456789ABCDEF"
+
+
+def _first_disorder(entries: list[tuple[int, str]], keys: Mapping[str, Callable[[str], int]]) -> str | None:
+    """None when the entries (id, text), sorted by id, rise under one of the ``keys`` orders; else
+    the first pair out of order under the first order."""
+    ranked = [t for _i, t in sorted(entries)]
+    for key in keys.values():
+        values = [key(t) for t in ranked]
+        if all(a < b for a, b in pairwise(values)):
+            return None
+    key = next(iter(keys.values()))
+    ids = {t: i for i, t in entries}
+    a, b = next((a, b) for a, b in pairwise(ranked) if key(a) >= key(b))
+    return f"{a!r} (id {ids[a]}) comes before {b!r} (id {ids[b]}): not in {' or '.join(keys)} order"
+
+
+def byte_alphabet_problem(vocab: Mapping[str, Any]) -> str | None:
+    """A byte-level BPE vocabulary's single-character entries (its base alphabet) must hold their
+    ids in one standard order: by code point (GPT-2's vocab.json, tokenizers' trainer, tiktoken's
+    conversions) or by byte (tekken's ranks). Two alphabet entries whose ids were swapped (the
+    digits 1 and 7) break both, whatever any corpus holds."""
+    entries = [(i, t) for t, i in vocab.items() if type(i) is int and t in _BYTE_OF]
+    orders = {"code point": ord, "byte": _BYTE_OF.__getitem__}
+    why = _first_disorder(entries, orders)
+    return f"byte-level alphabet: {why}" if why else None
+
+
+def byte_fallback_problem(entries: Iterable[tuple[str, int]]) -> str | None:
+    """Byte-fallback pieces ``<0x00>``..``<0xFF>`` must hold their ids in byte order (sentencepiece
+    and the converters write them so)."""
+    pieces = [
+        (i, t) for t, i in entries
+        if len(t) == 6 and t.startswith("<0x") and t.endswith(">") and t[3] in _HEX and t[4] in _HEX
+    ]  # fmt: skip
+    why = _first_disorder(pieces, {"byte": lambda t: int(t[3:5], 16)})
+    return f"byte-fallback pieces: {why}" if why else None
+
+
+def _byte_level(tok: Mapping[str, Any]) -> bool:
+    return any(
+        r.get("type") == "ByteLevel" for s in ("pre_tokenizer", "decoder", "normalizer") for _w, r in rules(tok, s)
+    )
+
+
+def alphabet_issues(tok: Mapping[str, Any]) -> list[PipelineIssue]:
+    """The base alphabet's ids (:func:`byte_alphabet_problem` for a byte-level BPE model,
+    :func:`byte_fallback_problem` for any model holding ``<0xNN>`` pieces)."""
+    model = tok.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
     out = []
+    if isinstance(vocab, dict) and _byte_level(tok) and (why := byte_alphabet_problem(vocab)):
+        out.append(PipelineIssue("order", "model.vocab", why))
+    if why := byte_fallback_problem(_vocab_entries(model)):
+        out.append(PipelineIssue("order", "model.vocab", why))
+    return out
+
+
+# -- vocabulary-wide invariants ----------------------------------------------------------------
+_IMAGES: dict[str, Callable[[str], str]] = {
+    "NFC": lambda t: unicodedata.normalize("NFC", t), "NFD": lambda t: unicodedata.normalize("NFD", t),
+    "NFKC": lambda t: unicodedata.normalize("NFKC", t), "NFKD": lambda t: unicodedata.normalize("NFKD", t),
+    "Lowercase": str.lower,
+}  # fmt: skip
+_DELETING = frozenset({"StripAccents", "Nmt"})  # remove marks / control and format characters anywhere
+
+
+@lru_cache(maxsize=8)
+def produced(kind: str) -> frozenset[str]:
+    """Every character a normal form (or ``Lowercase``) writes for some *other* input: the
+    characters of each code point's image that differ from it, and for the composing forms every
+    composed character (written for its decomposition). Exhaustive over the code space (cached;
+    about 0.2 s per form)."""
+    out: set[str] = set()
+    for cp in range(0x110000):
+        if 0xD800 <= cp < 0xE000:
+            continue
+        ch = chr(cp)
+        image = _IMAGES[kind](ch)
+        if image != ch:
+            out.update(image)
+        if kind in ("NFC", "NFKC") and unicodedata.normalize("NFD", ch) != ch:
+            out.add(ch)
+    return frozenset(out)
+
+
+def _cjk_spaced(text: str) -> str:
+    """BertNormalizer's handle_chinese_chars: a space either side of each CJK ideograph."""
+    return "".join(f" {ch} " if unicodedata.name(ch, "").startswith("CJK") else ch for ch in text)
+
+
+def fold_step(rule: Mapping[str, Any], text: str) -> tuple[str, bool]:
+    """(``text`` after the normaliser ``rule``, whether some user text other than ``text`` can
+    normalise into an occurrence of it). A normalised added token is matched on the normalised
+    text against its own normalised content, so it folds when the rule changes the token, deletes
+    characters anywhere (format/control/mark removal, a Replace to nothing), or writes characters
+    of the token for other input. Unknown rules fold (conservative)."""
+    kind = rule.get("type")
+    if isinstance(kind, str) and kind in _IMAGES:
+        out = _IMAGES[kind](text)
+        return out, out != text or not produced(kind).isdisjoint(out)
+    if kind == "Sequence":
+        return text, False  # its children follow in order
+    if kind == "ByteLevel":  # bytes outside printable ASCII become other characters
+        return text, any(not "!" <= ch <= "~" for ch in text)
+    if kind == "Strip":
+        out = text.lstrip() if rule.get("strip_left", True) else text
+        out = out.rstrip() if rule.get("strip_right", True) else out
+        return out, out != text
+    if kind == "Precompiled" and rule.get("precompiled_charsmap") in (None, ""):
+        return text, False
+    if kind == "BertNormalizer":
+        lower = bool(rule.get("lowercase", True))
+        deletes = rule.get("clean_text", True) or rule.get("strip_accents", lower) or lower
+        out = _cjk_spaced(text) if rule.get("handle_chinese_chars", True) else text
+        return out, bool(deletes) or out != text or " " in out
+    if kind == "Replace":
+        return _fold_replace(rule, text)
+    if kind in ("Prepend", "Append"):
+        extra = rule.get(kind.lower())
+        if not isinstance(extra, str) or not extra:
+            return text, extra != ""
+        return (extra + text if kind == "Prepend" else text + extra), True
+    if kind in _DELETING:
+        return text, True  # the deleted characters can sit anywhere inside the token
+    return text, True  # Precompiled (NFKC-like maps), or a type no judge knows
+
+
+def _fold_replace(rule: Mapping[str, Any], text: str) -> tuple[str, bool]:
+    pattern, content = rule.get("pattern"), rule.get("content")
+    if not isinstance(content, str) or not content or not isinstance(pattern, dict) or len(pattern) != 1:
+        return text, True  # deletes what it matches: that text can be put inside the token
+    kind, source = next(iter(pattern.items()))
+    writes = not set(content).isdisjoint(text)
+    if kind == "String" and isinstance(source, str) and source:
+        out = text.replace(source, content)
+        return out, out != text or not set(content).isdisjoint(out)
+    if kind == "Regex" and pattern_reaches_text(pattern) is None and not any(_only_space(ch) for ch in text):
+        return text, writes  # it matches only whitespace, which the token lacks
+    return text, True
+
+
+def folding_rules(tok: Mapping[str, Any], token: str | None = None) -> list[str]:
+    """Normaliser rules (types, in order) through which user text other than ``token`` can become
+    ``token`` (:func:`fold_step`, applied along the normaliser to the token's own text); without a
+    ``token``, every rule that folds some text (any rule other than the identity)."""
+    out, text = [], token if token is not None else ""
     for _where, rule in rules(tok, "normalizer"):
-        kind = rule.get("type")
-        if kind in FOLDING or (kind == "BertNormalizer" and (rule.get("lowercase", True) or rule.get("strip_accents"))):
-            out.append(str(kind))
+        text, folds = fold_step(rule, text)
+        if folds or (token is None and rule.get("type") != "Sequence"):
+            out.append(str(rule.get("type")))
     return out
 
 
@@ -342,7 +596,6 @@ def vocabulary_issues(tok: Mapping[str, Any], extra_ids: Mapping[int, str] | Non
     model = tok.get("model")
     specials: dict[int, str] = {}
     seen_ids: dict[int, str] = {}
-    folds = folding_rules(tok)
     for a in _added(tok):
         ident, content = a.get("id"), a.get("content")
         if type(ident) is not int or not isinstance(content, str):
@@ -355,7 +608,8 @@ def vocabulary_issues(tok: Mapping[str, Any], extra_ids: Mapping[int, str] | Non
         if not a.get("special"):
             continue
         specials[ident] = content
-        if a.get("normalized") and folds:
+        folds = folding_rules(tok, content) if a.get("normalized") else []
+        if folds:
             folded = ", ".join(sorted(set(folds)))
             detail = f"special {content!r} is matched after the normaliser ({folded}): look-alike text becomes it"
             out.append(PipelineIssue("folding", "added_tokens", detail))

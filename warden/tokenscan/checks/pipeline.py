@@ -19,7 +19,8 @@ from warden.tokenscan.findings import Finding, finding
 from warden.tokenscan.policy import TokenscanPolicy
 from warden.tokenscan.snapshot import Snapshot
 
-RULE_OF_KIND = {"rule": "TS1209", "unknown": "TS910", "collision": "TS1210", "folding": "TS1211", "template": "TS1212"}
+RULE_OF_KIND = {"rule": "TS1209", "unknown": "TS910", "collision": "TS1210", "folding": "TS1211", "template": "TS1212",
+                "order": "TS1205"}  # fmt: skip
 Bounds = tuple[type | tuple[type, ...], float, float]
 GENERATION_ALLOWED: dict[str, Bounds] = {
     "temperature": ((int, float), 0.0, 2.0), "top_p": ((int, float), 0.0, 1.0), "top_k": (int, 0, 1000),
@@ -90,25 +91,22 @@ def check_pipeline(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
 
 def _config_folding(rel: str, tok: dict[str, Any], config: dict[str, Any] | None) -> list[Finding]:
     """``added_tokens_decoder`` of the config marks a special token ``normalized: true`` (the
-    loader builds its added tokens from it) under a folding normaliser of the tokenizer."""
+    loader builds its added tokens from it) under a normaliser of the tokenizer that folds other
+    user text into that token (:func:`..pipeline_rules.folding_rules`)."""
     decoder = (config or {}).get("added_tokens_decoder")
     if not isinstance(decoder, dict):
         return []
-    folds = pr.folding_rules(tok)
-    if not folds:
-        return []
-    where = (
-        os.path.join(os.path.dirname(rel), "tokenizer_config.json") if os.path.dirname(rel) else "tokenizer_config.json"
-    )
-    return [
-        finding(
-            "TS1211",
-            where,
-            f"added_tokens_decoder: special {token(v)!r} is normalized under {', '.join(sorted(set(folds)))}",
-        )
-        for v in decoder.values()
-        if isinstance(v, dict) and v.get("special") and v.get("normalized") and token(v)
-    ]
+    where = lf._join(os.path.dirname(rel), "tokenizer_config.json")
+    out = []
+    for value in decoder.values():
+        text = token(value)
+        if not (isinstance(value, dict) and value.get("special") and value.get("normalized") and text):
+            continue
+        folds = pr.folding_rules(tok, text)
+        if folds:
+            detail = f"added_tokens_decoder: special {text!r} is normalized under {', '.join(sorted(set(folds)))}"
+            out.append(finding("TS1211", where, detail))
+    return out
 
 
 def _merges(lines: tuple[str, ...]) -> list[str]:
