@@ -55,6 +55,7 @@ Judge = Callable[[Mapping[str, Any]], str | None]  # why the rule rewrites text,
 
 
 # -- what a pattern or a text may contain -------------------------------------------------------
+_NOT_SPACE = frozenset("\x1c\x1d\x1e\x1f")  # separators Python calls space; Unicode's White_Space does not
 _SAFE_TEXT = frozenset(" \t\n\r\f\v\u2581")  # whitespace and metaspace (byte-level Ġ is a letter of user text)
 
 
@@ -66,7 +67,7 @@ def _wordy(text: Any) -> str | None:
 
 
 def _only_space(text: Any) -> bool:
-    return isinstance(text, str) and all(ch in _SAFE_TEXT or ch.isspace() for ch in text)
+    return isinstance(text, str) and all(ch in _SAFE_TEXT or (ch.isspace() and ch not in _NOT_SPACE) for ch in text)
 
 
 _ESCAPE_RE = re.compile(
@@ -188,6 +189,8 @@ def _rewrites(rule: Mapping[str, Any], what: str) -> str | None:
     pattern, content = rule.get("pattern"), rule.get("content")
     source = next(iter(pattern.values()), None) if isinstance(pattern, dict) and pattern else pattern
     shown = f"{str(source)[:40]!r} -> {str(content)[:40]!r}"
+    if isinstance(pattern, dict) and pattern.get("String") == content and isinstance(content, str) and content:
+        return None  # the identity
     if why := pattern_reaches_text(pattern):
         return f"{what} {shown}: {why}"
     if not _only_space(content):

@@ -135,6 +135,8 @@ def _slow_vocabularies(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]
                 problem = tbe.merge_order_problem({"type": "BPE", "vocab": vocab, "merges": merges})
                 if problem:
                     out.append(finding("TS1205", rel, f"with vocab.json: {problem}"))
+            if vocab is not None and "\u0120" in vocab and (problem := pr.byte_alphabet_problem(vocab)):
+                out.append(finding("TS1205", lf._join(folder, "vocab.json"), problem))  # a byte-level vocab.json
         elif name == "vocab.txt" and folder and isinstance((model or {}).get("vocab"), dict):
             found = tbe.vocab_disagreement(model["vocab"], tbe.vocab_txt_ids(lines), "vocab.txt")  # type: ignore[index]
             if found:
