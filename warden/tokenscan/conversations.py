@@ -25,12 +25,14 @@ vendors ship one, so it is surfaced for a person to review, and judged by the te
 
 from __future__ import annotations
 
-import difflib
+import bisect
 import functools
 import hashlib
 import json
 import random
 import re
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -258,14 +260,39 @@ def _forms(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(forms))
 
 
+JUDGE_CHARS = 1 << 18  # of a render the judge reads (generated renders hold far less: see FILLING_CHARS)
+MARKUP_CHARS = 1 << 15  # of a render's abstraction (its markup) the judges after it read
+_KEY_RE = re.compile(r"[A-Za-z0-9_]*")
+
+
 def abstract(output: str, texts: list[str]) -> str:
-    """``output`` with each text (in every one of its :func:`_forms`) replaced by ``\x00i\x00``."""
+    """``output`` with each text (in every one of its :func:`_forms`) replaced by ``\x00i\x00``:
+    of the first :data:`JUDGE_CHARS` characters, at most :data:`MARKUP_CHARS` returned (bounded
+    cost; :func:`judge` reports a render past either bound)."""
+    return _abstract(output[:JUDGE_CHARS], tuple(texts))[:MARKUP_CHARS]
+
+
+@functools.lru_cache(maxsize=256)  # the judge, the text checks and the report abstract the same renders
+def _abstract(output: str, texts: tuple[str, ...]) -> str:
     out = output
     for i, text in sorted(enumerate(texts), key=lambda it: -len(it[1])):
+        key = _KEY_RE.match(text).group(0)  # type: ignore[union-attr]
+        if key and key not in out:  # every form holds the text's leading word unescaped: one scan skips them all
+            continue
         for form in _forms(text):
             if form in out:
                 out = out.replace(form, f"\x00{i}\x00")
     return out
+
+
+def _oversized(output: str, texts: list[str]) -> str | None:
+    """Why ``output`` is past what the judge reads (its length, or its markup's), or None."""
+    if len(output) > JUDGE_CHARS:
+        return f"{len(output)} characters, over the {JUDGE_CHARS} the judge reads"
+    markup = len(_abstract(output, tuple(texts)))
+    if markup > MARKUP_CHARS:
+        return f"{markup} characters of its own text, over the {MARKUP_CHARS} the judge reads"
+    return None
 
 
 def _flat(text: str, limit: int = 80) -> str:
@@ -273,46 +300,203 @@ def _flat(text: str, limit: int = 80) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
-def _trimmed(a: str, b: str) -> tuple[str, str, int]:
-    """``a`` and ``b`` without their common prefix and suffix, and the prefix's length (so a
-    diff of two long renders costs the length of where they differ)."""
-    n = 0
-    limit = min(len(a), len(b))
-    while n < limit and a[n] == b[n]:
-        n += 1
-    m = 0
-    while m < limit - n and a[len(a) - 1 - m] == b[len(b) - 1 - m]:
-        m += 1
-    return a[n : len(a) - m], b[n : len(b) - m], n
+# -- bounded comparison of two renders (the judge runs in the scanner process) ----------------
+# Every function here costs at most linear time in its inputs (times a log factor), plus a fixed
+# budget of LCS cells: a hostile render (400k identical words, a word built to backtrack a
+# pattern) cannot hold the scanner past its deadline. What the budget cannot align is reported
+# as changed, never as equal.
+WORD_RE = re.compile(r"\w+|\W")  # one pass, no nested quantifier
+MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+DATE_NAMES = frozenset((*MONTHS, "mon", "tue", "wed", "thu", "fri", "sat", "sun", "am", "pm"))
+DATE_MARKS = frozenset(" \t\n\r\f\v0123456789,.:/-")
+DIFF_CELLS = 250_000  # LCS table cells one word diff may fill (about 0.1 s of Python)
+
+
+def is_date_word(token: str) -> bool:
+    """Whether ``token`` (one :data:`WORD_RE` match, or a run of letters) is date material: digits,
+    whitespace and ``,.:/-``, or ASCII letters starting with a month, day or am/pm name
+    (``Monday``, ``Jan``, ``PM``). Plain string tests: linear in the token, no backtracking."""
+    if all(ch in DATE_MARKS for ch in token):
+        return True
+    low = token.lower()
+    return token.isascii() and token.isalpha() and (low[:3] in DATE_NAMES or low[:2] in DATE_NAMES)
+
+
+def is_date_text(text: str) -> bool:
+    """Whether every word of ``text`` is date material (the empty text is)."""
+    return all(is_date_word(t) for t in WORD_RE.findall(text))
+
+
+def without_dates(tokens: list[str]) -> list[str]:
+    """``tokens`` without their date material: two renders that differ in the date only are equal after it."""
+    return [t for t in tokens if not is_date_word(t)]
+
+
+def common_prefix(a: Sequence[Any], b: Sequence[Any]) -> int:
+    """The length of the common prefix of two strings or lists (a binary search on slices, each
+    compared in C: O(n log n) however alike the two are)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[low:mid] == b[low:mid]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def common_suffix(a: Sequence[Any], b: Sequence[Any], limit: int) -> int:
+    """The length of the common suffix of ``a`` and ``b``, at most ``limit``."""
+    low, high = 0, min(len(a), len(b), limit)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if a[len(a) - mid : len(a) - low] == b[len(b) - mid : len(b) - low]:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+Opcode = tuple[str, int, int, int, int]
+
+
+def word_opcodes(a: list[str], b: list[str], cells: int = DIFF_CELLS) -> list[Opcode]:
+    """Opcodes (as :meth:`difflib.SequenceMatcher.get_opcodes`) turning ``a`` into ``b``, bounded:
+    common ends trimmed, then words that occur once on each side anchor the alignment (their
+    longest increasing run, O(n log n)), and the gaps between anchors are aligned exactly by
+    an LCS table while ``cells`` last; a gap past the budget is one ``replace``."""
+    head = common_prefix(a, b)
+    tail = common_suffix(a, b, min(len(a), len(b)) - head)
+    x, y = a[head : len(a) - tail], b[head : len(b) - tail]
+    exact = len(x) * len(y) <= cells  # small enough: one exact table, no anchors needed
+    pairs = [] if exact else [(i + head, j + head) for i, j in _anchors(x, y)]
+    matched: list[tuple[int, int, int]] = [(0, 0, head)] if head else []
+    budget = [cells]
+    prev = (head, head)
+    for i, j in [*pairs, (len(a) - tail, len(b) - tail)]:
+        matched += _gap(a, b, prev[0], i, prev[1], j, budget)
+        if (i, j) != (len(a) - tail, len(b) - tail):
+            matched.append((i, j, 1))
+        prev = (i + 1, j + 1)
+    if tail:
+        matched.append((len(a) - tail, len(b) - tail, tail))
+    return _opcodes(matched, len(a), len(b))
+
+
+def _anchors(a: list[str], b: list[str]) -> list[tuple[int, int]]:
+    """Index pairs of the words unique to both ``a`` and ``b``, the longest run increasing on both sides."""
+    once_a = {w: i for i, w in enumerate(a)}
+    count_a = Counter(a)
+    count_b = Counter(b)
+    candidates = [(once_a[w], j) for j, w in enumerate(b) if count_b[w] == 1 and count_a.get(w) == 1]
+    candidates.sort()
+    tops: list[int] = []  # patience sorting on the b index: tops[k] = the smallest end of a run of length k + 1
+    top_at: list[int] = []
+    back: list[int] = [-1] * len(candidates)
+    for n, (_i, j) in enumerate(candidates):
+        k = bisect.bisect_left(tops, j)
+        if k == len(tops):
+            tops.append(j)
+            top_at.append(n)
+        else:
+            tops[k], top_at[k] = j, n
+        back[n] = top_at[k - 1] if k else -1
+    out = []
+    n = top_at[-1] if top_at else -1
+    while n >= 0:
+        out.append(candidates[n])
+        n = back[n]
+    return out[::-1]
+
+
+def _gap(
+    a: list[str], b: list[str], i1: int, i2: int, j1: int, j2: int, budget: list[int]
+) -> list[tuple[int, int, int]]:
+    """Matching blocks ``(i, j, size)`` of ``a[i1:i2]`` and ``b[j1:j2]``: ends trimmed, the rest by
+    an LCS table when it fits the remaining ``budget`` (else nothing matches there)."""
+    x, y = a[i1:i2], b[j1:j2]
+    head = common_prefix(x, y)
+    tail = common_suffix(x, y, min(len(x), len(y)) - head)
+    out = [(i1, j1, head)] if head else []
+    mx, my = x[head : len(x) - tail], y[head : len(y) - tail]
+    if mx and my and len(mx) * len(my) <= budget[0]:
+        budget[0] -= len(mx) * len(my)
+        out += [(i1 + head + i, j1 + head + j, 1) for i, j in _lcs(mx, my)]
+    if tail:
+        out.append((i2 - tail, j2 - tail, tail))
+    return out
+
+
+def _lcs(x: list[str], y: list[str]) -> list[tuple[int, int]]:
+    """The index pairs of a longest common subsequence of ``x`` and ``y`` (an ``len(x) * len(y)`` table)."""
+    rows = [[0] * (len(y) + 1)]
+    for word in x:
+        prev, row = rows[-1], [0]
+        for j, other in enumerate(y):
+            row.append(prev[j] + 1 if word == other else max(prev[j + 1], row[j]))
+        rows.append(row)
+    out = []
+    i, j = len(x), len(y)
+    while i and j:
+        if x[i - 1] == y[j - 1]:
+            out.append((i - 1, j - 1))
+            i, j = i - 1, j - 1
+        elif rows[i - 1][j] >= rows[i][j - 1]:
+            i -= 1
+        else:
+            j -= 1
+    return out[::-1]
+
+
+def _opcodes(matched: list[tuple[int, int, int]], n: int, m: int) -> list[Opcode]:
+    """difflib-style opcodes from increasing matching blocks (adjacent ones merged)."""
+    out: list[Opcode] = []
+    i = j = 0
+    for mi, mj, size in [*matched, (n, m, 0)]:
+        tag = "replace" if i < mi and j < mj else "delete" if i < mi else "insert" if j < mj else ""
+        if tag:
+            out.append((tag, i, mi, j, mj))
+        if size:
+            if out and out[-1][0] == "equal" and out[-1][2] == mi and out[-1][4] == mj:
+                out[-1] = ("equal", out[-1][1], mi + size, out[-1][3], mj + size)
+            else:
+                out.append(("equal", mi, mi + size, mj, mj + size))
+        i, j = mi + size, mj + size
+    return out
 
 
 def _first_difference(a: str, b: str) -> str:
-    x, y, start = _trimmed(a, b)
+    start = common_prefix(a, b)
+    end = common_suffix(a, b, min(len(a), len(b)) - start)
+    x, y = a[start : len(a) - end], b[start : len(b) - end]
     before = a[max(0, start - 20) : start]
     return f"{_flat(before + x[:60])!r} -> {_flat(before + y[:60])!r}"
 
 
-WORD_RE = re.compile(r"\w+|\W")
-DATE_WORD_RE = re.compile(
-    r"^[\s\d,.:/\-]*(?:(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec|mon|tue|wed|thu|fri|sat|sun|am|pm)[a-z]*"
-    r"[\s\d,.:/\-]*)*$",
-    re.I,
-)
+def word_middles(a: str, b: str) -> tuple[int, list[str], list[str]]:
+    """Where ``a`` and ``b`` start to differ (a word boundary) and the words of both from there
+    to where they end alike: only the part that differs is split into words."""
+    start = common_prefix(a, b)
+    while start and (a[start - 1].isalnum() or a[start - 1] == "_"):
+        start -= 1
+    end = common_suffix(a, b, min(len(a), len(b)) - start)
+    while end and (a[len(a) - end].isalnum() or a[len(a) - end] == "_"):
+        end -= 1
+    return start, WORD_RE.findall(a[start : len(a) - end]), WORD_RE.findall(b[start : len(b) - end])
 
 
-def _clock_difference(a: str, b: str) -> str | None:
-    """The first difference of two renders at two times that is not a date word, or None."""
+def date_difference(a: str, b: str) -> str | None:
+    """The first difference of two renders at two times that is not date material
+    (:func:`is_date_word`), or None: their words with the date material left out must be the
+    same. Linear in the renders, whatever they hold."""
     if a == b:
         return None
-    x, y, _start = _trimmed(a, b)
-    if len(x) + len(y) > 20000:
-        return f"{_flat(x[:60])!r} -> {_flat(y[:60])!r}"
-    wa, wb = WORD_RE.findall(x), WORD_RE.findall(y)
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, wa, wb, autojunk=False).get_opcodes():
-        was, now = "".join(wa[i1:i2]), "".join(wb[j1:j2])
-        if tag != "equal" and not (DATE_WORD_RE.match(was) and DATE_WORD_RE.match(now)):
-            return f"{_flat(was)!r} -> {_flat(now)!r}"
-    return None
+    _start, wa, wb = word_middles(a, b)
+    wa, wb = without_dates(wa), without_dates(wb)
+    if wa == wb:
+        return None
+    at = common_prefix(wa, wb)
+    return f"{_flat(' '.join(wa[at : at + 12]))!r} -> {_flat(' '.join(wb[at : at + 12]))!r}"
 
 
 def judge(renders: list[dict[str, Any]], answer: dict[str, Any]) -> list[GeneratedIssue]:
@@ -324,6 +508,9 @@ def judge(renders: list[dict[str, Any]], answer: dict[str, Any]) -> list[Generat
         if not name.endswith("a") or result.get("status") != "ok":
             continue
         base = name[:-1]
+        big = _oversized(str(result["output"]), request["texts"])
+        if big:  # the template prints far more than any conversation holds: judged as added text
+            out.append(GeneratedIssue("text", f"the render of shape {request['shape']} is {big}"))
         other = results.get(base + "b")
         if other is not None and other[1].get("status") == "ok":
             a = abstract(str(result["output"]), request["texts"])
@@ -334,7 +521,7 @@ def judge(renders: list[dict[str, Any]], answer: dict[str, Any]) -> list[Generat
         clock = results.get(base + "t")
         same = (request, result) if clock is None or clock[0]["texts"] == request["texts"] else other
         if clock is not None and same is not None and clock[1].get("status") == "ok" and same[1].get("status") == "ok":
-            moved = _clock_difference(str(same[1]["output"]), str(clock[1]["output"]))
+            moved = date_difference(str(same[1]["output"]), str(clock[1]["output"]))
             if moved:
                 out.append(GeneratedIssue("varies", f"the render changes with the time of day beyond the date "
                                                     f"(shape {request['shape']}): {moved}"))  # fmt: skip
@@ -368,7 +555,7 @@ def novel_text(added: str, vocab: frozenset[str], limit: int) -> str | None:
     least ``limit`` letters in distinct words (dates aside): text that appears only for a generated shape (a
     role, a content kind, a keyword argument, a length, a time of day), else None."""
     words = list(
-        dict.fromkeys(w for w in LETTERS_RE.findall(added) if w.casefold() not in vocab and not DATE_WORD_RE.match(w))
+        dict.fromkeys(w for w in LETTERS_RE.findall(added) if w.casefold() not in vocab and not is_date_word(w))
     )
     if sum(len(w) for w in words) >= limit:  # distinct words: a list of parts printed whole repeats "type", "text"
         return " ".join(words)[:160]

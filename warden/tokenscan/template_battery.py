@@ -25,7 +25,6 @@ wrapped in recording strings. :func:`judge` is pure: it reads the renders back a
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,16 +32,18 @@ from typing import Any
 
 from warden.tokenscan import confusables
 from warden.tokenscan.chat_template import INJECTION_RE, INVISIBLE_RE, TAG_RE, URL_RE, residual_text
+from warden.tokenscan.conversations import (
+    common_prefix,
+    common_suffix,
+    date_difference,
+    word_middles,
+    word_opcodes,
+)
 
 DEFAULT_NOW = 1767225600  # 2026-01-01
 OTHER_NOWS = (1907366400, 1709164800)  # 2030-06-11, 2024-02-29
 ROLE_RE = re.compile(r"(?<![A-Za-z])(system|developer|user|human|assistant|model|tool|ipython)(?![A-Za-z])", re.I)
 UNEXPECTED_ROLE = {"user": ("system", "developer", "assistant", "model")}
-DATE_WORD_RE = re.compile(
-    r"^[\s\d,.:/\-]*(?:(?:jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec|mon|tue|wed|thu|fri|sat|sun)[a-z]*"
-    r"[\s\d,.:/\-]*)*$",
-    re.I,
-)
 TOOL = {
     "type": "function",
     "function": {
@@ -273,12 +274,8 @@ def _without_header_words(text: str) -> str:
 
 def _beyond(text: str, header: str) -> str:
     """The words of ``text`` that the fixed ``header`` does not hold (in order)."""
-    a, b = WORD_RE.findall(header), WORD_RE.findall(text)
-    out = []
-    for tag, _i1, _i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
-        if tag != "equal":
-            out.append("".join(b[j1:j2]))
-    return " ".join(out)
+    _start, a, b = word_middles(header, text)
+    return " ".join("".join(b[j1:j2]) for tag, _i1, _i2, j1, j2 in word_opcodes(a, b) if tag != "equal")
 
 
 def _residual_issues(
@@ -335,33 +332,24 @@ def _variation_issues(results: dict[str, tuple[dict[str, Any], list[tuple[str, s
 
 
 def _diff(a: str, b: str) -> str:
-    parts = []
-    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes():
-        if tag != "equal":
-            parts.append(f"{_flat(a[i1:i2], 60)!r} -> {_flat(b[j1:j2], 60)!r}")
-    return "; ".join(parts[:2]) or "whitespace"
+    """Where ``a`` and ``b`` differ, quoted (their common ends trimmed: linear, however long)."""
+    start = common_prefix(a, b)
+    end = common_suffix(a, b, min(len(a), len(b)) - start)
+    x, y = a[start : len(a) - end], b[start : len(b) - end]
+    return f"{_flat(x, 60)!r} -> {_flat(y, 60)!r}" if (x + y).strip() else "whitespace"
 
 
 def _date_issues(results: dict[str, tuple[dict[str, Any], list[tuple[str, str, str]]]]) -> list[BehaviourIssue]:
     """Renders that differ only in the clock may differ only in date words (compared word by word)."""
     if "suau" not in results:
         return []
-    base = WORD_RE.findall(results["suau"][0]["output"])
+    base = str(results["suau"][0]["output"])
     out = []
     for name in ("date0", "date1"):
-        if name not in results:
-            continue
-        other = WORD_RE.findall(results[name][0]["output"])
-        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, base, other, autojunk=False).get_opcodes():
-            was, now = "".join(base[i1:i2]), "".join(other[j1:j2])
-            if tag != "equal" and not (DATE_WORD_RE.match(was) and DATE_WORD_RE.match(now)):
-                detail = f"the render changes with the date beyond the date itself: {_diff(was, now)}"
-                out.append(BehaviourIssue("varies", detail))
-                break
+        moved = date_difference(base, str(results[name][0]["output"])) if name in results else None
+        if moved:
+            out.append(BehaviourIssue("varies", f"the render changes with the date beyond the date itself: {moved}"))
     return out
-
-
-WORD_RE = re.compile(r"\w+|\W")
 
 
 EXTRA_INPUTS = (  # (render, what it passes, the probe words its own block holds)
@@ -378,20 +366,23 @@ def _extra_input_issues(
     because tools (documents) were passed: compared with the same conversation without them."""
     if "suau" not in results:
         return []
-    base = WORD_RE.findall(results["suau"][0]["output"])
+    base = str(results["suau"][0]["output"])
     segs = results["suau"][1]
-    preamble = len(WORD_RE.findall(segs[0][2])) if len(segs) > 1 else 0  # words before the first message
+    preamble = len(segs[0][2]) if len(segs) > 1 else 0  # characters before the first message
     vendor_header = sum(ch.isalpha() for ch in residual_text(HEADER_LINE_RE.sub(" ", segs[0][2]), specials)) >= limit
     out = []
     for name, label, probes in EXTRA_INPUTS:
         if name not in results:
             continue
-        other = WORD_RE.findall(results[name][0]["output"])
-        for tag, i1, _i2, j1, j2 in difflib.SequenceMatcher(None, base, other, autojunk=False).get_opcodes():
-            added = "".join(other[j1:j2])
+        start, was, now = word_middles(base, str(results[name][0]["output"]))
+        offsets = [start]  # where each word of the base's middle starts in the base render
+        for word in was:
+            offsets.append(offsets[-1] + len(word))
+        for tag, i1, _i2, j1, j2 in word_opcodes(was, now):
+            added = "".join(now[j1:j2])
             if tag == "equal" or any(p in added for p in probes):
                 continue
-            if vendor_header and 0 < i1 < preamble and not TAG_RE.search(added):
+            if vendor_header and 0 < offsets[i1] < preamble and not TAG_RE.search(added):
                 continue  # a sentence of the vendor's own fixed header (harmony's tool channel line)
             rest = residual_text(HEADER_LINE_RE.sub(" ", added), specials)
             if sum(ch.isalpha() for ch in rest) >= limit:
@@ -439,6 +430,23 @@ def taint_issues(
     return out
 
 
+BATTERY_JUDGE_CHARS = 1 << 16
+
+
+def _bounded(answer: dict[str, Any]) -> tuple[dict[str, Any], list[BehaviourIssue]]:
+    """``answer`` with every render cut to :data:`BATTERY_JUDGE_CHARS`, and an issue for the first cut one."""
+    renders, issues = [], []
+    for result in answer.get("renders") or []:
+        output = str(result.get("output", ""))
+        if len(output) > BATTERY_JUDGE_CHARS:
+            if not issues:
+                detail = f"a battery render is {len(output)} characters, over the {BATTERY_JUDGE_CHARS} the judge reads"
+                issues.append(BehaviourIssue("text", detail))
+            result = {**result, "output": output[:BATTERY_JUDGE_CHARS]}
+        renders.append(result)
+    return {**answer, "renders": renders}, issues
+
+
 def judge(
     renders: list[dict[str, Any]],
     answer: dict[str, Any],
@@ -446,10 +454,13 @@ def judge(
     max_literal_chars: int,
     guards: frozenset[int] = frozenset(),
 ) -> list[BehaviourIssue]:
-    """Issues of one battery answer (``renders`` as built by :func:`battery_renders`)."""
+    """Issues of one battery answer (``renders`` as built by :func:`battery_renders`). Each render
+    is read up to :data:`BATTERY_JUDGE_CHARS` (the battery's conversations hold a few hundred
+    characters: a longer render is itself an issue), so the judge's cost is bounded."""
     results: dict[str, tuple[dict[str, Any], list[tuple[str, str, str]]]] = {}
     issues: list[BehaviourIssue] = []
     headers = {"u": "", "utools": ""}  # the fixed text before a conversation without a system message
+    answer, issues = _bounded(answer)
     for request, result in zip(renders, answer.get("renders") or [], strict=False):
         if request["name"] in headers and result.get("status") == "ok":
             segs = segments(str(result.get("output", "")), _shown(request["messages"]))
