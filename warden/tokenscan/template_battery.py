@@ -435,7 +435,8 @@ BATTERY_JUDGE_CHARS = 1 << 16
 
 def _bounded(answer: dict[str, Any]) -> tuple[dict[str, Any], list[BehaviourIssue]]:
     """``answer`` with every render cut to :data:`BATTERY_JUDGE_CHARS`, and an issue for the first cut one."""
-    renders, issues = [], []
+    renders: list[dict[str, Any]] = []
+    issues: list[BehaviourIssue] = []
     for result in answer.get("renders") or []:
         output = str(result.get("output", ""))
         if len(output) > BATTERY_JUDGE_CHARS:
