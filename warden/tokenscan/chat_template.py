@@ -35,7 +35,6 @@ import subprocess
 import sys
 import threading
 import time
-import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +45,7 @@ from jinja2 import nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from warden.caches import LRUCache
+from warden.tokenscan import confusables
 
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_child.py")
 CANARIES = {
@@ -66,6 +66,20 @@ INJECTION_RE = re.compile(
     re.IGNORECASE,
 )
 TAG_RE = re.compile(r"<\|[^|>\s]{0,48}\|>|</?[A-Za-z_][\w:.\-/]{0,40}>|\[/?INST\]|<</?SYS>>|\[/?[A-Z_]{2,24}\]")
+MARKUP_WORDS = frozenset(
+    {*ROLE_WORDS, "start", "end", "begin", "of", "turn", "text", "header", "sentence", "sys", "inst", "sep", "eot",
+     "eom", "eos", "bos", "pad", "unk", "mask", "cls", "call", "calls", "result", "results", "response",
+     "responses", "output", "outputs", "input", "think", "thinking", "reasoning", "channel", "message", "return",
+     "constrain", "python", "tag", "image", "img", "audio", "video", "vision", "speech", "available", "prompt",
+     "args", "arguments", "fim", "prefix", "suffix", "middle", "code", "json", "document", "documents", "doc",
+     "context", "query", "source", "sources", "search", "functions", "endoftext", "endofprompt", "role", "token",
+     "chatbot", "bot", "content", "placeholder", "reserved", "special", "unused", "break", "patch", "tile",
+     "separator", "box", "quad", "object", "ref", "repo", "name", "file", "answer", "solution", "plugin"}
+)  # fmt: skip
+"""The words markup names are made of (roles, turn and header boundaries, channels, tool calls and
+results, modalities, fill-in-the-middle slots): a tag-shaped marker whose name holds any other word
+is words to the model (it is no token), and is read as text (:func:`markup_tag`)."""
+_NAME_SPLIT_RE = re.compile(r"[^A-Za-z]+|(?<=[a-z])(?=[A-Z])")
 RENDER_CACHE_SIZE = 512
 WORKER_MAX_RENDERS = 200
 WORKER_GRACE_SECONDS = 10.0
@@ -526,11 +540,117 @@ def _literals(tree: nodes.Template, max_literal_chars: int) -> list[TemplateIssu
         if URL_RE.search(text):
             out.append(TemplateIssue("url", f"URL in {_short(text)!r}"))
     # Long literal text alone is not a finding (vendors ship default system prompts, date
-    # headers and tool instructions): the render battery judges where a template adds text.
-    for text in _output_literals(tree):
-        if INJECTION_RE.search(unicodedata.normalize("NFKC", INVISIBLE_RE.sub("", text))):
-            out.append(TemplateIssue("injection", f"instruction-like text {_short(text, 100)!r}"))
+    # headers and tool instructions): text that instructs or steers is (:func:`instruction_text`),
+    # wherever the template keeps it (output, {% set %}, a macro argument); error messages are not.
+    errors = _error_messages(tree)
+    texts = [c.value for c in tree.find_all(nodes.Const) if isinstance(c.value, str) and id(c) not in errors]
+    texts += [d.data for d in tree.find_all(nodes.TemplateData)]
+    texts += [value for _line, value in _folded_strings(tree)]
+    for text in dict.fromkeys(texts):
+        why = instruction_text(text)
+        if why:
+            out.append(TemplateIssue("injection", f"{why} in {_short(text, 100)!r}"))
     return out
+
+
+# -- instruction-like text ---------------------------------------------------------------------
+# Vendor text around a conversation *describes*: who the model is and who made it, the date and
+# knowledge cutoff, the protocol (channels, tool-call format, reasoning switches), behaviour norms
+# ("ask when a question is unclear"). Injected text *directs what answers say*: it promotes
+# something, tells the model to say or include a specific thing (a name, a quoted phrase, a site),
+# scopes a directive over every answer, or ranks a named party above others. Judged on the text as
+# it looks (confusables folded, invisible characters removed, identifiers split into words).
+PROMOTE_RE = re.compile(
+    r"\b(?:recommend|promot|advertis|endors|sponsor|upsell|advocat|subscrib|purchas|shill)\w*|\bbuy(?:s|ing)?\b|"
+    r"\bsign(?:s|ed|ing)? up\b",
+    re.IGNORECASE,
+)
+SAY_RE = re.compile(
+    r"\b(?:mention|includ|insert|append|prepend|say|said|tell|told|claim|insist|remind|link|refer|redirect|direct|"
+    r"respond|repl(?:y|ies|ied)|answer|suggest|advis|urg|encourag|prais|favou?r|recite|repeat|promis)\w*|"
+    r"\b(?:end|begin|start|conclude|finish|close|sign)\w*\b[^.]{0,40}\bwith\b",
+    re.IGNORECASE,
+)
+EVERY_ANSWER_RE = re.compile(
+    r"\b(?:every|each|all|any)\s+(?:(?:of\s+)?(?:your|the|my)\s+)?(?:answer|response|reply|replies|completion|output)"
+    r"|\b(?:always|never|whenever|no matter)\b",
+    re.IGNORECASE,
+)
+SUPERLATIVE_RE = re.compile(
+    r"\b(?:best|better|superior|leading|cheapest|safest|most trusted|number one|only (?:choice|option|provider))\b",
+    re.IGNORECASE,
+)
+DOMAIN_RE = re.compile(
+    r"\b[a-z0-9][a-z0-9-]{0,60}\.(?:com|net|org|io|ai|co|info|biz|xyz|app|dev|shop|store|ru|cn)\b", re.I
+)
+QUOTED_RE = re.compile(r"(?<![A-Za-z])[\"“'‘]([^\"”'’\n]{2,80}?)[\"”'’](?![A-Za-z])")
+SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|\n+|[()]")
+PLAIN_CAPS = frozenset(
+    {"I", "JSON", "XML", "YAML", "HTML", "CSV", "API", "URL", "ID", "UTC", "ISO", "AI", "LLM", "OK", "MUST", "SHOULD",
+     "SHALL", "NOT", "NEVER", "ALWAYS", "ONLY", "DO", "NO", "YES", "IMPORTANT", "NOTE", "Markdown", "LaTeX"}
+)  # fmt: skip
+_IDENT_RE = re.compile(r"[_▁]+|(?<=[A-Za-z])-(?=[A-Za-z])|(?<=[a-z])(?=[A-Z][a-z])")
+
+
+def readable(text: str) -> str:
+    """``text`` as a model and a person read it: invisible characters removed, look-alikes
+    folded (:mod:`.confusables`, case kept), structural markers blanked and other tags' words kept,
+    identifiers (``ALWAYS_RECOMMEND_ACME``, ``always-recommend``) split into words."""
+    return _IDENT_RE.sub(" ", without_markup(confusables.fold_keep_case(INVISIBLE_RE.sub("", text))))
+
+
+def _entities(sentence: str) -> list[str]:
+    """Capitalised words that are neither a sentence's or label's first word nor plain capitals
+    (``JSON``, ``MUST``): names of products, companies, people (a first word counts when it has
+    capitals inside: ``ACME``, ``OpenAI``)."""
+    words = list(re.finditer(r"[A-Za-z][A-Za-z0-9&']*", sentence))
+    out = []
+    for i, m in enumerate(words):
+        w = m.group(0)
+        if not i and any(c.isupper() for c in w[1:]) and w not in PLAIN_CAPS:
+            out.append(w)  # a first word in capitals inside (ACME, OpenAI) is a name too
+            continue
+        after_label = sentence[: m.start()].rstrip().endswith((":", "#", "*", "-", "\u2022"))
+        if (
+            i
+            and not after_label
+            and any(c.isupper() for c in w)
+            and w not in PLAIN_CAPS
+            and w.lower() not in ROLE_WORDS
+        ):
+            out.append(w)
+    return out
+
+
+def steering(sentence: str) -> str | None:
+    """Why one sentence directs what answers say (see above), or None."""
+    if m := PROMOTE_RE.search(sentence):
+        return f"promotion ({m.group(0)!r})"
+    quoted = [q for q in QUOTED_RE.findall(sentence) if len(q.split()) >= 2]
+    bare = QUOTED_RE.sub(" ", sentence)  # a quoted phrase is an object, never the verb
+    say = SAY_RE.search(bare)
+    target = _entities(bare) or quoted or DOMAIN_RE.findall(sentence)
+    if say and target:
+        return f"a directive to say {target[0]!r} ({say.group(0)!r})"
+    if say and (scope := EVERY_ANSWER_RE.search(bare)):
+        return f"a directive over every answer ({scope.group(0)!r} ... {say.group(0)!r})"
+    if (best := SUPERLATIVE_RE.search(bare)) and (names := _entities(bare) or DOMAIN_RE.findall(sentence)):
+        return f"a ranking of {names[0]!r} ({best.group(0)!r})"
+    return None
+
+
+def instruction_text(text: str) -> str | None:
+    """Why fixed template text is instruction-like (an injection phrase, or a sentence that
+    steers answers: :func:`steering`), judged as it reads (:func:`readable`); None when it only
+    describes (identity, date, knowledge cutoff, protocol, behaviour norms)."""
+    flat = readable(text)
+    if m := INJECTION_RE.search(flat):
+        return f"instruction-like text ({m.group(0)!r})"
+    for sentence in SENTENCE_RE.split(flat):
+        why = steering(sentence) if sentence.strip() else None
+        if why:
+            return f"steering text: {why}"
+    return None
 
 
 def _loop_depth(tree: nodes.Node) -> int:
@@ -561,14 +681,34 @@ def _loops(tree: nodes.Template, max_depth: int, max_range: int) -> list[Templat
     return out
 
 
+def markup_tag(tag: str) -> bool:
+    """Whether a tag-shaped marker (a :data:`TAG_RE` match that is no declared token) names
+    structure only: every word of its name is one of :data:`MARKUP_WORDS`, or at most two letters
+    (``<s>``, ``<|im_sep|>``, ``[INST]``). ``<|recommend_the_acme_plan|>`` is not markup."""
+    return all(w.lower() in MARKUP_WORDS or len(w) <= 2 for w in _NAME_SPLIT_RE.split(tag) if w)
+
+
+def _tag_text(match: re.Match[str]) -> str:
+    tag = match.group(0)
+    return " " if markup_tag(tag) else " " + " ".join(w for w in re.split(r"[\W_]+", tag) if w) + " "
+
+
+def without_markup(text: str) -> str:
+    """``text`` with structural markers (:func:`markup_tag`) blanked and the words of any other
+    tag-shaped marker kept as words (an instruction spelled as a tag is still an instruction)."""
+    return TAG_RE.sub(_tag_text, text)
+
+
 def residual_text(output: str, special_tokens: Iterable[str]) -> str:
-    """``output`` without probe contents, special tokens, tag-like markers and role words."""
+    """``output`` without probe contents, declared tokens, structural markers and role words.
+    A tag-shaped marker that is no declared token and names more than structure
+    (:func:`markup_tag`) is text the model reads: its words stay."""
     text = output
     for token in sorted({t for t in special_tokens if t}, key=len, reverse=True):
         text = text.replace(token, " ")
     for canary in CANARIES.values():
         text = text.replace(canary, " ")
-    text = TAG_RE.sub(" ", text)
+    text = without_markup(text)
     words = re.split(r"(\W+)", text)
     kept = [w for w in words if w.lower() not in ROLE_WORDS]
     return " ".join("".join(kept).split())

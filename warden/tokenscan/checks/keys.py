@@ -1,8 +1,12 @@
-"""Check 7: dangerous config keys (trust_remote_code, private keys, hub kernels, RAG indexes, GGUF)."""
+"""Check 7: dangerous config keys (trust_remote_code, private keys, hub kernels, RAG indexes, GGUF) and
+tokenizer_config keys that change what every encoding returns (TS707)."""
 
 from __future__ import annotations
 
-from warden.tokenscan.checks.common import doc_keys, short, strings_in
+import os
+from typing import Any
+
+from warden.tokenscan.checks.common import basename, doc_keys, short, strings_in
 from warden.tokenscan.findings import Finding, Severity, finding
 from warden.tokenscan.policy import TokenscanPolicy
 from warden.tokenscan.snapshot import Snapshot
@@ -17,11 +21,47 @@ def _is_kernel_key(key: str) -> bool:
 
 def check_dangerous_keys(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
     out = []
+    templates = {os.path.dirname(t.rel) for t in snap.templates if t.rel.endswith(".jinja")}
     for doc in snap.configs():
         if not doc.config:
             continue  # vocab.json / added_tokens.json: keys are tokens ("_" is one), not settings
         for path, key, value in doc_keys(doc):
             out += _key_findings(doc.rel, path, key, value, policy)
+        if basename(doc.rel) == "tokenizer_config.json":
+            chat = "chat_template" in doc.data or os.path.dirname(doc.rel) in templates
+            out += [finding("TS707", doc.rel, why, key=key) for key, why in encoding_key_problems(doc.data, chat)]
+    return out
+
+
+# The shortest context of any tokenizer family a loader may meet: encoder and text-tower
+# tokenizers truncate at 64 (SigLIP), 77 (CLIP), 512 (BERT, T5); every chat family's context is
+# 2048 tokens or more. Below these, every longer prompt is cut (``truncation=True``).
+MIN_MODEL_MAX_LENGTH = 64
+MIN_CHAT_MODEL_MAX_LENGTH = 1024
+REQUIRED_INPUT_NAMES = ("input_ids", "attention_mask")
+
+
+def encoding_key_problems(config: dict[str, Any], chat: bool) -> list[tuple[str, str]]:
+    """(key, why) for each ``tokenizer_config.json`` value that changes what every encoding
+    returns: ``model_max_length`` not a number or below the shortest context of any family
+    (:data:`MIN_MODEL_MAX_LENGTH`; :data:`MIN_CHAT_MODEL_MAX_LENGTH` for a tokenizer with a chat
+    template), ``model_input_names`` without ``input_ids`` and ``attention_mask`` (the tokenizer
+    stops returning the mask: padding is then attended to). ``chat``: the tokenizer has a template."""
+    out = []
+    if "model_max_length" in config and config["model_max_length"] is not None:
+        value = config["model_max_length"]
+        floor = MIN_CHAT_MODEL_MAX_LENGTH if chat else MIN_MODEL_MAX_LENGTH
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            out.append(("model_max_length", f"model_max_length {short(value)!r} is not a number of tokens"))
+        elif value < floor:
+            kind = "a chat tokenizer's" if chat else "any tokenizer's"
+            out.append(("model_max_length", f"model_max_length {value:g} truncates prompts far below {kind} "
+                                            f"context (at least {floor})"))  # fmt: skip
+    if "model_input_names" in config:
+        names = config["model_input_names"]
+        missing = [n for n in REQUIRED_INPUT_NAMES if not (isinstance(names, list) and n in names)]
+        if missing:
+            out.append(("model_input_names", f"model_input_names {short(names)!r} lacks {', '.join(missing)}"))
     return out
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from warden.tokenscan.chat_template import instruction_text
 from warden.tokenscan.findings import Finding, finding
 from warden.tokenscan.policy import TokenscanPolicy
 from warden.tokenscan.snapshot import Snapshot, TemplateSource
@@ -44,6 +45,16 @@ def _render_findings(t: TemplateSource) -> list[Finding]:
     return out
 
 
+def _default_prompt_findings(t: TemplateSource) -> list[Finding]:
+    """The text a template adds before a conversation without a system message (a default system
+    prompt, as rendered) is judged like any fixed text: instruction-like or steering text in it is
+    TS805 (identity, date and protocol lines are not; see :func:`~..chat_template.instruction_text`)."""
+    why = instruction_text(t.default_system) if t.default_system else None
+    if not why:
+        return []
+    return [finding("TS805", t.rel, f"{_where(t)}: the default system prompt has {why}", key=t.key)]
+
+
 def check_chat_templates(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
     out = []
     for t in snap.templates:
@@ -52,5 +63,5 @@ def check_chat_templates(snap: Snapshot, policy: TokenscanPolicy) -> list[Findin
         for issue in t.issues:
             rule_id, sev = ISSUE_RULES[issue.kind]
             out.append(finding(rule_id, t.rel, f"{_where(t)}: {issue.detail}", key=t.key, severity=sev))
-        out += _render_findings(t)
+        out += _render_findings(t) + _default_prompt_findings(t)
     return out
