@@ -739,12 +739,6 @@ def validate_split(cfg: TrainerConfig, where: str, world_size: int) -> None:
     )
     if not roll.devices:
         return
-    _require(
-        world_size == 1,
-        where,
-        "rollout.devices",
-        f"the split rollout serves a one-process trainer in this version, not a {world_size}-process run",
-    )
     problem = split_device_problem(roll.devices, cfg.run.gpu_uuids, world_size)
     _require(problem is None, where, "rollout.devices", problem or "")
     on_cpu = list(roll.devices) == ["cpu"]

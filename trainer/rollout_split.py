@@ -1,8 +1,11 @@
 """Rollout on its own devices (``rollout.devices``): the engine in a separate process, fed by the trainer.
 
-Layout: the trainer ranks ``0 .. W-1`` and one rollout process (rank ``W``) join one process group
-(gloo on CPU, NCCL on GPU). Weight pushes go over a sub-group of trainer rank 0 and the rollout rank
-only, so the trainer's own collectives (DDP, FSDP) never include the rollout rank.
+Layout: the trainer ranks ``0 .. W-1`` (their own torchrun group, untouched) and one rollout process.
+Trainer rank 0 and the rollout process share a private two-rank :class:`Link` (its own TCP store and a
+gloo or NCCL process group object, never the default group), so the trainer's collectives (DDP, FSDP)
+never include the rollout process and a torchrun world needs no change. With ``W > 1`` every rollout
+is one request for the whole batch: the ranks' prompt rows are gathered to rank 0, which asks the
+engine, and the answer is broadcast back over the trainer group (each rank keeps its rows).
 
 Protocol (every control message is a typed payload, JSON bytes in a uint8 tensor, never a pickle):
 
@@ -16,8 +19,8 @@ Protocol (every control message is a typed payload, JSON bytes in a uint8 tensor
   weights. The answer is a :class:`GenerateResult` (token ids, mask, log-probs when the engine has them).
 - ``stop``: the worker leaves the group and exits.
 
-The worker entry point is ``python -m trainer.rollout_split --config FILE --init-method URL --rank W
---world-size W+1``. The HF engine runs anywhere; ``rollout.engine: vllm`` builds ``vllm.LLM`` with
+The worker entry point is ``python -m trainer.rollout_split --config FILE --store HOST:PORT
+--trainer-world W``. The HF engine runs anywhere; ``rollout.engine: vllm`` builds ``vllm.LLM`` with
 ``tensor_parallel_size`` on the rollout devices (:class:`SplitVLLMEngine`; a ConfigError naming
 ``rollout.engine`` when vLLM is not installed; not yet run on a GPU node).
 """
@@ -35,7 +38,7 @@ from typing import Any
 
 import torch
 
-from warden.errors import ConfigError, IncompleteError
+from warden.errors import IncompleteError
 
 DEFAULT_BUCKET_BYTES = 32 << 20
 MAX_MESSAGE_BYTES = 256 << 20
@@ -256,27 +259,61 @@ class EngineWeights:
             )
 
 
-# -- messages over torch.distributed -----------------------------------------------------------
+# -- messages over a private two-rank link ------------------------------------------------------
 
 
-def send_message(payload: Mapping[str, Any], dst: int, group: Any = None) -> None:
-    import torch.distributed as dist
+class Link:
+    """A two-rank process group of its own (trainer rank 0 is 0, the rollout process 1), built from a
+    TCP store on ``host:port`` that rank 0 serves. Independent of ``torch.distributed``'s default group."""
 
+    def __init__(self, address: str, rank: int, device: torch.device, timeout_s: float = 600.0) -> None:
+        import datetime
+
+        import torch.distributed as dist
+
+        host, _, port = address.rpartition(":")
+        timeout = datetime.timedelta(seconds=timeout_s)
+        self.store = dist.TCPStore(host, int(port), 2, rank == 0, timeout=timeout)
+        self.rank, self.peer, self.device = rank, 1 - rank, device
+        if device.type == "cuda":
+            options = dist.ProcessGroupNCCL.Options()
+            self.group: Any = dist.ProcessGroupNCCL(self.store, rank, 2, options)  # not run here: one GPU only
+        else:
+            self.group = dist.ProcessGroupGloo(self.store, rank, 2, timeout)
+
+    def _on_wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self.device) if self.device.type == "cuda" else tensor.cpu()
+
+    def send(self, tensor: torch.Tensor) -> None:
+        self.group.send([self._on_wire(tensor).contiguous()], self.peer, 0).wait()
+
+    def recv(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Fills a buffer like ``tensor`` from the peer; returns it (on the link's device)."""
+        buffer = self._on_wire(tensor)
+        self.group.recv([buffer], self.peer, 0).wait()
+        return buffer
+
+    def broadcast_from_trainer(self, tensor: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        buffer = self._on_wire(tensor).contiguous()
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        self.group.broadcast([buffer], options).wait()
+        return buffer
+
+
+def send_message(payload: Mapping[str, Any], link: Link) -> None:
     body = json.dumps(payload, separators=(",", ":")).encode()
-    dist.send(torch.tensor([len(body)], dtype=torch.int64), dst, group=group)
-    dist.send(torch.frombuffer(bytearray(body), dtype=torch.uint8), dst, group=group)
+    link.send(torch.tensor([len(body)], dtype=torch.int64))
+    link.send(torch.frombuffer(bytearray(body), dtype=torch.uint8))
 
 
-def recv_message(src: int, group: Any = None) -> dict[str, Any]:
-    import torch.distributed as dist
-
-    size = torch.zeros(1, dtype=torch.int64)
-    dist.recv(size, src, group=group)
-    n = int(size)
+def recv_message(link: Link) -> dict[str, Any]:
+    n = int(link.recv(torch.zeros(1, dtype=torch.int64)).cpu())
     if not 0 < n <= MAX_MESSAGE_BYTES:
         raise SplitError(f"message of {n} bytes refused (at most {MAX_MESSAGE_BYTES})")
-    body = torch.empty(n, dtype=torch.uint8)
-    dist.recv(body, src, group=group)
+    body = link.recv(torch.empty(n, dtype=torch.uint8)).cpu()
     data = json.loads(bytes(body.numpy()).decode())
     if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
         raise SplitError("message: expected an object with a kind")
@@ -284,51 +321,43 @@ def recv_message(src: int, group: Any = None) -> dict[str, Any]:
 
 
 class SplitClient:
-    """Trainer rank 0's end: pushes weights to the rollout rank and asks it for rollouts.
+    """Trainer rank 0's end of the :class:`Link`: pushes weights to the rollout process and asks it for rollouts."""
 
-    ``group`` is the sub-group ``[0, rollout_rank]`` every rank of the world created (collectively)."""
-
-    def __init__(self, rollout_rank: int, group: Any, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
-        self.rollout_rank, self.group, self.bucket_bytes = rollout_rank, group, bucket_bytes
+    def __init__(self, link: Link, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+        self.link, self.bucket_bytes = link, bucket_bytes
         self.version = 0
 
     def push(self, model: Any) -> int:
         """Sends every parameter of ``model`` as the next version; returns it."""
-        import torch.distributed as dist
-
         named = [(n, p.detach()) for n, p in model.named_parameters()]
         plan = plan_buckets(named, self.bucket_bytes, self.version + 1)
-        send_message(plan.to_data(), self.rollout_rank)
+        send_message(plan.to_data(), self.link)
         for bucket in pack_buckets(named, plan):
-            dist.broadcast(bucket.cpu() if dist.get_backend() == "gloo" else bucket, src=0, group=self.group)
+            self.link.broadcast_from_trainer(bucket)
         self.version = plan.version
         return self.version
 
     def generate(self, request: GenerateRequest) -> GenerateResult:
-        send_message(request.to_data(), self.rollout_rank)
-        result = GenerateResult.from_data(recv_message(self.rollout_rank))
+        send_message(request.to_data(), self.link)
+        result = GenerateResult.from_data(recv_message(self.link))
         if result.error:
             raise StaleWeights(f"rollout process: {result.error}")
         return result
 
     def stop(self) -> None:
-        send_message({"kind": "stop"}, self.rollout_rank)
+        send_message({"kind": "stop"}, self.link)
 
 
 class RolloutServer:
     """The rollout rank's end: holds the engine and answers :class:`SplitClient` until ``stop``."""
 
-    def __init__(self, engine: Any, model: Any, pad_id: int, group: Any, device: torch.device) -> None:
-        self.engine, self.model, self.pad_id, self.group, self.device = engine, model, pad_id, group, device
+    def __init__(self, engine: Any, model: Any, pad_id: int, link: Link, device: torch.device) -> None:
+        self.engine, self.model, self.pad_id, self.link, self.device = engine, model, pad_id, link, device
         self.weights = EngineWeights()
 
     def receive_push(self, push: WeightPush) -> None:
-        import torch.distributed as dist
-
         self.weights.accept(push)
-        buckets = [torch.empty(n, dtype=torch.uint8) for n in push.bucket_bytes]
-        for bucket in buckets:
-            dist.broadcast(bucket, src=0, group=self.group)
+        buckets = [self.link.broadcast_from_trainer(torch.empty(n, dtype=torch.uint8)).cpu() for n in push.bucket_bytes]
         load = getattr(self.engine, "load_pushed", None)
         if load is not None:  # vLLM: the same tensors go to its workers' load_weights
             load(unpack(buckets, push))
@@ -356,15 +385,15 @@ class RolloutServer:
             self.weights.version,
         )
 
-    def serve(self, trainer_rank: int = 0) -> None:
+    def serve(self) -> None:
         while True:
-            data = recv_message(trainer_rank)
+            data = recv_message(self.link)
             if data["kind"] == "stop":
                 return
             if data["kind"] == "push":
                 self.receive_push(WeightPush.from_data(data))
             elif data["kind"] == "generate":
-                send_message(self.answer(GenerateRequest.from_data(data)).to_data(), trainer_rank)
+                send_message(self.answer(GenerateRequest.from_data(data)).to_data(), self.link)
             else:
                 raise SplitError(f"unknown message kind {data['kind'][:40]!r}")
 
@@ -473,96 +502,137 @@ def _free_port() -> int:
 
 
 class SplitRollout:
-    """The trainer's engine for ``rollout.devices``: starts the rollout process, joins a two-rank group
-    with it (this trainer rank 0 and the rollout rank 1), pushes the actor's weights at start and after
-    every update (``sync_weights``) and sends each rollout to it (the :class:`RolloutEngine` protocol)."""
+    """The trainer's engine for ``rollout.devices`` (the :class:`RolloutEngine` protocol) on every
+    trainer rank. Rank 0 starts the rollout process, holds the :class:`Link` to it and pushes the
+    actor's weights at start and after every update (``sync_weights``: the ranks' weights are equal
+    after each synchronised update); each ``generate`` gathers the ranks' rows to rank 0, which sends
+    one request for the whole batch, and broadcasts the answer, of which each rank keeps its rows."""
 
     def __init__(self, cfg: Any, actor: Any, model_dir: str, stop_ids: Sequence[int], pad_id: int) -> None:
+        import torch.distributed as dist
+
+        from trainer.distributed import DistInfo
+
+        self.cfg, self.pad_id = cfg, pad_id
+        self.device = next(actor.parameters()).device
+        # the trainer's own torchrun group (init_distributed has run), or one process
+        self.info = DistInfo(dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else DistInfo()
+        self.last_logprobs: torch.Tensor | None = None
+        self.process: Any = None
+        if self.info.rank == 0:
+            self._start(model_dir, stop_ids)
+        self.sync_weights(actor)  # the engine never samples from the weights on disk
+
+    def _start(self, model_dir: str, stop_ids: Sequence[int]) -> None:
         import subprocess
         import tempfile
 
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            raise ConfigError("rollout.devices: the split runs beside a one-process trainer in this version")
-        self.cfg, self.pad_id = cfg, pad_id
-        self.device = next(actor.parameters()).device
+        cfg = self.cfg
         self._dir = tempfile.mkdtemp(prefix="warden-rollout-")
         config_path = os.path.join(self._dir, "config.json")
         with open(config_path, "w", encoding="utf-8") as fh:  # our own child reads it; a private directory
             json.dump({"version": 1, **cfg.to_dict()}, fh)
-        init = f"tcp://127.0.0.1:{_free_port()}"
-        env = {**os.environ, "WORLD_SIZE": "1", "CUDA_VISIBLE_DEVICES": visible_devices(cfg.rollout.devices)}
-        for name in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        address = f"127.0.0.1:{_free_port()}"
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": visible_devices(cfg.rollout.devices)}
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             env.pop(name, None)
         cmd = [sys.executable, "-m", "trainer.rollout_split", "--model-dir", model_dir, "--config", config_path]
-        cmd += ["--init-method", init, "--rank", "1", "--world-size", "2", "--pad-id", str(pad_id)]
+        cmd += ["--store", address, "--trainer-world", str(self.info.world_size), "--pad-id", str(self.pad_id)]
         cmd += ["--stop-ids", ",".join(str(i) for i in stop_ids)]
         self.process = subprocess.Popen(cmd, env=env)
-        backend = "gloo" if rollout_device(cfg.rollout.devices).type == "cpu" else "nccl"
-        dist.init_process_group(backend, init_method=init, rank=0, world_size=2)
-        self.client = SplitClient(1, dist.new_group([0, 1]))
-        self.last_logprobs: torch.Tensor | None = None
-        self.sync_weights(actor)  # the engine never samples from the weights on disk
+        self.client = SplitClient(Link(address, 0, self.device))
 
     def sync_weights(self, actor: Any) -> None:
-        self.client.push(actor)
+        if self.info.rank == 0:
+            self.client.push(actor)
 
     def generate(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, plan: Any = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        from trainer.rollout_vllm import prompt_rows
+        from trainer.distributed import all_gather_rows
 
-        rows = prompt_rows(prompt_ids, prompt_mask)
+        rows = prompt_ids.shape[0]
         seed, offset, total, temperature = (
             (plan.seed, plan.offset, plan.total, plan.temperature) if plan else (0, 0, 0, 1.0)
         )
-        request = GenerateRequest(tuple(map(tuple, rows)), seed, offset, total, temperature, self.client.version)
+        whole_ids, whole_mask = all_gather_rows(prompt_ids, self.info), all_gather_rows(prompt_mask, self.info)
+        first = offset - self.info.rank * rows  # the batch's row offset of trainer rank 0's first row
+        if self.info.rank == 0:
+            responses, mask, logprobs = self._ask(whole_ids, whole_mask, seed, first, total, temperature)
+        else:
+            responses, mask, logprobs = None, None, None
+        responses, mask, logprobs = self._share(responses, mask, logprobs, whole_ids.shape[0])
+        mine = slice(self.info.rank * rows, (self.info.rank + 1) * rows)
+        self.last_logprobs = logprobs[mine] if logprobs is not None else None
+        return responses[mine], mask[mine]
+
+    def _ask(
+        self, ids: torch.Tensor, mask: torch.Tensor, seed: int, offset: int, total: int, temperature: float
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        from trainer.rollout_vllm import prompt_rows
+
+        prompts = tuple(map(tuple, prompt_rows(ids, mask)))
+        request = GenerateRequest(prompts, seed, offset, total, temperature, self.client.version)
         result = self.client.generate(request)
-        responses, mask = result.tensors()
-        self.last_logprobs = torch.tensor(result.logprobs).to(self.device) if result.logprobs else None
-        return responses.to(self.device), mask.to(self.device)
+        responses, rmask = result.tensors()
+        logprobs = torch.tensor(result.logprobs) if result.logprobs else None
+        return responses.to(self.device), rmask.to(self.device), logprobs
+
+    def _share(
+        self, responses: Any, mask: Any, logprobs: Any, rows: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Rank 0's answer on every trainer rank (a broadcast over the trainer group when ``W > 1``)."""
+        if self.info.world_size <= 1:
+            return responses, mask, logprobs
+        import torch.distributed as dist
+
+        width = self.cfg.rollout.max_new_tokens
+        flag = torch.tensor([int(logprobs is not None) if self.info.rank == 0 else 0], device=self.device)
+        dist.broadcast(flag, src=0)
+        shaped = (rows, width)
+        responses = responses if responses is not None else torch.empty(shaped, dtype=torch.long, device=self.device)
+        mask = mask if mask is not None else torch.empty(shaped, dtype=torch.long, device=self.device)
+        dist.broadcast(responses.contiguous(), src=0)
+        dist.broadcast(mask.contiguous(), src=0)
+        if not int(flag):
+            return responses, mask, None
+        logprobs = (logprobs if logprobs is not None else torch.empty(shaped)).to(self.device, torch.float32)
+        dist.broadcast(logprobs.contiguous(), src=0)
+        return responses, mask, logprobs
 
     def close(self) -> None:
         import shutil
 
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            self.client.stop()
-            dist.destroy_process_group()
+        if self.process is None:
+            return
+        self.client.stop()
         if self.process.wait(timeout=120) != 0:
             raise SplitError(f"the rollout process exited with {self.process.returncode}")
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """The rollout process: joins the group as the last rank and serves until ``stop``."""
-    import torch.distributed as dist
-
-    parser = argparse.ArgumentParser(prog="python -m trainer.rollout_split")
+    """The rollout process: the :class:`Link`'s rank 1; serves until ``stop``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.rollout_split",
+        description="Warden's rollout process (started by the trainer for rollout.devices; not run by hand).",
+    )
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--config", required=True)
-    parser.add_argument("--init-method", required=True)
-    parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--world-size", type=int, required=True)
+    parser.add_argument("--store", required=True, help="HOST:PORT of trainer rank 0's link store")
+    parser.add_argument("--trainer-world", type=int, default=1, help="the trainer's world size (batch rules)")
     parser.add_argument("--pad-id", type=int, required=True)
     parser.add_argument("--stop-ids", required=True, help="comma-separated token ids")
     args = parser.parse_args(argv)
     from trainer.config import load_config
 
-    os.environ["WORLD_SIZE"] = str(args.world_size - 1)  # the config's batch rules are the trainer world's
+    os.environ["WORLD_SIZE"] = str(args.trainer_world)  # the config's batch rules are the trainer world's
     cfg = load_config(args.config)
     device = rollout_device(cfg.rollout.devices)
-    backend = "gloo" if device.type == "cpu" else "nccl"
-    dist.init_process_group(backend, init_method=args.init_method, rank=args.rank, world_size=args.world_size)
-    group = dist.new_group([0, args.rank])
+    link = Link(args.store, 1, device)
     stop_ids = [int(x) for x in args.stop_ids.split(",")]
     engine, model = build_engine(cfg, args.model_dir, device, stop_ids, args.pad_id)
-    try:
-        RolloutServer(engine, model, args.pad_id, group, device).serve()
-    finally:
-        dist.destroy_process_group()
+    RolloutServer(engine, model, args.pad_id, link, device).serve()
     return 0
 
 
