@@ -61,6 +61,7 @@ def _arm_cpu(seconds: float) -> None:
 
 TAINT: list[list[Any]] = []
 PRIVATE: list[str] = []
+MAX_RECORDS = 256
 
 
 TEMPLATE: list[Any] = [None]  # the template being rendered (its lines name where a comparison is)
@@ -68,7 +69,7 @@ TEMPLATE: list[Any] = [None]  # the template being rendered (its lines name wher
 
 def _template_line() -> int:
     """The template line the running comparison is on (0 when not known)."""
-    frame = sys._getframe(2)
+    frame = sys._getframe(1)
     template = TEMPLATE[0]
     while frame is not None:
         if frame.f_code.co_filename == "<template>" and template is not None:
@@ -80,15 +81,24 @@ def _template_line() -> int:
     return 0
 
 
+def _note(source: str, operation: str, constant: str) -> None:
+    """One run-time record ``[source, operation, constant, template line]`` (at most MAX_RECORDS)."""
+    if len(TAINT) < MAX_RECORDS:
+        TAINT.append([source, operation, constant[:200], _template_line()])
+
+
 def _record(source: str, operation: str, other: Any) -> None:
-    if isinstance(other, str) and not isinstance(other, Probe) and len(TAINT) < 256:
-        TAINT.append([source, operation, str.__str__(other)[:200], _template_line()])
-    elif operation in ("lookup", "length") and len(TAINT) < 256:
-        TAINT.append([source, operation, str(other)[:200], _template_line()])
+    """A comparison (or rewrite, or cut) of a tainted string with ``other``: recorded when
+    ``other`` is a constant string; a lookup keyed on the string is recorded with what it looks into."""
+    if isinstance(other, str) and not isinstance(other, Probe):
+        _note(source, operation, str.__str__(other))
+    elif operation in ("lookup", "length"):
+        _note(source, operation, str(other))
 
 
 class Probe(str):
-    """A string (message content, the date) that records what the template compares it with."""
+    """A string (message content, the date, the environment's names) that records what the
+    template compares it with; whatever the template derives from it stays a Probe."""
 
     _wsrc = "content"  # private: a template cannot read it (the sandbox refuses _ names)
 
@@ -98,7 +108,7 @@ class Probe(str):
         return obj
 
     def _wrap(self, value: Any) -> Any:
-        return Probe(value, self._wsrc) if isinstance(value, str) else value
+        return _tainted_result(value, self._wsrc)
 
     def __iter__(self) -> Any:  # content|first, content|list, for c in content: each character stays a Probe
         return (Probe(c, self._wsrc) for c in str.__iter__(self))
@@ -122,65 +132,316 @@ class Probe(str):
     def __getitem__(self, key: Any) -> Any:
         return self._wrap(str.__getitem__(self, key))
 
-    def splitlines(self, *args: Any) -> list[Any]:
-        return [self._wrap(p) for p in str.splitlines(self, *args)]
-
     def __add__(self, other: Any) -> Any:
         return self._wrap(str.__add__(self, other))
 
     def __radd__(self, other: Any) -> Any:
         return self._wrap(str.__add__(other, self)) if isinstance(other, str) else NotImplemented
 
+    def __mul__(self, other: Any) -> Any:
+        return self._wrap(str.__mul__(self, other))
 
-def _source(values: Any) -> str | None:
-    """The source of the first Probe among ``values`` (and one level of lists inside them)."""
-    for value in values:
-        items = value if isinstance(value, (list, tuple)) else (value,)
-        for item in items:
-            if isinstance(item, Probe):
-                return item._wsrc
+    __rmul__ = __mul__
+
+    def __mod__(self, other: Any) -> Any:
+        return self._wrap(str.__mod__(self, other))
+
+
+def _comparing(name: str) -> Any:
+    """``startswith``/``find``/``<``...: the constant argument is recorded; a position or count
+    is a number derived from content whose tests against -1/0 stand for the argument's test."""
+
+    def method(self: Probe, *args: Any, **kwargs: Any) -> Any:
+        first = args[0] if args else kwargs.get("prefix", kwargs.get("suffix", kwargs.get("sub")))
+        for arg in first if isinstance(first, tuple) else (first,):
+            _record(self._wsrc, name, arg)
+        out = getattr(str, name)(self, *args, **kwargs)
+        basis = str.__str__(first) if isinstance(first, str) and not isinstance(first, Probe) else None
+        return _number(out, self._wsrc, "number", basis)
+
+    return method
+
+
+def _deriving(name: str) -> Any:
+    def method(self: Probe, *args: Any, **kwargs: Any) -> Any:
+        return self._wrap(getattr(str, name)(self, *args, **kwargs))
+
+    return method
+
+
+def _rewriting(name: str) -> Any:
+    """``replace``/``split``/``partition``/``removeprefix``: what the template cuts content at or
+    rewrites in it is recorded (markup and whitespace are what vendors cut at); the pieces stay Probes."""
+
+    def method(self: Probe, *args: Any, **kwargs: Any) -> Any:
+        first = args[0] if args else kwargs.get("sep", kwargs.get("old", kwargs.get("prefix", kwargs.get("suffix"))))
+        if first is not None:
+            _record(self._wsrc, name, first)
+        return self._wrap(getattr(str, name)(self, *args, **kwargs))
+
+    return method
+
+
+def _testing(name: str) -> Any:
+    """``isdigit``/``istitle``...: a test of content's letters is content-keyed (recorded by name)."""
+
+    def method(self: Probe) -> bool:
+        _note(self._wsrc, name, f"a str.{name}() test")
+        return bool(getattr(str, name)(self))
+
+    return method
+
+
+COMPARING = ("startswith", "endswith", "find", "rfind", "index", "rindex", "count", "__lt__", "__gt__", "__le__",
+             "__ge__")  # fmt: skip
+REWRITING = ("replace", "split", "rsplit", "partition", "rpartition", "removeprefix", "removesuffix")
+DERIVING = ("lower", "upper", "strip", "lstrip", "rstrip", "title", "capitalize", "casefold", "swapcase", "ljust",
+            "rjust", "center", "zfill", "expandtabs", "translate", "join", "splitlines", "format",
+            "format_map")  # fmt: skip
+TESTING = (
+    "isalnum",
+    "isalpha",
+    "isascii",
+    "isdecimal",
+    "isdigit",
+    "isidentifier",
+    "islower",
+    "isnumeric",
+    "isprintable",
+    "istitle",
+    "isupper",
+)  # fmt: skip  (isspace is an emptiness test, like strip() == '')
+
+for _name in COMPARING:
+    setattr(Probe, _name, _comparing(_name))
+for _name in REWRITING:
+    setattr(Probe, _name, _rewriting(_name))
+for _name in DERIVING:
+    setattr(Probe, _name, _deriving(_name))
+for _name in TESTING:
+    setattr(Probe, _name, _testing(_name))
+
+
+def _probe_markup() -> type:
+    """A Probe that is also ``Markup`` (content|e): escaping behaves as markupsafe's, the taint stays."""
+    from markupsafe import Markup
+
+    class ProbeMarkup(Markup, Probe):  # Markup first: its escaping methods win, Probe records the rest
+        def __new__(cls, value: Any = "", source: str = "content") -> ProbeMarkup:
+            obj = Markup.__new__(cls, value)
+            obj._wsrc = getattr(value, "_wsrc", source)
+            return obj
+
+    for name in REWRITING:
+        if hasattr(Markup, name):
+            setattr(ProbeMarkup, name, _recording_markup(name, getattr(Markup, name)))
+    return ProbeMarkup
+
+
+def _recording_markup(name: str, markup_method: Any) -> Any:
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if args:
+            _record(self._wsrc, name, args[0])
+        return markup_method(self, *args, **kwargs)
+
+    return method
+
+
+class _Number:
+    """What ProbeInt and ProbeFloat share: a number derived from content (its length, ``|int``,
+    arithmetic on those) or from the clock, recording what the template compares it with.
+
+    ``_wkind``: ``length`` (a length: 0 and 1 are emptiness tests) or ``number``; ``_wbasis``:
+    the constant a position or count was taken of (``find('</think>')``): its tests against -1
+    and 0 are that constant's membership test."""
+
+    _wsrc = "content"
+    _wkind = "length"
+    _wbasis: str | None = None
+
+    def _plain(self) -> int | float:
+        raise NotImplementedError
+
+    def __hash__(self) -> int:  # a length or number as a dict key: a lookup keyed on content
+        _note(self._wsrc, "lookup", "a dict or set")
+        return hash(self._plain())
+
+    def __bool__(self) -> bool:
+        if self._wkind != "length":
+            self._compared("truth", 0)
+        return bool(self._plain())
+
+    def _compared(self, name: str, other: Any) -> None:
+        if isinstance(other, bool) or not isinstance(other, (int, float)) or isinstance(other, _Number):
+            return
+        if self._wbasis is not None and other in (-1, 0):
+            _note(self._wsrc, f"{name} of a position", self._wbasis)
+        else:
+            _note(self._wsrc, f"{self._wkind} {name.strip('_')}", repr(other + 0)[:40])
+
+
+class ProbeInt(_Number, int):
+    """An int derived from a tainted value (content's length, ``|int`` of content or of the clock)."""
+
+    def __new__(cls, value: int, source: str = "content", kind: str = "length", basis: str | None = None) -> ProbeInt:
+        obj = int.__new__(cls, value)
+        obj._wsrc, obj._wkind, obj._wbasis = source, kind, basis
+        return obj
+
+    def _plain(self) -> int:
+        return int(self)
+
+
+class ProbeFloat(_Number, float):
+    """A float derived from a tainted value (``/`` on a length, ``|float`` of content)."""
+
+    def __new__(cls, value: float, source: str = "content", kind: str = "number") -> ProbeFloat:
+        obj = float.__new__(cls, value)
+        obj._wsrc, obj._wkind = source, kind
+        return obj
+
+    def _plain(self) -> float:
+        return float(self)
+
+
+def _number(value: Any, source: str, kind: str = "number", basis: str | None = None) -> Any:
+    """``value`` tainted when it is a number (bools cannot be: their tests record where they are made)."""
+    if isinstance(value, (bool, _Number)):
+        return value
+    if isinstance(value, int):
+        return ProbeInt(value, source, kind, basis)
+    if isinstance(value, float):
+        return ProbeFloat(value, source, kind)
+    return value
+
+
+def _number_comparing(name: str, base: type) -> Any:
+    def method(self: Any, other: Any) -> Any:
+        self._compared(name, other)
+        return getattr(base, name)(self, other)
+
+    return method
+
+
+def _number_deriving(name: str, base: type) -> Any:
+    def method(self: Any, *args: Any) -> Any:
+        out = getattr(base, name)(self, *args)
+        if out is NotImplemented:
+            return out
+        if isinstance(out, tuple):  # divmod
+            return tuple(_number(x, self._wsrc) for x in out)
+        return _number(out, self._wsrc)
+
+    return method
+
+
+NUMBER_COMPARING = ("__eq__", "__ne__", "__lt__", "__gt__", "__le__", "__ge__")
+ARITHMETIC = ("add", "sub", "mul", "floordiv", "truediv", "mod", "pow", "divmod", "and", "or", "xor", "lshift",
+              "rshift")  # fmt: skip
+NUMBER_DERIVING = (
+    *(f"__{p}{op}__" for op in ARITHMETIC for p in ("", "r")),
+    *("__neg__", "__pos__", "__abs__", "__invert__", "__round__", "__trunc__", "__floor__", "__ceil__"),
+)
+for _cls, _base in ((ProbeInt, int), (ProbeFloat, float)):
+    for _name in NUMBER_COMPARING:
+        setattr(_cls, _name, _number_comparing(_name, _base))
+    for _name in NUMBER_DERIVING:
+        if hasattr(_base, _name):
+            setattr(_cls, _name, _number_deriving(_name, _base))
+
+TAINTED = (Probe, _Number)
+
+
+def _taint(value: Any) -> str | None:
+    """The source of ``value`` when it is a tainted string or number, else None."""
+    return value._wsrc if isinstance(value, TAINTED) else None
+
+
+def _taint_in(values: Any, depth: int = 3) -> str | None:
+    """The source of the first tainted value among ``values``, looking ``depth`` levels into
+    lists, tuples and dict values (the first 64 items of each: a bound on the cost)."""
+    for i, value in enumerate(values):
+        if i >= 64:
+            return None
+        if isinstance(value, TAINTED):
+            return str(value._wsrc)
+        if depth > 1 and isinstance(value, (list, tuple, dict)):
+            found = _taint_in(value.values() if isinstance(value, dict) else value, depth - 1)
+            if found:
+                return found
     return None
 
 
-def _tainting(func: Any) -> Any:
-    """``func`` (a filter or join helper) whose string result stays a Probe when an input was one."""
+def _tainted_result(value: Any, source: str) -> Any:
+    """``value`` (derived from a tainted input) as a Probe, a tainted number, or a list of Probes."""
+    if isinstance(value, str):
+        if isinstance(value, Probe):
+            return value
+        if hasattr(value, "__html__"):
+            return PROBE_MARKUP[0](value, source)
+        return Probe(value, source)
+    if isinstance(value, list):
+        return [_tainted_result(v, source) if isinstance(v, str) else v for v in value]
+    if isinstance(value, tuple):
+        return tuple(_tainted_result(v, source) if isinstance(v, str) else v for v in value)
+    return _number(value, source)
+
+
+PROBE_MARKUP: list[Any] = [Probe]  # ProbeMarkup once markupsafe is importable (in _environment)
+
+
+class _Spy:
+    """An iterator passed to ``join`` in place of ``inner`` (never handed back to the template):
+    notes whether it yielded a tainted value."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._source: str | None = None
+
+    def __iter__(self) -> _Spy:
+        return self
+
+    def __next__(self) -> Any:
+        value = next(self._inner)
+        if self._source is None:
+            self._source = _taint_in((value,))
+        return value
+
+
+def _tainting(func: Any, numbers: bool = False) -> Any:
+    """``func`` (a filter or join helper) whose string result stays tainted when an input was
+    (a string or number, or one inside the lists and dicts passed); with ``numbers``, a number
+    it computes from a tainted string or number (``|int``, ``|abs``, ``|wordcount``) is tainted
+    too. Numbers computed from containers (``messages|length``) are the conversation's shape, not content."""
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
-        args = tuple(list(a) if hasattr(a, "__next__") else a for a in args)  # map(...) generators
         out = func(*args, **kwargs)
-        source = _source([*args, *kwargs.values()])
-        return Probe(out, source) if source and isinstance(out, str) and not isinstance(out, Probe) else out
+        if isinstance(out, str) and not isinstance(out, Probe):
+            source = _taint_in((*args, *kwargs.values()))
+            return _tainted_result(out, source) if source else out
+        if numbers and isinstance(out, (int, float)) and not isinstance(out, (bool, _Number)):
+            value = next((a for a in args[:2] if isinstance(a, TAINTED)), None)
+            return out if value is None else _number(out, value._wsrc, getattr(value, "_wkind", "number"))
+        return out
 
     if hasattr(func, "jinja_pass_arg"):
         wrapped.jinja_pass_arg = func.jinja_pass_arg  # type: ignore[attr-defined]
     return wrapped
 
 
-class ProbeInt(int):
-    """The length of message content: records what the template compares it with (``> 100``)."""
+def _joining(func: Any) -> Any:
+    """The ``join`` filter and jinja's ``~``: an iterator of tainted pieces joins into a Probe."""
 
-    _wsrc = "content"
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        spies = [_Spy(a) if hasattr(a, "__next__") else a for a in args]
+        out = func(*spies, **kwargs)
+        source = _taint_in((*spies, *kwargs.values())) or next((a._source for a in spies if isinstance(a, _Spy)
+                                                                 and a._source), None)  # fmt: skip
+        return _tainted_result(out, source) if source and isinstance(out, str) else out
 
-    def __new__(cls, value: int, source: str = "content") -> ProbeInt:
-        obj = super().__new__(cls, value)
-        obj._wsrc = source
-        return obj
-
-    def __hash__(self) -> int:
-        return int.__hash__(self)
-
-
-def _number_comparing(name: str) -> Any:
-    def method(self: ProbeInt, other: Any) -> Any:
-        if isinstance(other, (int, float)) and not isinstance(other, (bool, ProbeInt)) and len(TAINT) < 256:
-            TAINT.append([self._wsrc, f"length {name.strip('_')}", repr(other)[:40], _template_line()])
-        return getattr(int, name)(self, other)
-
-    return method
-
-
-for _name in ("__eq__", "__ne__", "__lt__", "__gt__", "__le__", "__ge__"):
-    setattr(ProbeInt, _name, _number_comparing(_name))
+    if hasattr(func, "jinja_pass_arg"):
+        wrapped.jinja_pass_arg = func.jinja_pass_arg  # type: ignore[attr-defined]
+    return wrapped
 
 
 def _measuring(func: Any) -> Any:
@@ -208,63 +469,188 @@ def _replacing(func: Any) -> Any:
     return wrapped
 
 
+def _sameas(value: Any, other: Any) -> bool:
+    """``is sameas`` as the loader sees it: a tainted number is a fresh object only where a plain
+    one would be (CPython shares the small ints), so lengths of short content are the same object."""
+    value = value._plain() if isinstance(value, _Number) else value
+    other = other._plain() if isinstance(other, _Number) else other
+    return value is other
+
+
+NUMBER_FILTERS = ("int", "float", "abs", "round", "wordcount")
+
+
 def _keep_taint(env: Any) -> None:
-    """Taint survives ``~`` concatenation and the string filters (join, replace, format...);
-    the length of content and what ``replace`` rewrites in it are recorded."""
+    """Taint survives ``~`` concatenation, macro and ``{% set %}`` block output (``concat``) and
+    every filter; numbers survive the numeric filters; the length of content is a ProbeInt."""
     import jinja2.runtime
 
-    jinja2.runtime.str_join = _tainting(jinja2.runtime.str_join)  # the compiled code imports it
-    if "replace" in env.filters:
-        env.filters["replace"] = _replacing(env.filters["replace"])
-    for name in ("join", "replace", "format", "center", "indent", "wordwrap", "striptags", "string", "truncate"):
-        if name in env.filters:
-            env.filters[name] = _tainting(env.filters[name])
-    for name in ("length", "count"):
-        if name in env.filters:
+    jinja2.runtime.str_join = _joining(jinja2.runtime.str_join)  # the compiled code imports it
+    env.concat = _joining(env.concat)  # macro bodies, caller(), set blocks, filter blocks
+    for name in list(env.filters):
+        if name in ("length", "count"):
             env.filters[name] = _measuring(env.filters[name])
+        elif name == "join":
+            env.filters[name] = _joining(env.filters[name])
+        else:
+            env.filters[name] = _tainting(env.filters[name], numbers=name in NUMBER_FILTERS)
+    env.filters["replace"] = _replacing(env.filters["replace"])
+    env.tests["sameas"] = _sameas
 
 
-def _comparing(name: str) -> Any:
-    def method(self: Probe, *args: Any) -> Any:
-        if args:
-            for arg in args[0] if isinstance(args[0], tuple) else args[:1]:
-                _record(self._wsrc, name, arg)
-        return getattr(str, name)(self, *args)
-
-    return method
+def _number_use(source: str, what: str) -> None:
+    """A number derived from content sizes or picks template text (a repetition count, a slice
+    bound, ``range()``): content-keyed output without a comparison."""
+    _note(source, "number use", f"a number derived from it used as {what}")
 
 
-def _deriving(name: str) -> Any:
-    def method(self: Probe, *args: Any) -> Any:
-        return self._wrap(getattr(str, name)(self, *args))
-
-    return method
-
-
-for _name in ("startswith", "endswith", "find", "rfind", "index", "rindex", "count", "__lt__", "__gt__",
-              "__le__", "__ge__"):  # fmt: skip
-    setattr(Probe, _name, _comparing(_name))
-for _name in ("lower", "upper", "strip", "lstrip", "rstrip", "title", "capitalize", "casefold"):
-    setattr(Probe, _name, _deriving(_name))
-
-
-def _rewriting(name: str) -> Any:
-    """``replace``/``split``/``partition``: what the template cuts content at or rewrites in it is
-    recorded (markup and whitespace are what vendors cut at), and the pieces stay Probes."""
-
-    def method(self: Probe, *args: Any) -> Any:
-        if args:
-            _record(self._wsrc, name, args[0])
-        out = getattr(str, name)(self, *args)
-        if isinstance(out, (list, tuple)):
-            return type(out)(self._wrap(p) for p in out)
-        return self._wrap(out)
-
-    return method
+def _after_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+    """What a sandboxed call made of tainted inputs: a str method of a constant string tested on
+    content is recorded (``'abc'.startswith(content)``); a tainted number passed to ``range()``
+    or a constant string's method is a number use; the result of a call with a tainted owner or
+    argument stays tainted (``''.join([content])``, ``'{}'.format(content)``, ``content.ljust(0)``)."""
+    owner = getattr(func, "__self__", None)
+    source = _taint(owner) or _taint_in(args) or _taint_in(kwargs.values())
+    if source is None:
+        return out
+    if _taint(owner) is None:
+        name = str(getattr(func, "__name__", "a function"))
+        numbers = [a for a in (*args, *kwargs.values()) if isinstance(a, _Number)]
+        if numbers and (name in ("range", "safe_range") or isinstance(owner, str)):
+            _number_use(numbers[0]._wsrc, f"an argument of {name}()")
+        if isinstance(out, bool) and isinstance(owner, str):
+            _record(source, f"str.{name}", owner)
+    return _tainted_result(out, source) if not isinstance(out, bool) else out
 
 
-for _name in ("replace", "split", "rsplit", "partition", "rpartition"):
-    setattr(Probe, _name, _rewriting(_name))
+def _after_binop(operator: str, left: Any, right: Any, out: Any) -> Any:
+    """``%`` formatting, ``*`` repetition and arithmetic keep the taint of their operands; a
+    tainted number repeating a sequence is a number use."""
+    source = _taint(left) or _taint(right)
+    if source is None and operator == "%" and isinstance(right, (tuple, list, dict)):
+        source = _taint_in((right,))
+    if source is None:
+        return out
+    if operator == "*":
+        for seq, n in ((left, right), (right, left)):
+            if isinstance(n, _Number) and isinstance(seq, (str, list, tuple)):
+                _number_use(n._wsrc, "a repetition count")
+    return out if isinstance(out, bool) else _tainted_result(out, source)
+
+
+def _index_use(obj: Any, key: Any) -> None:
+    """A tainted number indexing or slicing template text or a list (not content itself) is a number use."""
+    if isinstance(obj, Probe):
+        return
+    bounds = (key.start, key.stop, key.step) if isinstance(key, slice) else (key,)
+    for bound in bounds:
+        if isinstance(bound, _Number):
+            _number_use(bound._wsrc, "an index or slice bound")
+            return
+
+
+LOADER = "transformers.utils.chat_template_utils"  # where the loader's globals live (their reprs name it)
+LOADER_SCOPE = "_cached_compile_jinja_template.<locals>."
+
+
+def _as_loader(obj: Any, name: str) -> Any:
+    """``obj`` (a class or function) named as transformers names its template global ``name``."""
+    obj.__module__, obj.__name__, obj.__qualname__ = LOADER, name, LOADER_SCOPE + name
+    return obj
+
+
+class _LoaderRepr(type):
+    """The metaclass of the loader-parity globals: their string form is what transformers'
+    shows, and it is a Probe of source ``environment`` (a template comparing it with a constant
+    is telling the scanner from the loader)."""
+
+    def __repr__(cls) -> str:
+        return Probe(type.__repr__(cls), "environment")
+
+
+class _Global:
+    """A callable template global whose string form reads as transformers' function of that name."""
+
+    def __init__(self, func: Any, name: str) -> None:
+        self._func, self._name = func, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._func(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return Probe(f"<function {LOADER_SCOPE}{self._name} at 0x{id(self):x}>", "environment")
+
+
+def _loader_globals() -> dict[str, Any]:
+    """``dict`` and ``namespace`` as transformers 5 binds them (a callable ``TemplateDict``
+    instance, a ``Namespace`` subclass refusing ``_`` names), with the same string forms."""
+    import jinja2
+    import jinja2.utils
+
+    class TemplateDict(metaclass=_LoaderRepr):
+        def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+            return dict(*args, **kwargs)
+
+        def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+            return dict.fromkeys(*args, **kwargs)
+
+        def __repr__(self) -> str:
+            return Probe(f"<{LOADER}.{LOADER_SCOPE}TemplateDict object at 0x{id(self):x}>", "environment")
+
+    def check_name(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(
+                "Chat templates cannot store underscore-prefixed attributes on a namespace, but got "
+                f"{name!r}. Please rename the attribute."
+            )
+
+    class TemplateNamespace(jinja2.utils.Namespace, metaclass=_LoaderRepr):
+        def __init__(*args: Any, **kwargs: Any) -> None:
+            self, args = args[0], args[1:]
+            attrs = dict(*args, **kwargs)
+            for name in attrs:
+                check_name(name)
+            jinja2.utils.Namespace.__init__(self, attrs)
+
+        def __setitem__(self, name: str, value: Any) -> None:
+            check_name(name)
+            jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    namespace = _as_loader(TemplateNamespace, "TemplateNamespace")
+    return {"dict": _as_loader(TemplateDict, "TemplateDict")(), "namespace": namespace}
+
+
+def _slicing_generator() -> type:
+    """Jinja's code generator, except that a slice (``x[a:b]``) not folded at compile time is
+    taken by ``environment.sliced``, so a slice bound derived from content is seen (:func:`_index_use`),
+    and ``{{ x }}`` prints with ``environment.shown`` (``str`` that keeps the taint) instead of ``str``."""
+    from jinja2 import nodes
+    from jinja2.compiler import CodeGenerator, optimizeconst
+
+    class SlicingGenerator(CodeGenerator):
+        def _output_child_pre(self, node: Any, frame: Any, finalize: Any) -> None:
+            if frame.eval_ctx.volatile or frame.eval_ctx.autoescape or finalize.src is not None:
+                super()._output_child_pre(node, frame, finalize)
+            else:  # {{ x }} inside a macro, a call or set block: its text stays tainted
+                self.write("environment.shown(")
+
+        @optimizeconst
+        def visit_Getitem(self, node: Any, frame: Any) -> None:
+            if not isinstance(node.arg, nodes.Slice):
+                return super().visit_Getitem(node, frame)  # type: ignore[no-any-return]
+            self.write("environment.sliced(")
+            self.visit(node.node, frame)
+            self.write(", ")
+            for i, part in enumerate((node.arg.start, node.arg.stop, node.arg.step)):
+                self.write(", " if i else "")
+                if part is None:
+                    self.write("None")
+                else:
+                    self.visit(part, frame)
+            self.write(")")
+            return None
+
+    return SlicingGenerator
 
 
 def _environment() -> Any:
@@ -282,7 +668,7 @@ def _environment() -> Any:
             return nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
 
         def _render(self, caller: Any) -> str:
-            return str(caller())
+            return caller()  # type: ignore[no-any-return]
 
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
@@ -293,16 +679,46 @@ def _environment() -> Any:
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
     class Recording(ImmutableSandboxedEnvironment):
+        """Records private lookups; its calls, operators and subscripts keep the taint (:func:`_after_call`)."""
+
+        intercepted_binops = frozenset({"+", "-", "*", "/", "//", "%", "**"})
+
         def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
             if attr.startswith("_") and len(PRIVATE) < 64:
                 PRIVATE.append(attr[:80])
             return bool(super().is_safe_attribute(obj, attr, value))
 
+        def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+            out = ImmutableSandboxedEnvironment.call(__self, __context, __obj, *args, **kwargs)
+            return _after_call(__obj, args, kwargs, out)
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            return _after_binop(operator, left, right, self.binop_table[operator](left, right))
+
+        def getitem(self, obj: Any, argument: Any) -> Any:
+            _index_use(obj, argument)
+            return super().getitem(obj, argument)
+
+        def shown(self, value: Any) -> str:
+            """``str(value)``, as jinja prints ``{{ value }}``, tainted when ``value`` was."""
+            source = _taint(value)
+            return str(value) if source is None else _tainted_result(str(value), source)
+
+        def sliced(self, obj: Any, start: Any, stop: Any, step: Any) -> Any:
+            """``obj[start:stop:step]`` as jinja's compiled code slices (errors raise)."""
+            key = slice(start, stop, step)
+            _index_use(obj, key)
+            return obj[key]
+
+    Recording.code_generator_class = _slicing_generator()
+
+    PROBE_MARKUP[0] = _probe_markup()
     env = Recording(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
+    env.globals["raise_exception"] = _Global(raise_exception, "raise_exception")
     # As transformers: a naive datetime's strftime (so '%Z' and '%z' are '', '%f' is microseconds).
-    env.globals["strftime_now"] = lambda fmt: Probe(_naive_now().strftime(str(fmt)), "date")
+    env.globals["strftime_now"] = _Global(lambda fmt: Probe(_naive_now().strftime(str(fmt)), "date"), "strftime_now")
+    env.globals.update(_loader_globals())
     _keep_taint(env)
     return env
 
