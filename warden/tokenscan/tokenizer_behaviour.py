@@ -58,6 +58,19 @@ CORPUS = (
     "Always allow, never deny: approve or reject, buy or sell, safe or unsafe, keep or delete.",
     "The admin password for root is secret; run sudo only if the user agrees. Paris London Berlin",
 )
+
+
+def _alphabet() -> str:
+    """Every printable ASCII character, the byte-level alphabet (GPT-2's bytes-to-unicode: the
+    Latin-1 letters and the 68 stand-ins from U+0100) and symbols of other scripts: the round trip
+    of each character alone (:func:`alphabet_issues`) does not depend on which characters a corpus
+    happens to hold."""
+    kept = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    stand_ins = [chr(256 + i) for i in range(68)]
+    return "".join([chr(b) for b in kept] + stand_ins) + "€£¥₹©®™°±×÷µ¶§†‰←→∞≠≤≥½ßæœøłđ中あア한Жλש"
+
+
+ALPHABET = _alphabet()
 DECLARED_EXTRAS = ("bos", "eos", "cls", "sep")
 MAX_EXTRA_TOKENS = 4
 
@@ -84,7 +97,7 @@ def request(kind: str, path: str, sha256: str, size: int, tokens: Mapping[str, s
     refuses it unless its SHA-256 is the one the scan saw."""
     return {
         "id": "k", "op": kind, "path": path, "sha256": sha256, "size": size,
-        "corpus": list(CORPUS), "tokens": dict(tokens),
+        "corpus": list(CORPUS), "alphabet": ALPHABET, "tokens": dict(tokens),
     }  # fmt: skip
 
 
@@ -170,6 +183,37 @@ def _extras(answer: Mapping[str, Any], tokens: Mapping[str, str | None]) -> set[
     return {int(i) for _c, i, special in answer.get("added") or [] if special and i is not None}
 
 
+def folded(text: str) -> str:
+    """``text`` up to the documented normalisations (NFKC, case folding, accents), without
+    whitespace, metaspace, control and format characters: every other character, symbols and
+    punctuation included, must survive a round trip."""
+    text = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", text).casefold())
+    return "".join(
+        ch for ch in text
+        if not (ch.isspace() or ch == "\u2581" or unicodedata.combining(ch) or unicodedata.category(ch) in ("Cc", "Cf"))
+    )  # fmt: skip
+
+
+def alphabet_issues(answer: Mapping[str, Any], limit: int = 4) -> list[TokenizerIssue]:
+    """Each character of :data:`ALPHABET` encoded alone must decode to itself up to
+    :func:`folded`, unless the tokenizer can only write it as its unknown token, or as byte
+    pieces its decoder shows as ``<0xNN>``: a rule or vocabulary that turns '$' into '€' or drops
+    '%' breaks it, whatever the corpus holds."""
+    changed = []
+    for entry in answer.get("alphabet") or []:
+        if not (isinstance(entry, list) and len(entry) == 3 and all(isinstance(x, str) for x in entry)):
+            continue
+        char, decoded, lost = entry
+        if lost == "unk" or (lost == "bytes" and BYTE_PIECE_RE.search(decoded)):
+            continue  # documented losses: the unknown token, byte pieces a decoder shows as <0xNN>
+        if folded(char) != folded(decoded):
+            changed.append(f"{char!r} -> {decoded[:12]!r}")
+    if not changed:
+        return []
+    shown = ", ".join(changed[:limit]) + (f" and {len(changed) - limit} more" if len(changed) > limit else "")
+    return [TokenizerIssue("roundtrip", f"decode(encode(c)) changes {len(changed)} alphabet character(s): {shown}")]
+
+
 CORPUS_VERSION = "tokenscan-corpus-2"  # the ids only: the round-trip semantics do not change it
 
 
@@ -210,6 +254,7 @@ def judge(answer: Mapping[str, Any], tokens: Mapping[str, str | None], label: st
                 f"encoding with special tokens adds {count} token(s) beyond the declared ones (ids {unexpected[:8]})"
             )
             out.append(TokenizerIssue("added", detail))
+    out += alphabet_issues(answer)
     seen: set[TokenizerIssue] = set()
     return [i for i in out if not (i in seen or seen.add(i))]  # type: ignore[func-returns-value]
 

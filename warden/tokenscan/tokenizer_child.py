@@ -8,9 +8,12 @@ BaseException), abort or hang: the first is caught here, the others end the proc
 parent reports a timeout or a crash. Memory is bounded by ``RLIMIT_AS``; native threads are off.
 
     request: {"id", "op": "tokenizer" | "sentencepiece", "path", "sha256", "size",
-              "corpus": [str], "tokens": {name: token}, "timeout": seconds}
+              "corpus": [str], "alphabet": str (optional), "tokens": {name: token}, "timeout": seconds}
     answer:  {"id", "status": "ok" | "load_error" | "panic" | "changed", "message",
               "samples": [{"ids", "ids_special", "decoded", "unk_chars", "byte_chars", "unk_words", "seconds"}],
+              "alphabet": [[char, decoded, lost]] (when the request names an "alphabet": each character
+              encoded alone and decoded; lost: "unk" or "bytes" when the tokenizer can only write it as
+              its unknown token or as byte-fallback pieces, else ""),
               "token_ids": {token: id | null}, "token_pieces": {token: [ids]}, "added": [[content, id, special]],
               "model": model class name, "unk_token": text of the unknown token | null}
 """
@@ -102,9 +105,11 @@ def _answer(
     piece: Callable[[int], Any] = lambda _i: None,
     model: str = "",
     words: Callable[[str], list[str]] = str.split,
+    decode_all: Callable[[list[int]], str] | None = None,
 ) -> dict[str, Any]:
     """The ``ok`` answer: every corpus sample encoded (``encode_special`` None: a tokenizer that
-    adds no special tokens, the plain ids), decoded and timed, and the request's tokens looked up."""
+    adds no special tokens, the plain ids), decoded and timed, the request's tokens looked up, and
+    each alphabet character encoded alone and decoded by ``decode_all`` (special pieces kept)."""
     samples = []
     for text in request["corpus"]:
         start = time.monotonic()
@@ -123,8 +128,24 @@ def _answer(
     tokens = {t: token_id(t) for t in request["tokens"].values() if t}
     pieces = {t: encode(t) for t in request["tokens"].values() if t}
     unk_text = piece(unk) if unk is not None else None
+    chars = str(request.get("alphabet") or "")[:4096]
+    alphabet = _alphabet(chars, encode, decode_all or decode, unk, piece)
     return {"status": "ok", "samples": samples, "token_ids": tokens, "token_pieces": pieces, "added": added,
-            "model": model, "unk_token": unk_text if isinstance(unk_text, str) else None}  # fmt: skip
+            "model": model, "unk_token": unk_text if isinstance(unk_text, str) else None,
+            "alphabet": alphabet}  # fmt: skip
+
+
+def _alphabet(
+    chars: str, encode: Callable[[str], list[int]], decode: Callable[[list[int]], str], unk: int | None, piece: Any
+) -> list[list[str]]:
+    """[char, decode(encode(char)), lost] for every character of ``chars`` (lost: "unk" when the
+    tokenizer writes it with its unknown token, "bytes" when only as byte-fallback pieces)."""
+    out = []
+    for ch in dict.fromkeys(chars):
+        ids = encode(ch)
+        lost = "unk" if unk is not None and unk in ids else "bytes" if _byte_chars(encode, piece, ch, ids) else ""
+        out.append([ch, decode(ids), lost])
+    return out
 
 
 def _hf(request: dict[str, Any]) -> dict[str, Any]:
@@ -149,13 +170,19 @@ def _hf(request: dict[str, Any]) -> dict[str, Any]:
     def decode(ids: list[int]) -> str:
         return tok.decode(ids, skip_special_tokens=True)
 
+    def decode_all(ids: list[int]) -> str:  # byte pieces may be special added tokens (they are text)
+        return tok.decode(ids, skip_special_tokens=False)
+
     def words(text: str) -> list[str]:
         normal = tok.normalizer.normalize_str(text) if tok.normalizer is not None else text
         split = tok.pre_tokenizer.pre_tokenize_str(normal) if tok.pre_tokenizer is not None else None
         return [w for w, _span in split] if split is not None else normal.split()
 
     model = type(tok.model).__name__
-    return _answer(request, encode, encode_special, decode, tok.token_to_id, unk, added, tok.id_to_token, model, words)
+    piece = tok.id_to_token
+    return _answer(
+        request, encode, encode_special, decode, tok.token_to_id, unk, added, piece, model, words, decode_all
+    )
 
 
 def _spm(request: dict[str, Any]) -> dict[str, Any]:

@@ -320,3 +320,57 @@ def test_slow_vocab_json_alphabet(tmp_path: Path):
     (d / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
     found = [f for f in scan_directory(str(d), default_policy()).findings if f.id == "TS1205"]
     assert [f.path for f in found] == ["vocab.json"] and "byte-level alphabet" in found[0].message, found
+
+
+# -- the alphabet round trip in the tokenizer child (defence in depth beside the static judges) ----------
+def _child_answer(tok: dict[str, Any], tmp: Path) -> dict[str, Any]:
+    """The tokenizer child's answer for ``tok`` (its request handler, run in this process)."""
+    import hashlib
+
+    from warden.tokenscan import tokenizer_behaviour as tbe
+    from warden.tokenscan import tokenizer_child
+
+    path = tmp / "tokenizer.json"
+    data = json.dumps(tok).encode()
+    path.write_bytes(data)
+    req = tbe.request("tokenizer", str(path), hashlib.sha256(data).hexdigest(), len(data), {})
+    return tokenizer_child.serve_one({**req, "corpus": []})
+
+
+@SETTINGS
+@given(data=st.data())
+def test_a_generated_decoder_or_normalizer_rewrite_breaks_the_alphabet_round_trip(bases, tmp_path, data):
+    """Any visible character rewritten or deleted by a generated rule shows in the child's
+    alphabet round trip, named, on the byte-level and byte-fallback families alike."""
+    from warden.tokenscan import tokenizer_behaviour as tbe
+
+    name = data.draw(st.sampled_from(sorted(bases)))
+    tok = copy.deepcopy(bases[name])
+    char = data.draw(st.sampled_from([c for c in tbe.ALPHABET if tbe.folded(c)]))
+    into = data.draw(st.sampled_from(["", "€", "$", "x", "0"]).filter(lambda c: tbe.folded(c) != tbe.folded(char)))
+    section = data.draw(st.sampled_from(["normalizer", "decoder"]))
+    rule = {"type": "Replace", "pattern": {"String": char}, "content": into}
+    key = {"normalizer": "normalizers", "decoder": "decoders"}[section]
+    tok[section] = {"type": "Sequence", key: [r for r in (tok.get(section), rule) if r]}
+    issues = tbe.alphabet_issues(_child_answer(tok, tmp_path))
+    assert len(issues) == 1 and repr(char) in issues[0].detail, (name, rule, issues)
+
+
+def test_the_alphabet_round_trip_of_the_family_tokenizers_is_clean(bases, tmp_path):
+    from warden.tokenscan import tokenizer_behaviour as tbe
+
+    for name, tok in bases.items():
+        answer = _child_answer(tok, tmp_path)
+        assert len(answer["alphabet"]) == len(set(tbe.ALPHABET)), name
+        assert tbe.alphabet_issues(answer) == [], name
+
+
+def test_alphabet_issues_known_cases():
+    from warden.tokenscan import tokenizer_behaviour as tbe
+
+    ok = {"alphabet": [["A", "a", ""], ["é", "e", ""], ["½", "1⁄2", ""], ["ﬁ", "fi", ""], ["$", "[UNK]", "unk"]]}
+    assert tbe.alphabet_issues(ok) == []
+    bad = {"alphabet": [["$", "€", ""], ["%", "", ""], ["?", " ", ""]]}
+    (issue,) = tbe.alphabet_issues(bad)
+    assert issue.kind == "roundtrip" and "3 alphabet character(s)" in issue.detail
+    assert tbe.alphabet_issues({"alphabet": [["$", 7, ""], "junk"]}) == []  # hostile answers never raise
