@@ -73,7 +73,9 @@ def _only_space(text: Any) -> bool:
 _ESCAPE_RE = re.compile(
     r"\\(x\{[0-9A-Fa-f]+\}|x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|p\{[^}]*\}|P\{[^}]*\}|p[A-Za-z]|.)", re.S
 )
-_SPACE_ESCAPES = frozenset("stnrfvhRX")  # \s \t \n \r \f \v \h (oniguruma); \R newline; \X is refused below
+_SPACE_ESCAPES = frozenset(
+    "stnrfvRX"
+)  # \s \t \n \r \f \v; \R newline; \X is refused below (oniguruma's \h is a hex digit)
 _WIDE_ESCAPES = frozenset("wWdDSbBAzZGkKgpP")
 
 

@@ -116,7 +116,7 @@ PIECES_SPACE = st.sampled_from([" ", r"\s", r"\t", r"\n", r"\x20", r"\u2581", "[
 PIECES_TEXT = st.one_of(
     TEXT_CHARS.filter(lambda c: c not in "()|*+?^$[]{}\\").map(str),
     st.sampled_from([".", r"\w", r"\d", r"\S", r"\p{P}", "[^ ]", "[a-z]", "[!-/]", r"\$", r"\%", r"\x24", r"\u20ac",
-                     r"\u200b", "(?i)a", "(?=x)", r"\b"]),
+                     r"\u200b", "(?i)a", "(?=x)", r"\b", r"\h", r"\1"]),
 )  # fmt: skip
 QUANT = st.sampled_from(["", "+", "{2,}", "{1,3}"])
 
@@ -169,6 +169,7 @@ def test_known_rules_each_way():
         ("normalizer", {"type": "Replace", "pattern": {"Regex": "``"}, "content": " "}),
         ("normalizer", {"type": "Replace", "pattern": {"String": "\u200b"}, "content": ""}),
         ("normalizer", {"type": "Replace", "pattern": {"Regex": " *"}, "content": " "}),  # spaces every position
+        ("normalizer", {"type": "Replace", "pattern": {"Regex": r"\h"}, "content": ""}),  # oniguruma: a hex digit
         ("pre_tokenizer", {"type": "Metaspace", "replacement": "$", "prepend_scheme": "always", "split": True}),
         ("decoder", {"type": "WordPiece", "prefix": "#", "cleanup": True}),
         ("pre_tokenizer", {"type": "Split", "pattern": {"String": " "}, "behavior": "Sideways", "invert": False}),
