@@ -28,13 +28,18 @@ from __future__ import annotations
 import bisect
 import functools
 import hashlib
+import itertools
 import json
 import random
 import re
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from jinja2 import nodes
+
+from warden.tokenscan import chat_template as ct
 
 ROLES_AFTER_FIRST = ("user", "assistant")
 KWARGS = ("enable_thinking", "reasoning_effort", "thinking", "add_generation_prompt", "builtin_tools")
@@ -117,11 +122,15 @@ def _shape(rng: random.Random, index: int, forced: dict[str, Any] | None = None)
         if forced.get("single")
         else _roles(rng, forced.get("turns"), forced.get("first"), forced.get("plain", False))
     )
+    if forced.get("role"):  # a role the template names: after the first answer (or the question)
+        at = roles.index("assistant") + 1 if "assistant" in roles else len(roles)
+        roles = [*roles[:at], forced["role"], *roles[at:]]
     parts = (
         forced["parts"] if "parts" in forced else rng.random() < 0.3
     )  # a third of the shapes give some messages as lists of parts (a
     # template that refuses those still shows everything else in the other shapes)
-    kinds = ["parts" if parts and rng.random() < 0.5 else "str" for _ in roles]
+    every = "part_type" in forced  # a content-block type the loader or the template knows: every message in parts
+    kinds = ["parts" if every or (parts and rng.random() < 0.5) else "str" for _ in roles]
     # every value of every keyword argument within a dozen shapes (absent, then each value), in
     # cycles of different lengths so the combinations vary
     kwargs: dict[str, Any] = {"add_generation_prompt": roles[-1] != "assistant" and index % 5 != 4}
@@ -133,13 +142,38 @@ def _shape(rng: random.Random, index: int, forced: dict[str, Any] | None = None)
         value = values[(index // period) % len(values)]
         if value is not None:
             kwargs[name] = value
+    if "kwargs" in forced:  # a probe: the template's own keyword argument alone
+        kwargs = {"add_generation_prompt": kwargs["add_generation_prompt"], **forced["kwargs"]}
     has_call = "assistant_call" in roles
     tools = rng.choice((0, 1, 3)) if has_call or rng.random() < 0.3 else 0
     tools = forced.get("tools", tools)
-    docs = rng.choice((1, 2)) if rng.random() < 0.15 else 0
+    docs = forced.get("docs", rng.choice((1, 2)) if rng.random() < 0.15 else 0)
     day = FIRST_DAY + rng.randrange(DAYS) * DAY_SECONDS
     now, other = day + rng.randrange(DAY_SECONDS), day + rng.randrange(DAY_SECONDS)
-    return {"roles": roles, "kinds": kinds, "kwargs": kwargs, "tools": tools, "docs": docs, "now": now, "other": other}
+    return {"roles": roles, "kinds": kinds, "kwargs": kwargs, "tools": tools, "docs": docs, "now": now, "other": other,
+            "part_type": forced.get("part_type"), "key": forced.get("key")}  # fmt: skip
+
+
+def _probe_shapes(inputs: TemplateInputs, budget: int) -> list[dict[str, Any]]:
+    """Forced shapes that probe ``inputs``: each input twice, without and with a system message
+    (a keyword argument crossed with the system prompt's presence), at most ``budget`` shapes
+    (past it, inputs share shapes)."""
+    probes = inputs.probes()
+    n = min(2 * len(probes), budget)
+    shapes: list[dict[str, Any]] = [{"first": 0.9 if i % 2 == 0 else 0.0, "turns": 2} for i in range(n)]
+    for p, probe in enumerate(probes):
+        for at in ((2 * p) % n, (2 * p + 1) % n) if n else ():
+            shape = shapes[at]
+            for key, value in probe.items():
+                if key == "kwargs":
+                    shape["kwargs"] = {**shape.get("kwargs", {}), **value}
+                elif key == "turns":
+                    shape["turns"] = max(shape["turns"], value)
+                else:
+                    shape.setdefault(key, value)
+            if "key" in probe:
+                shape |= {"tools": 1, "docs": 1}
+    return shapes
 
 
 def _fill(shape: dict[str, Any], rng: random.Random, long: bool, index: int) -> tuple[dict[str, Any], list[str]]:
@@ -162,16 +196,19 @@ def _fill(shape: dict[str, Any], rng: random.Random, long: bool, index: int) -> 
         texts.append(value)
         return value
 
+    key = shape.get("key")
+
+    def param() -> str:  # a parameter name of the filling's own (its own generator: the draw stays as it was)
+        own = random.Random(f"{index}/{len(texts)}/{long}/{texts[-1] if texts else ''}")
+        value = f"p{index}x{len(texts)}y{_word(own, own.randint(2, 8)).lower()}"
+        texts.append(value)
+        return value
+
     tool_names = [name() for _ in range(shape["tools"])] or ([name()] if "assistant_call" in shape["roles"] else [])
+    params = [param(), *([key] if key else [])]
+    schema = {"type": "object", "properties": {p: {"type": "string"} for p in params}, "required": params[:1]}
     tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": n,
-                "description": text("description"),
-                "parameters": {"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]},
-            },
-        }
+        {"type": "function", "function": {"name": n, "description": text("description"), "parameters": schema}}
         for n in tool_names[: shape["tools"]]
     ]
     messages: list[dict[str, Any]] = []
@@ -180,7 +217,7 @@ def _fill(shape: dict[str, Any], rng: random.Random, long: bool, index: int) -> 
     for role, kind in zip(shape["roles"], shape["kinds"], strict=True):
         if role == "assistant_call":
             call_id = f"call{len(texts):02d}"
-            fn = {"name": tool_names[calls % len(tool_names)], "arguments": {"q": text("argument")}}
+            fn = {"name": tool_names[calls % len(tool_names)], "arguments": {p: text("argument") for p in params}}
             calls += 1
             messages.append(
                 {
@@ -191,39 +228,278 @@ def _fill(shape: dict[str, Any], rng: random.Random, long: bool, index: int) -> 
             )
             continue
         content = text("content")
+        blocks = [{"type": shape["part_type"]}] if shape.get("part_type") else []
         message: dict[str, Any] = {
             "role": role,
-            "content": [{"type": "text", "text": content}] if kind == "parts" else content,
+            "content": [*blocks, {"type": "text", "text": content}] if kind == "parts" else content,
         }
-        if role == "tool":
+        if role == "tool" and tool_names:
             message |= {"tool_call_id": call_id, "name": tool_names[(calls - 1) % len(tool_names)]}
+        if key:
+            message[key] = text("field")
         messages.append(message)
-    documents = [{"title": text("title"), "text": text("document")} for _ in range(shape["docs"])]
-    return {"messages": messages, "tools": tools or None, "documents": documents or None}, texts
+    documents = [
+        {"title": text("title"), "text": text("document"), **({key: text("field")} if key else {})}
+        for _ in range(shape["docs"])
+    ]
+    kwargs = {k: _kwarg_value(v, text, tools) for k, v in shape["kwargs"].items()}
+    return {"messages": alias_reasoning(messages), "tools": tools or None, "documents": documents or None,
+            "kwargs": kwargs}, texts  # fmt: skip
+
+
+def _kwarg_value(value: Any, text: Any, tools: list[dict[str, Any]]) -> Any:
+    """A keyword argument's value in one filling (:data:`TEXT` and the like made here)."""
+    if value == TEXT:
+        return text("kwarg")
+    if value == TEXTS:
+        return [text("kwarg"), text("kwarg")]
+    if value == TOOLS:
+        return tools or None
+    return value
+
+
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # as transformers 5 names a message's reasoning
+
+
+def alias_reasoning(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages as transformers 5 hands them to a template: reasoning given under any of
+    :data:`REASONING_FIELDS` is also under ``thinking`` and ``reasoning_content``."""
+    out = []
+    for message in messages:
+        reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
+        out.append(message if reasoning is None else {"thinking": reasoning, **message, "reasoning_content": reasoning})
+    return out
 
 
 FILLING_CHARS = 12000
 
 
-def generate(seed: str, count: int, context: dict[str, Any]) -> list[dict[str, Any]]:
+# -- what a template reads: derived from its AST (parsed, never evaluated) ---------------------
+# The generator probes what the template itself refers to, so behaviour gated on an input the
+# draw would never produce (a family's keyword argument, a role, a content-block type, a message
+# field, a tool parameter, a conversation length) is rendered: variables read before the template
+# sets them, constants compared with a role or a type, keys looked up on any value, integer
+# literals (conversation lengths just past each). Bounded: at most LIMITS of each.
+LOADER_NAMES = frozenset(
+    {"messages", "tools", "documents", "add_generation_prompt", "raise_exception", "strftime_now", "range", "dict",
+     "namespace", "lipsum", "cycler", "joiner", "loop", "caller", "varargs", "kwargs", "self", "true", "false",
+     "none", "True", "False", "None", "additional_special_tokens"}
+)  # fmt: skip
+LOADER_ROLES = ("system", "developer", "user", "assistant", "tool")  # what the draw gives anyway
+LOADER_PART_TYPES = ("image", "video", "audio")  # content blocks transformers' processors load (beside text)
+SCHEMA_TYPES = frozenset({"text", "function", "object", "string", "array", "number", "integer", "boolean", "null"})
+STRUCTURAL_KEYS = frozenset(
+    {"role", "content", "tool_calls", "tool_call_id", "name", "type", "function", "arguments", "id", "text", "title",
+     "parameters", "properties", "required", "description", "items", "get", "index", "index0", "first", "last",
+     "length", "revindex", "revindex0", "cycle", "depth", "previtem", "nextitem", "changed"}
+)  # fmt: skip
+_IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
+LIMITS = {"kwargs": 16, "values": 4, "roles": 6, "part_types": 6, "keys": 12, "turns": 4}
+MAX_TURNS = 100  # user turns one generated conversation may have
+TEXT, TEXTS, TOOLS = "\x00text", "\x00texts", "\x00tools"  # kwarg values made per filling
+_STR_FILTERS = frozenset({"trim", "upper", "lower", "replace", "title", "capitalize", "truncate", "indent", "center",
+                          "striptags", "wordcount", "string", "e", "escape", "format"})  # fmt: skip
+_LIST_FILTERS = frozenset({"join", "length", "count", "first", "last", "reject", "select", "map", "list", "sort",
+                           "unique", "batch", "selectattr", "rejectattr", "items", "dictsort", "sum", "min",
+                           "max"})  # fmt: skip
+_TEST_KINDS = {"true": "bool", "false": "bool", "boolean": "bool", "string": "str", "number": "int",
+               "integer": "int", "float": "int", "iterable": "list", "sequence": "list", "mapping": "list"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class TemplateInputs:
+    """What one template reads beyond what the draw gives: ``kwargs`` (name, values; a value
+    may be :data:`TEXT`, :data:`TEXTS` or :data:`TOOLS`, made per filling), ``roles``,
+    ``part_types``, ``keys`` (fields of messages and documents, tool parameter names) and
+    ``turns`` (conversation lengths)."""
+
+    kwargs: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    roles: tuple[str, ...] = ()
+    part_types: tuple[str, ...] = ()
+    keys: tuple[str, ...] = ()
+    turns: tuple[int, ...] = ()
+
+    def probes(self) -> list[dict[str, Any]]:
+        """One forced shape description per input to probe (see :func:`_probe_shape`)."""
+        out: list[dict[str, Any]] = [{"kwargs": {n: v}} for n, values in self.kwargs for v in values]
+        out += [{"role": r} for r in self.roles] + [{"part_type": t} for t in self.part_types]
+        out += [{"key": k} for k in self.keys] + [{"turns": n} for n in self.turns]
+        return out
+
+
+def _walk(tree: nodes.Node) -> Iterator[tuple[nodes.Node, nodes.Node | None]]:
+    """Every node with its parent, in source order (iterative: no recursion on a deep tree)."""
+    stack: list[tuple[nodes.Node, nodes.Node | None]] = [(tree, None)]
+    while stack:
+        node, parent = stack.pop()
+        yield node, parent
+        stack += [(child, node) for child in reversed(list(node.iter_child_nodes()))]
+
+
+def _key_of(node: nodes.Node) -> str | None:
+    """``x.role`` / ``x['role']`` -> ``'role'``."""
+    if isinstance(node, nodes.Getattr):
+        return str(node.attr)
+    if isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and isinstance(node.arg.value, str):
+        return node.arg.value
+    return None
+
+
+def _consts(node: nodes.Node) -> list[Any]:
+    if isinstance(node, nodes.Const):
+        return [node.value]
+    if isinstance(node, (nodes.List, nodes.Tuple)):
+        return [i.value for i in node.items if isinstance(i, nodes.Const)]
+    return []
+
+
+def _compared(tree: nodes.Node) -> dict[str, set[Any]]:
+    """The constants each key (``role``, ``type``...) is compared with: ``x.role == 'ipython'``,
+    ``x.type in ['image', 'video']``, ``x.role is equalto 'a'``, ``selectattr('role', 'equalto', 'a')``."""
+    out: dict[str, set[Any]] = {}
+    for node, _parent in _walk(tree):
+        if isinstance(node, nodes.Compare):
+            sides = [node.expr, *(o.expr for o in node.ops)]
+            for a, b in itertools.pairwise(sides):
+                for x, y in ((a, b), (b, a)):
+                    key = _key_of(x)
+                    if key:
+                        out.setdefault(key, set()).update(_consts(y))
+        elif isinstance(node, nodes.Test) and node.name in ("equalto", "eq", "sameas") and node.args:
+            key = _key_of(node.node)
+            if key:
+                out.setdefault(key, set()).update(_consts(node.args[0]))
+        elif isinstance(node, nodes.Filter) and node.name in ("selectattr", "rejectattr") and len(node.args) >= 3:
+            named, value = _consts(node.args[0]), _consts(node.args[2])
+            if named and isinstance(named[0], str):
+                out.setdefault(named[0], set()).update(value)
+    return out
+
+
+def _keys(tree: nodes.Node) -> list[str]:
+    """Names looked up on values (``m.source``, ``m['source']``, ``'path' in x``, ``x.get('k')``),
+    methods and namespace attributes left out."""
+    spaces = {n.target.name for n, _ in _walk(tree) if isinstance(n, nodes.Assign) and isinstance(n.target, nodes.Name)
+              and isinstance(n.node, nodes.Call) and isinstance(n.node.node, nodes.Name)
+              and n.node.node.name == "namespace"}  # fmt: skip
+    spaces.add("loop")
+    out: list[str] = []
+    for node, parent in _walk(tree):
+        if isinstance(node, nodes.Getattr):
+            called = isinstance(parent, nodes.Call) and parent.node is node
+            if isinstance(parent, nodes.Call) and called and node.attr == "get" and parent.args:
+                out += [c for c in _consts(parent.args[0]) if isinstance(c, str)]
+            elif not called and not (isinstance(node.node, nodes.Name) and node.node.name in spaces):
+                out.append(str(node.attr))
+        elif isinstance(node, nodes.Getitem):
+            out += [c for c in _consts(node.arg) if isinstance(c, str)]
+        elif isinstance(node, nodes.Compare) and node.ops and node.ops[0].op in ("in", "notin"):
+            out += [c for c in _consts(node.expr) if isinstance(c, str)]
+    return [k for k in dict.fromkeys(out) if _IDENT_RE.fullmatch(k) and k not in STRUCTURAL_KEYS]
+
+
+def _kwargs(tree: nodes.Node) -> list[tuple[str, tuple[Any, ...]]]:
+    """The variables the template reads before it sets them (or tests whether they are defined),
+    each with the values its uses call for: absent is always probed by the draw; booleans when
+    it is a condition, a text when it is printed or joined to text, a list of texts when it is
+    iterated or measured, the tools when it is copied into ``tools``, the constants it is compared with."""
+    stored: set[str] = {str(m.name) for m, _ in _walk(tree) if isinstance(m, nodes.Macro)}  # macros are no input
+    wanted: dict[str, set[Any]] = {}
+    aliases: dict[str, str] = {}
+    for node, parent in _walk(tree):
+        if isinstance(node, nodes.Assign) and isinstance(node.target, nodes.Name) and isinstance(node.node, nodes.Name):
+            aliases[node.node.name] = node.target.name
+        if not isinstance(node, nodes.Name) or node.name in LOADER_NAMES or node.name.endswith("_token"):
+            continue
+        if node.ctx in ("store", "param"):
+            stored.add(node.name)
+            continue
+        tested = isinstance(parent, nodes.Test) and parent.name in ("defined", "undefined")
+        if node.name in stored and not tested and node.name not in wanted:
+            continue
+        wanted.setdefault(node.name, set()).update(_uses(node, parent))
+    for name, target in aliases.items():
+        if name in wanted:
+            wanted[name] |= {TOOLS} if target == "tools" else wanted.get(target, set())
+    out = []
+    for name, uses in list(wanted.items())[: LIMITS["kwargs"]]:
+        values = sorted(uses - {"bool"}, key=repr) + ([True, False] if "bool" in uses else [])
+        out.append((name, tuple(values[: LIMITS["values"]] or [True])))
+    return out
+
+
+def _uses(node: nodes.Name, parent: nodes.Node | None) -> set[Any]:
+    """The values one use of a variable calls for (see :func:`_kwargs`)."""
+    if isinstance(parent, (nodes.Add, nodes.Concat, nodes.Output)):
+        return {TEXT}
+    if isinstance(parent, nodes.Filter) and parent.node is node:
+        return {TEXTS} if parent.name in _LIST_FILTERS else {TEXT} if parent.name in _STR_FILTERS else set()
+    if isinstance(parent, nodes.For) and parent.iter is node:
+        return {TEXTS}
+    if isinstance(parent, nodes.Compare):
+        found = {c for c in (*_consts(parent.expr), *(c for o in parent.ops for c in _consts(o.expr)))}
+        return {c for c in found if isinstance(c, (str, int)) and not isinstance(c, bool)} | {"bool"}
+    if isinstance(parent, nodes.Test):
+        kind = _TEST_KINDS.get(parent.name)
+        return {{"bool": "bool", "str": TEXT, "int": 1, "list": TEXTS}[kind]} if kind else set()
+    if isinstance(parent, (nodes.Not, nodes.If, nodes.CondExpr, nodes.And, nodes.Or)):
+        return {"bool"}
+    return set()
+
+
+def _turns(tree: nodes.Node) -> tuple[int, ...]:
+    """Conversation lengths just past each integer literal of the template (a count it may test)."""
+    ints = {n.value for n, _ in _walk(tree) if isinstance(n, nodes.Const) and type(n.value) is int}
+    return tuple(sorted({n + 1 for n in ints if 3 <= n < MAX_TURNS}, reverse=True)[: LIMITS["turns"]])
+
+
+@functools.lru_cache(maxsize=256)
+def template_inputs(text: str) -> TemplateInputs:
+    """What ``text`` reads (see :class:`TemplateInputs`); empty for a template that does not
+    parse or is too complex to walk (the static check reports those)."""
+    if ct.complexity_problem(text):
+        return TemplateInputs()
+    try:
+        tree = ct.parse(text)
+    except Exception:  # a syntax error: reported by the static check, nothing to derive
+        return TemplateInputs()
+    compared = _compared(tree)
+    roles = sorted(r for r in compared.get("role", ()) if isinstance(r, str) and _IDENT_RE.fullmatch(r))
+    types = sorted(t for t in compared.get("type", ()) if isinstance(t, str) and _IDENT_RE.fullmatch(t))
+    return TemplateInputs(
+        kwargs=tuple(_kwargs(tree)),
+        roles=tuple(r for r in roles if r not in LOADER_ROLES)[: LIMITS["roles"]],
+        part_types=tuple(dict.fromkeys(t for t in (*LOADER_PART_TYPES, *types) if t not in SCHEMA_TYPES))[
+            : LIMITS["part_types"]
+        ],
+        keys=tuple(_keys(tree))[: LIMITS["keys"]],
+        turns=_turns(tree),
+    )
+
+
+def generate(seed: str, count: int, context: dict[str, Any], template: str | None = None) -> list[dict[str, Any]]:
     """``count`` shapes, three renders each (``g{i}a``, ``g{i}b``: two fillings; ``g{i}t``: the
     shorter filling at another time), as battery render requests (see :mod:`.template_battery`), each with
-    ``texts``: what the render must show, and ``shape``: a description of the input. The draw
-    depends on ``seed`` alone (made once per process); ``context`` (the loader's variables) is
+    ``texts``: what the render must show, and ``shape``: a description of the input. Given the
+    ``template``, up to ``count`` more shapes first probe what it reads (:func:`template_inputs`).
+    The draw depends on ``seed`` (and the template) alone; ``context`` (the loader's variables) is
     laid under each render's keyword arguments."""
-    return [{**r, "context": {**context, **r["context"]}} for r in _drawn(seed, count)]
+    inputs = template_inputs(template) if template else TemplateInputs()
+    return [{**r, "context": {**context, **r["context"]}} for r in _drawn(seed, count, inputs)]
 
 
-@functools.lru_cache(maxsize=8)
-def _drawn(seed: str, count: int) -> tuple[dict[str, Any], ...]:
-    return tuple(_draw(seed, count))
+@functools.lru_cache(maxsize=64)
+def _drawn(seed: str, count: int, inputs: TemplateInputs) -> tuple[dict[str, Any], ...]:
+    return tuple(_draw(seed, count, inputs))
 
 
-def _draw(seed: str, count: int) -> list[dict[str, Any]]:
+def _draw(seed: str, count: int, inputs: TemplateInputs = TemplateInputs()) -> list[dict[str, Any]]:
     rng = random.Random(hashlib.sha256(seed.encode()).hexdigest())
+    probes = _probe_shapes(inputs, count) if count else []
+    forced = [*EXTREMES[: min(count, len(EXTREMES))], *probes]
     out: list[dict[str, Any]] = []
-    for i in range(count):
-        shape = _shape(rng, i, EXTREMES[i] if i < len(EXTREMES) else None)
+    for i in range(count + len(probes)):
+        shape = _shape(rng, i, forced[i] if i < len(forced) else None)
         first, texts_a = _fill(shape, rng, False, i)
         second, texts_b = _fill(shape, rng, True, i)
         short, texts_short = first, texts_a  # the other time of day: the short filling is enough
@@ -235,18 +511,26 @@ def _draw(seed: str, count: int) -> list[dict[str, Any]]:
             ("b", second, texts_b, shape["now"]),
             ("t", short, texts_short, shape["other"]),
         ):
-            ctx = {**shape["kwargs"], "tools": filling["tools"], "documents": filling["documents"]}
+            ctx = {**filling["kwargs"], "tools": filling["tools"], "documents": filling["documents"]}
             out.append({"name": f"g{i}{name}", "messages": filling["messages"], "context": ctx, "now": now,
                         "texts": texts, "shape": label})  # fmt: skip
     return out
 
 
+VALUE_NAMES = {TEXT: "<text>", TEXTS: "<list of texts>", TOOLS: "<the tools>"}
+
+
 def describe(shape: dict[str, Any]) -> str:
-    roles = [("assistant(tool call)" if r == "assistant_call" else r) + ("[parts]" if k == "parts" else "")
+    """The input of a shape in words: roles (``[parts]``: content as a list of parts), keyword
+    arguments, tools, documents, and what a probe added (a part type, a field)."""
+    part = f"[{shape['part_type']}+text parts]" if shape.get("part_type") else "[parts]"
+    roles = [("assistant(tool call)" if r == "assistant_call" else r) + (part if k == "parts" else "")
              for r, k in zip(shape["roles"], shape["kinds"], strict=True)]  # fmt: skip
-    kw = ", ".join(f"{k}={v!r}" for k, v in sorted(shape["kwargs"].items()))
+    kw = ", ".join(f"{k}={VALUE_NAMES.get(v, v)!s}" if isinstance(v, str) and v in VALUE_NAMES else f"{k}={v!r}"
+                   for k, v in sorted(shape["kwargs"].items()))  # fmt: skip
     extra = f", {shape['tools']} tools" if shape["tools"] else ""
     extra += f", {shape['docs']} documents" if shape["docs"] else ""
+    extra += f", field and tool parameter {shape['key']!r}" if shape.get("key") else ""
     return f"roles {' '.join(roles)} ({kw}{extra})"
 
 
