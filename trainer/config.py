@@ -124,6 +124,7 @@ class RolloutConfig:
     # rollout process on the host CPU (tests). tensor_parallel_size: vllm only, = len(devices).
     devices: tuple[Any, ...] = ()
     tensor_parallel_size: int = 1
+    join_timeout_s: float = 600.0  # split: the rollout process loads its engine and joins within it, else an error
 
 
 @dataclass(frozen=True)
@@ -434,6 +435,7 @@ RANGES: dict[str, Range] = {
     "rollout.kv_cache_gib": NON_NEGATIVE,
     "rollout.devices": NON_NEGATIVE,
     "rollout.tensor_parallel_size": AT_LEAST_1,
+    "rollout.join_timeout_s": POSITIVE,
     "algorithm.gamma": UNIT,
     "algorithm.lam": UNIT,
     "algorithm.kl_coef": NON_NEGATIVE,

@@ -501,6 +501,36 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def join(address: str, device: torch.device, process: Any, timeout_s: float) -> Link:
+    """Trainer rank 0's end of the :class:`Link` once the rollout process joined. Never waits on a dead
+    one: the process exiting first, or not joining within ``timeout_s``, is a SplitError naming it."""
+    import threading
+    import time
+
+    made: dict[str, Any] = {}
+
+    def connect() -> None:
+        try:
+            made["link"] = Link(address, 0, device, timeout_s)
+        except Exception as exc:  # the store's own timeout or a refused connection; reported below
+            made["error"] = exc
+
+    thread = threading.Thread(target=connect, name="rollout-join", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while thread.is_alive():
+        thread.join(0.2)
+        if process.poll() is not None and thread.is_alive():
+            raise SplitError(f"the rollout process exited with {process.returncode} before joining; its log is above")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise SplitError(f"the rollout process did not join within rollout.join_timeout_s = {timeout_s:g} s")
+    if "error" in made:
+        process.kill()
+        raise SplitError(f"the rollout process did not join: {str(made['error'])[:300]}")
+    return made["link"]
+
+
 class SplitRollout:
     """The trainer's engine for ``rollout.devices`` (the :class:`RolloutEngine` protocol) on every
     trainer rank. Rank 0 starts the rollout process, holds the :class:`Link` to it and pushes the
@@ -540,7 +570,7 @@ class SplitRollout:
         cmd += ["--store", address, "--trainer-world", str(self.info.world_size), "--pad-id", str(self.pad_id)]
         cmd += ["--stop-ids", ",".join(str(i) for i in stop_ids)]
         self.process = subprocess.Popen(cmd, env=env)
-        self.client = SplitClient(Link(address, 0, self.device))
+        self.client = SplitClient(join(address, self.device, self.process, self.cfg.rollout.join_timeout_s))
 
     def sync_weights(self, actor: Any) -> None:
         if self.info.rank == 0:
@@ -629,9 +659,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["WORLD_SIZE"] = str(args.trainer_world)  # the config's batch rules are the trainer world's
     cfg = load_config(args.config)
     device = rollout_device(cfg.rollout.devices)
-    link = Link(args.store, 1, device)
     stop_ids = [int(x) for x in args.stop_ids.split(",")]
     engine, model = build_engine(cfg, args.model_dir, device, stop_ids, args.pad_id)
+    link = Link(args.store, 1, device, cfg.rollout.join_timeout_s)  # after the engine: a failure is seen as an exit
     RolloutServer(engine, model, args.pad_id, link, device).serve()
     return 0
 

@@ -284,3 +284,31 @@ def test_vllm_engine_absent_is_a_config_error(make_config, monkeypatch):
     validate(cfg)  # the layout itself is valid
     with pytest.raises(ConfigError, match=r"rollout\.engine: vllm cannot be imported"):
         rs.build_engine(cfg, "/nonexistent", torch.device("cpu"), [1], 0)
+
+
+def test_a_rollout_process_that_dies_or_never_joins_is_an_error_not_a_hang(tmp_path):
+    import time
+
+    dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    t0 = time.monotonic()
+    with pytest.raises(rs.SplitError, match="exited with 3 before joining"):
+        rs.join(f"127.0.0.1:{_free_port()}", torch.device("cpu"), dead, timeout_s=120)
+    assert time.monotonic() - t0 < 60  # seen when it exits, not at the timeout
+    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        with pytest.raises(rs.SplitError, match=r"did not join within rollout\.join_timeout_s = 1 s"):
+            rs.join(f"127.0.0.1:{_free_port()}", torch.device("cpu"), silent, timeout_s=1)
+        assert silent.wait(timeout=30) != 0  # killed, not left behind
+    finally:
+        if silent.poll() is None:
+            silent.kill()
+
+
+@pytest.mark.slow
+def test_a_rollout_engine_that_cannot_load_fails_the_trainer_with_its_exit(make_config, tiny_cache):
+    from trainer.models import load_causal_lm
+
+    cfg, _ = make_config({"rollout": {"devices": ["cpu"]}})
+    actor = load_causal_lm(tiny_cache[1].model_dir, "float32", torch.device("cpu"))
+    with pytest.raises(rs.SplitError, match="exited with 1 before joining"):
+        rs.SplitRollout(cfg, actor, str(tiny_cache[0] / "no-such-model"), [1], 0)
