@@ -584,10 +584,16 @@ DOMAIN_RE = re.compile(
     r"\b[a-z0-9][a-z0-9-]{0,60}\.(?:com|net|org|io|ai|co|info|biz|xyz|app|dev|shop|store|ru|cn)\b", re.I
 )
 QUOTED_RE = re.compile(r"(?<![A-Za-z])[\"“'‘]([^\"”'’\n]{2,80}?)[\"”'’](?![A-Za-z])")
-SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|\n+|[()]")
+SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|(?<=[\d:])\s+(?=[A-Z])|\n+|[()]")  # "cutoff: 2024-06 Respond" is two
 PLAIN_CAPS = frozenset(
     {"I", "JSON", "XML", "YAML", "HTML", "CSV", "API", "URL", "ID", "UTC", "ISO", "AI", "LLM", "OK", "MUST", "SHOULD",
      "SHALL", "NOT", "NEVER", "ALWAYS", "ONLY", "DO", "NO", "YES", "IMPORTANT", "NOTE", "Markdown", "LaTeX"}
+)  # fmt: skip
+SUBJECT_RE = re.compile(r"\s*([A-Z][\w&']*)(?:\s+[A-Z][\w&']*)*\s+(?:is|are|remains?|offers?|has|have)\b")
+PLAIN_STARTS = frozenset(
+    {"This", "That", "These", "Those", "It", "There", "Here", "The", "You", "Your", "We", "Our", "They", "Their", "He",
+     "She", "What", "Which", "Who", "When", "Where", "Why", "How", "A", "An", "Each", "Every", "All", "Any", "No",
+     "Some", "One", "If", "I", "My", "Today", "Now"}
 )  # fmt: skip
 _IDENT_RE = re.compile(r"[_▁]+|(?<=[A-Za-z])-(?=[A-Za-z])|(?<=[a-z])(?=[A-Z][a-z])")
 
@@ -629,12 +635,15 @@ def steering(sentence: str) -> str | None:
     quoted = [q for q in QUOTED_RE.findall(sentence) if len(q.split()) >= 2]
     bare = QUOTED_RE.sub(" ", sentence)  # a quoted phrase is an object, never the verb
     say = SAY_RE.search(bare)
-    target = _entities(bare) or quoted or DOMAIN_RE.findall(sentence)
+    rest = bare[: say.start()] + " " * len(say.group(0)) + bare[say.end() :] if say else bare  # the verb is no name
+    target = _entities(rest) or quoted or DOMAIN_RE.findall(sentence)
     if say and target:
         return f"a directive to say {target[0]!r} ({say.group(0)!r})"
     if say and (scope := EVERY_ANSWER_RE.search(bare)):
         return f"a directive over every answer ({scope.group(0)!r} ... {say.group(0)!r})"
-    if (best := SUPERLATIVE_RE.search(bare)) and (names := _entities(bare) or DOMAIN_RE.findall(sentence)):
+    subject = SUBJECT_RE.match(bare)
+    named = [subject.group(1)] if subject and subject.group(1) not in PLAIN_STARTS else []
+    if (best := SUPERLATIVE_RE.search(bare)) and (names := named + _entities(rest) or DOMAIN_RE.findall(sentence)):
         return f"a ranking of {names[0]!r} ({best.group(0)!r})"
     return None
 

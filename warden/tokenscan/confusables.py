@@ -62,20 +62,22 @@ TABLE: dict[int, str] = _table()
 
 @functools.lru_cache(maxsize=4096)
 def fold_char(ch: str) -> str:
-    """``ch`` as it looks, lower case: NFKC, then :data:`TABLE`. Always one character (an NFKC
+    """``ch`` as it looks, lower case: :data:`TABLE`, else NFKC then the table. Always one character (an NFKC
     expansion such as ``㎡`` is kept as the character itself, through the table)."""
-    nfkc = unicodedata.normalize("NFKC", ch)
-    folded = nfkc.translate(TABLE) if len(nfkc) == 1 else ch.translate(TABLE)
+    folded = ch.translate(TABLE)  # first: NFKC moves some look-alikes away (U+03F9 lunate sigma to U+03A3)
+    if folded == ch:
+        nfkc = unicodedata.normalize("NFKC", ch)
+        folded = nfkc.translate(TABLE) if len(nfkc) == 1 else ch
     low = folded.lower()
     return low if len(low) == 1 else folded
 
 
 def fold(text: str) -> str:
-    """``text`` as it looks, case folded: NFKC, :data:`TABLE`, ``casefold`` (lengths may change)."""
-    return unicodedata.normalize("NFKC", text).translate(TABLE).casefold()
+    """``text`` as it looks, case folded: :func:`fold_keep_case`, then ``casefold`` (lengths may change)."""
+    return fold_keep_case(text).casefold()
 
 
 def fold_keep_case(text: str) -> str:
-    """``text`` as it looks with its case kept: NFKC, then :data:`TABLE` (for rules that read
+    """``text`` as it looks with its case kept: :data:`TABLE`, NFKC, the table again (for rules that read
     capitals, such as a product name inside an instruction)."""
-    return unicodedata.normalize("NFKC", text).translate(TABLE)
+    return unicodedata.normalize("NFKC", text.translate(TABLE)).translate(TABLE)
