@@ -375,3 +375,29 @@ def test_alphabet_issues_known_cases():
     (issue,) = tbe.alphabet_issues(bad)
     assert issue.kind == "roundtrip" and "3 alphabet character(s)" in issue.detail
     assert tbe.alphabet_issues({"alphabet": [["$", 7, ""], "junk"]}) == []  # hostile answers never raise
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=12,
+)
+NORMALIZER_LIKE = st.fixed_dictionaries(
+    {"type": st.sampled_from([*sorted(pr.JUDGES["normalizer"]), "Bogus"])},
+    optional={k: JSON for k in ("pattern", "content", "prepend", "append", "normalizers", "clean_text", "lowercase",
+                                "strip_accents", "handle_chinese_chars", "strip_left", "precompiled_charsmap")},
+)  # fmt: skip
+
+
+@SETTINGS
+@given(rule=NORMALIZER_LIKE | JSON, token=st.text(max_size=8), vocab=st.dictionaries(ANY_CHARS, st.integers(0, 9)))
+def test_hostile_normalizers_and_vocabularies_never_raise(rule, token, vocab):
+    tok = {
+        "normalizer": rule,
+        "pre_tokenizer": {"type": "ByteLevel"},
+        "model": {"type": "BPE", "vocab": vocab, "merges": []},
+        "added_tokens": [{"id": 10, "content": token, "special": True, "normalized": True}],
+    }
+    pr.folding_rules(tok, token)
+    for issue in pr.tokenizer_issues(tok):
+        assert issue.kind in ("rule", "unknown", "collision", "folding", "template", "order")
