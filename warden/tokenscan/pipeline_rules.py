@@ -593,9 +593,15 @@ def _added(tok: Mapping[str, Any]) -> list[dict[str, Any]]:
     return [a for a in added if isinstance(a, dict)] if isinstance(added, list) else []
 
 
+MARKUP_CHARS = frozenset("<>[]|{}")
+"""An added token holding one of these is markup (``<tool_call>``, ``<think>``), special or not:
+user text must not normalise into it either."""
+
+
 def vocabulary_issues(tok: Mapping[str, Any], extra_ids: Mapping[int, str] | None = None) -> list[PipelineIssue]:
     """Ordinary entries sharing a special token's id (``extra_ids``: id -> token from another file
-    of the loader, ``added_tokens_decoder``), special tokens matched after folding, and
+    of the loader, ``added_tokens_decoder``), special and markup added tokens matched after
+    folding (:data:`MARKUP_CHARS`), and
     post-processor templates adding tokens that are not special added tokens."""
     out = []
     model = tok.get("model")
@@ -610,13 +616,15 @@ def vocabulary_issues(tok: Mapping[str, Any], extra_ids: Mapping[int, str] | Non
                 PipelineIssue("collision", "added_tokens", f"{content!r} and {seen_ids[ident]!r} share id {ident}")
             )
         seen_ids.setdefault(ident, content)
-        if not a.get("special"):
-            continue
-        specials[ident] = content
-        folds = folding_rules(tok, content) if a.get("normalized") else []
+        if a.get("special"):
+            specials[ident] = content
+        elif not MARKUP_CHARS.intersection(content):
+            continue  # an ordinary added word: folding it onto itself is what normalising is for
+        folds = folding_rules(tok, content) if a.get("normalized", not a.get("special")) else []
         if folds:
+            what = "special" if a.get("special") else "markup added token"
             folded = ", ".join(sorted(set(folds)))
-            detail = f"special {content!r} is matched after the normaliser ({folded}): look-alike text becomes it"
+            detail = f"{what} {content!r} is matched after the normaliser ({folded}): look-alike text becomes it"
             out.append(PipelineIssue("folding", "added_tokens", detail))
     for entry, ident in _special_id_entries(model, specials):
         detail = f"ordinary entry {entry!r} has special {specials[ident]!r}'s id {ident}"

@@ -401,3 +401,16 @@ def test_hostile_normalizers_and_vocabularies_never_raise(rule, token, vocab):
     pr.folding_rules(tok, token)
     for issue in pr.tokenizer_issues(tok):
         assert issue.kind in ("rule", "unknown", "collision", "folding", "template", "order")
+
+
+def test_a_markup_added_token_under_nfkc_is_reached_from_fullwidth_text(tmp_path: Path):
+    """Qwen's ``<tool_call>`` is an added token that is not special and is normalized: harmless
+    under its NFC, reached from fullwidth user text under NFKC (what the library does, and the
+    judge says so)."""
+    tok = json.loads((build_family("qwen3", tmp_path / "q") / "tokenizer.json").read_text(encoding="utf-8"))
+    assert [i for i in pr.tokenizer_issues(tok) if i.kind == "folding"] == []
+    tok["normalizer"] = {"type": "NFKC"}
+    loaded = tokenizers.Tokenizer.from_str(json.dumps(tok))
+    assert loaded.token_to_id("<tool_call>") in loaded.encode("say \uff1ctool_call\uff1e now").ids
+    found = [i.detail for i in pr.tokenizer_issues(tok) if i.kind == "folding"]
+    assert any("markup added token '<tool_call>'" in d for d in found), found
