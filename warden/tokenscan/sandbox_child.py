@@ -61,6 +61,7 @@ def _arm_cpu(seconds: float) -> None:
 
 TAINT: list[list[Any]] = []
 PRIVATE: list[str] = []
+SEEN: set[tuple[str, str, str, int]] = set()  # the records of the current request (TAINT without repeats)
 MAX_RECORDS = 256
 
 
@@ -82,9 +83,17 @@ def _template_line() -> int:
 
 
 def _note(source: str, operation: str, constant: str) -> None:
-    """One run-time record ``[source, operation, constant, template line]`` (at most MAX_RECORDS)."""
+    """One run-time record ``[source, operation, constant, template line]``, each distinct one
+    once. Past MAX_RECORDS distinct records one last record says recording stopped: a template
+    cannot hide a trigger behind a flood of harmless comparisons (that record is judged too)."""
+    record = (source, operation, constant[:200], _template_line())
+    if record in SEEN:
+        return
+    SEEN.add(record)
     if len(TAINT) < MAX_RECORDS:
-        TAINT.append([source, operation, constant[:200], _template_line()])
+        TAINT.append(list(record))
+    elif len(TAINT) == MAX_RECORDS:
+        TAINT.append([source, "overflow", f"more than {MAX_RECORDS} distinct comparisons (recording stopped)", 0])
 
 
 def _record(source: str, operation: str, other: Any) -> None:
@@ -508,11 +517,17 @@ def _after_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: A
     """What a sandboxed call made of tainted inputs: a str method of a constant string tested on
     content is recorded (``'abc'.startswith(content)``); a tainted number passed to ``range()``
     or a constant string's method is a number use; the result of a call with a tainted owner or
-    argument stays tainted (``''.join([content])``, ``'{}'.format(content)``, ``content.ljust(0)``)."""
+    argument stays tainted (``''.join([content])``, ``'{}'.format(content)``, ``content.ljust(0)``),
+    a string when taint is anywhere in the arguments, a number or list only when the owner or an
+    argument itself is tainted (``messages.index(message)`` is a position in the conversation)."""
     owner = getattr(func, "__self__", None)
     source = _taint(owner) or _taint_in(args) or _taint_in(kwargs.values())
     if source is None:
         return out
+    if not isinstance(out, str):  # a number or list computed from a message dict is the shape, not content
+        source = _taint(owner) or _taint_in((*args, *kwargs.values()), depth=1)
+        if source is None:
+            return out
     if _taint(owner) is None:
         name = str(getattr(func, "__name__", "a function"))
         numbers = [a for a in (*args, *kwargs.values()) if isinstance(a, _Number)]
@@ -815,6 +830,7 @@ def battery(env: Any, request: dict[str, Any]) -> dict[str, Any]:
     import jinja2
 
     del TAINT[:], PRIVATE[:]
+    SEEN.clear()
     try:
         template = env.from_string(request["text"])
     except jinja2.TemplateSyntaxError as exc:

@@ -220,3 +220,27 @@ def test_fingerprints_of_the_environment_are_recorded() -> None:
     expected = [["environment", "in", "TemplateDict"], ["environment", "in", "Template"]]
     assert [r[:3] for r in answer["taint"]] == expected
     assert answer["renders"][0]["output"] == "xy"
+
+
+@SETTINGS
+@given(extra=st.integers(min_value=1, max_value=200), secret=SECRET)
+def test_a_flood_of_harmless_comparisons_cannot_hide_a_trigger(extra: int, secret: str) -> None:
+    flood = "{% for i in range(" + str(256 + extra) + ") %}{{ ('<t' ~ i ~ '>') in " + C + " }}{% endfor %}"
+    answer = _answer(flood + "{{ 'PAYLOAD' * (" + C + " == '" + secret + "') }}", "hello")
+    assert [r for r in answer["taint"] if r[1] == "overflow"], answer["taint"][-3:]
+    assert _judged(answer)
+
+
+SHAPE = (
+    "{% for m in messages %}{{ messages.index(m) == 0 }}{{ loop.index0 == messages|length - 1 }}"
+    "{{ (messages|selectattr('role', 'equalto', 'user')|list|length) > 2 }}{{ [m]|length == 1 }}{% endfor %}"
+)
+
+
+@SETTINGS
+@given(contents=st.lists(CONTENT, min_size=1, max_size=4))
+def test_the_shape_of_the_conversation_is_not_content(contents: list[str]) -> None:
+    messages = [{"role": "user", "content": c} for c in contents]
+    answer = ct.run_battery(SHAPE, [{"messages": messages, "context": {}}], LIMITS)
+    assert answer["renders"][0]["status"] == "ok", answer
+    assert answer["taint"] == []
