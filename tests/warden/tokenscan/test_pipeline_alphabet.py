@@ -414,3 +414,22 @@ def test_a_markup_added_token_under_nfkc_is_reached_from_fullwidth_text(tmp_path
     assert loaded.token_to_id("<tool_call>") in loaded.encode("say \uff1ctool_call\uff1e now").ids
     found = [i.detail for i in pr.tokenizer_issues(tok) if i.kind == "folding"]
     assert any("markup added token '<tool_call>'" in d for d in found), found
+
+
+def test_added_tokens_decoder_marking_a_markup_token_normalized_is_judged(tmp_path: Path):
+    from warden.tokenscan import scan_directory
+    from warden.tokenscan.policy import default_policy
+
+    d = build_family("qwen3", tmp_path / "q")
+    tok = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    tok["normalizer"] = {"type": "NFKC"}
+    for a in tok["added_tokens"]:
+        a["normalized"] = False  # tokenizer.json itself is safe
+    (d / "tokenizer.json").write_text(json.dumps(tok), encoding="utf-8")
+    config = json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8"))
+    decoder = {str(a["id"]): {**a, "normalized": a["content"] == "<tool_call>"} for a in tok["added_tokens"]}
+    (d / "tokenizer_config.json").write_text(json.dumps({**config, "added_tokens_decoder": decoder}), encoding="utf-8")
+    found = [(f.path, f.message) for f in scan_directory(str(d), default_policy()).findings if f.id == "TS1211"]
+    assert found == [
+        ("tokenizer_config.json", "added_tokens_decoder: markup token '<tool_call>' is normalized under NFKC")
+    ]

@@ -90,9 +90,9 @@ def check_pipeline(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
 
 
 def _config_folding(rel: str, tok: dict[str, Any], config: dict[str, Any] | None) -> list[Finding]:
-    """``added_tokens_decoder`` of the config marks a special token ``normalized: true`` (the
-    loader builds its added tokens from it) under a normaliser of the tokenizer that folds other
-    user text into that token (:func:`..pipeline_rules.folding_rules`)."""
+    """``added_tokens_decoder`` of the config marks a special or markup token ``normalized: true``
+    (the loader builds its added tokens from it) under a normaliser of the tokenizer that folds
+    other user text into that token (:func:`..pipeline_rules.folding_rules`)."""
     decoder = (config or {}).get("added_tokens_decoder")
     if not isinstance(decoder, dict):
         return []
@@ -100,11 +100,14 @@ def _config_folding(rel: str, tok: dict[str, Any], config: dict[str, Any] | None
     out = []
     for value in decoder.values():
         text = token(value)
-        if not (isinstance(value, dict) and value.get("special") and value.get("normalized") and text):
+        if not (isinstance(value, dict) and value.get("normalized") and text):
+            continue
+        if not (value.get("special") or pr.MARKUP_CHARS.intersection(text)):
             continue
         folds = pr.folding_rules(tok, text)
         if folds:
-            detail = f"added_tokens_decoder: special {text!r} is normalized under {', '.join(sorted(set(folds)))}"
+            what = "special" if value.get("special") else "markup token"
+            detail = f"added_tokens_decoder: {what} {text!r} is normalized under {', '.join(sorted(set(folds)))}"
             out.append(finding("TS1211", where, detail))
     return out
 
