@@ -160,7 +160,9 @@ def _probe_shapes(inputs: TemplateInputs, budget: int) -> list[dict[str, Any]]:
     (past it, inputs share shapes)."""
     probes = inputs.probes()
     n = min(2 * len(probes), budget)
-    shapes: list[dict[str, Any]] = [{"first": 0.9 if i % 2 == 0 else 0.0, "turns": 2} for i in range(n)]
+    shapes: list[dict[str, Any]] = [
+        {"first": 0.9 if i % 2 == 0 else 0.0, "turns": 2, "plain": True, "parts": False} for i in range(n)
+    ]
     for p, probe in enumerate(probes):
         for at in ((2 * p) % n, (2 * p + 1) % n) if n else ():
             shape = shapes[at]
