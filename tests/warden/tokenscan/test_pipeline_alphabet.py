@@ -433,3 +433,19 @@ def test_added_tokens_decoder_marking_a_markup_token_normalized_is_judged(tmp_pa
     assert found == [
         ("tokenizer_config.json", "added_tokens_decoder: markup token '<tool_call>' is normalized under NFKC")
     ]
+
+
+@pytest.mark.parametrize(("family", "name"), [("gemma", "tokenizer.model"), ("t5", "spiece.model")])
+def test_the_alphabet_round_trip_of_sentencepiece_models_is_clean(tmp_path: Path, family: str, name: str):
+    import hashlib
+
+    pytest.importorskip("sentencepiece")
+    from warden.tokenscan import tokenizer_behaviour as tbe
+    from warden.tokenscan import tokenizer_child
+
+    path = build_family(family, tmp_path / family) / name
+    data = path.read_bytes()
+    req = tbe.request("sentencepiece", str(path), hashlib.sha256(data).hexdigest(), len(data), {})
+    answer = tokenizer_child.serve_one({**req, "corpus": []})
+    assert answer["status"] == "ok" and len(answer["alphabet"]) == len(set(tbe.ALPHABET))
+    assert tbe.alphabet_issues(answer) == []
