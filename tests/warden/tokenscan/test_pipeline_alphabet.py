@@ -449,3 +449,22 @@ def test_the_alphabet_round_trip_of_sentencepiece_models_is_clean(tmp_path: Path
     answer = tokenizer_child.serve_one({**req, "corpus": []})
     assert answer["status"] == "ok" and len(answer["alphabet"]) == len(set(tbe.ALPHABET))
     assert tbe.alphabet_issues(answer) == []
+
+
+def test_the_alphabet_order_follows_the_id_order_switch(tmp_path: Path):
+    """A swap of two alphabet ids is TS1205 by default; behaviour.bpe_ids_follow_merges: false
+    (TS1205's documented switch, after review) turns the order checks off, this one included."""
+    import dataclasses
+
+    from warden.tokenscan import scan_directory
+    from warden.tokenscan.policy import default_policy
+
+    d = build_family("phi4", tmp_path / "p")
+    tok = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tok["model"]["vocab"]
+    vocab["1"], vocab["7"] = vocab["7"], vocab["1"]
+    (d / "tokenizer.json").write_text(json.dumps(tok), encoding="utf-8")
+    policy = default_policy()
+    assert [f.id for f in scan_directory(str(d), policy).findings] == ["TS1205"]
+    off = dataclasses.replace(policy, behaviour=dataclasses.replace(policy.behaviour, bpe_ids_follow_merges=False))
+    assert [f.id for f in scan_directory(str(d), off).findings] == []

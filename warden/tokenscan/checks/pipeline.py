@@ -78,6 +78,8 @@ def check_pipeline(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
         config = _folder_doc(snap, rel, "tokenizer_config.json")
         extra = _decoder_ids(config) | _added_json_ids(_folder_doc(snap, rel, "added_tokens.json"))
         for issue in pr.tokenizer_issues(tok, extra):
+            if issue.kind == "order" and not policy.behaviour.bpe_ids_follow_merges:
+                continue  # the operator reviewed this vocabulary's id order (TS1205's documented switch)
             out.append(finding(RULE_OF_KIND[issue.kind], rel, f"{issue.where}: {issue.detail}"))
         out += _config_folding(rel, tok, config)
         if rel != "tokenizer.json":  # the root's is judged with the behaviour (exercise.py)
@@ -138,7 +140,8 @@ def _slow_vocabularies(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]
                 problem = tbe.merge_order_problem({"type": "BPE", "vocab": vocab, "merges": merges})
                 if problem:
                     out.append(finding("TS1205", rel, f"with vocab.json: {problem}"))
-            if vocab is not None and "\u0120" in vocab and (problem := pr.byte_alphabet_problem(vocab)):
+            byte_level = vocab is not None and "\u0120" in vocab and policy.behaviour.bpe_ids_follow_merges
+            if byte_level and vocab is not None and (problem := pr.byte_alphabet_problem(vocab)):
                 out.append(finding("TS1205", lf._join(folder, "vocab.json"), problem))  # a byte-level vocab.json
         elif name == "vocab.txt" and folder and isinstance((model or {}).get("vocab"), dict):
             found = tbe.vocab_disagreement(model["vocab"], tbe.vocab_txt_ids(lines), "vocab.txt")  # type: ignore[index]
