@@ -566,7 +566,7 @@ PROMOTE_RE = re.compile(
     re.IGNORECASE,
 )
 SAY_RE = re.compile(
-    r"\b(?:mention|includ|insert|append|prepend|say|said|tell|told|claim|insist|remind|link|refer|redirect|direct|"
+    r"\binclud(?:e|es|ed)\b|\b(?:mention|insert|append|prepend|say|said|tell|told|claim|insist|remind|link|refer|redirect|direct|"
     r"respond|repl(?:y|ies|ied)|answer|suggest|advis|urg|encourag|prais|favou?r|recite|repeat|promis)\w*|"
     r"\b(?:end|begin|start|conclude|finish|close|sign)\w*\b[^.]{0,40}\bwith\b",
     re.IGNORECASE,
@@ -584,7 +584,11 @@ DOMAIN_RE = re.compile(
     r"\b[a-z0-9][a-z0-9-]{0,60}\.(?:com|net|org|io|ai|co|info|biz|xyz|app|dev|shop|store|ru|cn)\b", re.I
 )
 QUOTED_RE = re.compile(r"(?<![A-Za-z])[\"“'‘]([^\"”'’\n]{2,80}?)[\"”'’](?![A-Za-z])")
-SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|(?<=[\d:])\s+(?=[A-Z])|\n+|[()]")  # "cutoff: 2024-06 Respond" is two
+# sentences; "cutoff: 2024-06 Respond" and "{...}.Do not" are two
+SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|(?<=[.!?])(?=[A-Z])|(?<=[\d:])\s+(?=[A-Z])|\n+|[()]")
+NOUN_BEFORE_RE = re.compile(r"\b(?:a|an|the|your|my|our|their|its|this|that|good|final|short|full)\s+\Z", re.IGNORECASE)
+"""Before "answer", "reply": the noun (a good answer), not the directive."""
+OBJECT_CHARS = 120
 PLAIN_CAPS = frozenset(
     {"I", "JSON", "XML", "YAML", "HTML", "CSV", "API", "URL", "ID", "UTC", "ISO", "AI", "LLM", "OK", "MUST", "SHOULD",
      "SHALL", "NOT", "NEVER", "ALWAYS", "ONLY", "DO", "NO", "YES", "IMPORTANT", "NOTE", "Markdown", "LaTeX"}
@@ -593,8 +597,15 @@ SUBJECT_RE = re.compile(r"\s*([A-Z][\w&']*)(?:\s+[A-Z][\w&']*)*\s+(?:is|are|rema
 PLAIN_STARTS = frozenset(
     {"This", "That", "These", "Those", "It", "There", "Here", "The", "You", "Your", "We", "Our", "They", "Their", "He",
      "She", "What", "Which", "Who", "When", "Where", "Why", "How", "A", "An", "Each", "Every", "All", "Any", "No",
-     "Some", "One", "If", "I", "My", "Today", "Now"}
+     "Some", "One", "If", "I", "My", "Today", "Now", "Do", "Don't", "Please", "Use", "Given", "For", "In", "To",
+     "Then", "Finally", "First", "Firstly", "Secondly", "Thirdly", "Also", "Note", "Never", "Always", "Only"}
 )  # fmt: skip
+LANGUAGES = frozenset(
+    {"English", "American", "British", "French", "Spanish", "German", "Italian", "Portuguese", "Dutch", "Russian",
+     "Chinese", "Mandarin", "Japanese", "Korean", "Arabic", "Hindi", "Turkish", "Polish", "Persian", "Vietnamese",
+     "Czech", "Ukrainian", "Romanian", "Greek", "Hebrew", "Indonesian", "Thai", "Swedish", "Tagalog"}
+)  # fmt: skip
+"""Capitalised in English, yet no party: "answer in many languages, such as French" names none."""
 _IDENT_RE = re.compile(r"[_▁]+|(?<=[A-Za-z])-(?=[A-Za-z])|(?<=[a-z])(?=[A-Z][a-z])")
 
 
@@ -605,25 +616,22 @@ def readable(text: str) -> str:
     return _IDENT_RE.sub(" ", without_markup(confusables.fold_keep_case(INVISIBLE_RE.sub("", text))))
 
 
-def _entities(sentence: str) -> list[str]:
-    """Capitalised words that are neither a sentence's or label's first word nor plain capitals
-    (``JSON``, ``MUST``): names of products, companies, people (a first word counts when it has
-    capitals inside: ``ACME``, ``OpenAI``)."""
+def _entities(sentence: str, opens: bool = True) -> list[str]:
+    """Capitalised words that name a party (product, company, person, site): not a sentence's,
+    label's or comma clause's first word in title case, not plain capitals (``JSON``, ``MUST``),
+    sentence words (``Do``, ``When``), languages or roles. A first word with capitals inside
+    (``ACME``, ``OpenAI``) is a name too. ``opens``: ``sentence`` starts a sentence (else it is a
+    verb's object, whose first word is no sentence start)."""
     words = list(re.finditer(r"[A-Za-z][A-Za-z0-9&']*", sentence))
     out = []
     for i, m in enumerate(words):
         w = m.group(0)
-        if not i and any(c.isupper() for c in w[1:]) and w not in PLAIN_CAPS:
-            out.append(w)  # a first word in capitals inside (ACME, OpenAI) is a name too
+        if w in PLAIN_CAPS or w in PLAIN_STARTS or w in LANGUAGES or w.lower() in ROLE_WORDS:
             continue
-        after_label = sentence[: m.start()].rstrip().endswith((":", "#", "*", "-", "\u2022"))
-        if (
-            i
-            and not after_label
-            and any(c.isupper() for c in w)
-            and w not in PLAIN_CAPS
-            and w.lower() not in ROLE_WORDS
-        ):
+        inner_caps = any(c.isupper() for c in w[1:])
+        before = sentence[: m.start()].rstrip()
+        clause_start = (not i and opens) or before.endswith((":", "#", "*", "-", "\u2022", ","))
+        if inner_caps or (w[0].isupper() and not clause_start):
             out.append(w)
     return out
 
@@ -634,11 +642,13 @@ def steering(sentence: str) -> str | None:
         return f"promotion ({m.group(0)!r})"
     quoted = [q for q in QUOTED_RE.findall(sentence) if len(q.split()) >= 2]
     bare = QUOTED_RE.sub(" ", sentence)  # a quoted phrase is an object, never the verb
-    say = SAY_RE.search(bare)
+    say = next((m for m in SAY_RE.finditer(bare) if not NOUN_BEFORE_RE.search(bare[: m.start()])), None)
     rest = bare[: say.start()] + " " * len(say.group(0)) + bare[say.end() :] if say else bare  # the verb is no name
-    target = _entities(rest) or quoted or DOMAIN_RE.findall(sentence)
-    if say and target:
-        return f"a directive to say {target[0]!r} ({say.group(0)!r})"
+    if say:  # its object follows it: "to answer in many languages" after a list of them names none
+        obj = rest[say.start() : say.end() + OBJECT_CHARS]
+        target = _entities(obj, opens=False) or [q for q in quoted if q in obj] or DOMAIN_RE.findall(obj)
+        if target:
+            return f"a directive to say {target[0]!r} ({say.group(0)!r})"
     if say and (scope := EVERY_ANSWER_RE.search(bare)):
         return f"a directive over every answer ({scope.group(0)!r} ... {say.group(0)!r})"
     subject = SUBJECT_RE.match(bare)

@@ -59,6 +59,15 @@ PROTOCOL = [
     "Please structure your response into two sections: Thought and Solution.",
     "Reasoning: medium",
     "Environment: ipython",
+    # shapes of other vendors' defaults (written here): language lists, RAG steps, style rules
+    "You were trained on text in English, French, Modern Standard Arabic and Mandarin Chinese but can answer in "
+    "many more languages.",
+    "Next, Decide which documents matter by writing 'Relevant Documents:' followed by their numbers.",
+    'Never use moralising phrases, including but not limited to "it is important to".',
+    "When a tool is needed to answer the query, respond with <|tool_call|> followed by a JSON list.",
+    "When responding in English, use American spelling.",
+    'Respond in the format {"name": name}.Do not use variables.',
+    "Please reason step by step, and put your final answer within \\boxed{}.",
 ]
 
 
