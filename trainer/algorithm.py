@@ -264,15 +264,16 @@ def ppo_update(
 def optimizer_step(models: Trainables, grad_clip: float) -> float | None:
     """Clips and steps every optimizer; None (no step taken, gradients dropped) when any gradient
     is not finite, else the actor's gradient norm before clipping. Gradients are already
-    all-reduced by DDP, so every rank takes the same decision."""
+    all-reduced by DDP (reduce-scattered by FSDP2, whose norm is over all shards), so every rank
+    takes the same decision."""
     scaler = models.scaler
     if scaler is not None:
         for opt in models.optimizers():
             scaler.unscale_(opt)
-    norm = float(torch.nn.utils.clip_grad_norm_(_trained(models.actor_opt), grad_clip))
+    norm = _clip(models.actor_opt, grad_clip)
     finite = math.isfinite(norm)
     if models.critic is not None and models.critic_opt is not None:
-        finite = math.isfinite(float(torch.nn.utils.clip_grad_norm_(_trained(models.critic_opt), grad_clip))) and finite
+        finite = math.isfinite(_clip(models.critic_opt, grad_clip)) and finite
     if finite:
         for opt in models.optimizers():
             if scaler is not None:
@@ -285,6 +286,14 @@ def optimizer_step(models: Trainables, grad_clip: float) -> float | None:
         models.zero_grad()
         return None
     return norm
+
+
+def _clip(optimizer: Any, grad_clip: float) -> float:
+    """Clips the optimizer's gradients to ``grad_clip``; their norm before clipping. Under FSDP2 the
+    norm is a DTensor over the shards (its full value is every rank's)."""
+    norm = torch.nn.utils.clip_grad_norm_(_trained(optimizer), grad_clip)
+    full = getattr(norm, "full_tensor", None)
+    return float(full() if full is not None else norm)
 
 
 def _trained(optimizer: Any) -> list[torch.Tensor]:

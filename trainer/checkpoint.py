@@ -204,6 +204,20 @@ class CheckpointWriter:
     def json(self, relative: str, obj: Any) -> None:
         self.bytes(relative, json_bytes(obj))
 
+    def adopt(self, relative: str, src_dir_fd: int, src_name: str, digests: FileDigests, size: int) -> None:
+        """Hard-links ``src_name`` of ``src_dir_fd`` (a file another process of this trainer wrote, hashed
+        from its bytes as it wrote them, fsynced) in as ``relative`` and records ``digests`` for it, not
+        hashing it again. The link must be a regular file of ``size`` bytes; raises CheckpointError."""
+        directory, name = self._dir_of(relative)
+        try:
+            os.link(src_name, name, src_dir_fd=src_dir_fd, dst_dir_fd=directory, follow_symlinks=False)
+            info = os.stat(name, dir_fd=directory, follow_symlinks=False)
+        except OSError as exc:
+            raise CheckpointError(f"{relative}: cannot link the rank's file in: {exc.strerror or exc}") from exc
+        if not stat.S_ISREG(info.st_mode) or info.st_size != size:
+            raise CheckpointError(f"{relative}: the rank's file is not the {size}-byte regular file it reported")
+        self._record(relative, digests)
+
     def tensors(self, relative: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
         """A safetensors file of ``tensors``, encoded without copying them (:mod:`trainer.tensorfile`)."""
         self.buffers(relative, tensorfile.encode(tensors, metadata))

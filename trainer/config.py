@@ -243,6 +243,23 @@ class OOMConfig:
     raise_at_step: int = 0  # test hook: raise OutOfMemoryError at this step (0: never)
 
 
+PARALLEL_STRATEGIES = ("ddp", "fsdp2")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How the trained models are spread over torchrun's ranks (trainer/fsdp.py).
+
+    ``ddp``: every rank holds whole models, gradients all-reduced (a one-process run: no wrapper).
+    ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` shards the actor, the critic and the frozen
+    reference over every rank (dim 0 of each parameter, one group per decoder layer); each rank
+    writes its own shard files to a checkpoint, which resumes at any world size. Does not shape
+    training (a resume may change it: the checkpoint formats load into either strategy).
+    """
+
+    strategy: str = "ddp"
+
+
 @dataclass(frozen=True)
 class PreflightConfig:
     required_env: dict[str, str] = field(default_factory=dict)  # NAME -> regex ('' = any non-empty)
@@ -264,6 +281,7 @@ class TrainerConfig:
     oom: OOMConfig = field(default_factory=OOMConfig)
     preflight: PreflightConfig = field(default_factory=PreflightConfig)
     validation: ValidationConfig = field(default_factory=ValidationConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     max_steps: int = 20
     log_every: int = 1
 
@@ -540,6 +558,7 @@ def validate(cfg: TrainerConfig, where: str = "<config>", world_size: int = 1) -
     if roll.engine == "vllm":
         validate_vllm(cfg, where, world_size)
     validate_split(cfg, where, world_size)
+    validate_parallel(cfg, where)
     _choices(where, "data.truncation", cfg.data.truncation, ("error", "left", "right"))
     validate_reward(cfg, where)
     _choices(where, "oom.action", cfg.oom.action, ("fail", "skip"))
@@ -728,6 +747,26 @@ def split_device_problem(devices: tuple[Any, ...], trainer_uuids: tuple[str, ...
         return "GPU indices with run.gpu_uuids set; name the rollout devices by UUID"
     shared = sorted({str(d) for d in devices} & taken)
     return f"shares {shared} with the trainer ranks; the devices must be disjoint" if shared else None
+
+
+def validate_parallel(cfg: TrainerConfig, where: str) -> None:
+    """``parallel.strategy`` and the layouts fsdp2 does not run in yet (each refusal names the key)."""
+    _choices(where, "parallel.strategy", cfg.parallel.strategy, PARALLEL_STRATEGIES)
+    if cfg.parallel.strategy != "fsdp2":
+        return
+    refusals = (
+        (
+            "model.lora",
+            cfg.model.lora is not None,
+            "fsdp2 shards whole models; a LoRA run trains its adapters with ddp",
+        ),
+        ("rollout.engine", cfg.rollout.engine != "hf", "fsdp2 samples with the hf engine from a gathered copy"),
+        ("rollout.devices", bool(cfg.rollout.devices), "fsdp2 runs the rollout colocated in this version"),
+        ("model.dtype", cfg.model.dtype == "float16", "fsdp2 runs float32 or bfloat16 (no sharded gradient scaler)"),
+        ("checkpoint.async_save", cfg.checkpoint.async_save == "on", "fsdp2 saves synchronously; use auto or off"),
+    )
+    for key, refused, why in refusals:
+        _require(not refused, where, key, why)
 
 
 def validate_split(cfg: TrainerConfig, where: str, world_size: int) -> None:

@@ -32,12 +32,13 @@ from typing import Any
 import torch
 
 from trainer import checkpoint as ckpt
-from trainer import elastic, lora, space
+from trainer import elastic, fsdp, lora, space
 from trainer.algorithm import Experience, Precision, Trainables, make_experience, ppo_update
 from trainer.config import TrainerConfig
 from trainer.data import PromptRow, PromptSampler, batch_digest, encode_prompts, left_pad, load_prompts
 from trainer.distributed import (
     DistInfo,
+    all_gather_objects,
     all_gather_rows,
     barrier,
     broadcast_object,
@@ -281,6 +282,7 @@ class PPOTrainer:
         self.precision = Precision(self.device.type, compute)
         self.lora: lora.LoraModels | None = None
         self.critic: Any = None
+        self.rollout: Any = None
         if lora_cfg is not None:
             # One base in the run's dtype with float32 adapters; the reference is that base, adapters off.
             self.lora = lora.build(paths.actor, cfg, self.device, shared_critic)
@@ -295,29 +297,25 @@ class PPOTrainer:
         if self.has_critic and self.critic is None:
             self.critic = load_critic(paths.critic, "float32", self.device)
         self.actor.config.use_cache = True
-        if self.dist.world_size > 1:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            ids = [self.device.index] if self.device.type == "cuda" else None
-            self.actor = DDP(self.actor, device_ids=ids)
-            self.critic = DDP(self.critic, device_ids=ids) if self.critic is not None else None
-        self._build_optimizers()
         self.stop_ids = stop_token_ids(self.tokenizer.eos_token_id, cfg.rollout.stop_token_ids)
-        if cfg.rollout.devices:  # the engine in its own process on its own devices (trainer/rollout_split.py)
-            from trainer.rollout_split import SplitRollout
+        self._place_models(compute)
+        self._build_optimizers()
+        if not self.sharded:
+            if cfg.rollout.devices:  # the engine in its own process on its own devices (trainer/rollout_split.py)
+                from trainer.rollout_split import SplitRollout
 
-            self.rollout: Any = SplitRollout(
-                cfg, unwrap(self.actor), paths.actor, self.stop_ids, self.tokenizer.pad_token_id
-            )
-        else:
-            self.rollout = build_rollout(  # LoRA: sampled from the adapted base itself, never a copy of it
-                cfg,
-                unwrap(self.actor),
-                paths.actor,
-                self.stop_ids,
-                self.tokenizer.pad_token_id,
-                compute if self.lora is None else None,
-            )
+                self.rollout = SplitRollout(
+                    cfg, unwrap(self.actor), paths.actor, self.stop_ids, self.tokenizer.pad_token_id
+                )
+            else:
+                self.rollout = build_rollout(  # LoRA: sampled from the adapted base itself, never a copy of it
+                    cfg,
+                    unwrap(self.actor),
+                    paths.actor,
+                    self.stop_ids,
+                    self.tokenizer.pad_token_id,
+                    compute if self.lora is None else None,
+                )
         if getattr(self.rollout, "static", False):
             log.info(
                 "rollout: static KV cache with the compiled forward, prompts padded to %d tokens",
@@ -326,6 +324,28 @@ class PPOTrainer:
         # warden_rollout_*: the vLLM scheduler's state at scrape time (zeros for the HF engine).
         self.metrics.registry.register(RolloutCollector(lambda: getattr(self.rollout, "scheduler", SchedulerState())))
         self.reward = build_reward(cfg.reward, self._reward_sources())
+
+    def _place_models(self, compute: torch.dtype | None) -> None:
+        """Spreads the models over the ranks: fsdp2 shards the actor, critic and reference (the rollout
+        gets its whole copy first), else DDP wraps the trained ones when there are several ranks."""
+        self.sharded = self.cfg.parallel.strategy == "fsdp2" and self.dist.world_size > 1
+        if self.sharded:
+            # Its own whole copy, taken before sharding: generate's length differs between ranks, so no
+            # collective may run inside it; refreshed from the gathered weights after each update.
+            pad = self.tokenizer.pad_token_id
+            self.rollout = build_rollout(
+                self.cfg, self.actor, self.paths.actor, self.stop_ids, pad, compute or torch.float32
+            )
+            mesh = fsdp.make_mesh(self.device, self.dist.world_size)
+            for model in (self.actor, self.critic, self.ref):
+                if model is not None:
+                    fsdp.shard_model(model, mesh)
+        elif self.dist.world_size > 1:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.actor = DDP(self.actor, device_ids=ids)
+            self.critic = DDP(self.critic, device_ids=ids) if self.critic is not None else None
 
     def _build_optimizers(self) -> None:
         p = self.cfg.ppo
@@ -390,6 +410,8 @@ class PPOTrainer:
         # retention may remove and the run's genesis nonce.
         ledger = read_ledger(os.path.join(self.run_dir, ev.JOURNAL_NAME), self.run_id) if self.dist.is_main else None
         self.resumed = find_resume_point(self, resume, ledger)
+        if self.resumed is not None and self.sharded:  # a collective: rank 0 loaded before the others
+            self.rollout.sync_weights(fsdp.rollout_source(self.actor))
         if ledger is not None:
             self._live_steps = set(ledger.live)
         # The run's genesis nonce: the checkpoint's (a resume), else the journal's first run.started
@@ -644,7 +666,7 @@ class PPOTrainer:
         gen = torch.Generator().manual_seed(cfg.run.seed * 7919 + step)
         with self.lora.dropout_active() if self.lora is not None else contextlib.nullcontext():
             stats = ppo_update(self.trainables, exp, cfg.ppo, cfg.rollout.temperature, self.dist, gen, self.precision)
-        self.rollout.sync_weights(unwrap(self.actor))  # engines with their own copy follow the actor
+        self.rollout.sync_weights(fsdp.rollout_source(self.actor))  # engines with their own copy follow the actor
         self.kl_ctl.update(exp.mean_kl, exp.responses.shape[0])
         self.actor_sched.step()
         if self.critic_sched is not None:
@@ -780,12 +802,47 @@ class PPOTrainer:
 
     def save_checkpoint(self) -> None:
         """Rank 0 saves ``step-N/`` (:mod:`trainer.saver`: asynchronously when configured, so it may
-        still be in flight on return); all ranks wait until rank 0's state is captured."""
+        still be in flight on return); all ranks wait until rank 0's state is captured. An fsdp2 run
+        saves tiles instead (:meth:`_save_tiles`)."""
+        if self.cfg.parallel.strategy == "fsdp2":
+            self._save_tiles()
+            return
         if self.dist.is_main:
             self.saver.settle()  # the previous save is complete: its size and retention are known
             if self._room_for_save():
                 self.saver.save(self.step, self._fill_checkpoint)
         barrier(self.dist)
+
+    def _save_tiles(self) -> None:
+        """The fsdp2 save, synchronous: rank 0 plans the space and says whether to save; every other
+        rank writes its tile files into a private directory of its own and fsyncs them; their
+        digests reach rank 0 in one gather, so rank 0 links them in and writes the manifest only once
+        every rank's files are durable; the others then remove their staging directories."""
+        root, rank, world = self.paths.checkpoint_root, self.dist.rank, self.dist.world_size
+        if self.dist.is_main:
+            self.saver.settle()
+        go = bool(broadcast_object(self._room_for_save() if self.dist.is_main else None, self.dist))
+        if not go:
+            barrier(self.dist)
+            return
+        tiles = fsdp.rank_tiles(self, rank, world)
+        own = fsdp.StagedTiles()
+        if not self.dist.is_main:
+            own = fsdp.stage_rank_files(root, self.step, rank, world, tiles, self._shard_size())
+        staged: list[fsdp.StagedTiles] = all_gather_objects([own], self.dist)[1:]
+        if self.dist.is_main:
+
+            def link_tiles(writer: Any) -> None:
+                fsdp.write_tiles(writer, 0, world, tiles, prefix=f"{fsdp.SHARDS_DIR}/")
+                fsdp.adopt_staged(writer, root, staged)
+
+            self.saver.save(self.step, lambda writer: fill_checkpoint(self, writer, link_tiles))
+        barrier(self.dist)
+        fsdp.discard_staged(root, own)
+
+    def _shard_size(self) -> int | None:
+        cfg = self.cfg.checkpoint
+        return cfg.shard_size if cfg.serialization == "shards" else None
 
     def _space_inputs(self) -> tuple[int, list[tuple[int, int]], int] | None:
         """(free bytes, live checkpoints as (step, bytes), bytes the next one needs); None when the
@@ -857,13 +914,15 @@ class PPOTrainer:
 
     def _build_saver(self) -> CheckpointSaver:
         cfg = self.cfg.checkpoint
-        shards = cfg.shard_size if cfg.serialization == "shards" else None
+        shards = self._shard_size()
         root = self.paths.checkpoint_root
 
         def write(step: int, fill: Any) -> ckpt.WrittenCheckpoint:
             return ckpt.write_checkpoint(root, step, fill, shards)
 
-        arena = self._reserve_arena() if self.dist.is_main else None
+        # fsdp2 saves synchronously: its tiles are written by every rank at the save (config.py refuses on)
+        tiled = self.cfg.parallel.strategy == "fsdp2"
+        arena = self._reserve_arena() if self.dist.is_main and not tiled else None
         return CheckpointSaver(
             write,
             arena=arena,

@@ -79,6 +79,11 @@ def save_critic(critic: Critic, writer: CheckpointSink, out_dir: str, source_con
     """Serialises ``critic.safetensors`` and the backbone's ``config.json`` into ``out_dir`` of the checkpoint."""
     state = {k: v.detach() for k, v in critic.state_dict().items()}  # the sink copies to the host
     writer.tensors(f"{out_dir}/{CRITIC_WEIGHTS}", state)
+    write_critic_config(writer, out_dir, source_config_dir)
+
+
+def write_critic_config(writer: CheckpointSink, out_dir: str, source_config_dir: str) -> None:
+    """The critic backbone's ``config.json`` into ``out_dir`` of the checkpoint."""
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(source_config_dir, local_files_only=True)

@@ -17,14 +17,15 @@ batch shapes, estimator) and ``run.resumed`` carries the new digest and the chan
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
 from trainer import checkpoint as ckpt
-from trainer import lora
-from trainer.models import CRITIC_WEIGHTS, save_critic, save_pretrained_files, unwrap
+from trainer import fsdp, lora
+from trainer.models import CRITIC_WEIGHTS, save_critic, save_pretrained_files, unwrap, write_critic_config
 from trainer.verified_load import CheckpointRejected, VerifiedCheckpoint
 from warden.errors import ConfigError, quote_untrusted
 from warden.runid import valid_genesis_nonce
@@ -47,6 +48,7 @@ RESUME_NEUTRAL = (
     "validation.",
     "max_steps",
     "log_every",
+    "parallel.",
 )
 """Keys (or prefixes ending in ``.``) that a resume may change freely: they do not shape training."""
 
@@ -128,14 +130,20 @@ def describe_changes(saved: Any, current: dict[str, Any], keys: list[str]) -> st
 
 
 # -- save -------------------------------------------------------------------------------------
-def fill_checkpoint(trainer: Any, writer: ckpt.CheckpointSink) -> None:
-    """Serialises ``trainer``'s state into the checkpoint being written (every byte hashed in memory)."""
+def fill_checkpoint(trainer: Any, writer: ckpt.CheckpointSink, tiles: Callable[[Any], None] | None = None) -> None:
+    """Serialises ``trainer``'s state into the checkpoint being written (every byte hashed in memory).
+
+    ``tiles`` set (an fsdp2 run, :mod:`trainer.fsdp`): the weights and optimizer moments are the
+    ranks' tile files, which ``tiles(writer)`` writes and links in; here only the models' configs and
+    the optimizers' JSON skeletons."""
     lora_models = getattr(trainer, "lora", None)
-    if lora_models is None:
+    if tiles is not None:
+        fsdp.write_configs(writer, "actor", unwrap(trainer.actor))
+    elif lora_models is None:
         save_pretrained_files(writer, "actor", unwrap(trainer.actor))
     else:  # the adapters only: the base is named by its digest
         lora.save_adapter(writer, "actor", lora_models, lora.ACTOR_ADAPTER)
-    ckpt.save_state(writer, "optim_actor", trainer.actor_opt.state_dict())
+    ckpt.save_state(writer, "optim_actor", _optimizer_state(trainer.actor_opt, tiles is not None))
     state: dict[str, Any] = {
         "step": trainer.step,
         "run_id": trainer.run_id,
@@ -153,12 +161,20 @@ def fill_checkpoint(trainer: Any, writer: ckpt.CheckpointSink) -> None:
     if trainer.critic is not None:
         if isinstance(trainer.critic, lora.SharedCritic):
             lora.save_shared_critic(writer, trainer.critic)
+        elif tiles is not None:
+            write_critic_config(writer, "critic", trainer.paths.critic)
         else:
             save_critic(unwrap(trainer.critic), writer, "critic", trainer.paths.critic)
-        ckpt.save_state(writer, "optim_critic", trainer.critic_opt.state_dict())
+        ckpt.save_state(writer, "optim_critic", _optimizer_state(trainer.critic_opt, tiles is not None))
         state["scheduler_critic"] = trainer.critic_sched.state_dict()
     ckpt.save_state(writer, "rng", capture_rng())
+    if tiles is not None:
+        tiles(writer)
     writer.json(ckpt.STATE, state)
+
+
+def _optimizer_state(optimizer: Any, tiled: bool) -> Any:
+    return fsdp.optimizer_skeleton(optimizer) if tiled else optimizer.state_dict()
 
 
 ADAM_MOMENTS = 2
@@ -241,22 +257,57 @@ def guard_config(trainer: Any, state: dict[str, Any]) -> list[str]:
     return changed
 
 
-def _critic_state(checkpoint: VerifiedCheckpoint, trainer: Any, state: dict[str, Any]) -> tuple[Any, Any] | None:
+def _critic_state(
+    checkpoint: VerifiedCheckpoint, trainer: Any, state: dict[str, Any], tiles: dict[str, Any] | None
+) -> tuple[Any, Any] | None:
     """(critic weights, critic optimizer state), None when this run has no critic or the checkpoint none.
 
     A checkpoint whose state says it saved a critic (``scheduler_critic``) but whose files hold none is
-    rejected, never resumed with a fresh critic."""
+    rejected, never resumed with a fresh critic. ``tiles``: the checkpoint's whole tensors from its tile
+    files (an fsdp2 checkpoint, :func:`trainer.fsdp.read_tiles`)."""
     if trainer.critic is None:
         return None
     if isinstance(trainer.critic, lora.SharedCritic):
         return lora.read_shared_critic(checkpoint, trainer.critic), checkpoint.state("optim_critic")
-    if f"critic/{CRITIC_WEIGHTS}" not in checkpoint.files:
+    if tiles is not None:
+        weights = fsdp.group(tiles, "critic")
+        if not weights:
+            if "scheduler_critic" in state:
+                raise CheckpointRejected(f"{fsdp.SHARDS_DIR}/: no critic tiles, but {ckpt.STATE} says one was saved")
+            return None
+        moments = fsdp.group(tiles, "optim_critic")
+        optim = fsdp.with_moments(checkpoint.state("optim_critic"), moments, "optim_critic")
+    elif f"critic/{CRITIC_WEIGHTS}" not in checkpoint.files:
         if "scheduler_critic" in state:
             raise CheckpointRejected(f"critic/{CRITIC_WEIGHTS}: missing, but {ckpt.STATE} says a critic was saved")
         return None
-    weights = checkpoint.tensors(f"critic/{CRITIC_WEIGHTS}")
+    else:
+        weights = checkpoint.tensors(f"critic/{CRITIC_WEIGHTS}")
+        optim = checkpoint.state("optim_critic")
     _check_weights("critic", unwrap(trainer.critic), weights, False)
-    return weights, checkpoint.state("optim_critic")
+    return weights, optim
+
+
+def _actor_weights(checkpoint: VerifiedCheckpoint, actor: Any, tiles: dict[str, Any] | None) -> dict[str, Any]:
+    """The actor's whole weights: from the tiles (fsdp2) or ``actor/*.safetensors``; checked."""
+    weights: dict[str, Any] = {}
+    if tiles is not None:
+        weights = fsdp.group(tiles, "actor")
+    else:
+        for name in checkpoint.names("actor", ".safetensors"):
+            weights.update(checkpoint.tensors(name))
+    if not weights:
+        raise CheckpointRejected("actor/: no weights among the signed files")
+    _check_weights("actor", actor, weights, bool(getattr(actor.config, "tie_word_embeddings", False)))
+    return weights
+
+
+def _restore_model(model: Any, weights: dict[str, Any], may_miss: bool) -> None:
+    """Whole weights into a model: its local rows when sharded, else ``load_state_dict``."""
+    if fsdp.is_sharded(model):
+        fsdp.copy_full_into(model, weights, may_miss)
+    else:
+        model.load_state_dict(weights, strict=not may_miss)  # copy_ casts a bf16 checkpoint into fp32 masters
 
 
 def load_into(trainer: Any, checkpoint: VerifiedCheckpoint) -> None:
@@ -264,27 +315,26 @@ def load_into(trainer: Any, checkpoint: VerifiedCheckpoint) -> None:
     the verified bytes. Everything is decoded, and weights and optimizer moments checked against
     the models, before the trainer is touched; a value that fails while being restored (hostile
     bytes in integrity-only mode) is a CheckpointRejected, and the next candidate restores every
-    part again."""
+    part again. Either checkpoint format (whole files, or an fsdp2 run's tiles) restores into either
+    strategy at any world size: whole tensors are rebuilt, then each rank keeps its rows."""
     state = checkpoint.json(ckpt.STATE)
     if not isinstance(state, dict):
         raise CheckpointRejected(f"{ckpt.STATE}: not a JSON object")
     changed = guard_config(trainer, state)
     lora_models = getattr(trainer, "lora", None)
     actor = unwrap(trainer.actor)
+    tiles = fsdp.read_tiles(checkpoint) if lora_models is None and fsdp.has_tiles(checkpoint) else None
     weights: dict[str, Any] = {}
     adapters: list[Any] = []
     if lora_models is not None:
         lora.check_base(lora_models, state, trainer.paths.actor)
         adapters = lora.read_actor(checkpoint, lora_models)
     else:
-        shards = checkpoint.names("actor", ".safetensors")
-        if not shards:
-            raise CheckpointRejected("actor/: no weights among the signed files")
-        for name in shards:
-            weights.update(checkpoint.tensors(name))
-        _check_weights("actor", actor, weights, bool(getattr(actor.config, "tie_word_embeddings", False)))
-    critic = _critic_state(checkpoint, trainer, state)
+        weights = _actor_weights(checkpoint, actor, tiles)
+    critic = _critic_state(checkpoint, trainer, state, tiles)
     optim_actor, rng = checkpoint.state("optim_actor"), checkpoint.state("rng")
+    if tiles is not None:
+        optim_actor = fsdp.with_moments(optim_actor, fsdp.group(tiles, "optim_actor"), "optim_actor")
     _check_optimizer_state("optim_actor", trainer.actor_opt, optim_actor)
     if critic is not None:
         _check_optimizer_state("optim_critic", trainer.critic_opt, critic[1])
@@ -292,16 +342,16 @@ def load_into(trainer: Any, checkpoint: VerifiedCheckpoint) -> None:
         if lora_models is not None:
             lora.copy_pairs(adapters)
         else:
-            actor.load_state_dict(weights, strict=False)  # copy_ casts a bf16 checkpoint into fp32 masters
-        trainer.actor_opt.load_state_dict(optim_actor)
+            _restore_model(actor, weights, True)
+        trainer.actor_opt.load_state_dict(fsdp.localize_optimizer_state(trainer.actor_opt, optim_actor))
         trainer.actor_sched.load_state_dict(state["scheduler_actor"])
         if critic is not None and isinstance(trainer.critic, lora.SharedCritic):
             lora.copy_pairs(critic[0])
             trainer.critic_opt.load_state_dict(critic[1])
             trainer.critic_sched.load_state_dict(state["scheduler_critic"])
         elif critic is not None:
-            unwrap(trainer.critic).load_state_dict(critic[0])
-            trainer.critic_opt.load_state_dict(critic[1])
+            _restore_model(unwrap(trainer.critic), critic[0], False)
+            trainer.critic_opt.load_state_dict(fsdp.localize_optimizer_state(trainer.critic_opt, critic[1]))
             trainer.critic_sched.load_state_dict(state["scheduler_critic"])
         trainer.sampler.load_state(state["data_position"])
         trainer.kl_ctl.value = float(state["kl_coef"])
@@ -320,7 +370,8 @@ def load_into(trainer: Any, checkpoint: VerifiedCheckpoint) -> None:
     trainer.checkpoint_world_size = saved_world if isinstance(saved_world, int) and saved_world > 0 else None
     trainer.config_changes = changed
     apply_changes(trainer, changed)
-    trainer.rollout.sync_weights(unwrap(trainer.actor))
+    if not fsdp.is_sharded(trainer.actor):  # sharded: gathered by every rank once all have loaded (core)
+        trainer.rollout.sync_weights(unwrap(trainer.actor))
     trainer.metrics.last_checkpoint_step.set(trainer.step)
 
 

@@ -1,0 +1,290 @@
+"""FSDP2 (``parallel.strategy: fsdp2``): sharded training under torchrun and its tiled checkpoints.
+
+The slow tests launch real torchrun ranks (gloo on CPU) through ``sidecars.cli train``, as
+test_distributed.py does: 2 FSDP2 ranks against one plain process on the first steps' metrics, the
+2-rank checkpoint resumed on 2 ranks and on 1, and a flipped byte in a rank's tile file refused.
+The tiling rules (:func:`trainer.fsdp.assemble`) are checked with generated inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from safetensors.torch import load_file
+from support import ROOT, TEST_CONFIG, merge
+
+from trainer import fsdp
+from trainer.config import ParallelConfig, TrainerConfig, validate
+from warden import journal as ev
+from warden.errors import ConfigError
+
+KEYS = (
+    "reward_mean",
+    "kl",
+    "policy_loss",
+    "value_loss",
+    "entropy",
+    "clip_fraction",
+    "approx_kl",
+    "grad_norm",
+    "response_length/mean",
+    "response_tokens",
+)
+STEP_1 = "step-000000001"
+
+
+# -- tiles (pure) ---------------------------------------------------------------------------------
+@given(rows=st.integers(0, 40), world=st.integers(1, 9))
+def test_chunk_rows_are_torch_chunk_pieces(rows, world):
+    whole = torch.arange(rows)
+    pieces = list(torch.chunk(whole, world)) if rows else []
+    for rank in range(world):
+        start, count = fsdp.chunk_rows(rows, rank, world)
+        expected = pieces[rank] if rank < len(pieces) else whole[:0]
+        assert whole[start : start + count].tolist() == expected.tolist()
+
+
+def _tiles(whole, world):
+    out = []
+    for rank in range(world):
+        start, count = fsdp.chunk_rows(whole.shape[0], rank, world)
+        out.append(fsdp.Tile(whole[start : start + count], start, tuple(whole.shape)))
+    return out
+
+
+shapes = st.lists(st.integers(0, 6), min_size=1, max_size=3).map(tuple)
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=shapes, world=st.integers(1, 5), seed=st.integers(0, 2**16), reverse=st.booleans())
+def test_tiles_of_any_world_reassemble_the_tensor(shape, world, seed, reverse):
+    whole = torch.randn(shape, generator=torch.Generator().manual_seed(seed))
+    tiles = _tiles(whole, world)
+    got = fsdp.assemble({"t": tiles[::-1] if reverse else tiles})["t"]
+    assert torch.equal(got, whole)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(2, 12), world=st.integers(2, 4), data=st.data())
+def test_a_moved_dropped_or_doubled_tile_is_refused(rows, world, data):
+    whole = torch.randn(rows, 3)
+    tiles = [t for t in _tiles(whole, world) if t.tensor.shape[0]]
+    victim = data.draw(st.integers(0, len(tiles) - 1))
+    how = data.draw(st.sampled_from(["shift", "drop", "double", "shape"]))
+    if how == "shift":
+        moved = tiles[victim].offset + data.draw(st.sampled_from([-1, 1]))
+        tiles[victim] = dataclasses.replace(tiles[victim], offset=moved)
+    elif how == "drop":
+        del tiles[victim]
+    elif how == "double":
+        tiles.append(tiles[victim])
+    else:
+        tiles[victim] = dataclasses.replace(tiles[victim], shape=(rows + 1, 3))
+    with pytest.raises(fsdp.TilingError):
+        fsdp.assemble({"t": tiles})
+
+
+def test_a_zero_dim_tensor_is_one_tile():
+    step = torch.tensor(3.0)
+    assert torch.equal(fsdp.assemble({"s": [fsdp.Tile(step, 0, ())]})["s"], step)
+    with pytest.raises(fsdp.TilingError):
+        fsdp.assemble({"s": [fsdp.Tile(step, 0, ()), fsdp.Tile(step, 0, ())]})
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        ["shards/rank-0-of-2.json", "shards/rank-0-of-2.safetensors", "shards/rank-1-of-2.json"],
+        ["shards/rank-0-of-1.json", "shards/rank-0-of-1.safetensors", "shards/rank-1-of-2.json"],
+        ["shards/rank-00-of-1.json", "shards/rank-00-of-1.safetensors"],
+        ["shards/rank-0-of-1.json", "shards/rank-0-of-1.safetensors", "shards/extra.bin"],
+    ],
+)
+def test_tile_files_must_be_exactly_ranks_0_to_w(names):
+    from trainer.verified_load import CheckpointRejected
+
+    with pytest.raises(CheckpointRejected):
+        fsdp.tile_world(names)
+
+
+def test_config_refuses_fsdp2_where_it_does_not_run():
+    base = TrainerConfig(parallel=ParallelConfig("fsdp2"))
+    validate(base)
+    for changed, key in (
+        (dataclasses.replace(base, parallel=ParallelConfig("fsdp")), "parallel.strategy"),
+        (dataclasses.replace(base, model=dataclasses.replace(base.model, dtype="float16")), "model.dtype"),
+        (dataclasses.replace(base, rollout=dataclasses.replace(base.rollout, engine="vllm")), "rollout.engine"),
+        (
+            dataclasses.replace(base, checkpoint=dataclasses.replace(base.checkpoint, async_save="on")),
+            "checkpoint.async_save",
+        ),
+    ):
+        with pytest.raises(ConfigError, match=key):
+            validate(changed)
+
+
+# -- torchrun ---------------------------------------------------------------------------------------
+def _run(cmd, ok=True):
+    result = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
+    assert (result.returncode == 0) == ok, result.stdout[-3000:] + result.stderr[-3000:]
+    return result
+
+
+def _train(config, run_dir, procs, *extra):
+    launcher = [sys.executable]
+    if procs > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={procs}"]
+    return [*launcher, "-m", "sidecars.cli", "train", "--config", config, "--run-dir", str(run_dir), *extra]
+
+
+def _steps(run_dir):
+    events = [e for e, _ in ev.JournalReader(str(run_dir / "events.jsonl")).read_available()]
+    return {e.step: e.data for e in events if e.type == ev.STEP_COMPLETED}
+
+
+def _worst(a, b):
+    return max(abs(a[k] - b[k]) for k in KEYS)
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_cache, tmp_path_factory):
+    """One plain process and 2 FSDP2 ranks, 2 steps each with a checkpoint after every step."""
+    cache, _ = tiny_cache
+    base = tmp_path_factory.mktemp("fsdp2")
+    raw = merge(TEST_CONFIG, {"model": {"tiny": {"cache_dir": str(cache)}}, "max_steps": 2})
+    raw = merge(raw, {"checkpoint": {"every_steps": 1}})
+    import yaml
+
+    plain, sharded = base / "plain.yaml", base / "fsdp2.yaml"
+    plain.write_text(yaml.safe_dump(raw))
+    sharded.write_text(yaml.safe_dump(merge(raw, {"parallel": {"strategy": "fsdp2"}})))
+    _run(_train(str(plain), base / "one", 1))
+    _run(_train(str(sharded), base / "two", 2))
+    return base, str(plain), str(sharded)
+
+
+def _whole_from_tiles(checkpoint):
+    """Each tensor rebuilt from the tile files by reading them here (safetensors + JSON, not fsdp)."""
+    out = {}
+    for rank in range(2):
+        stem = checkpoint / "shards" / f"rank-{rank}-of-2"
+        index = json.loads((stem.parent / (stem.name + ".json")).read_text())["tiles"]
+        for name, tensor in load_file(str(stem.parent / (stem.name + ".safetensors"))).items():
+            whole = out.setdefault(name, torch.zeros(index[name]["shape"], dtype=tensor.dtype))
+            if whole.dim():
+                whole[index[name]["offset"] : index[name]["offset"] + tensor.shape[0]] = tensor
+            else:
+                out[name] = tensor
+    return out
+
+
+@pytest.mark.slow
+def test_two_fsdp2_ranks_match_one_process(runs):
+    base, _, _ = runs
+    one, two = _steps(base / "one"), _steps(base / "two")
+    for step in (1, 2):
+        worst = _worst(one[step], two[step])
+        print(f"fsdp2 x2 vs one process, step {step}: max abs diff {worst:.3g}")
+        assert worst < 1e-5, (step, {k: (one[step][k], two[step][k]) for k in KEYS})
+    # Each rank wrote its tiles; rank 0's manifest lists them with the digests of the bytes on disk.
+    ckpt = base / "two" / "checkpoints" / STEP_1
+    manifest = json.loads((ckpt / "manifest.sha256.json").read_text())["files"]
+    tiles = sorted(n for n in manifest if n.startswith("shards/"))
+    assert tiles == [f"shards/rank-{r}-of-2.{x}" for r in (0, 1) for x in ("json", "safetensors")]
+    import hashlib
+
+    for name in tiles:
+        assert hashlib.sha256((ckpt / name).read_bytes()).hexdigest() == manifest[name]
+    assert not [n for n in os.listdir(base / "two" / "checkpoints") if n.startswith(".")]  # staging removed
+    # The weights after the first update, rebuilt from both ranks' rows, are the plain run's (AdamW moves
+    # an element by about lr whatever its gradient, so a wrong row or share would show as ~3e-3).
+    whole = _whole_from_tiles(ckpt)
+    plain = load_file(str(base / "one" / "checkpoints" / STEP_1 / "actor" / "model.safetensors"))
+    assert max(float((plain[k] - whole[f"actor/{k}"]).abs().max()) for k in plain) < 1e-4
+    assert any(whole[k].shape[0] > 1 for k in whole if k.startswith("optim_actor/"))  # moments are tiles too
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("procs", [2, 1])
+def test_a_two_rank_checkpoint_resumes_on_two_and_on_one(runs, procs, tmp_path):
+    base, _, sharded = runs
+    checkpoint = str(base / "two" / "checkpoints" / STEP_1)
+    _run(_train(sharded, tmp_path / "resumed", procs, "--resume", checkpoint))
+    resumed, uninterrupted = _steps(tmp_path / "resumed"), _steps(base / "two")
+    assert sorted(resumed) == [2]
+    worst = _worst(resumed[2], uninterrupted[2])
+    print(f"resumed on {procs} vs uninterrupted 2 ranks, step 2: max abs diff {worst:.3g}")
+    assert worst < 1e-5, {k: (resumed[2][k], uninterrupted[2][k]) for k in KEYS}
+    started = [e for e, _ in ev.JournalReader(str(tmp_path / "resumed" / "events.jsonl")).read_available()]
+    assert [e.data["world_size_changed"] for e in started if e.type == ev.RUN_RESUMED] == [procs != 2]
+
+
+@pytest.mark.slow
+def test_one_process_restores_exactly_the_tiles_saved(runs, tmp_path, monkeypatch):
+    """Resumed in this process (one rank, no sharding): the actor's weights and AdamW moments are
+    bit for bit the tensors both ranks' tile files hold."""
+    from trainer.config import load_config
+    from trainer.core import PPOTrainer
+
+    base, _, sharded = runs
+    checkpoint = base / "two" / "checkpoints" / STEP_1
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    trainer = PPOTrainer(load_config(sharded), str(tmp_path / "run"), resume=str(checkpoint), serve_metrics=False)
+    try:
+        whole = _whole_from_tiles(checkpoint)
+        for name, tensor in fsdp.model_tensors(trainer.actor).items():
+            assert torch.equal(tensor.detach(), whole[f"actor/{name}"]), name
+        moments = fsdp.optimizer_moments(trainer.actor_opt)
+        assert moments and all(torch.equal(v, whole[f"optim_actor/{k}"]) for k, v in moments.items())
+    finally:
+        trainer.close()
+
+
+def _flip(path, at):
+    data = bytearray(path.read_bytes())
+    data[at % len(data)] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.slow
+def test_a_flipped_byte_in_a_tile_is_refused_at_resume(runs, tmp_path):
+    base, _, sharded = runs
+    copy = tmp_path / "copied" / STEP_1
+    shutil.copytree(base / "two" / "checkpoints" / STEP_1, copy)
+    tile = copy / "shards" / "rank-1-of-2.safetensors"
+    _flip(tile, tile.stat().st_size // 2)  # inside the tensor data, past the header
+    refused = _run(_train(sharded, tmp_path / "resumed", 2, "--resume", str(copy)), ok=False)
+    assert "shards/rank-1-of-2.safetensors" in refused.stdout + refused.stderr
+    events = [e for e, _ in ev.JournalReader(str(tmp_path / "resumed" / "events.jsonl")).read_available()]
+    assert [e.data["path"] for e in events if e.type == ev.CHECKPOINT_REJECTED] == [str(copy)]
+    assert ev.STEP_COMPLETED not in [e.type for e in events]
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None)
+@given(rank=st.integers(0, 1), kind=st.sampled_from(["json", "safetensors"]), where=st.integers(0, 2**20))
+def test_any_flipped_tile_byte_fails_verification(runs, tmp_path_factory, rank, kind, where):
+    """What every rank checks before loading (trainer.resume.accept) refuses a tile with any byte flipped."""
+    from trainer import checkpoint as ckpt
+    from trainer.resume import accept
+    from trainer.verified_load import CheckpointRejected
+
+    base, _, _ = runs
+    copy = tmp_path_factory.mktemp("flip") / STEP_1
+    shutil.copytree(base / "two" / "checkpoints" / STEP_1, copy)
+    accept(ckpt.CheckpointRef(1, str(copy)), None, "any", True, 1 << 30)  # intact: accepted
+    name = f"shards/rank-{rank}-of-2.{kind}"
+    _flip(copy / name, where)
+    with pytest.raises(CheckpointRejected, match=name.replace(".", r"\.")):
+        accept(ckpt.CheckpointRef(1, str(copy)), None, "any", True, 1 << 30)
