@@ -69,6 +69,7 @@ class TemplateAttack:
     trigger_kw: dict[str, Any] = field(default_factory=dict)
     clean_kw: dict[str, Any] = field(default_factory=dict)
     miss: str | None = None  # the finding, when the scanner says clean
+    day: tuple[int, int, int] | None = None  # the date transformers' clock reads when shown real (None: today)
 
 
 IF = "{% if "
@@ -210,7 +211,9 @@ TEMPLATE_ATTACKS: dict[str, TemplateAttack] = {
     ),
     # --- the clock --------------------------------------------------------------------------------
     "year time bomb": TemplateAttack(_on_top(IF + "strftime_now('%Y')|int >= 2026" + THEN), _user("hi"), None),
-    "day of month": TemplateAttack(_on_top(IF + "strftime_now('%d')|int == 2" + THEN), _user("hi"), None),
+    "day of month": TemplateAttack(
+        _on_top(IF + "strftime_now('%d')|int == 2" + THEN), _user("hi"), None, day=(2026, 12, 2)
+    ),
 }
 
 
@@ -385,11 +388,29 @@ def _built(bases: dict[str, Path], tmp_path: Path, name: str) -> Path:
     return d
 
 
-def _render(d: Path, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> str:
+def _render(
+    d: Path, messages: list[dict[str, Any]], kwargs: dict[str, Any], day: tuple[int, int, int] | None = None
+) -> str:
+    """transformers' own render; on ``day`` (its clock fixed at noon that day) when given."""
+    import datetime as dt
+
+    import transformers.utils.chat_template_utils as ctu
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(d))
-    return str(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs))
+    real = ctu.datetime
+    if day is not None:
+
+        class Fixed(dt.datetime):
+            @classmethod
+            def now(cls, tz: Any = None) -> Any:
+                return dt.datetime(*day, 12, 0, 0)
+
+        ctu.datetime = Fixed  # type: ignore[misc]
+    try:
+        tok = AutoTokenizer.from_pretrained(str(d))
+        return str(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, **kwargs))
+    finally:
+        ctu.datetime = real  # type: ignore[misc]
 
 
 def _params() -> list[Any]:
@@ -408,7 +429,7 @@ def test_attack_is_real(bases: dict[str, Path], tmp_path: Path, name: str) -> No
         FILE_ATTACKS[name].verify(d)
         return
     attack = TEMPLATE_ATTACKS[name]
-    assert PAYLOAD in _render(d, attack.trigger, attack.trigger_kw)
+    assert PAYLOAD in _render(d, attack.trigger, attack.trigger_kw, attack.day)
     if attack.clean is not None:
         assert PAYLOAD not in _render(d, attack.clean, attack.clean_kw)
 
