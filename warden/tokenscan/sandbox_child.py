@@ -286,7 +286,15 @@ class _Number:
         if self._wbasis is not None and other in (-1, 0):
             _note(self._wsrc, f"{name} of a position", self._wbasis)
         else:
-            _note(self._wsrc, f"{self._wkind} {name.strip('_')}", repr(other + 0)[:40])
+            _note(self._wsrc, f"{self._wkind} {name.strip('_')}", _shown_number(other))
+
+
+def _shown_number(value: int | float) -> str:
+    """``value`` as a record's constant; a huge int by its size (its repr may exceed Python's
+    digit limit, and a comparison must never fail in the sandbox only)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value + 0)[:40]
 
 
 class ProbeInt(_Number, int):

@@ -244,3 +244,16 @@ def test_the_shape_of_the_conversation_is_not_content(contents: list[str]) -> No
     answer = ct.run_battery(SHAPE, [{"messages": messages, "context": {}}], LIMITS)
     assert answer["renders"][0]["status"] == "ok", answer
     assert answer["taint"] == []
+
+
+@settings(max_examples=10, deadline=None)
+@given(digits=st.integers(min_value=4400, max_value=20000))
+def test_a_comparison_with_a_huge_number_behaves_as_in_the_loader(digits: int) -> None:
+    """Recording a comparison never makes it fail: a constant past Python's int-to-str digit limit is
+    recorded by its size (a render failing in the sandbox only would blind the scan)."""
+    big = "{% set ns = namespace(b=10) %}{% set big = ns.b ** " + str(digits) + " %}"  # not folded: computed
+    template = big + "{{ 'PAYLOAD' * ((" + C + "|length) < big) }}"
+    answer = _answer(template, "hi")
+    assert answer["renders"][0]["output"] == _transformers_render(template, [{"role": "user", "content": "hi"}])
+    assert [r for r in answer["taint"] if r[1] == "length lt" and "bits" in r[2]], answer["taint"]
+    assert _judged(answer)
