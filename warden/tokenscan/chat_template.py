@@ -629,7 +629,7 @@ def _entities(sentence: str, opens: bool = True) -> list[str]:
         if w in PLAIN_CAPS or w in PLAIN_STARTS or w in LANGUAGES or w.lower() in ROLE_WORDS:
             continue
         inner_caps = any(c.isupper() for c in w[1:])
-        before = sentence[: m.start()].rstrip()
+        before = sentence[max(0, m.start() - 8) : m.start()].rstrip()  # a window: linear in the sentence
         clause_start = (not i and opens) or before.endswith((":", "#", "*", "-", "\u2022", ","))
         if inner_caps or (w[0].isupper() and not clause_start):
             out.append(w)
@@ -642,7 +642,9 @@ def steering(sentence: str) -> str | None:
         return f"promotion ({m.group(0)!r})"
     quoted = [q for q in QUOTED_RE.findall(sentence) if len(q.split()) >= 2]
     bare = QUOTED_RE.sub(" ", sentence)  # a quoted phrase is an object, never the verb
-    say = next((m for m in SAY_RE.finditer(bare) if not NOUN_BEFORE_RE.search(bare[: m.start()])), None)
+    say = next(  # the noun test looks at a window before the verb: linear in the sentence
+        (m for m in SAY_RE.finditer(bare) if not NOUN_BEFORE_RE.search(bare, max(0, m.start() - 16), m.start())), None
+    )
     rest = bare[: say.start()] + " " * len(say.group(0)) + bare[say.end() :] if say else bare  # the verb is no name
     if say:  # its object follows it: "to answer in many languages" after a list of them names none
         obj = rest[say.start() : say.end() + OBJECT_CHARS]
