@@ -155,3 +155,19 @@ def test_reasoning_is_aliased_as_transformers_does(messages: list[tuple[str, dic
 
     chat = [{"role": role, "content": "x", **fields} for role, fields in messages]
     assert conv.alias_reasoning(chat) == _alias_reasoning_fields(chat)
+
+
+PIECES = st.sampled_from(
+    ["{% if ", "{% for x in ", "{% endif %}", "{% endfor %}", "{{ ", " }}", "%}", "messages", "m.role", " == ",
+     "'ipython'", " is defined", "x.type", "[0]", "|length", " > 41", "(", ")", "not ", "k", "'path' in ",
+     "x.get('src')", "text"]
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(PIECES, max_size=25))
+def test_deriving_from_any_text_never_raises_and_stays_within_its_limits(pieces: list[str]) -> None:
+    inputs = conv.template_inputs("".join(pieces))
+    assert isinstance(inputs, conv.TemplateInputs)
+    assert all(len(getattr(inputs, f)) <= conv.LIMITS[f] for f in ("kwargs", "roles", "part_types", "keys", "turns"))
+    assert all(2 <= n <= conv.MAX_TURNS for n in inputs.turns)
