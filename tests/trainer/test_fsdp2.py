@@ -288,3 +288,36 @@ def test_any_flipped_tile_byte_fails_verification(runs, tmp_path_factory, rank, 
     _flip(copy / name, where)
     with pytest.raises(CheckpointRejected, match=name.replace(".", r"\.")):
         accept(ckpt.CheckpointRef(1, str(copy)), None, "any", True, 1 << 30)
+
+
+@pytest.mark.slow
+def test_the_announcement_covers_every_ranks_tiles_and_a_signed_checkpoint_resumes(runs, tmp_path):
+    """The signer signs only what the trainer announced (``expected``): the 2-rank checkpoint's bytes on
+    disk, every rank's tiles included, hash to rank 0's announcement; signed, it resumes on 2 ranks
+    with trusted keys, and a tile changed after signing is refused."""
+    import yaml
+
+    from warden.payloads import CheckpointSaved
+    from warden.signing import Provenance, generate_keypair, sign_checkpoint
+    from warden.signing.keys import load_private_key
+
+    base, _, sharded = runs
+    saved = [e for e, _ in ev.JournalReader(str(base / "two" / "events.jsonl")).read_available()]
+    first = next(e for e in saved if e.type == ev.CHECKPOINT_SAVED and e.step == 1)
+    announced = CheckpointSaved.from_data(first.data).announced
+    assert announced is not None
+    copy = tmp_path / "copied" / STEP_1
+    shutil.copytree(base / "two" / "checkpoints" / STEP_1, copy)
+    keys = generate_keypair(str(tmp_path / "keys"))
+    provenance = Provenance(run_id=first.run_id, step=1)
+    sign_checkpoint(str(copy), load_private_key(str(keys.private_key)), provenance, expected=announced)
+    trusting = base / "trusting.yaml"  # next to the checkpoint's config: reward.code_dir is relative to it
+    with open(sharded) as fh:
+        raw = yaml.safe_load(fh)
+    trusting.write_text(yaml.safe_dump(merge(raw, {"checkpoint": {"trusted_keys": str(keys.public_key)}})))
+    _run(_train(str(trusting), tmp_path / "resumed", 2, "--resume", str(copy)))
+    resumed = [e for e, _ in ev.JournalReader(str(tmp_path / "resumed" / "events.jsonl")).read_available()]
+    assert "signature" in next(e for e in resumed if e.type == ev.RUN_RESUMED).data["verification"]
+    _flip(copy / "shards" / "rank-1-of-2.json", 10)
+    refused = _run(_train(str(trusting), tmp_path / "refused", 2, "--resume", str(copy)), ok=False)
+    assert "shards/rank-1-of-2.json" in refused.stdout + refused.stderr
