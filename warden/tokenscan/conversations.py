@@ -151,7 +151,7 @@ def _shape(rng: random.Random, index: int, forced: dict[str, Any] | None = None)
     day = FIRST_DAY + rng.randrange(DAYS) * DAY_SECONDS
     now, other = day + rng.randrange(DAY_SECONDS), day + rng.randrange(DAY_SECONDS)
     return {"roles": roles, "kinds": kinds, "kwargs": kwargs, "tools": tools, "docs": docs, "now": now, "other": other,
-            "part_type": forced.get("part_type"), "key": forced.get("key")}  # fmt: skip
+            "part_type": forced.get("part_type"), "key": forced.get("key"), "size": forced.get("size")}  # fmt: skip
 
 
 def _probe_shapes(inputs: TemplateInputs, budget: int) -> list[dict[str, Any]]:
@@ -185,9 +185,14 @@ def _fill(shape: dict[str, Any], rng: random.Random, long: bool, index: int) -> 
     low, high = (rng.choice((60, 200, 1000)), 3000) if long else (4, 40)
     budget = [FILLING_CHARS]  # a long filling's contents stop growing past it (bounds render and judge)
 
+    exact = [shape["size"], shape["size"] + 1] if long and shape.get("size") else []  # a probed content length
+
     def text(kind: str) -> str:
         lo, hi = (low, high) if kind == "content" and budget[0] > 0 else (2, 12)
-        value = _text(rng, lo, hi, f"Q{index}x{len(texts)}y")
+        tag = f"Q{index}x{len(texts)}y"
+        if kind == "content" and exact:
+            lo = hi = max(0, exact.pop(0) - len(tag) - 1)  # the whole text that long: tag, body, last letter
+        value = _text(rng, lo, hi, tag)
         budget[0] -= len(value)
         texts.append(value)
         return value
@@ -296,8 +301,9 @@ STRUCTURAL_KEYS = frozenset(
      "length", "revindex", "revindex0", "cycle", "depth", "previtem", "nextitem", "changed"}
 )  # fmt: skip
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
-LIMITS = {"kwargs": 16, "values": 4, "roles": 6, "part_types": 6, "keys": 12, "turns": 4}
+LIMITS = {"kwargs": 16, "values": 4, "roles": 6, "part_types": 6, "keys": 12, "turns": 4, "sizes": 4}
 MAX_TURNS = 100  # user turns one generated conversation may have
+MIN_SIZE, MAX_SIZE = 41, 16384  # content lengths probed (the draw covers shorter ones)
 TEXT, TEXTS, TOOLS = "\x00text", "\x00texts", "\x00tools"  # kwarg values made per filling
 _STR_FILTERS = frozenset({"trim", "upper", "lower", "replace", "title", "capitalize", "truncate", "indent", "center",
                           "striptags", "wordcount", "string", "e", "escape", "format"})  # fmt: skip
@@ -312,21 +318,22 @@ _TEST_KINDS = {"true": "bool", "false": "bool", "boolean": "bool", "string": "st
 class TemplateInputs:
     """What one template reads beyond what the draw gives: ``kwargs`` (name, values; a value
     may be :data:`TEXT`, :data:`TEXTS` or :data:`TOOLS`, made per filling), ``roles``,
-    ``part_types``, ``keys`` (fields of messages and documents, tool parameter names) and
-    ``turns`` (conversation lengths)."""
+    ``part_types``, ``keys`` (fields of messages and documents, tool parameter names),
+    ``turns`` (conversation lengths) and ``sizes`` (content lengths)."""
 
     kwargs: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     roles: tuple[str, ...] = ()
     part_types: tuple[str, ...] = ()
     keys: tuple[str, ...] = ()
     turns: tuple[int, ...] = ()
+    sizes: tuple[int, ...] = ()
 
     def probes(self) -> list[dict[str, Any]]:
         """One forced shape description per input to probe (see :func:`_probe_shape`)."""
         out: list[dict[str, Any]] = [{"kwargs": {n: v}} for n, values in self.kwargs for v in values]
         out += [{"role": r} for r in self.roles] + [{"part_type": t} for t in self.part_types]
         out += [{"key": k} for k in self.keys] + [{"turns": n} for n in self.turns]
-        return out
+        return out + [{"size": n} for n in self.sizes]
 
 
 def _walk(tree: nodes.Node) -> Iterator[tuple[nodes.Node, nodes.Node | None]]:
@@ -449,10 +456,19 @@ def _uses(node: nodes.Name, parent: nodes.Node | None) -> set[Any]:
     return set()
 
 
+def _ints(tree: nodes.Node) -> set[int]:
+    return {n.value for n, _ in _walk(tree) if isinstance(n, nodes.Const) and type(n.value) is int}
+
+
 def _turns(tree: nodes.Node) -> tuple[int, ...]:
     """Conversation lengths just past each integer literal of the template (a count it may test)."""
-    ints = {n.value for n, _ in _walk(tree) if isinstance(n, nodes.Const) and type(n.value) is int}
-    return tuple(sorted({n + 1 for n in ints if 3 <= n < MAX_TURNS}, reverse=True)[: LIMITS["turns"]])
+    return tuple(sorted({n + 1 for n in _ints(tree) if 3 <= n < MAX_TURNS}, reverse=True)[: LIMITS["turns"]])
+
+
+def _sizes(tree: nodes.Node) -> tuple[int, ...]:
+    """Content lengths to probe: each integer literal of the template that could be a length
+    (a content of exactly that many characters and one more is drawn)."""
+    return tuple(sorted({n for n in _ints(tree) if MIN_SIZE <= n <= MAX_SIZE}, reverse=True)[: LIMITS["sizes"]])
 
 
 @functools.lru_cache(maxsize=256)
@@ -476,6 +492,7 @@ def template_inputs(text: str) -> TemplateInputs:
         ],
         keys=tuple(_keys(tree))[: LIMITS["keys"]],
         turns=_turns(tree),
+        sizes=_sizes(tree),
     )
 
 
@@ -533,6 +550,7 @@ def describe(shape: dict[str, Any]) -> str:
     extra = f", {shape['tools']} tools" if shape["tools"] else ""
     extra += f", {shape['docs']} documents" if shape["docs"] else ""
     extra += f", field and tool parameter {shape['key']!r}" if shape.get("key") else ""
+    extra += f", contents of {shape['size']} and {shape['size'] + 1} characters" if shape.get("size") else ""
     return f"roles {' '.join(roles)} ({kw}{extra})"
 
 

@@ -50,6 +50,11 @@ LOOP_GATES = (
     "{{% if m.{name} is defined %}}",
     "{{% if m['{name}'] is defined %}}",
 )
+SIZE_GATES = (
+    "{{% if m.content is string and (m.content|length) == {n} %}}",
+    "{{% if m.content is string and (m.content|length) > {n} %}}",
+    "{{% if m.content is string and ((m.content|length) // {n}) %}}",
+)
 COUNT_GATES = (
     "{{% if (messages|selectattr('role', 'equalto', 'assistant')|list|length) >= {n} %}}",
     "{{% if messages|length > {n} %}}",
@@ -85,6 +90,13 @@ def test_a_branch_gated_on_a_count_past_the_drawn_lengths_renders(gate: str, n: 
     assert seen, gate.format(n=n)
 
 
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(SIZE_GATES), st.integers(conv.MIN_SIZE, conv.MAX_SIZE))
+def test_a_branch_gated_on_a_content_length_the_draw_never_makes_renders(gate: str, n: int) -> None:
+    seen, _n = _renders_mark(_gated(gate.format(n=n)))
+    assert seen, gate.format(n=n)
+
+
 def test_without_the_template_no_gated_branch_opens() -> None:
     """The same gates with the draw alone (no template given) stay closed: the derivation is what opens them."""
     for gate in ("{% if date_marker_kw is defined %}", "{% if documents and documents[0].origin is defined %}"):
@@ -105,7 +117,7 @@ def test_the_draw_is_bounded_whatever_the_template_reads(gates: list[str], names
         _gated(g.format(name=k, n=3 + 4 * i)) for i, (g, k) in enumerate(zip(gates, names, strict=False))
     )
     inputs = conv.template_inputs(template or CHATML)
-    assert len(inputs.kwargs) <= conv.LIMITS["kwargs"] and len(inputs.keys) <= conv.LIMITS["keys"]
+    assert all(len(getattr(inputs, f)) <= n for f, n in conv.LIMITS.items() if f != "values")
     assert all(len(v) <= conv.LIMITS["values"] for _k, v in inputs.kwargs)
     renders = conv.generate("bound", count, CTX, template or CHATML)
     assert len(renders) <= 3 * 2 * count  # the drawn shapes, at most as many probe shapes, three renders each
@@ -169,5 +181,6 @@ PIECES = st.sampled_from(
 def test_deriving_from_any_text_never_raises_and_stays_within_its_limits(pieces: list[str]) -> None:
     inputs = conv.template_inputs("".join(pieces))
     assert isinstance(inputs, conv.TemplateInputs)
-    assert all(len(getattr(inputs, f)) <= conv.LIMITS[f] for f in ("kwargs", "roles", "part_types", "keys", "turns"))
+    assert all(len(getattr(inputs, f)) <= n for f, n in conv.LIMITS.items() if f != "values")
+    assert all(conv.MIN_SIZE <= n <= conv.MAX_SIZE for n in inputs.sizes)
     assert all(2 <= n <= conv.MAX_TURNS for n in inputs.turns)
