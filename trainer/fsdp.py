@@ -313,7 +313,11 @@ def with_moments(skeleton: Any, moments: Mapping[str, torch.Tensor], where: str)
         raise CheckpointRejected(f"{where}: the optimizer state has no 'state' mapping")
     for name, value in moments.items():
         index, _, key = name.partition("/")
-        if not index.isdigit() or not key or not isinstance(state.setdefault(int(index), {}), dict):
+        if (
+            not (index.isascii() and index.isdigit())
+            or not key
+            or not isinstance(state.setdefault(int(index), {}), dict)
+        ):
             raise CheckpointRejected(f"{where}: tile {quote_untrusted(name, 80)} names no parameter's state")
         state[int(index)][key] = value
     return skeleton
