@@ -119,6 +119,14 @@ class Probe(str):
     def _wrap(self, value: Any) -> Any:
         return _tainted_result(value, self._wsrc)
 
+    def _kept(self, value: Any) -> Any:
+        """``_wrap``, for the str methods CPython answers with the very same object when nothing
+        changed (``strip()`` of stripped text, ``s[:]``, ``s + ''``, a split that found no
+        separator): ``self`` then, so ``is sameas`` answers as in the loader."""
+        if isinstance(value, (list, tuple)):
+            return type(value)(self if _unchanged(p, self) else _tainted_result(p, self._wsrc) for p in value)
+        return self if _unchanged(value, self) else _tainted_result(value, self._wsrc)
+
     def __iter__(self) -> Any:  # content|first, content|list, for c in content: each character stays a Probe
         return (Probe(c, self._wsrc) for c in str.__iter__(self))
 
@@ -139,21 +147,26 @@ class Probe(str):
         return str.__hash__(self)
 
     def __getitem__(self, key: Any) -> Any:
-        return self._wrap(str.__getitem__(self, key))
+        out = str.__getitem__(self, key)
+        return self._kept(out) if isinstance(key, slice) else self._wrap(out)
 
     def __add__(self, other: Any) -> Any:
-        return self._wrap(str.__add__(self, other))
+        return self._kept(str.__add__(self, other))
 
     def __radd__(self, other: Any) -> Any:
-        return self._wrap(str.__add__(other, self)) if isinstance(other, str) else NotImplemented
+        return self._kept(str.__add__(other, self)) if isinstance(other, str) else NotImplemented
 
     def __mul__(self, other: Any) -> Any:
-        return self._wrap(str.__mul__(self, other))
+        return self._kept(str.__mul__(self, other))
 
     __rmul__ = __mul__
 
     def __mod__(self, other: Any) -> Any:
-        return self._wrap(str.__mod__(self, other))
+        return self._kept(str.__mod__(self, other))
+
+
+def _unchanged(value: Any, probe: Probe) -> bool:
+    return type(value) is str and str.__eq__(value, probe) is True
 
 
 def _comparing(name: str) -> Any:
@@ -172,8 +185,11 @@ def _comparing(name: str) -> Any:
 
 
 def _deriving(name: str) -> Any:
+    keeps = name in KEEPING
+
     def method(self: Probe, *args: Any, **kwargs: Any) -> Any:
-        return self._wrap(getattr(str, name)(self, *args, **kwargs))
+        out = getattr(str, name)(self, *args, **kwargs)
+        return self._kept(out) if keeps else self._wrap(out)
 
     return method
 
@@ -186,7 +202,7 @@ def _rewriting(name: str) -> Any:
         first = args[0] if args else kwargs.get("sep", kwargs.get("old", kwargs.get("prefix", kwargs.get("suffix"))))
         if first is not None:
             _record(self._wsrc, name, first)
-        return self._wrap(getattr(str, name)(self, *args, **kwargs))
+        return self._kept(getattr(str, name)(self, *args, **kwargs))
 
     return method
 
@@ -207,6 +223,7 @@ REWRITING = ("replace", "split", "rsplit", "partition", "rpartition", "removepre
 DERIVING = ("lower", "upper", "strip", "lstrip", "rstrip", "title", "capitalize", "casefold", "swapcase", "ljust",
             "rjust", "center", "zfill", "expandtabs", "translate", "join", "splitlines", "format",
             "format_map")  # fmt: skip
+KEEPING = frozenset({"strip", "lstrip", "rstrip", "ljust", "rjust", "center", "zfill", "expandtabs", "splitlines"})
 TESTING = (
     "isalnum",
     "isalpha",
@@ -267,6 +284,7 @@ class _Number:
     _wsrc = "content"
     _wkind = "length"
     _wbasis: str | None = None
+    _worig: Any = None  # the plain number the loader would hold (``is sameas`` compares these)
 
     def _plain(self) -> int | float:
         raise NotImplementedError
@@ -302,11 +320,11 @@ class ProbeInt(_Number, int):
 
     def __new__(cls, value: int, source: str = "content", kind: str = "length", basis: str | None = None) -> ProbeInt:
         obj = int.__new__(cls, value)
-        obj._wsrc, obj._wkind, obj._wbasis = source, kind, basis
+        obj._wsrc, obj._wkind, obj._wbasis, obj._worig = source, kind, basis, value
         return obj
 
     def _plain(self) -> int:
-        return int(self)
+        return self._worig  # the object the loader would hold (for is sameas)
 
 
 class ProbeFloat(_Number, float):
@@ -314,11 +332,11 @@ class ProbeFloat(_Number, float):
 
     def __new__(cls, value: float, source: str = "content", kind: str = "number") -> ProbeFloat:
         obj = float.__new__(cls, value)
-        obj._wsrc, obj._wkind = source, kind
+        obj._wsrc, obj._wkind, obj._worig = source, kind, value
         return obj
 
     def _plain(self) -> float:
-        return float(self)
+        return self._worig
 
 
 def _number(value: Any, source: str, kind: str = "number", basis: str | None = None) -> Any:
@@ -446,12 +464,23 @@ def _tainting(func: Any, numbers: bool = False) -> Any:
     return wrapped
 
 
+def _single_piece(args: Any, out: Any) -> Probe | None:
+    """The Probe a join of one piece returned (CPython returns the piece itself), else None."""
+    for arg in args:
+        if isinstance(arg, (list, tuple)) and len(arg) == 1 and type(arg[0]) is Probe and _unchanged(out, arg[0]):
+            return arg[0]
+    return None
+
+
 def _joining(func: Any) -> Any:
     """The ``join`` filter and jinja's ``~``: an iterator of tainted pieces joins into a Probe."""
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         spies = [_Spy(a) if hasattr(a, "__next__") else a for a in args]
         out = func(*spies, **kwargs)
+        single = _single_piece(spies, out)
+        if single is not None:
+            return single
         source = _taint_in((*spies, *kwargs.values())) or next((a._source for a in spies if isinstance(a, _Spy)
                                                                  and a._source), None)  # fmt: skip
         return _tainted_result(out, source) if source and isinstance(out, str) else out
@@ -488,7 +517,12 @@ def _replacing(func: Any) -> Any:
 
 def _sameas(value: Any, other: Any) -> bool:
     """``is sameas`` as the loader sees it: a tainted number is a fresh object only where a plain
-    one would be (CPython shares the small ints), so lengths of short content are the same object."""
+    one would be (CPython shares the small ints), so lengths of short content are the same object.
+    An identity test of content or a number derived from it with a string or number is recorded."""
+    for a, b in ((value, other), (other, value)):
+        if isinstance(a, TAINTED) and isinstance(b, (str, int, float)) and not isinstance(b, bool):
+            _note(a._wsrc, "sameas", "an identity (is sameas) test")
+            break
     value = value._plain() if isinstance(value, _Number) else value
     other = other._plain() if isinstance(other, _Number) else other
     return value is other
@@ -532,6 +566,10 @@ def _after_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: A
     source = _taint(owner) or _taint_in(args) or _taint_in(kwargs.values())
     if source is None:
         return out
+    if isinstance(owner, str) and getattr(func, "__name__", "") == "join":
+        single = _single_piece(args, out)
+        if single is not None:
+            return single
     if not isinstance(out, str):  # a number or list computed from a message dict is the shape, not content
         source = _taint(owner) or _taint_in((*args, *kwargs.values()), depth=1)
         if source is None:
@@ -724,6 +762,8 @@ def _environment() -> Any:
 
         def shown(self, value: Any) -> str:
             """``str(value)``, as jinja prints ``{{ value }}``, tainted when ``value`` was."""
+            if type(value) is Probe:  # str() of an exact str is that very str in the loader
+                return value
             source = _taint(value)
             return str(value) if source is None else _tainted_result(str(value), source)
 

@@ -167,7 +167,7 @@ def test_family_templates_record_nothing_judged_for_any_content(family: str, con
 
 
 # ---------------------------------------------------------------------------- parity with transformers
-PARITY = (
+PARITY = (  # C is the message content; identity (is sameas) answers as CPython's str methods do
     "{{ 'TemplateDict' in (dict|string) }} {{ 'TemplateNamespace' in (namespace|string) }}",
     "{{ (dict|string)[:60] }}|{{ namespace|string }}|{{ dict(a=1) }}|{{ dict.fromkeys(['k']) }}",
     "{% set ns = namespace(a=1) %}{% set ns.b = 2 %}{{ ns.a + ns.b }}",
@@ -182,6 +182,12 @@ PARITY = (
     "{% set b %}{{ C }}{% endset %}{{ b == C }} {{ b|length }} {% macro w() %}{{ caller() }}{% endmacro %}"
     "{% call w() %}{{ C }}{% endcall %}",
     "{{ raise_exception is callable }} {{ strftime_now is defined }} {{ (raise_exception|string)[:40] }}",
+)
+IDENTITY = (
+    "{{ C.strip() is sameas C }} {{ C[:] is sameas C }} {{ (C ~ '') is sameas C }} {{ ''.join([C]) is sameas C }}"
+    " {{ ([C]|join) is sameas C }} {{ C.split('|')[0] is sameas C }} {{ C.ljust(2) is sameas C }}"
+    " {% set b %}{{ C }}{% endset %}{{ b is sameas C }} {{ C.lower() is sameas C }} {{ (C + '') is sameas C }}"
+    " {{ (C|float) is sameas (C|float) }} {{ (C|length) is sameas (C|length) }}"
 )
 
 
@@ -207,6 +213,19 @@ def test_the_sandbox_renders_what_transformers_renders(template: int, content: s
     if expected is not None:
         assert result["status"] == "ok", result
         assert _without_addresses(result["output"]) == _without_addresses(expected)
+
+
+@settings(max_examples=30, deadline=None)
+@given(content=st.text(st.characters(blacklist_categories=("Cs",)), min_size=2, max_size=300))
+def test_identity_of_content_answers_as_in_the_loader_and_is_recorded(content: str) -> None:
+    """``is sameas`` on content is CPython's answer for the str methods that return their very
+    object when nothing changed; ``''`` and one-character strings are CPython singletons a Probe
+    cannot be, which is why every identity test of content is also recorded (judged)."""
+    text = IDENTITY.replace("C", "messages[0].content")
+    messages = [{"role": "user", "content": content}]
+    answer = ct.run_battery(text, [{"messages": messages, "context": {}}], LIMITS)
+    assert answer["renders"][0]["output"] == _transformers_render(text, messages)
+    assert [r for r in answer["taint"] if r[1] == "sameas"] and _judged(answer)
 
 
 def _without_addresses(text: str) -> str:
