@@ -780,13 +780,19 @@ def _first_difference(a: str, b: str) -> str:
 def word_middles(a: str, b: str) -> tuple[int, list[str], list[str]]:
     """Where ``a`` and ``b`` start to differ (a word boundary) and the words of both from there
     to where they end alike: only the part that differs is split into words."""
+    start, end = _middle(a, b)
+    return start, WORD_RE.findall(a[start : len(a) - end]), WORD_RE.findall(b[start : len(b) - end])
+
+
+def _middle(a: str, b: str) -> tuple[int, int]:
+    """The lengths of the common prefix and suffix of ``a`` and ``b``, cut back to word boundaries."""
     start = common_prefix(a, b)
     while start and (a[start - 1].isalnum() or a[start - 1] == "_"):
         start -= 1
     end = common_suffix(a, b, min(len(a), len(b)) - start)
     while end and (a[len(a) - end].isalnum() or a[len(a) - end] == "_"):
         end -= 1
-    return start, WORD_RE.findall(a[start : len(a) - end]), WORD_RE.findall(b[start : len(b) - end])
+    return start, end
 
 
 def date_difference(a: str, b: str) -> str | None:
@@ -795,6 +801,9 @@ def date_difference(a: str, b: str) -> str | None:
     same. Linear in the renders, whatever they hold."""
     if a == b:
         return None
+    start, end = _middle(a, b)
+    if len(a) + len(b) - 2 * (start + end) > 2 * MARKUP_CHARS:  # a date is a few words: this is no date
+        return f"{len(a) - start - end} characters differ from {_flat(a[start : start + 40])!r} on"
     _start, wa, wb = word_middles(a, b)
     wa, wb = without_dates(wa), without_dates(wb)
     if wa == wb:
@@ -813,8 +822,9 @@ def judge(renders: list[dict[str, Any]], answer: dict[str, Any]) -> list[Generat
             continue
         base = name[:-1]
         big = _oversized(str(result["output"]), request["texts"])
-        if big:  # the template prints far more than any conversation holds: judged as added text
+        if big:  # the template prints far more than any conversation holds: a finding, and not compared further
             out.append(GeneratedIssue("text", f"the render of shape {request['shape']} is {big}"))
+            continue
         other = results.get(base + "b")
         if other is not None and other[1].get("status") == "ok":
             a = abstract(str(result["output"]), request["texts"])

@@ -132,3 +132,16 @@ def test_a_battery_render_past_its_bound_is_a_finding() -> None:
     outputs[0] = {"status": "ok", "output": "x " * tb.BATTERY_JUDGE_CHARS + outputs[0]["output"]}
     found = tb.judge(renders, {"status": "ok", "renders": outputs}, ("<|im_start|>", "<|im_end|>"), 24)
     assert any(i.kind == "text" and str(tb.BATTERY_JUDGE_CHARS) in i.detail for i in found), found
+
+
+def test_renders_that_differ_over_more_than_a_date_are_not_split_into_words() -> None:
+    """Two renders at two times differing over more than the judge's markup bound differ by more than
+    a date: reported as such without a word list of either."""
+    a, b = "<|x|>" + "Mon " * conv.MARKUP_CHARS, "<|x|>" + "Tue " * conv.MARKUP_CHARS
+    real = conv.WORD_RE
+    conv.WORD_RE = None  # type: ignore[assignment]  # splitting into words would raise
+    try:
+        moved = conv.date_difference(a, b)
+    finally:
+        conv.WORD_RE = real
+    assert moved is not None and "characters differ" in moved
