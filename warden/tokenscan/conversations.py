@@ -507,7 +507,7 @@ def generate(seed: str, count: int, context: dict[str, Any], template: str | Non
     return [{**r, "context": {**context, **r["context"]}} for r in _drawn(seed, count, inputs)]
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)  # a draw holds up to a few MB of texts: the templates a scan sees at once
 def _drawn(seed: str, count: int, inputs: TemplateInputs) -> tuple[dict[str, Any], ...]:
     return tuple(_draw(seed, count, inputs))
 
