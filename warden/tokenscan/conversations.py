@@ -6,9 +6,14 @@ and avoid. :func:`generate` draws conversation *shapes* from a seeded generator:
 list-of-parts content, assistant tool calls with arbitrary names and tool responses, the
 keyword arguments families read (``enable_thinking``, ``reasoning_effort``, ``thinking``,
 ``add_generation_prompt``, ``tools``, ``documents``, ``builtin_tools``) and a clock anywhere in
-the day. Each shape is rendered three times: with two fillings of different content (lengths
-from a few to thousands of characters, Unicode, quotes, newlines, template-like text) and with
-the first filling at another time of day.
+the day. Given the template, what it reads is probed too (:func:`template_inputs`, from its
+AST, never evaluated): its own keyword arguments, roles and content-block types it compares,
+keys it looks up (message and document fields, tool parameters), conversation and content
+lengths at its integer literals; each input in two shapes, without and with a system message.
+Messages carry reasoning as transformers 5 aliases it (:func:`alias_reasoning`). Each shape is
+rendered three times: with two fillings of different content (lengths from a few to thousands
+of characters, Unicode, quotes, newlines, template-like text) and with the first filling at
+another time of day.
 
 :func:`judge` is pure and states the invariant: a render is the template's fixed markup for
 the shape with the contents inserted in order. Each render is *abstracted* (every content,
@@ -16,7 +21,9 @@ tool name, argument and document text replaced by a placeholder, also where the 
 escaped it with ``tojson`` or Python's repr); the two fillings must abstract to the same text
 (else the template reacts to content beyond inserting it: a ``replace`` filter, an
 ``and``/``or`` on content, a length-keyed ``range``, a dict lookup), and the other clock may
-change date words only. Each issue names the input that triggered it.
+change date words only. Each issue names the input that triggered it. The judge runs in the
+scanner's process, so every comparison is bounded by construction (see the bounded comparison
+section below): a render past :data:`JUDGE_CHARS` is itself an issue and is read to the bound.
 
 What a render adds before the first message when the conversation has no system message (a
 default system prompt) is returned by :func:`default_system_prompt` for the approval report:
