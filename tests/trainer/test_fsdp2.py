@@ -345,3 +345,55 @@ def test_bfloat16_grpo_on_fsdp2_matches_ddp_on_the_same_ranks(tiny_cache, tmp_pa
     assert "value_loss" not in metrics["fsdp2"] and worst < 1e-5, {
         k: (metrics["ddp"][k], metrics["fsdp2"][k]) for k in keys
     }
+
+
+# -- rank 0 links only what the ranks reported ------------------------------------------------------
+def _staged(tmp_path, rank=1):
+    tiles = {"actor/w": fsdp.Tile(torch.arange(6.0).reshape(3, 2), 3, (6, 2))}
+    root = tmp_path / "root"
+    root.mkdir(exist_ok=True)
+    return str(root), fsdp.stage_rank_files(str(root), 1, rank, 2, tiles, None)
+
+
+def _adopt(root, staged):
+    from trainer import checkpoint as ckpt
+
+    def fill(writer):
+        fsdp.adopt_staged(writer, root, staged)
+
+    return ckpt.write_checkpoint(root, 1, fill)
+
+
+def test_staged_tiles_are_linked_in_with_the_digests_the_rank_computed(tmp_path):
+    import hashlib
+
+    root, staged = _staged(tmp_path)
+    assert not staged.error and staged.directory.startswith(".tmp-step-000000001.rank-1.")
+    written = _adopt(root, [staged])
+    for name in ("shards/rank-1-of-2.json", "shards/rank-1-of-2.safetensors"):
+        on_disk = (tmp_path / "root" / "step-000000001" / name).read_bytes()
+        assert written.digests[name] == hashlib.sha256(on_disk).hexdigest()
+    fsdp.discard_staged(root, staged)
+    assert sorted(os.listdir(root)) == ["step-000000001"]
+
+
+@pytest.mark.parametrize("tamper", ["error", "size", "symlink", "missing"])
+def test_rank_0_saves_nothing_when_a_ranks_files_are_not_what_it_reported(tmp_path, tamper):
+    from trainer import checkpoint as ckpt
+
+    root, staged = _staged(tmp_path)
+    staging = tmp_path / "root" / staged.directory
+    if tamper == "error":
+        staged = fsdp.StagedTiles(error="rank 1: disk full")
+    elif tamper == "size":
+        with open(staging / "rank-1-of-2.json", "ab") as fh:
+            fh.write(b" ")
+    elif tamper == "symlink":
+        os.unlink(staging / "rank-1-of-2.json")
+        os.symlink(tmp_path / "elsewhere.json", staging / "rank-1-of-2.json")
+    else:
+        os.unlink(staging / "rank-1-of-2.safetensors")
+    with pytest.raises(ckpt.CheckpointError):
+        _adopt(root, [staged])
+    assert ckpt.list_complete(root) == []  # no checkpoint, and its temporary directory is gone
+    assert not [n for n in os.listdir(root) if n.startswith(".tmp-step-000000001.") and ".rank-" not in n]
