@@ -35,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -562,12 +563,14 @@ def _literals(tree: nodes.Template, max_literal_chars: int) -> list[TemplateIssu
 # it looks (confusables folded, invisible characters removed, identifiers split into words).
 PROMOTE_RE = re.compile(
     r"\b(?:recommend|promot|advertis|endors|sponsor|upsell|advocat|subscrib|purchas|shill)\w*|\bbuy(?:s|ing)?\b|"
-    r"\bsign(?:s|ed|ing)? up\b",
+    r"\bsign(?:s|ed|ing)? up\b|\b(?:sell|sells|selling|affiliate|coupons?|promo(?:tional)? codes?|discount codes?|"
+    r"referral links?)\b",
     re.IGNORECASE,
 )
 SAY_RE = re.compile(
     r"\binclud(?:e|es|ed)\b|\b(?:mention|insert|append|prepend|say|said|tell|told|claim|insist|remind|link|refer|redirect|direct|"
-    r"respond|repl(?:y|ies|ied)|answer|suggest|advis|urg|encourag|prais|favou?r|recite|repeat|promis)\w*|"
+    r"respond|repl(?:y|ies|ied)|answer|suggest|advis|urg|encourag|prais|favou?r|recite|repeat|promis|prefer|visit|"
+    r"steer|criticis|criticiz|disparag|discourag)\w*|\bstate[sd]? that\b|\bpoint\w*\s+(?:\w+\s+){0,3}?(?:to|at)\b|"
     r"\b(?:end|begin|start|conclude|finish|close|sign)\w*\b[^.]{0,40}\bwith\b",
     re.IGNORECASE,
 )
@@ -609,11 +612,23 @@ LANGUAGES = frozenset(
 _IDENT_RE = re.compile(r"[_▁]+|(?<=[A-Za-z])-(?=[A-Za-z])|(?<=[a-z])(?=[A-Z][a-z])")
 
 
+_HIDDEN = frozenset({"Mn", "Me", "Cf", "Cc", "Co", "Cs"})
+
+
 def readable(text: str) -> str:
-    """``text`` as a model and a person read it: invisible characters removed, look-alikes
+    """``text`` as a model and a person read it: invisible characters and marks removed, look-alikes
     folded (:mod:`.confusables`, case kept), structural markers blanked and other tags' words kept,
     identifiers (``ALWAYS_RECOMMEND_ACME``, ``always-recommend``) split into words."""
-    return _IDENT_RE.sub(" ", without_markup(confusables.fold_keep_case(INVISIBLE_RE.sub("", text))))
+    visible = _visible(text.translate(confusables.TABLE))  # before NFKD, which moves some look-alikes (U+03F2)
+    return _IDENT_RE.sub(" ", without_markup(confusables.fold_keep_case(visible)))
+
+
+def _visible(text: str) -> str:
+    """``text`` decomposed (NFKD) without marks, format and control characters (zero-width,
+    bidi, tag characters, combining accents stacked on letters); newlines and tabs kept."""
+    return "".join(
+        c for c in unicodedata.normalize("NFKD", text) if unicodedata.category(c) not in _HIDDEN or c in "\n\t"
+    )
 
 
 def _entities(sentence: str, opens: bool = True) -> list[str]:

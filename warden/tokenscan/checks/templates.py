@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from warden.tokenscan.chat_template import instruction_text
+import re
+
+from warden.tokenscan.chat_template import CANARIES, instruction_text
 from warden.tokenscan.findings import Finding, finding
 from warden.tokenscan.policy import TokenscanPolicy
 from warden.tokenscan.snapshot import Snapshot, TemplateSource
+from warden.tokenscan.template_battery import PROBE_WORDS
 
 ISSUE_RULES = {
     "syntax": ("TS801", None),
@@ -55,6 +58,22 @@ def _default_prompt_findings(t: TemplateSource) -> list[Finding]:
     return [finding("TS805", t.rel, f"{_where(t)}: the default system prompt has {why}", key=t.key)]
 
 
+PROBES_RE = re.compile("|".join([r"\x00\d+\x00", r"QPROBE\d+X", *map(re.escape, (*PROBE_WORDS, *CANARIES.values()))]))
+"""The conversation's own parts in a review render (battery probes, generated placeholders)."""
+
+
+def _render_text_findings(t: TemplateSource) -> list[Finding]:
+    """Every review render (battery and generated shapes) with the conversation's parts cut out
+    (each a sentence break): what remains is the template's text wherever it appears (between
+    turns, around tools and documents, after the last message), judged like its literals; this
+    covers text assembled at run time from pieces no literal shows."""
+    for label, render in t.renders:
+        why = instruction_text(PROBES_RE.sub("\n", render))
+        if why:
+            return [finding("TS805", t.rel, f"{_where(t)}: the {label} render adds {why}", key=t.key)]
+    return []
+
+
 def check_chat_templates(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
     out = []
     for t in snap.templates:
@@ -63,5 +82,5 @@ def check_chat_templates(snap: Snapshot, policy: TokenscanPolicy) -> list[Findin
         for issue in t.issues:
             rule_id, sev = ISSUE_RULES[issue.kind]
             out.append(finding(rule_id, t.rel, f"{_where(t)}: {issue.detail}", key=t.key, severity=sev))
-        out += _render_findings(t) + _default_prompt_findings(t)
+        out += _render_findings(t) + _default_prompt_findings(t) + _render_text_findings(t)
     return out
