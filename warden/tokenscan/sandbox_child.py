@@ -14,11 +14,20 @@ line on stdin, each answer one JSON line on stdout; the worker exits at end of i
     answer:  {"id": ..., "status": ..., "renders": [{"status": "ok" | "error", "output", "message"}],
               "taint": [[source, operation, constant, template line]], "private": [attribute names]}
 
-A battery renders one template with many conversations and records, at run time, every
-comparison of message content or of the date with a constant (``'trigger' in x``,
-``x == '...'``, ``x.startswith(...)``) however the value was reached (macro argument,
-namespace attribute, ``.get('content')``, filters), and every private attribute the
-template looked up, even when it never used the result.
+A battery renders one template with many conversations. Message content (and its parts'
+text, documents' text, reasoning) and the clock (``strftime_now``) are recording values
+(:class:`Probe`, :class:`ProbeInt`, :class:`ProbeFloat`; source ``content`` or ``date``), and
+whatever the template derives from them stays one: the environment's own hooks taint the result
+of every call, arithmetic operator, filter, macro/``caller()``/``{% set %}`` block and printed
+``{{ }}`` with a tainted input. A record ``[source, operation, constant, line]`` is kept, once
+each, for every comparison, membership test or rewrite of a tainted value with a constant
+(``'trigger' in x``, ``x == '...'``, ``x.startswith(...)``, ``select('equalto')``), every
+``str.is*()`` test, lookup keyed on it, identity test, comparison or truth test of a derived
+number, and use of a derived number as a repetition count, index, slice bound or ``range()``
+argument; past 256 records a last ``overflow`` record says recording stopped. The string forms
+of the globals (``dict``, ``namespace``, ``raise_exception``, ``strftime_now``), written as
+transformers 5 shows them, are recording values of source ``environment``. Every private
+attribute the template looked up is listed, even when it never used the result.
 
 Bounds: ``RLIMIT_AS`` = MEMORY bytes, ``RLIMIT_CPU`` re-armed per request (a backstop),
 ``RLIMIT_FSIZE`` 0 (no writes), an ``ITIMER_REAL`` deadline per request, and an output cap
