@@ -588,7 +588,7 @@ DOMAIN_RE = re.compile(
 )
 QUOTED_RE = re.compile(r"(?<![A-Za-z])[\"“'‘]([^\"”'’\n]{2,80}?)[\"”'’](?![A-Za-z])")
 # sentences; "cutoff: 2024-06 Respond" and "{...}.Do not" are two
-SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|(?<=[.!?])(?=[A-Z])|(?<=[\d:])\s+(?=[A-Z])|\n+|[()]")
+SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|(?<=[.!?])(?=[A-Z])|(?<=[0-9:])\s+(?=[A-Z])|\n+|[()]")
 NOUN_BEFORE_RE = re.compile(r"\b(?:a|an|the|your|my|our|their|its|this|that|good|final|short|full)\s+\Z", re.IGNORECASE)
 """Before "answer", "reply": the noun (a good answer), not the directive."""
 OBJECT_CHARS = 120

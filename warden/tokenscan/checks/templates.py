@@ -58,7 +58,7 @@ def _default_prompt_findings(t: TemplateSource) -> list[Finding]:
     return [finding("TS805", t.rel, f"{_where(t)}: the default system prompt has {why}", key=t.key)]
 
 
-PROBES_RE = re.compile("|".join([r"\x00\d+\x00", r"QPROBE\d+X", *map(re.escape, (*PROBE_WORDS, *CANARIES.values()))]))
+PROBES_RE = re.compile("|".join([r"\x00[0-9]+\x00", r"QPROBE[0-9]+X", *map(re.escape, (*PROBE_WORDS, *CANARIES.values()))]))
 """The conversation's own parts in a review render (battery probes, generated placeholders)."""
 
 
