@@ -58,7 +58,8 @@ def _default_prompt_findings(t: TemplateSource) -> list[Finding]:
     return [finding("TS805", t.rel, f"{_where(t)}: the default system prompt has {why}", key=t.key)]
 
 
-PROBES_RE = re.compile("|".join([r"\x00[0-9]+\x00", r"QPROBE[0-9]+X", *map(re.escape, (*PROBE_WORDS, *CANARIES.values()))]))
+_PROBE_TEXTS = (*PROBE_WORDS, *CANARIES.values())
+PROBES_RE = re.compile("|".join([r"\x00[0-9]+\x00", r"QPROBE[0-9]+X", *map(re.escape, _PROBE_TEXTS)]))
 """The conversation's own parts in a review render (battery probes, generated placeholders)."""
 
 
