@@ -587,10 +587,17 @@ DOMAIN_RE = re.compile(
     r"\b[a-z0-9][a-z0-9-]{0,60}\.(?:com|net|org|io|ai|co|info|biz|xyz|app|dev|shop|store|ru|cn)\b", re.I
 )
 QUOTED_RE = re.compile(r"(?<![A-Za-z])[\"“'‘]([^\"”'’\n]{2,80}?)[\"”'’](?![A-Za-z])")
-# sentences; "cutoff: 2024-06 Respond" and "{...}.Do not" are two
-SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|(?<=[.!?])(?=[A-Z])|(?<=[0-9:])\s+(?=[A-Z])|\n+|[()]")
-NOUN_BEFORE_RE = re.compile(r"\b(?:a|an|the|your|my|our|their|its|this|that|good|final|short|full)\s+\Z", re.IGNORECASE)
-"""Before "answer", "reply": the noun (a good answer), not the directive."""
+# sentences; "cutoff: 2024-06 Respond", "{...}.Do not" and "... plan You are" are two
+SENTENCE_RE = re.compile(r"(?<=[.!?;])\s+|(?<=[.!?])(?=[A-Z])|(?<=[0-9:])\s+(?=[A-Z])|\s+(?=(?:You|Your)\b)|\n+|[()]")
+NOUN_BEFORE_RE = re.compile(
+    r"\b(?:a|an|the|your|my|our|their|its|this|that|good|final|short|full|can|could|may|might|able to)\s+\Z",
+    re.IGNORECASE,
+)
+"""Before "answer", "reply": the noun (a good answer) or a capability (you can answer), not a directive."""
+IDENTITY_RE = re.compile(
+    r"\bas (?:your|its|the model's) (?:creators?|developers?|makers?|authors?|trainers?|name)\b", re.IGNORECASE
+)
+"""A directive's object naming who made the model ("refer to X as your creator"): identity."""
 OBJECT_CHARS = 120
 PLAIN_CAPS = frozenset(
     {"I", "JSON", "XML", "YAML", "HTML", "CSV", "API", "URL", "ID", "UTC", "ISO", "AI", "LLM", "OK", "MUST", "SHOULD",
@@ -661,9 +668,10 @@ def steering(sentence: str) -> str | None:
         (m for m in SAY_RE.finditer(bare) if not NOUN_BEFORE_RE.search(bare, max(0, m.start() - 16), m.start())), None
     )
     rest = bare[: say.start()] + " " * len(say.group(0)) + bare[say.end() :] if say else bare  # the verb is no name
-    if say:  # its object follows it: "to answer in many languages" after a list of them names none
+    if say:  # its object follows it: a language list before "answer" names none
         obj = rest[say.start() : say.end() + OBJECT_CHARS]
-        target = _entities(obj, opens=False) or [q for q in quoted if q in obj] or DOMAIN_RE.findall(obj)
+        target = [] if IDENTITY_RE.search(obj) else _entities(obj, opens=False)
+        target = target or [q for q in quoted if q in obj] or DOMAIN_RE.findall(obj)
         if target:
             return f"a directive to say {target[0]!r} ({say.group(0)!r})"
     if say and (scope := EVERY_ANSWER_RE.search(bare)):

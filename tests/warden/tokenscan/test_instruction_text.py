@@ -43,7 +43,8 @@ def _identity(draw: st.DrawFn) -> str:
     verb = draw(st.sampled_from(["created", "developed", "trained", "built", "made"]))
     what = draw(st.sampled_from(["a helpful assistant", "a large language model", "an AI assistant"]))
     return draw(st.sampled_from([f"You are {who}, {what} {verb} by {org}.", f"You are {who}, {verb} by {org}.",
-                                 f"You are {what}.", f"Your name is {who}."]))  # fmt: skip
+                                 f"You are {what}.", f"Your name is {who}.", f"You refer to {org} as your creator.",
+                                 f"You can answer questions about {org}, {who} and {draw(camel)}."]))  # fmt: skip
 
 
 PROTOCOL = [
