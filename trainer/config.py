@@ -252,12 +252,15 @@ class ParallelConfig:
 
     ``ddp``: every rank holds whole models, gradients all-reduced (a one-process run: no wrapper).
     ``fsdp2``: ``torch.distributed.fsdp.fully_shard`` shards the actor, the critic and the frozen
-    reference over every rank (dim 0 of each parameter, one group per decoder layer); each rank
-    writes its own shard files to a checkpoint, which resumes at any world size. Does not shape
+    reference within each shard group of ``shard_group_size`` ranks (0: a node's ranks), replicated
+    across the groups (dim 0 of each parameter, one FSDP unit per decoder layer); each rank of the
+    first group writes its own tile files to a checkpoint, which resumes at any world size. Does not shape
     training (a resume may change it: the checkpoint formats load into either strategy).
     """
 
     strategy: str = "ddp"
+    # fsdp2: ranks per shard group, replicated across groups (HSDP); 0: one group per node
+    shard_group_size: int = 0
 
 
 @dataclass(frozen=True)
@@ -488,6 +491,7 @@ RANGES: dict[str, Range] = {
     "validation.max_prompts": NON_NEGATIVE,
     "validation.temperature": NON_NEGATIVE,
     "validation.batch_size": AT_LEAST_1,
+    "parallel.shard_group_size": NON_NEGATIVE,
     "max_steps": NON_NEGATIVE,
     "log_every": AT_LEAST_1,
 }

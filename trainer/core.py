@@ -329,6 +329,7 @@ class PPOTrainer:
         """Spreads the models over the ranks: fsdp2 shards the actor, critic and reference (the rollout
         gets its whole copy first), else DDP wraps the trained ones when there are several ranks."""
         self.sharded = self.cfg.parallel.strategy == "fsdp2" and self.dist.world_size > 1
+        self.shard_layout = fsdp.ShardLayout()
         if self.sharded:
             # Its own whole copy, taken before sharding: generate's length differs between ranks, so no
             # collective may run inside it; refreshed from the gathered weights after each update.
@@ -336,7 +337,11 @@ class PPOTrainer:
             self.rollout = build_rollout(
                 self.cfg, self.actor, self.paths.actor, self.stop_ids, pad, compute or torch.float32
             )
-            mesh = fsdp.make_mesh(self.device, self.dist.world_size)
+            world = self.dist.world_size
+            local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+            group = fsdp.shard_group_size(self.cfg.parallel.shard_group_size, world, local)
+            mesh = fsdp.make_mesh(self.device, world, group)
+            self.shard_layout = fsdp.layout_of(mesh)
             for model in (self.actor, self.critic, self.ref):
                 if model is not None:
                     fsdp.shard_model(model, mesh)
@@ -818,22 +823,23 @@ class PPOTrainer:
         rank writes its tile files into a private directory of its own and fsyncs them; their
         digests reach rank 0 in one gather, so rank 0 links them in and writes the manifest only once
         every rank's files are durable; the others then remove their staging directories."""
-        root, rank, world = self.paths.checkpoint_root, self.dist.rank, self.dist.world_size
+        root = self.paths.checkpoint_root
         if self.dist.is_main:
             self.saver.settle()
         go = bool(broadcast_object(self._room_for_save() if self.dist.is_main else None, self.dist))
         if not go:
             barrier(self.dist)
             return
-        tiles = fsdp.rank_tiles(self, rank, world)
+        layout = self.shard_layout
+        tiles = fsdp.rank_tiles(self, layout)
         own = fsdp.StagedTiles()
-        if not self.dist.is_main:
-            own = fsdp.stage_rank_files(root, self.step, rank, world, tiles, self._shard_size())
+        if not self.dist.is_main and not layout.replica:  # another replica's rows are the first's
+            own = fsdp.stage_rank_files(root, self.step, layout.shard, layout.shards, tiles, self._shard_size())
         staged: list[fsdp.StagedTiles] = all_gather_objects([own], self.dist)[1:]
         if self.dist.is_main:
 
             def link_tiles(writer: Any) -> None:
-                fsdp.write_tiles(writer, 0, world, tiles, prefix=f"{fsdp.SHARDS_DIR}/")
+                fsdp.write_tiles(writer, 0, layout.shards, tiles, prefix=f"{fsdp.SHARDS_DIR}/")
                 fsdp.adopt_staged(writer, root, staged)
 
             self.saver.save(self.step, lambda writer: fill_checkpoint(self, writer, link_tiles))

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from trainer.verified_load import CheckpointRejected, VerifiedCheckpoint
-from warden.errors import quote_untrusted
+from warden.errors import ConfigError, quote_untrusted
 
 log = logging.getLogger("warden.trainer")
 
@@ -49,10 +49,41 @@ def tile_stem(rank: int, world: int) -> str:
 
 
 # -- sharding ---------------------------------------------------------------------------------
-def make_mesh(device: torch.device, world: int) -> Any:
+def shard_group_size(configured: int, world: int, local_world: int) -> int:
+    """Ranks per shard group: ``parallel.shard_group_size``, 0 meaning one group per node (torchrun's
+    LOCAL_WORLD_SIZE). Pure; ConfigError unless it divides the world."""
+    size = configured or local_world or world
+    if size < 1 or world % size:
+        raise ConfigError(
+            f"parallel.shard_group_size: {size} rank(s) per shard group do not divide the world of {world} "
+            "(0: one group per node)"
+        )
+    return size
+
+
+def make_mesh(device: torch.device, world: int, group: int) -> Any:
+    """All ranks in one shard group (FSDP), or ``world / group`` replicas of groups of ``group``
+    consecutive ranks (HSDP: sharded within a group, gradients all-reduced across the replicas)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    return init_device_mesh(device.type, (world,))
+    if group == world:
+        return init_device_mesh(device.type, (world,))
+    return init_device_mesh(device.type, (world // group, group), mesh_dim_names=("replicate", "shard"))
+
+
+@dataclass(frozen=True)
+class ShardLayout:
+    """Where this rank sits: its replica, its place in its shard group and the group's size."""
+
+    replica: int = 0
+    shard: int = 0
+    shards: int = 1
+
+
+def layout_of(mesh: Any) -> ShardLayout:
+    if mesh.ndim == 1:
+        return ShardLayout(0, mesh.get_local_rank(), mesh.size())
+    return ShardLayout(mesh.get_local_rank(0), mesh.get_local_rank(1), mesh.size(1))
 
 
 def layer_class_names(model: torch.nn.Module) -> set[str]:
@@ -118,18 +149,26 @@ class Tile:
     shape: tuple[int, ...]  # the whole tensor's shape
 
 
-def local_tile(value: torch.Tensor, rank: int, world: int) -> Tile:
+def _expected_placements(mesh: Any) -> tuple[Any, ...]:
+    from torch.distributed.tensor import Replicate, Shard
+
+    return (Shard(0),) if mesh.ndim == 1 else (Replicate(), Shard(0))
+
+
+def local_tile(value: torch.Tensor) -> Tile:
     """``value``'s rows held here: a DTensor's local shard (checked against :func:`chunk_rows`, so a
-    placement other than Shard(0) over all ranks is an error, never a wrong file), else all of it."""
-    from torch.distributed.tensor import DTensor, Shard
+    placement other than Shard(0) within the shard group is an error, never a wrong file), else all of it."""
+    from torch.distributed.tensor import DTensor
 
     shape = tuple(value.shape)
     if not isinstance(value, DTensor):
         return Tile(value.detach(), 0, shape)
     local = value.to_local().detach()
-    start, count = chunk_rows(shape[0], rank, world)
-    if tuple(value.placements) != (Shard(0),) or tuple(local.shape) != (count, *shape[1:]):
-        raise TilingError(f"a DTensor of shape {list(shape)} placed {value.placements} is not Shard(0) over {world}")
+    layout = layout_of(value.device_mesh)
+    start, count = chunk_rows(shape[0], layout.shard, layout.shards)
+    placed = tuple(value.placements) == _expected_placements(value.device_mesh)
+    if not placed or tuple(local.shape) != (count, *shape[1:]):
+        raise TilingError(f"a DTensor of shape {list(shape)} placed {value.placements} is not Shard(0) in its group")
     return Tile(local, start, shape)
 
 
@@ -162,10 +201,13 @@ def optimizer_skeleton(optimizer: Any) -> dict[str, Any]:
     return {**saved, "state": state}
 
 
-def rank_tiles(trainer: Any, rank: int, world: int) -> dict[str, Tile]:
-    """Every tile this rank writes: sharded tensors' local rows; unsharded tensors on rank 0 only."""
+def rank_tiles(trainer: Any, layout: ShardLayout) -> dict[str, Tile]:
+    """Every tile this rank writes: in the first replica, sharded tensors' local rows; unsharded
+    tensors on rank 0 only (the first of the first group). Other replicas write nothing."""
     from torch.distributed.tensor import DTensor
 
+    if layout.replica:
+        return {}
     sources: dict[str, torch.Tensor] = {}
     for group, model, optimizer in (
         ("actor", trainer.actor, trainer.actor_opt),
@@ -176,9 +218,7 @@ def rank_tiles(trainer: Any, rank: int, world: int) -> dict[str, Tile]:
         sources.update({f"{group}/{k}": v for k, v in model_tensors(model).items()})
         sources.update({f"optim_{group}/{k}": v for k, v in optimizer_moments(optimizer).items()})
     return {
-        name: local_tile(value, rank, world)
-        for name, value in sources.items()
-        if isinstance(value, DTensor) or rank == 0
+        name: local_tile(value) for name, value in sources.items() if isinstance(value, DTensor) or layout.shard == 0
     }
 
 
@@ -330,7 +370,8 @@ def rows_for(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
     if not isinstance(like, DTensor):
         return whole
-    start, count = chunk_rows(whole.shape[0], like.device_mesh.get_local_rank(), like.device_mesh.size())
+    layout = layout_of(like.device_mesh)
+    start, count = chunk_rows(whole.shape[0], layout.shard, layout.shards)
     return whole[start : start + count]
 
 
@@ -462,6 +503,8 @@ def adopt_staged(writer: Any, root: str, staged: list[StagedTiles]) -> None:
         for part in staged:
             if part.error:
                 raise ckpt.CheckpointError(part.error)
+            if not part.directory:
+                continue  # a rank of another replica: its rows are the first replica's
             try:
                 src = os.open(part.directory, safeio.DIR_FLAGS, dir_fd=root_fd)
             except OSError as exc:

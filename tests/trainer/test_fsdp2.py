@@ -397,3 +397,44 @@ def test_rank_0_saves_nothing_when_a_ranks_files_are_not_what_it_reported(tmp_pa
         _adopt(root, [staged])
     assert ckpt.list_complete(root) == []  # no checkpoint, and its temporary directory is gone
     assert not [n for n in os.listdir(root) if n.startswith(".tmp-step-000000001.") and ".rank-" not in n]
+
+
+@pytest.mark.slow
+def test_hsdp_two_replicas_of_two_shards_match_one_process_and_resume_on_two(tiny_cache, tmp_path):
+    """``parallel.shard_group_size: 2`` on 4 ranks: sharded within each pair, replicated across the
+    pairs (one group per node, with 2 ranks a node). Only the first group writes tiles; the checkpoint
+    resumes on 2 ranks (one group) with the step the 4 ranks trained."""
+    import yaml
+
+    cache, _ = tiny_cache
+    raw = merge(TEST_CONFIG, {"model": {"tiny": {"cache_dir": str(cache)}}, "max_steps": 2})
+    raw = merge(raw, {"checkpoint": {"every_steps": 1}, "ppo": {"micro_batch_size": 2}})
+    plain, hsdp = tmp_path / "plain.yaml", tmp_path / "hsdp.yaml"
+    plain.write_text(yaml.safe_dump(raw))
+    hsdp.write_text(yaml.safe_dump(merge(raw, {"parallel": {"strategy": "fsdp2", "shard_group_size": 2}})))
+    _run(_train(str(plain), tmp_path / "one", 1))
+    _run(_train(str(hsdp), tmp_path / "four", 4))
+    one, four = _steps(tmp_path / "one"), _steps(tmp_path / "four")
+    for step in (1, 2):
+        worst = _worst(one[step], four[step])
+        print(f"hsdp 2x2 vs one process, step {step}: max abs diff {worst:.3g}")
+        assert worst < 1e-5, (step, {k: (one[step][k], four[step][k]) for k in KEYS})
+    checkpoint = tmp_path / "four" / "checkpoints" / STEP_1
+    assert sorted(os.listdir(checkpoint / "shards")) == [
+        f"rank-{r}-of-2.{x}" for r in (0, 1) for x in ("json", "safetensors")
+    ]
+    _run(_train(str(hsdp), tmp_path / "resumed", 2, "--resume", str(checkpoint)))
+    worst = _worst(_steps(tmp_path / "resumed")[2], four[2])
+    print(f"hsdp checkpoint resumed on 2 ranks vs 4, step 2: max abs diff {worst:.3g}")
+    assert worst < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("configured", "world", "local", "expected"), [(0, 8, 4, 4), (0, 2, 2, 2), (2, 8, 8, 2), (0, 6, 4, None)]
+)
+def test_shard_group_size_is_a_node_unless_set_and_must_divide_the_world(configured, world, local, expected):
+    if expected is None:
+        with pytest.raises(ConfigError, match=r"parallel\.shard_group_size"):
+            fsdp.shard_group_size(configured, world, local)
+    else:
+        assert fsdp.shard_group_size(configured, world, local) == expected
