@@ -52,7 +52,9 @@ class Critic(nn.Module):
     ) -> torch.Tensor:
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
         hidden = out.last_hidden_state
-        return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
+        values = self.value_head(hidden.to(self.value_head.weight.dtype))
+        # A fresh tensor, never a view of the head's output: FSDP2 hooks the module's output for backward
+        return values.squeeze(-1).to(torch.float32, copy=True)
 
 
 def _backbone_from_config(path: str, dtype: str) -> tuple[nn.Module, int]:
