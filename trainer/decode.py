@@ -35,8 +35,19 @@ class StaticDecoder:
     """Seeded sampling from ``model`` over a static KV cache; ``graphs`` replays each token step
     from a CUDA graph captured once per batch shape (weights must be updated in place)."""
 
-    def __init__(self, model: Any, max_new_tokens: int, stop_ids: Sequence[int], pad_id: int, graphs: bool) -> None:
+    def __init__(
+        self,
+        model: Any,
+        max_new_tokens: int,
+        stop_ids: Sequence[int],
+        pad_id: int,
+        graphs: bool,
+        compiled: bool = False,
+    ) -> None:
         self.model, self.max_new, self.pad_id, self.graphs = model, max_new_tokens, pad_id, graphs
+        # compiled: the one-token forward through torch.compile (fused kernels) before it is captured;
+        # a small model's graph replay is bound by its kernel count, not by the host
+        self._forward = torch.compile(self._forward_eager, dynamic=False) if compiled else self._forward_eager
         self.stop_ids = tuple(stop_ids)
         attention = getattr(model.config, "_attn_implementation", None) or "eager"
         if attention not in ("sdpa", "eager"):
@@ -70,18 +81,22 @@ class StaticDecoder:
         bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
         return bias.masked_fill_(~allowed, torch.finfo(dtype).min)
 
-    def _step(self) -> None:
-        """One token for every row: reads ``_token``/``_position``/``_at``, writes ``_logits``, advances."""
-        mask = (self._keep & (self._slots <= self._at))[:, None, None, :]
+    def _forward_eager(self, token: torch.Tensor, allowed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """The model's float32 logits ``(B, V)`` for one token per row (writes its keys and values)."""
         out = self.model(
-            input_ids=self._token,
-            attention_mask=self._as_mask(mask),
-            position_ids=self._position,
+            input_ids=token,
+            attention_mask=self._as_mask(allowed),
+            position_ids=position,
             **{self._cache_kw: self._cache},
             use_cache=True,
             logits_to_keep=1,
         )
-        self._logits.copy_(out.logits[:, -1, :].float())
+        return out.logits[:, -1, :].float()
+
+    def _step(self) -> None:
+        """One token for every row: reads ``_token``/``_position``/``_at``, writes ``_logits``, advances."""
+        allowed = (self._keep & (self._slots <= self._at))[:, None, None, :]
+        self._logits.copy_(self._forward(self._token, allowed, self._position))
         self._at.add_(1)
         self._position.add_(1)
 
@@ -90,7 +105,7 @@ class StaticDecoder:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            for _ in range(2):  # kernels chosen and workspaces allocated before capture
+            for _ in range(3):  # compiled, kernels chosen and workspaces allocated before capture
                 self._step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()

@@ -192,8 +192,10 @@ class HFRollout:
         from trainer.decode import StaticDecoder
 
         if self.decoder is None:
-            graphs = prompt_ids.device.type == "cuda"
-            self.decoder = StaticDecoder(self.model, self.cfg.max_new_tokens, self.stop_ids, self.pad_id, graphs)
+            cuda = prompt_ids.device.type == "cuda"
+            self.decoder = StaticDecoder(
+                self.model, self.cfg.max_new_tokens, self.stop_ids, self.pad_id, graphs=cuda, compiled=cuda
+            )
         [sampling] = kwargs["logits_processor"]
         responses = self.decoder.generate(prompt_ids, prompt_mask, lambda logits: sampling(None, logits))
         return torch.cat([prompt_ids, responses.to(prompt_ids.dtype)], dim=1)
