@@ -2,18 +2,20 @@
 their checkpoint tiles (docs/design.md section 3, "FSDP2").
 
 Sharding: :func:`shard_model` applies ``torch.distributed.fsdp.fully_shard`` to every decoder
-layer (the model's ``_no_split_modules``) and then to the root, on a one-dimensional mesh of all
-ranks; every parameter is split along dim 0 as ``torch.chunk`` splits it (:func:`chunk_rows`).
+layer (the model's ``_no_split_modules``) and then to the root, within shard groups of
+``parallel.shard_group_size`` ranks (a node's, by default) replicated across the groups (HSDP on a 2-D
+mesh when there are several); every parameter is split along dim 0 within its group as ``torch.chunk``
+splits it (:func:`chunk_rows`).
 The rollout samples from its own whole copy (no collective inside ``generate``, whose length
 differs between ranks), refreshed after each update from :func:`rollout_source`.
 
-Tiles: a checkpoint of an fsdp2 run holds, per rank R of W, ``shards/rank-R-of-W.safetensors``
-(this rank's rows of every parameter, buffer and optimizer moment) and ``shards/rank-R-of-W.json``
-(each tile's global shape and first row). A tensor that is not sharded (a buffer, or everything
-in a one-process run) is a single tile written by rank 0. Reading (:func:`read_tiles`) rebuilds
-each whole tensor from its tiles and refuses any gap, overlap, out-of-range row or disagreeing
-shape, so a resume at any world size gets exactly the tensors that were saved; :func:`copy_full_into`
-and :func:`localize_optimizer_state` then keep this rank's rows.
+Tiles: a checkpoint of an fsdp2 run holds, per rank R of the first shard group of W ranks,
+``shards/rank-R-of-W.safetensors`` (this rank's rows of every parameter, buffer and optimizer moment)
+and ``shards/rank-R-of-W.json`` (each tile's global shape and first row). A tensor that is not
+sharded (a buffer, or everything in a one-process run) is a single tile written by rank 0. Reading
+(:func:`read_tiles`) rebuilds each whole tensor from its tiles and refuses any gap, overlap,
+out-of-range row or disagreeing shape, so a resume at any world size gets exactly the tensors that
+were saved; :func:`copy_full_into` and :func:`localize_optimizer_state` then keep this rank's rows.
 """
 
 from __future__ import annotations
@@ -243,7 +245,8 @@ def has_tiles(checkpoint: VerifiedCheckpoint) -> bool:
 def assemble(pieces: Mapping[str, list[Tile]]) -> dict[str, torch.Tensor]:
     """Each whole tensor from its tiles. Pure. Raises TilingError unless the tiles of a name agree on
     the shape and dtype, each holds whole rows ``offset .. offset + rows`` inside it, and together they
-    cover every row exactly once (a 0-dim tensor: exactly one tile)."""
+    cover every row exactly once (a 0-dim tensor: exactly one tile). The rules are checked before the
+    whole tensor is allocated, so a claimed shape is never larger than the rows the files hold."""
     out = {}
     for name, tiles in pieces.items():
         shapes = {t.shape for t in tiles}
@@ -258,25 +261,33 @@ def assemble(pieces: Mapping[str, list[Tile]]) -> dict[str, torch.Tensor]:
                 raise TilingError(f"{name}: a 0-dim tensor needs exactly one 0-dim tile at offset 0")
             out[name] = tiles[0].tensor.clone()
             continue
+        placed = _row_order(name, tiles, shape)
         whole = torch.empty(shape, dtype=tiles[0].tensor.dtype)
-        covered = 0
-        for tile in sorted(tiles, key=lambda t: (t.offset, t.tensor.shape[0] if t.tensor.dim() else 0)):
-            rows = tile.tensor.shape[0] if tile.tensor.dim() else -1
-            if tuple(tile.tensor.shape[1:]) != shape[1:] or rows < 0 or tile.tensor.dim() != len(shape):
-                raise TilingError(f"{name}: a tile of shape {list(tile.tensor.shape)} is no rows of {list(shape)}")
-            if rows == 0:
-                continue  # an empty piece (a rank past the last row) holds nothing
-            if tile.offset != covered:
-                what = "overlap" if tile.offset < covered else "gap"
-                raise TilingError(f"{name}: {what} at row {min(tile.offset, covered)} of {shape[0]}")
-            if tile.offset + rows > shape[0]:
-                raise TilingError(f"{name}: rows {tile.offset}..{tile.offset + rows} beyond {shape[0]}")
-            whole[tile.offset : tile.offset + rows] = tile.tensor
-            covered += rows
-        if covered != shape[0]:
-            raise TilingError(f"{name}: rows {covered}..{shape[0]} are in no tile")
+        for tile in placed:
+            whole[tile.offset : tile.offset + tile.tensor.shape[0]] = tile.tensor
         out[name] = whole
     return out
+
+
+def _row_order(name: str, tiles: list[Tile], shape: tuple[int, ...]) -> list[Tile]:
+    """The non-empty tiles in row order, once they are known to cover rows 0..shape[0] exactly once."""
+    covered, placed = 0, []
+    for tile in sorted(tiles, key=lambda t: (t.offset, t.tensor.shape[0] if t.tensor.dim() else 0)):
+        if tile.tensor.dim() != len(shape) or tuple(tile.tensor.shape[1:]) != shape[1:]:
+            raise TilingError(f"{name}: a tile of shape {list(tile.tensor.shape)} is no rows of {list(shape)}")
+        rows = tile.tensor.shape[0]
+        if rows == 0:
+            continue  # an empty piece (a rank past the last row) holds nothing
+        if tile.offset != covered:
+            what = "overlap" if tile.offset < covered else "gap"
+            raise TilingError(f"{name}: {what} at row {min(tile.offset, covered)} of {shape[0]}")
+        if tile.offset + rows > shape[0]:
+            raise TilingError(f"{name}: rows {tile.offset}..{tile.offset + rows} beyond {shape[0]}")
+        covered += rows
+        placed.append(tile)
+    if covered != shape[0]:
+        raise TilingError(f"{name}: rows {covered}..{shape[0]} are in no tile")
+    return placed
 
 
 def tile_world(names: list[str]) -> int:
@@ -312,7 +323,7 @@ def _index_tiles(index: Any, tensors: Mapping[str, torch.Tensor], rank: int, wor
         raise CheckpointRejected(f"{stem}.json: its tiles are not the tensors of {stem}.safetensors")
     out = {}
     for name, entry in listed.items():
-        shape, offset = entry.get("shape") if isinstance(entry, dict) else None, entry.get("offset", None)
+        shape, offset = (entry.get("shape"), entry.get("offset")) if isinstance(entry, dict) else (None, None)
         if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape) or type(offset) is not int:
             raise CheckpointRejected(f"{stem}.json: {quote_untrusted(name, 80)}: no shape and offset")
         out[name] = Tile(tensors[name], offset, tuple(shape))

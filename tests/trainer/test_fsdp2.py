@@ -438,3 +438,18 @@ def test_shard_group_size_is_a_node_unless_set_and_must_divide_the_world(configu
             fsdp.shard_group_size(configured, world, local)
     else:
         assert fsdp.shard_group_size(configured, world, local) == expected
+
+
+def test_a_claimed_shape_beyond_the_rows_held_is_refused_before_allocating():
+    tile = fsdp.Tile(torch.ones(2, 3), 0, (10**15, 3))  # 12 PB if allocated first
+    with pytest.raises(fsdp.TilingError, match="in no tile"):
+        fsdp.assemble({"t": [tile]})
+
+
+@pytest.mark.parametrize("entry", [[0, 1], "x", {"shape": [2]}, {"shape": [-1], "offset": 0}, {"offset": 0}])
+def test_an_index_entry_without_shape_and_offset_is_refused(entry):
+    from trainer.verified_load import CheckpointRejected
+
+    index = {"format": fsdp.INDEX_FORMAT, "rank": 0, "world_size": 1, "tiles": {"actor/w": entry}}
+    with pytest.raises(CheckpointRejected, match="no shape and offset"):
+        fsdp._index_tiles(index, {"actor/w": torch.ones(2)}, 0, 1, "shards/rank-0-of-1")
