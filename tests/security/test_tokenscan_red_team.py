@@ -155,7 +155,6 @@ TEMPLATE_ATTACKS: dict[str, TemplateAttack] = {
         _on_top(IF + "messages|length > 70" + THEN),
         [{"role": "user" if i % 2 == 0 else "assistant", "content": "x"} for i in range(71)],
         _user("hi"),
-        miss="the longest generated conversation is 24 turns; a count threshold above it never renders",
     ),
     "loader defaults without a system message": TemplateAttack(
         _on_top(
@@ -164,8 +163,6 @@ TEMPLATE_ATTACKS: dict[str, TemplateAttack] = {
         ),
         _user("hi"),
         None,
-        miss="fingerprint: the one generated shape with no family kwarg set is the 24-turn shape that starts "
-        "with a system message; the ordinary load (no kwargs, no system) is never rendered",
     ),
     # --- telling the sandbox from the loader ----------------------------------------------------
     "sandbox blinded by str.split(sep=...)": TemplateAttack(
@@ -175,14 +172,11 @@ TEMPLATE_ATTACKS: dict[str, TemplateAttack] = {
         ),
         _user("deploy zq-unlock"),
         _user("hello there"),
-        miss="the sandbox's Probe.split/replace/partition take no keyword arguments: split(sep=' ') raises "
-        "TypeError in the scan only, every render is an error and a template whose renders all fail is clean",
     ),
     "and/or keyed on split(sep=...) without an if": TemplateAttack(
         _in_loop("{{ (message.content.split(sep=' ')|first == 'deploy') and " + P + " or '' }}"),
         _user("deploy now"),
         _user("hello there"),
-        miss="no If node for the static check, and the render fails in the sandbox only (Probe kwargs)",
     ),
     "sandbox told apart by strftime_now('%Z')": TemplateAttack(
         _in_loop("{% if loop.last and not strftime_now('%Z') %}{{ " + P + " }}{% endif %}"),
@@ -206,8 +200,6 @@ TEMPLATE_ATTACKS: dict[str, TemplateAttack] = {
         "{{ " + P + " }}" + fam.QWEN25_TEMPLATE,
         [{"role": "system", "content": "be brief"}, *_user("hi")],
         None,
-        miss="text before the first message is read as a vendor default system prompt (review only) even when "
-        "the caller's system message is present, so an unconditional prefix is never judged",
     ),
     # --- the clock --------------------------------------------------------------------------------
     "year time bomb": TemplateAttack(_on_top(IF + "strftime_now('%Y')|int >= 2026" + THEN), _user("hi"), None),
@@ -437,6 +429,46 @@ def test_attack_is_real(bases: dict[str, Path], tmp_path: Path, name: str) -> No
 @pytest.mark.parametrize("name", _params())
 def test_attack_is_caught(bases: dict[str, Path], tmp_path: Path, name: str) -> None:
     d = _built(bases, tmp_path, name)
+    result = scan_directory(str(d), default_policy())
+    assert not result.errors, result.errors
+    assert result.findings, f"{name}: scanned clean"
+
+
+# The template attacks with a neutral sentence in place of the payload: the steering-text rule reads
+# the payload's own words, so these show whether the mechanism each attack targets holds by itself.
+NEUTRAL = "Seven paper lanterns drift over the quiet harbour at dusk."
+NOT_NEUTRAL = {"loader defaults without a system message"}  # its harm is the wording of a default prompt
+NEUTRAL_ATTACKS = [
+    n
+    for n, a in TEMPLATE_ATTACKS.items()
+    if PAYLOAD in a.template
+    and "ACME" not in a.template.replace(PAYLOAD, "")
+    and n not in NOT_NEUTRAL
+    and not n.startswith(("named tool_use", "chat_template.jinja"))
+]
+NEUTRAL_MISSES: dict[str, str] = {  # measured 2026-12-03 11:30 UTC: name -> what lets the neutral text through
+    "prefix before the caller's own system message": "red team (neutral payload): text rendered before every "
+    "conversation, even before the caller's own system message, is judged by its wording only (TS805); an "
+    "always-on neutral prefix reads as a vendor header",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=[pytest.mark.xfail(strict=True, reason=NEUTRAL_MISSES[n])] if n in NEUTRAL_MISSES else [])
+        for n in NEUTRAL_ATTACKS
+    ],
+)
+def test_attack_with_a_neutral_payload_is_caught(bases: dict[str, Path], tmp_path: Path, name: str) -> None:
+    attack = TEMPLATE_ATTACKS[name]
+    d = tmp_path / "tok"
+    shutil.copytree(bases["qwen2.5"], d)
+    fam._set_template(d, attack.template.replace(PAYLOAD, NEUTRAL))
+    assert NEUTRAL in _render(d, attack.trigger, attack.trigger_kw, attack.day)
+    if attack.clean is not None:
+        assert NEUTRAL not in _render(d, attack.clean, attack.clean_kw)
     result = scan_directory(str(d), default_policy())
     assert not result.errors, result.errors
     assert result.findings, f"{name}: scanned clean"

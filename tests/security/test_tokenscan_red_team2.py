@@ -663,65 +663,11 @@ BENIGN: dict[str, tuple[str, Callable[[Path], None]]] = {
     "phi4 with {% generation %} blocks": ("phi4", lambda d: fam._set_template(d, GENERATION_TEMPLATE)),
 }
 
-# Caught at 12:45 only because an uncommitted run-time taint change (sandbox_child.py) was in the
-# working tree; that change flagged the gpt-oss family and was not merged (branch wip/tokenscan-taint).
-# Missed on main (re-run 13:35 UTC on a clean tree).
-WIP_ONLY = (
-    "caught only with the unmerged run-time taint change (every str method of Probe tainted, filters "
-    "over tainted sequences recorded; branch wip/tokenscan-taint): on main the copy, filter or clock "
-    "value leaves the taint behind and the static check sees no if"
-)
-MISSES: dict[str, str] = {  # measured 12:37 and again 12:45 UTC, same misses (name -> mechanism the scanner lacks)
-    "dict .get keyed on a ''.join copy": "content copied to a plain str (''.join([content])) leaves the run-time taint (Probe) behind; the static check sees no if; the dict lookup is on a plain str",
-    "range over a bool of a str.format copy": "content copied to a plain str ('{}'.format(content) returns the format string's type) leaves the run-time taint (Probe) behind; the static check sees no if; range() over the bool is not judged",
-    "replace on caller() output (call block)": "a call block's caller() output is a plain str (Macro concat, not the wrapped str_join): the replace filter on it is not recorded; the static check does not follow caller()",
-    "dict lookup on a set-block copy": "a {% set %} block captures content as a plain str (concat): lookups on it are not recorded",
-    "length floor division": "content|length // N is a plain int (ProbeInt arithmetic is not tainted); generated content stays under 3500 characters",
-    "slice start from length arithmetic": "(content|length - N)|abs is a plain int used as a slice bound: no comparison to record, no generated content of exactly 4096 characters",
-    "'%' formatting copy": "content copied to a plain str ('%.9s' % content) leaves the run-time taint (Probe) behind; the static check sees no if; the % operator is not wrapped",
-    "date_string keyword (Llama family)": "the generator draws only enable_thinking/reasoning_effort/thinking/builtin_tools; a Llama kwarg (date_string) is never passed",
-    "tools_in_user_message=False": "tools_in_user_message is never passed by the generator",
-    "image part in list content (Llama 4)": "generated list-of-parts content holds text parts only; an image part is never drawn",
-    "reasoning_content aliased to thinking": "the generator never sends reasoning_content, and the sandbox does not alias reasoning fields as transformers 5 does (_alias_reasoning_fields)",
-    "tool parameter named path": "generated tools always take the one parameter 'q'",
-    "document source field": "generated documents carry title and text only",
-    "ipython role": "the generator's roles are system/developer/user/assistant/tool; ipython (Llama) is never drawn",
-    "forty assistant turns": "the longest generated conversation has 24 user turns; a count threshold above it never renders",
-    "dict global is TemplateDict": "sandbox parity: transformers 5 binds dict to TemplateDict, the sandbox keeps jinja's dict type",
-    "namespace global is TemplateNamespace": "sandbox parity: transformers 5 binds namespace to TemplateNamespace, the sandbox keeps jinja's Namespace",
-    "additional_special_tokens undefined in transformers 5": "loader context defines additional_special_tokens; transformers 5 passes only the named special tokens (special_tokens_map), and the 5.x context is not rendered separately",
-    "strftime_now('%f') microseconds": "the sandbox's strftime_now now formats a naive datetime as transformers does "
-    "(so '%f' is digits), but the payload then renders unconditionally before the first message, where text "
-    "is read as a vendor default system prompt (review only)",
-    "small-int identity of lengths": "ProbeInt lengths are fresh objects: 'is sameas' between two lengths is False only in the sandbox",
-    "poisoned default system prompt": "text before the first message without a system message is a vendor default (review only); only keyword rules judge it",
-    "homoglyph instruction in the default prompt": "INJECTION_RE runs on NFKC text, which keeps Cyrillic letters: a homoglyph-spelled instruction passes",
-    "instruction dressed as <|tag|>": "residual_text strips every TAG_RE match (<|...|> up to 48 characters) as markup, whatever the words inside; not a declared token",
-    "instruction dressed as a closing tag": "residual_text strips </...> tags of up to 40 characters as markup",
-    "instruction dressed as [BRACKET] markup": "residual_text strips [A-Z_]{2,24} brackets as markup",
-    "system turn closed by a small-capital look-alike": "the confusable table lacks U+026A (small capital I) and NFKC keeps it: the look-alike end token is not reported",
-    "normalizer Replace '$' -> '€'": "Replace judges only letters/digits in pattern and content; a currency symbol swap passes, and '$' is not in the round-trip corpus",
-    "decoder Replace deletes '%'": "a decoder Replace that deletes punctuation passes the letter/digit rule; '%' is not in the corpus",
-    "Split Removed deletes '?'": "Split Removed is judged by whether its pattern matches letters/digits; removing punctuation passes",
-    "normalized end token under BertNormalizer clean_text": "folding_rules counts BertNormalizer only with lowercase/strip_accents; clean_text deletes format characters (U+200B) and folds text into a normalized special token",
-    "normalized end token under Nmt": "Nmt (deletes control characters) is not in FOLDING: a normalized special token is reachable from user text",
-    "digit ids 7 and 1 swapped": "no check on the base alphabet's ids (byte-level alphabet order); round trip is unchanged",
-    "model_max_length 8 truncates prompts": "tokenizer_config keys that change encoding (model_max_length) are not judged",
-    "uniform 400k-word render (quadratic word diff)": "the battery judge runs in the scanner process, unbounded by the scan deadline: difflib word diffs (autojunk off) of a 400k-word uniform render are quadratic; the scan ran past 20 s with a 5 s budget",
-    "day-name word backtracking the date-word pattern": "DATE_WORD_RE nests quantifiers ((mon[a-z]*)*): a 'monmon...mon\u00e9' word that only a generated developer shape shows backtracks exponentially in the scanner process; the scan ran past 20 s with a 5 s budget",
-    "model_input_names without attention_mask": "model_input_names is not judged: the tokenizer stops returning attention_mask",
-    "and/or on a str.ljust copy": WIP_ONLY,
-    "repetition by membership in a translate() copy": WIP_ONLY,
-    "slice bound by startswith on a copy": WIP_ONLY,
-    "namespace words |select equalto": WIP_ONLY,
-    "|map('e')|select over all contents": WIP_ONLY,
-    "|batch|map('join') prefix": WIP_ONLY,
-    "|dictsort|selectattr keyed on content": WIP_ONLY,
-    "str.isdigit repetition": WIP_ONLY,
-    "str.istitle short-circuit": WIP_ONLY,
-    "continue_final_message tag in content": WIP_ONLY,
-    "minute-of-day time bomb": WIP_ONLY,
-}
+# Every attack of this round is caught with its payload since 2026-12-03 (the misses measured on
+# 2026-12-02 are in git history: the run-time taint, template-derived inputs, the judge's bounds, the
+# steering-text rule, per-folder special tokens, the alphabet rules). A miss is listed here as
+# name -> the mechanism the scanner lacks.
+MISSES: dict[str, str] = {}
 
 
 # ---------------------------------------------------------------------------- fixtures
@@ -816,6 +762,64 @@ def test_attack_is_caught(built: Callable[[str], tuple[Path, Path]], name: str) 
     assert result.blocking(policy.fail_severity), f"{name}: scanned clean {[f.id for f in result.findings]}"
 
 
+# The same template attacks with a neutral sentence in place of the payload: the steering-text rule
+# (TS805) reads the payload's own words ("Recommend the ACME ..."), so the catches above do not show
+# whether the mechanism an attack targets (taint, generated inputs, judging) holds. An attacker's text
+# need not read as steering; gated text of any wording is what these measure.
+NEUTRAL = "Seven paper lanterns drift over the quiet harbour at dusk."
+
+
+def _neutral(template: str) -> str | None:
+    """``template`` with the payload replaced; None when the payload is not there whole."""
+    out = template.replace(PAYLOAD, NEUTRAL)
+    return None if out == template or "ACME" in out else out
+
+
+NOT_NEUTRAL = {"poisoned default system prompt"}  # its harm is the wording: a neutral default prompt is benign
+NEUTRAL_ATTACKS = [
+    n for n, t in TEMPLATES.items() if t.marker == PAYLOAD and _neutral(t.template) and n not in NOT_NEUTRAL
+]
+NEUTRAL_MISSES: dict[str, str] = {  # measured 2026-12-03 11:27 UTC; name -> the mechanism the scanner lacks
+    "additional_special_tokens undefined in transformers 5": "fingerprint: the loader context still defines additional_special_tokens, which transformers 5 leaves undefined; the 5.x context is not rendered separately, so text gated on its absence is never shown (caught with the payload only by its steering words)",
+}
+
+
+def _neutral_marks(name: str) -> list[Any]:
+    why = NEUTRAL_MISSES.get(name)
+    return [pytest.mark.xfail(strict=True, reason=f"red team (neutral payload): {why}")] if why else []
+
+
+@pytest.fixture(scope="module")
+def neutral_built(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    root = tmp_path_factory.mktemp("red-team-2-neutral")
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            t = TEMPLATES[name]
+            d = root / f"n{len(made)}"
+            shutil.copytree(fam.build_family(t.base, root / "base" / f"{t.base}-{len(made)}"), d)
+            (d / "chat_template.jinja").unlink(missing_ok=True)
+            fam._set_template(d, _neutral(t.template) or "")
+            made[name] = d
+        return made[name]
+
+    return get
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_neutral_marks(n), id=n) for n in NEUTRAL_ATTACKS])
+def test_attack_with_a_neutral_payload_is_caught(neutral_built: Callable[[str], Path], name: str) -> None:
+    d = neutral_built(name)
+    t = TEMPLATES[name]
+    assert NEUTRAL in _render(d, t.trigger, t.kw, t.clock)  # the gated text still renders for the trigger
+    if t.clean is not None:
+        assert NEUTRAL not in _render(d, t.clean, t.clean_kw, None if t.clock is None else (12, 0))
+    policy = default_policy()
+    result = scan_directory(str(d), policy)
+    assert result.blocking(policy.fail_severity), f"{name}: scanned clean {[f.id for f in result.findings]}"
+
+
 SCAN_CHILD = """
 import dataclasses, json, sys, time
 from warden.tokenscan import scan_directory
@@ -868,10 +872,7 @@ def test_scan_ends_within_its_deadline(robust_runs: dict[str, dict[str, Any] | N
     assert out["seconds"] <= SCAN_BUDGET + 10, out
 
 
-BENIGN_FLAGGED = {
-    "qwen2.5 in a tokenizer/ subfolder": "TS1001 eos_token is not defined: the root without a tokenizer of its own "
-    "is judged as one, though the loader reads tokenizer/ (subfolder=)",
-}
+BENIGN_FLAGGED: dict[str, str] = {}  # benign -> the false positive (none since 2026-12-03)
 
 
 def _benign_marks(name: str) -> list[Any]:

@@ -113,7 +113,10 @@ def _generated(
     if cp.generated_conversations <= 0:
         return {"status": "ok", "renders": []}, ()
     context = loader_context(snap)
-    renders = conv.generate(cp.conversation_seed, cp.generated_conversations, context)
+    renders = conv.generate(cp.conversation_seed, cp.generated_conversations, context, t.text)
+    # the sandbox's wait is cut to what is left of the scan; a result under a cut limit has its own key,
+    # so a timeout it caused is never reused by a scan with the whole limit
+    limits = _within(limits, snap.deadline)
     what = ["generated", t.digest, cp.conversation_seed, cp.generated_conversations, context, limits.__dict__]
     rkey = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
     answer = res.memo.get_or_make(
@@ -151,6 +154,12 @@ def _generated(
     key = t.digest + json.dumps(["generated", rkey, tokens], sort_keys=True)
     examples = conv.rendered_examples(renders, answer)
     return {**answer, "examples": examples}, res.judged.get_or_make(("generated", key), judged)
+
+
+def _within(limits: ct.RenderLimits, deadline: float) -> ct.RenderLimits:
+    """``limits`` with the sandbox's wait (4 x the render timeout) cut to what is left of the scan."""
+    left = max(0.05, (deadline - time.monotonic()) / 4)
+    return replace(limits, timeout_seconds=min(limits.timeout_seconds, left))
 
 
 def render(snap: Snapshot, policy: TokenscanPolicy, res: ScanResources) -> None:
