@@ -82,7 +82,8 @@ class StaticDecoder:
         return bias.masked_fill_(~allowed, torch.finfo(dtype).min)
 
     def _forward_eager(self, token: torch.Tensor, allowed: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """The model's float32 logits ``(B, V)`` for one token per row (writes its keys and values)."""
+        """The model's float32 logits ``(B, V)`` at the last of ``token``'s positions (writes their keys and
+        values); ``allowed``: the boolean 4-D mask of the kv slots each query may attend."""
         out = self.model(
             input_ids=token,
             attention_mask=self._as_mask(allowed),
@@ -130,17 +131,10 @@ class StaticDecoder:
         full = torch.zeros((rows, 1, prompt, self._keep.shape[1]), dtype=torch.bool, device=prompt_ids.device)
         full[:, 0, :, :prompt] = (causal[None] & valid[:, None, :]) | own[None]
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        out = self.model(
-            input_ids=prompt_ids,
-            attention_mask=self._as_mask(full),
-            position_ids=positions,
-            **{self._cache_kw: self._cache},
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        logits = self._forward_eager(prompt_ids, full, positions)
         self._position.copy_(valid.long().sum(-1, keepdim=True))
         self._at.fill_(prompt)
-        return out.logits[:, -1, :].float()
+        return logits
 
     def _rewind(self, prompt: int) -> None:
         """Puts the counters back after graph warm-up: slots past ``prompt`` are masked until rewritten."""

@@ -70,54 +70,8 @@ def _only_space(text: Any) -> bool:
     return isinstance(text, str) and all(ch in _SAFE_TEXT or (ch.isspace() and ch not in _NOT_SPACE) for ch in text)
 
 
-_ESCAPE_RE = re.compile(
-    r"\\(x\{[0-9A-Fa-f]+\}|x[0-9A-Fa-f]{2}|u[0-9A-Fa-f]{4}|p\{[^}]*\}|P\{[^}]*\}|p[A-Za-z]|.)", re.S
-)
-_SPACE_ESCAPES = frozenset(
-    "stnrfvRX"
-)  # \s \t \n \r \f \v; \R newline; \X is refused below (oniguruma's \h is a hex digit)
-_WIDE_ESCAPES = frozenset("wWdDSbBAzZGkKgpP")
-
-
-def pattern_matches_words(pattern: Any) -> str | None:
-    """Why a Replace/Split pattern (``{"String": ...}`` or ``{"Regex": ...}``) may match a letter
-    or digit, or None when it matches only whitespace, metaspace or punctuation. Conservative:
-    ``.``, negated classes, ranges, word/digit classes and any escape it does not know count as
-    matching letters."""
-    if not isinstance(pattern, dict) or len(pattern) != 1:
-        return "a pattern that is neither String nor Regex"
-    kind, source = next(iter(pattern.items()))
-    if not isinstance(source, str):
-        return "a pattern that is not a string"
-    if kind == "String":
-        ch = _wordy(source)
-        return f"the pattern {source[:40]!r} contains {ch!r}" if ch else None
-    if kind != "Regex":
-        return f"a pattern of kind {kind!r}"
-    return _regex_matches_words(source)
-
-
-def _regex_matches_words(source: str) -> str | None:
-    rest = source
-    for m in _ESCAPE_RE.finditer(source):
-        esc = m.group(1)
-        if esc[0] in ("x", "u") and len(esc) > 1:
-            code = esc[2:-1] if esc.startswith("x{") else esc[1:]
-            ch = chr(int(code, 16)) if int(code, 16) <= 0x10FFFF else "?"
-            if _wordy(ch):
-                return f"the pattern escapes a letter or digit ({m.group(0)})"
-        elif esc[0] in _WIDE_ESCAPES or (esc[0].isalnum() and esc[0] not in _SPACE_ESCAPES):
-            return f"the pattern uses {m.group(0)!r} (may match letters or digits)"
-    rest = _ESCAPE_RE.sub("", source)
-    rest = re.sub(r"\{[0-9]*,?[0-9]*\}", "", rest)  # quantifiers {2,}
-    if "." in rest:
-        return "the pattern uses '.' (matches letters)"
-    if "[^" in rest or re.search(r"[^\\]-[^\]]", rest.split("[", 1)[1] if "[" in rest else ""):
-        return "the pattern uses a negated class or a range (may match letters)"
-    if "(?" in rest and re.search(r"\(\?[^:=!<]", rest):
-        return "the pattern uses a group flag or construct this judge does not know"
-    letter = _wordy(rest)
-    return f"the pattern {source[:40]!r} matches {letter!r}" if letter else None
+# \s \t \n \r \f \v; \R newline; \X is refused below (oniguruma's \h is a hex digit)
+_SPACE_ESCAPES = frozenset("stnrfvRX")
 
 
 _REGEX_PIECE_RE = re.compile(

@@ -326,13 +326,12 @@ def test_benign_family_tokenizers_have_no_pipeline_issue(bases):
 
 
 def test_patterns_are_judged_from_their_source_only():
-    assert pr.pattern_matches_words({"Regex": r" {2,}"}) is None
-    assert pr.pattern_matches_words({"String": "\u2581"}) is None
-    assert pr.pattern_matches_words({"Regex": "``|''"}) is None
-    for wordy in ("n", "7", r"\w", ".", "[a-z]", r"\x6E", "(?i)x", "[^ ]", r"\p{L}"):
-        assert pr.pattern_matches_words({"Regex": wordy}) is not None, wordy
+    assert pr.pattern_reaches_text({"Regex": r" {2,}"}) is None
+    assert pr.pattern_reaches_text({"String": "\u2581"}) is None
+    for reaching in ("n", "7", r"\w", ".", "[a-z]", r"\x6E", "(?i)x", "[^ ]", r"\p{L}", "``|''", "%"):
+        assert pr.pattern_reaches_text({"Regex": reaching}) is not None, reaching
     catastrophic = {"Regex": "(a+)+$"}  # never compiled here: judged from its text at once
-    assert pr.pattern_matches_words(catastrophic) is not None
+    assert pr.pattern_reaches_text(catastrophic) is not None
 
 
 def test_detection_rate_per_construct_is_reported(capsys):
