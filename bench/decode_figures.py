@@ -68,6 +68,9 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--tiny", action="store_true", help="the tiny shape (a check of the script)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument(
+        "--paths", default="", help="comma-separated: dynamic,static,eager,graph,compiled (the first is the anchor)"
+    )
     ap.add_argument("--out", default=os.environ.get("OUT") or "decode-figures-out")
     args = ap.parse_args()
     size = TINY if args.tiny else FULL
@@ -111,11 +114,20 @@ def main() -> None:
 
         return run
 
-    paths = [("generate, dynamic cache (anchor)", hf(False)), ("generate, static cache", hf(True))]
-    if args.device == "cuda":  # the eager loop is the CPU check's; on the GPU it is generate's speed
-        paths += [("warden loop, CUDA graph", ours(True)), ("warden loop, compiled + CUDA graph", ours(True, True))]
-    else:
-        paths += [("warden loop, eager", ours(False))]
+    every = {
+        "dynamic": ("generate, dynamic cache (anchor)", hf(False)),
+        "static": ("generate, static cache", hf(True)),
+        "eager": ("warden loop, eager", ours(False)),
+        "graph": ("warden loop, CUDA graph", ours(True)),
+        "compiled": ("warden loop, compiled + CUDA graph", ours(True, True)),
+    }
+    # the eager loop is the CPU check's (on the GPU it runs at generate's speed); graphs need CUDA
+    chosen = (
+        args.paths.split(",")
+        if args.paths
+        else (["dynamic", "static", "graph", "compiled"] if args.device == "cuda" else ["dynamic", "static", "eager"])
+    )
+    paths = [every[key] for key in chosen]
     results: dict[str, Any] = {"shape": {"rows": rows, "prompt": 32, "new_tokens": new}, "paths": {}}
     outputs: dict[str, torch.Tensor] = {}
     for name, fn in paths:
