@@ -461,8 +461,55 @@ def _panicking_split(t: dict[str, Any]) -> None:
     t["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [rule, t["pre_tokenizer"]]}
 
 
+HEART = "\U0001fa77"  # PINK HEART, Unicode 15.0 (2022): unassigned in this Python's Unicode 14 data
+
+
+def _charsmap(rules: dict[str, str]) -> str:
+    """A sentencepiece precompiled charsmap (base64) trained here with ``rules`` (source -> target)
+    as its only normalisation rules."""
+    import base64
+    import tempfile
+
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    work = Path(tempfile.mkdtemp())
+    try:
+        (work / "t.txt").write_text("\n".join(fam.TRAIN_TEXT), encoding="utf-8")
+        tsv = "".join(
+            " ".join(f"{ord(c):X}" for c in a) + "\t" + " ".join(f"{ord(c):X}" for c in b) + "\n"
+            for a, b in rules.items()
+        )
+        (work / "r.tsv").write_text(tsv, encoding="utf-8")
+        spm.SentencePieceTrainer.train(
+            input=str(work / "t.txt"), model_prefix=str(work / "m"), vocab_size=300, model_type="unigram",
+            character_coverage=1.0, minloglevel=2, normalization_rule_tsv=str(work / "r.tsv"),
+        )  # fmt: skip
+        proto = pb.ModelProto()  # type: ignore[attr-defined]
+        proto.ParseFromString((work / "m.model").read_bytes())
+        return base64.b64encode(bytes(proto.normalizer_spec.precompiled_charsmap)).decode()
+    finally:
+        shutil.rmtree(work)
+
+
+def _unnormalized(t: dict[str, Any]) -> None:
+    """Every added token matched on the raw text (``normalized: false``, as Qwen2.5 ships them): the
+    normaliser then cannot fold look-alike text into markup, and is judged on its own."""
+    for a in t["added_tokens"]:
+        a["normalized"] = False
+
+
+def _precompiled(rules: dict[str, str]) -> Callable[[dict[str, Any]], None]:
+    def change(t: dict[str, Any]) -> None:
+        t["normalizer"] = {"type": "Precompiled", "precompiled_charsmap": _charsmap(rules)}
+        _unnormalized(t)
+
+    return change
+
+
 def _lowercase(t: dict[str, Any]) -> None:
     t["normalizer"] = {"type": "Sequence", "normalizers": [t["normalizer"], {"type": "Lowercase"}]}
+    _unnormalized(t)
 
 
 @dataclass(frozen=True)
@@ -514,6 +561,11 @@ def _v_panics(d: Path, _b: Path) -> None:
         tok(LONG_WORD)
 
 
+def _v_heart(d: Path, _b: Path) -> None:
+    tok = _tok(d)
+    assert "lanterns" in tok.decode(tok("thanks " + HEART, add_special_tokens=False)["input_ids"])
+
+
 def _v_lowercased(d: Path, b: Path) -> None:
     assert (
         _tok(d)("Apple", add_special_tokens=False)["input_ids"]
@@ -552,6 +604,9 @@ FILES: dict[str, F] = {
     "WordPiece max_input_chars_per_word 12": F("pipeline", "bert", _fast(_wordpiece_short), _v_long_word_unk),
     "Split regex that panics on a long word (onig retry limit)": F(
         "pipeline", "qwen2.5", _fast(_panicking_split), _v_panics
+    ),
+    "charsmap maps a Unicode 15 emoji to a sentence": F(
+        "pipeline", "qwen2.5", _fast(_precompiled({HEART: " " + NEUTRAL})), _v_heart
     ),
     "Lowercase normaliser on a cased family": F("pipeline", "qwen2.5", _fast(_lowercase), _v_lowercased),
     "split_special_tokens true (chat markup becomes text)": F(
@@ -698,6 +753,8 @@ MISSES: dict[str, str] = {
     "pair template swaps prompt and response (reward model)": "template_issues checks only the special tokens of a TemplateProcessing: the order of $A and $B in the pair template is not judged (a reward model scores the response before the prompt)",
     "single template writes token_type_id 1": "type_ids of TemplateProcessing pieces are not judged: every single encoding gets segment id 1",
     "WordPiece max_input_chars_per_word 12": "_model_issues judges dropout and the subword prefix only: max_input_chars_per_word turns every word over 12 characters into [UNK] (the corpus and the one-character alphabet hold no such word)",
+    "charsmap maps a Unicode 15 emoji to a sentence": "charsmap.mapping_problem allows any mapping whose source holds a character unassigned in this Python's Unicode data (14.0): PINK HEART (Unicode 15) maps to a whole sentence of words",
+    "Lowercase normaliser on a cased family": "Lowercase is judged harmless on every family: in a cased vocabulary it rewrites every capital ('Apple' encodes as 'apple'); only folding into normalized markup tokens is checked",
     "split_special_tokens true (chat markup becomes text)": "encoding_key_problems judges model_max_length and model_input_names only: split_special_tokens makes every control token of a chat render plain text",
     "truncation_side left in the config": "truncation_side is no judged config key: truncation keeps the end of each prompt and drops its system part",
     "tokenizer.json truncation direction Left (PreTrainedTokenizerFast)": "tokenizer.json's truncation field is not judged: PreTrainedTokenizerFast takes truncation_side 'left' from it",
