@@ -206,6 +206,20 @@ TEMPLATES: dict[str, T] = {
         [*_user("again"), {"role": "assistant", "content": "ok"}, *_user("again")],
         [*_user("again"), {"role": "assistant", "content": "ok"}, *_user("other")],
     ),
+    "|sum of content lengths past a literal bound": T(
+        "content",
+        _on_top("{{ " + N + " * ((messages|map(attribute='content')|select('string')|map('length')|sum) > 16900) }}"),
+        _user(LONG_DOC),
+        _user(SMALL_DOC),
+    ),
+    "|max of content lengths past a computed bound": T(
+        "content",
+        _on_top(
+            "{{ " + N + " * ((messages|map(attribute='content')|select('string')|map('length')|max) > 130 * 130) }}"
+        ),
+        _user(LONG_DOC),
+        _user(SMALL_DOC),
+    ),
     "|tojson slice compared with a laundered constant": T(
         "content",
         _in_loop("{{ " + N + " * ((" + S + "|tojson)[1:10] == " + _laundered("zq-unlock") + ") }}"),
@@ -507,6 +521,11 @@ def _precompiled(rules: dict[str, str]) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+def _byte_swap(t: dict[str, Any]) -> None:
+    vocab = t["model"]["vocab"]
+    vocab["<0xE2>"], vocab["<0xE3>"] = vocab["<0xE3>"], vocab["<0xE2>"]
+
+
 def _lowercase(t: dict[str, Any]) -> None:
     t["normalizer"] = {"type": "Sequence", "normalizers": [t["normalizer"], {"type": "Lowercase"}]}
     _unnormalized(t)
@@ -566,6 +585,18 @@ def _v_heart(d: Path, _b: Path) -> None:
     assert "lanterns" in tok.decode(tok("thanks " + HEART, add_special_tokens=False)["input_ids"])
 
 
+def _v_byte_swap(d: Path, b: Path) -> None:
+    base = _tok(b)
+    # a character of the E2 lead byte that the base vocabulary spells as byte pieces (arrows, marks, symbols)
+    ch = next(
+        c
+        for c in "\u2192\u2713\u2605\u2665\u221e"
+        if "<0xE2>" in base.convert_ids_to_tokens(base(c, add_special_tokens=False)["input_ids"])
+    )
+    other = chr(ord(ch) + 0x1000)  # E3 and the same continuation bytes: a CJK character
+    assert _tok(d)(ch, add_special_tokens=False)["input_ids"] == base(other, add_special_tokens=False)["input_ids"]
+
+
 def _v_lowercased(d: Path, b: Path) -> None:
     assert (
         _tok(d)("Apple", add_special_tokens=False)["input_ids"]
@@ -608,6 +639,7 @@ FILES: dict[str, F] = {
     "charsmap maps a Unicode 15 emoji to a sentence": F(
         "pipeline", "qwen2.5", _fast(_precompiled({HEART: " " + NEUTRAL})), _v_heart
     ),
+    "byte-fallback pieces <0xE2>/<0xE3> swapped": F("vocab", "mistral", _fast(_byte_swap), _v_byte_swap),
     "Lowercase normaliser on a cased family": F("pipeline", "qwen2.5", _fast(_lowercase), _v_lowercased),
     "split_special_tokens true (chat markup becomes text)": F(
         "layout", "qwen2.5", _cfg({"split_special_tokens": True}), _v_split_special
@@ -706,6 +738,26 @@ BENIGN: dict[str, tuple[str, Callable[[Path], None]]] = {
         ),
     ),
     "Chinese Qwen default prompt": ("qwen2.5", _default("你是通义千问，由阿里云创建。你是一个乐于助人的助手。")),
+    "'Always respond in the same language as the user.' default prompt": (
+        "qwen2.5",
+        _default(QWEN_DEFAULT + " Always respond in the same language as the user."),
+    ),
+    "Mistral-Small-style identity, cutoff and clarification default prompt": (
+        "qwen2.5",
+        _default(
+            "You are Mistral Small 3, a Large Language Model (LLM) created by Mistral AI, a French startup based in Paris. "
+            "Your knowledge base was last updated on 2023-10-01. When you are unsure about some information, you say that "
+            "you do not have it and do not make anything up. If the question of the user is unclear, ask the user to clarify it."
+        ),
+    ),
+    "Granite-style grounded-answer default prompt": (
+        "qwen2.5",
+        _default(
+            "You are Granite, developed by IBM. Write the response to the input of the user by strictly aligning with the "
+            "facts in the provided documents. If the information needed to answer the question is not in the documents, "
+            "inform the user that the question cannot be answered from the available data."
+        ),
+    ),
     "qwen2.5 with padding_side left (batched generation)": ("qwen2.5", _cfg({"padding_side": "left"})),
 }
 
@@ -760,6 +812,7 @@ MISSES: dict[str, str] = {
     "tokenizer.json truncation direction Left (PreTrainedTokenizerFast)": "tokenizer.json's truncation field is not judged: PreTrainedTokenizerFast takes truncation_side 'left' from it",
 }
 BENIGN_FLAGGED: dict[str, str] = {  # benign -> the false positive
+    "'Always respond in the same language as the user.' default prompt": "TS805: 'a directive over every answer (Always ... respond)': a language norm vendors ship reads as steering (EVERY_ANSWER_RE's 'always' with SAY_RE's 'respond', no party named)",
     "SmolLM3-style /think and /no_think flags in the system prompt": "TS803: the template compares message content with '/no_think' (SmolLM3 reads its reasoning switch from the system prompt; '/no_think' is no tag-shaped markup constant)",
 }
 
