@@ -610,6 +610,11 @@ def _v_split_special(d: Path, _b: Path) -> None:
     assert tok.convert_tokens_to_ids("<|im_start|>") not in ids
 
 
+def _v_named_word_special(d: Path, _b: Path) -> None:
+    tok = _tok(d)
+    assert tok.decode(tok("do not go")["input_ids"], skip_special_tokens=True).split() == ["do", "go"]
+
+
 def _v_truncation_left(d: Path, _b: Path) -> None:
     tok = _tok(d)
     assert tok.truncation_side == "left"
@@ -643,6 +648,9 @@ FILES: dict[str, F] = {
     "Lowercase normaliser on a cased family": F("pipeline", "qwen2.5", _fast(_lowercase), _v_lowercased),
     "split_special_tokens true (chat markup becomes text)": F(
         "layout", "qwen2.5", _cfg({"split_special_tokens": True}), _v_split_special
+    ),
+    "extra_special_tokens names an ordinary word": F(
+        "layout", "qwen2.5", _cfg({"extra_special_tokens": {"image_token": "not"}}), _v_named_word_special
     ),
     "truncation_side left in the config": F("layout", "qwen2.5", _cfg({"truncation_side": "left"}), _v_truncation_left),
     "tokenizer.json truncation direction Left (PreTrainedTokenizerFast)": F(
@@ -807,6 +815,7 @@ MISSES: dict[str, str] = {
     "WordPiece max_input_chars_per_word 12": "_model_issues judges dropout and the subword prefix only: max_input_chars_per_word turns every word over 12 characters into [UNK] (the corpus and the one-character alphabet hold no such word)",
     "charsmap maps a Unicode 15 emoji to a sentence": "charsmap.mapping_problem allows any mapping whose source holds a character unassigned in this Python's Unicode data (14.0): PINK HEART (Unicode 15) maps to a whole sentence of words",
     "Lowercase normaliser on a cased family": "Lowercase is judged harmless on every family: in a cased vocabulary it rewrites every capital ('Apple' encodes as 'apple'); only folding into normalized markup tokens is checked",
+    "extra_special_tokens names an ordinary word": "the special-token checks read bos/eos/pad/unk and added_tokens, not transformers 5's named extra_special_tokens: {'image_token': 'not'} makes 'not' a special token (a fresh id to the model; decode(skip_special_tokens=True) drops it)",
     "split_special_tokens true (chat markup becomes text)": "encoding_key_problems judges model_max_length and model_input_names only: split_special_tokens makes every control token of a chat render plain text",
     "truncation_side left in the config": "truncation_side is no judged config key: truncation keeps the end of each prompt and drops its system part",
     "tokenizer.json truncation direction Left (PreTrainedTokenizerFast)": "tokenizer.json's truncation field is not judged: PreTrainedTokenizerFast takes truncation_side 'left' from it",
