@@ -769,7 +769,7 @@ BENIGN: dict[str, tuple[str, Callable[[Path], None]]] = {
     "qwen2.5 with padding_side left (batched generation)": ("qwen2.5", _cfg({"padding_side": "left"})),
 }
 
-# name -> the mechanism the scanner lacks (measured 2026-12-03)
+# name -> the mechanism the scanner lacks (measured 2026-12-03 11:38 UTC against ecd5d75; controls and catches are absent here)
 MISSES: dict[str, str] = {
     "== with a laundered constant (tainted vs tainted)": "run-time taint records a comparison only when the other side is a plain str: a constant joined to an empty slice of content is itself a Probe, so content == Probe is never recorded; no static rule reads an if-less repetition",
     "'in' with a laundered constant": "Probe.__contains__ skips a Probe argument: 'trigger'-joined-to-content[:0] in content is a comparison of two tainted values, never recorded",
