@@ -21,10 +21,13 @@ whatever the template derives from them stays one: the environment's own hooks t
 of every call, arithmetic operator, filter, macro/``caller()``/``{% set %}`` block and printed
 ``{{ }}`` with a tainted input. A record ``[source, operation, constant, line]`` is kept, once
 each, for every comparison, membership test or rewrite of a tainted value with a constant
-(``'trigger' in x``, ``x == '...'``, ``x.startswith(...)``, ``select('equalto')``), every
-``str.is*()`` test, lookup keyed on it, identity test, comparison or truth test of a derived
-number, and use of a derived number as a repetition count, index, slice bound or ``range()``
-argument; past 256 records a last ``overflow`` record says recording stopped. The string forms
+(``'trigger' in x``, ``x in '...'``, ``x == '...'``, ``x.startswith(...)``, ``select('equalto')``)
+or with another tainted value, by that value's text (a constant laundered as ``x[:0] ~ '...'``
+is judged as the constant; one equal to a whole message text of the render is content compared
+with content, the conversation's structure, and is not recorded), every ``str.is*()`` test,
+lookup keyed on it, identity test, comparison or truth test of a derived number (with another
+derived number by its plain value), and use of a derived number as a repetition count, index,
+slice bound or ``range()`` argument; past 256 records a last ``overflow`` record says recording stopped. The string forms
 of the globals (``dict``, ``namespace``, ``raise_exception``, ``strftime_now``), written as
 transformers 5 shows them, are recording values of source ``environment``. Every private
 attribute the template looked up is listed, even when it never used the result.
@@ -105,11 +108,30 @@ def _note(source: str, operation: str, constant: str) -> None:
         TAINT.append([source, "overflow", f"more than {MAX_RECORDS} distinct comparisons (recording stopped)", 0])
 
 
+SOURCES: set[str] = set()  # the render's source texts: its message texts, whole and trimmed (set per render)
+
+
+def _constant(other: Any) -> str | None:
+    """The text a comparison with ``other`` compares with, as a record's constant: a constant
+    string; a tainted string too (a constant joined to ``content[:0]`` is one), unless it is a
+    whole message text of the render (content compared with another message's content: the
+    conversation's structure, not a trigger; a constant laundered to equal a battery message
+    is missed here, but that render then shows what the trigger does). None for anything else."""
+    if not isinstance(other, str):
+        return None
+    plain = str.__str__(other)
+    if isinstance(other, Probe) and plain in SOURCES:
+        return None
+    return plain
+
+
 def _record(source: str, operation: str, other: Any) -> None:
     """A comparison (or rewrite, or cut) of a tainted string with ``other``: recorded when
-    ``other`` is a constant string; a lookup keyed on the string is recorded with what it looks into."""
-    if isinstance(other, str) and not isinstance(other, Probe):
-        _note(source, operation, str.__str__(other))
+    ``other`` is a string (:func:`_constant`), tainted or not; a lookup keyed on the string is
+    recorded with what it looks into."""
+    constant = _constant(other)
+    if constant is not None:
+        _note(source, operation, constant)
     elif operation in ("lookup", "length"):
         _note(source, operation, str(other))
 
@@ -187,7 +209,7 @@ def _comparing(name: str) -> Any:
         for arg in first if isinstance(first, tuple) else (first,):
             _record(self._wsrc, name, arg)
         out = getattr(str, name)(self, *args, **kwargs)
-        basis = str.__str__(first) if isinstance(first, str) and not isinstance(first, Probe) else None
+        basis = _constant(first)
         return _number(out, self._wsrc, "number", basis)
 
     return method
@@ -308,8 +330,12 @@ class _Number:
         return bool(self._plain())
 
     def _compared(self, name: str, other: Any) -> None:
-        if isinstance(other, bool) or not isinstance(other, (int, float)) or isinstance(other, _Number):
+        """Records a comparison with a number, tainted or not (a tainted one by the plain value
+        the loader would compare with: ``us > us * 0`` is a test against 0)."""
+        if isinstance(other, bool) or not isinstance(other, (int, float)):
             return
+        if isinstance(other, _Number):
+            other = other._plain()
         if self._wbasis is not None and other in (-1, 0):
             _note(self._wsrc, f"{name} of a position", self._wbasis)
         else:
@@ -693,7 +719,8 @@ def _loader_globals() -> dict[str, Any]:
 def _slicing_generator() -> type:
     """Jinja's code generator, except that a slice (``x[a:b]``) not folded at compile time is
     taken by ``environment.sliced``, so a slice bound derived from content is seen (:func:`_index_use`),
-    and ``{{ x }}`` prints with ``environment.shown`` (``str`` that keeps the taint) instead of ``str``."""
+    ``{{ x }}`` prints with ``environment.shown`` (``str`` that keeps the taint) instead of ``str``,
+    and ``a in b`` is ``environment.contained(a, b)`` (content looked for in a constant is seen)."""
     from jinja2 import nodes
     from jinja2.compiler import CodeGenerator, optimizeconst
 
@@ -703,6 +730,18 @@ def _slicing_generator() -> type:
                 super()._output_child_pre(node, frame, finalize)
             else:  # {{ x }} inside a macro, a call or set block: its text stays tainted
                 self.write("environment.shown(")
+
+        @optimizeconst
+        def visit_Compare(self, node: Any, frame: Any) -> None:
+            if len(node.ops) != 1 or node.ops[0].op not in ("in", "notin"):
+                return super().visit_Compare(node, frame)  # type: ignore[no-any-return]
+            self.write("(not " if node.ops[0].op == "notin" else "(")
+            self.write("environment.contained(")
+            self.visit(node.expr, frame)
+            self.write(", ")
+            self.visit(node.ops[0].expr, frame)
+            self.write("))")
+            return None
 
         @optimizeconst
         def visit_Getitem(self, node: Any, frame: Any) -> None:
@@ -776,6 +815,13 @@ def _environment() -> Any:
             source = _taint(value)
             return str(value) if source is None else _tainted_result(str(value), source)
 
+        def contained(self, needle: Any, haystack: Any) -> bool:
+            """``needle in haystack``; a tainted needle looked for in a string is recorded with it
+            (``content in 'constant'``: the other order is Probe.__contains__)."""
+            if isinstance(needle, Probe) and isinstance(haystack, str):
+                _record(needle._wsrc, "in a constant", haystack)
+            return needle in haystack
+
         def sliced(self, obj: Any, start: Any, stop: Any, step: Any) -> Any:
             """``obj[start:stop:step]`` as jinja's compiled code slices (errors raise)."""
             key = slice(start, stop, step)
@@ -789,13 +835,19 @@ def _environment() -> Any:
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = _Global(raise_exception, "raise_exception")
     # As transformers: a naive datetime's strftime (so '%Z' and '%z' are '', '%f' is microseconds).
-    env.globals["strftime_now"] = _Global(lambda fmt: Probe(_naive_now().strftime(str(fmt)), "date"), "strftime_now")
+    env.globals["strftime_now"] = _Global(_strftime_now, "strftime_now")
     env.globals.update(_loader_globals())
     _keep_taint(env)
     return env
 
 
 NOW = [1767225600.0]
+
+
+def _strftime_now(fmt: Any) -> Probe:
+    """The ``strftime_now`` global: the render's clock formatted, a Probe of source ``date``
+    (no source text: two readings compared are a timing test, recorded)."""
+    return Probe(_naive_now().strftime(str(fmt)), "date")
 
 
 def _naive_now() -> datetime.datetime:
@@ -860,6 +912,18 @@ def _tainted(value: Any, key: str = "") -> Any:
     return value
 
 
+def _collect_sources(value: Any) -> None:
+    """Adds every Probe under ``value`` (a render's tainted messages and documents) to SOURCES."""
+    if isinstance(value, Probe):
+        SOURCES.update((str.__str__(value), str.strip(value)))  # a message's text, and trimmed
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _collect_sources(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _collect_sources(item)
+
+
 def _battery_one(template: Any, render: dict[str, Any], cap: int) -> dict[str, Any]:
     from jinja2.sandbox import SecurityError
 
@@ -867,6 +931,8 @@ def _battery_one(template: Any, render: dict[str, Any], cap: int) -> dict[str, A
     context = {**render["context"], "messages": _tainted(render["messages"])}
     if context.get("documents"):
         context["documents"] = _tainted(context["documents"])
+    SOURCES.clear()
+    _collect_sources((context["messages"], context.get("documents")))
     try:
         output, complete = _stream(template, context, cap)
     except SecurityError as exc:
