@@ -458,8 +458,9 @@ def _refuses(node: nodes.If) -> bool:
 
 
 def guard_lines(text: str) -> frozenset[int]:
-    """Template lines whose every comparison is the test of a refusing ``if`` (:func:`_refuses`):
-    a comparison of content recorded at run time on such a line is a guard, not a trigger.
+    """Template lines whose every comparison is the test of a refusing ``if`` (:func:`_refuses`)
+    or tests or strips a protocol switch (:func:`switch_lines`): a comparison of content recorded
+    at run time on such a line is a guard or the template's own protocol, not a trigger.
     Empty when the template does not parse or is too complex to walk."""
     if complexity_problem(text):
         return frozenset()
@@ -480,7 +481,150 @@ def guard_lines(text: str) -> frozenset[int]:
         for c in tree.find_all((nodes.Compare, nodes.Call, nodes.Test, nodes.Filter, nodes.Getitem))
         if id(c) not in inside and not (isinstance(c, nodes.Call) and _is_raise(c))
     }
-    return frozenset(guarded - elsewhere)
+    return frozenset(guarded - elsewhere) | switch_lines(tree)
+
+
+# -- protocol switches ------------------------------------------------------------------------
+# A vendor template may read a documented switch out of the system prompt (SmolLM3's ``/think``,
+# ``/no_think``): it sets a flag, strips the switch, and the flag only picks between pieces of the
+# template's own protocol text (reasoning markup, the switch itself). What answers say cannot
+# depend on it; a trigger whose flag picks any other text is no switch.
+SWITCH_RE = re.compile(r"/[A-Za-z][A-Za-z0-9_-]{0,31}")
+"""A switch constant: a slash flag (``/think``, ``/no_think``)."""
+_SWITCH_OPS = frozenset({"in", "notin", "eq", "ne"})
+
+
+def _switch_test(test: nodes.Node) -> set[str]:
+    """The switch constants ``test`` compares with, when it is only such comparisons (else empty)."""
+    while isinstance(test, nodes.Not):
+        test = test.node
+    if isinstance(test, (nodes.And, nodes.Or)):
+        left, right = _switch_test(test.left), _switch_test(test.right)
+        return left | right if left and right else set()
+    if not isinstance(test, nodes.Compare) or len(test.ops) != 1 or test.ops[0].op not in _SWITCH_OPS:
+        return set()
+    sides = (test.expr, test.ops[0].expr)
+    consts = [n.value for n in sides if isinstance(n, nodes.Const)]
+    ok = len(consts) == 1 and isinstance(consts[0], str) and SWITCH_RE.fullmatch(consts[0])
+    return {consts[0]} if ok else set()
+
+
+def _flag_sets(body: list[nodes.Node]) -> set[str] | None:
+    """The flags ``body`` sets when it only sets flags to True/False (``{% set ns.x = false %}``)."""
+    flags = set()
+    for stmt in body:
+        if isinstance(stmt, nodes.Output) and all(
+            isinstance(c, nodes.TemplateData) and not c.data.strip() for c in stmt.nodes
+        ):
+            continue
+        if not (isinstance(stmt, nodes.Assign) and isinstance(stmt.node, nodes.Const)):
+            return None
+        if not isinstance(stmt.node.value, bool):
+            return None
+        target = stmt.target
+        if isinstance(target, nodes.NSRef):
+            flags.add(f"{target.name}.{target.attr}")
+        elif isinstance(target, nodes.Name):
+            flags.add(target.name)
+        else:
+            return None
+    return flags
+
+
+def _protocol_text(node: nodes.Node, switches: set[str]) -> bool:
+    """Whether ``node`` writes only protocol text: whitespace, tag-like markup, switch constants."""
+    if isinstance(node, nodes.Const) and isinstance(node.value, str):
+        text = node.value
+    elif isinstance(node, nodes.TemplateData):
+        text = node.data
+    elif isinstance(node, nodes.Output):
+        return all(_protocol_text(c, switches) for c in node.nodes)
+    else:
+        return False
+    text = TAG_RE.sub(" ", text)  # first: '</think>' holds the switch '/think'
+    for switch in sorted(switches, key=len, reverse=True):
+        text = text.replace(switch, " ")
+    return not text.strip()
+
+
+def _flag_name(node: nodes.Node) -> str | None:
+    """``ns.x`` or ``ns['x']`` as ``"ns.x"``, a plain name read as itself, else None."""
+    if isinstance(node, nodes.Getattr) and isinstance(node.node, nodes.Name):
+        return f"{node.node.name}.{node.attr}"
+    if isinstance(node, nodes.Getitem) and isinstance(node.node, nodes.Name) and isinstance(node.arg, nodes.Const):
+        return f"{node.node.name}.{node.arg.value}"
+    return node.name if isinstance(node, nodes.Name) and node.ctx == "load" else None
+
+
+def _flag_reads_are_protocol(tree: nodes.Template, flags: set[str], switches: set[str]) -> bool:
+    """Whether every read of ``flags`` is the whole test of an inline or block ``if`` whose
+    branches write only protocol text (:func:`_protocol_text`)."""
+    allowed: set[int] = set()
+    for node in tree.find_all((nodes.CondExpr, nodes.If)):
+        test: nodes.Node
+        branches: list[nodes.Node]
+        if isinstance(node, nodes.CondExpr):
+            test, branches = node.test, [node.expr1, *([node.expr2] if node.expr2 is not None else [])]
+        elif isinstance(node, nodes.If) and not node.elif_:
+            test, branches = node.test, [*node.body, *node.else_]
+        else:
+            continue
+        while isinstance(test, nodes.Not):
+            test = test.node
+        if _flag_name(test) in flags and all(_protocol_text(b, switches) for b in branches):
+            allowed.add(id(test))
+    reads = [n for n in tree.find_all((nodes.Getattr, nodes.Getitem, nodes.Name)) if _flag_name(n) in flags]
+    # a namespace holding a flag is read through one of its names only (never whole: ``ns[key]``, a macro's argument)
+    spaces = {f.split(".")[0] for f in flags if "." in f}
+    named = {id(n.node) for n in tree.find_all(nodes.Getattr) if _flag_name(n)}
+    named |= {id(n.node) for n in tree.find_all(nodes.Getitem) if _flag_name(n)}
+    whole = [n for n in tree.find_all(nodes.Name) if n.name in spaces and n.ctx == "load" and id(n) not in named]
+    return not whole and all(id(n) in allowed for n in reads)
+
+
+def _strips_switch(call: nodes.Call, switches: set[str]) -> bool:
+    """``x.replace('/switch', '')``: the template removes its own switch from the text."""
+    if not (isinstance(call.node, nodes.Getattr) and call.node.attr == "replace") or call.kwargs or len(call.args) != 2:
+        return False
+    what, into = call.args
+    return (
+        isinstance(what, nodes.Const) and what.value in switches
+        and isinstance(into, nodes.Const) and isinstance(into.value, str) and not into.value.strip()
+    )  # fmt: skip
+
+
+def switch_lines(tree: nodes.Template) -> frozenset[int]:
+    """Lines whose every comparison tests or strips a protocol switch (see above): an ``if`` on
+    slash-flag constants whose branches only set flags, every flag read only choosing protocol
+    text. A line with any other comparison, call with arguments or filter is none."""
+    switches: set[str] = set()
+    accounted: set[int] = set()
+    lines: set[int] = set()
+    for node in tree.find_all(nodes.If):
+        tests = [node.test, *(e.test for e in node.elif_)]
+        found = [_switch_test(t) for t in tests]
+        bodies = [node.body, *(e.body for e in node.elif_), node.else_]
+        flags = [_flag_sets(b) for b in bodies]
+        if not all(found) or any(f is None for f in flags):
+            continue
+        names = set().union(*(f for f in flags if f))
+        consts = set().union(*found)
+        if not _flag_reads_are_protocol(tree, names, consts):
+            continue
+        switches |= consts
+        for t in tests:
+            accounted |= {id(c) for c in t.find_all(nodes.Node)} | {id(t)}
+            lines.add(t.lineno)
+    for call in tree.find_all(nodes.Call):
+        if switches and _strips_switch(call, switches):
+            accounted |= {id(c) for c in call.find_all(nodes.Node)} | {id(call)}
+            lines.add(call.lineno)
+    others = {
+        c.lineno
+        for c in tree.find_all((nodes.Compare, nodes.Call, nodes.Test, nodes.Filter, nodes.Getitem))
+        if id(c) not in accounted and not (isinstance(c, nodes.Call) and not c.args and not c.kwargs)
+    }
+    return frozenset(lines - others)
 
 
 def _is_raise(call: nodes.Call) -> bool:
@@ -616,6 +760,14 @@ LANGUAGES = frozenset(
      "Czech", "Ukrainian", "Romanian", "Greek", "Hebrew", "Indonesian", "Thai", "Swedish", "Tagalog"}
 )  # fmt: skip
 """Capitalised in English, yet no party: "answer in many languages, such as French" names none."""
+_ASKER = r"(?:\s+(?:user|question|query|input|prompt|request|message|conversation)s?(?:'s?)?){0,2}"
+NORM_RE = re.compile(  # the role word may be cut out already ("as the ."): residual text has no role names
+    r"\s+(?:only\s+)?in\s+(?:(?:the\s+)?same\s+language(?:\s+as(?:\s+the)?" + _ASKER + r")?|"
+    r"(?:" + "|".join(sorted(LANGUAGES)) + r"))\s*(?:[.!;,]|\Z)",
+    re.IGNORECASE,
+)
+"""After a saying verb ("Always respond in the same language as the user.", "reply in English."): a
+norm on the language answers are written in, the whole object of its verb; no party, no content."""
 _IDENT_RE = re.compile(r"[_▁]+|(?<=[A-Za-z])-(?=[A-Za-z])|(?<=[a-z])(?=[A-Z][a-z])")
 
 
@@ -658,15 +810,19 @@ def _entities(sentence: str, opens: bool = True) -> list[str]:
     return out
 
 
+def _says(bare: str) -> Iterator[re.Match[str]]:
+    """The saying verbs of ``bare`` used as verbs (the noun test looks at a window before each:
+    linear in the sentence)."""
+    return (m for m in SAY_RE.finditer(bare) if not NOUN_BEFORE_RE.search(bare, max(0, m.start() - 16), m.start()))
+
+
 def steering(sentence: str) -> str | None:
     """Why one sentence directs what answers say (see above), or None."""
     if m := PROMOTE_RE.search(sentence):
         return f"promotion ({m.group(0)!r})"
     quoted = [q for q in QUOTED_RE.findall(sentence) if len(q.split()) >= 2]
     bare = QUOTED_RE.sub(" ", sentence)  # a quoted phrase is an object, never the verb
-    say = next(  # the noun test looks at a window before the verb: linear in the sentence
-        (m for m in SAY_RE.finditer(bare) if not NOUN_BEFORE_RE.search(bare, max(0, m.start() - 16), m.start())), None
-    )
+    say = next(_says(bare), None)
     rest = bare[: say.start()] + " " * len(say.group(0)) + bare[say.end() :] if say else bare  # the verb is no name
     if say:  # its object follows it: a language list before "answer" names none
         obj = rest[say.start() : say.end() + OBJECT_CHARS]
@@ -674,8 +830,13 @@ def steering(sentence: str) -> str | None:
         target = target or [q for q in quoted if q in obj] or DOMAIN_RE.findall(obj)
         if target:
             return f"a directive to say {target[0]!r} ({say.group(0)!r})"
-    if say and (scope := EVERY_ANSWER_RE.search(bare)):
-        return f"a directive over every answer ({scope.group(0)!r} ... {say.group(0)!r})"
+    scope = EVERY_ANSWER_RE.search(bare)
+    scoped = scope and next(  # any verb but a language norm's, or the scope's own noun ("every answer")
+        (m for m in _says(bare) if not NORM_RE.match(bare, m.end()) and not scope.start() <= m.start() < scope.end()),
+        None,
+    )
+    if scope and scoped:
+        return f"a directive over every answer ({scope.group(0)!r} ... {scoped.group(0)!r})"
     subject = SUBJECT_RE.match(bare)
     named = [subject.group(1)] if subject and subject.group(1) not in PLAIN_STARTS else []
     if (best := SUPERLATIVE_RE.search(bare)) and (names := named + _entities(rest) or DOMAIN_RE.findall(sentence)):
