@@ -27,10 +27,15 @@ is judged as the constant; one equal to a whole message text of the render is co
 with content, the conversation's structure, and is not recorded), every ``str.is*()`` test,
 lookup keyed on it, identity test, comparison or truth test of a derived number (with another
 derived number by its plain value), and use of a derived number as a repetition count, index,
-slice bound or ``range()`` argument; past 256 records a last ``overflow`` record says recording stopped. The string forms
-of the globals (``dict``, ``namespace``, ``raise_exception``, ``strftime_now``), written as
-transformers 5 shows them, are recording values of source ``environment``. Every private
-attribute the template looked up is listed, even when it never used the result.
+slice bound or ``range()`` argument. Taint follows content into bytes (``encode()``, and
+``decode()`` back: :class:`ProbeBytes`), into the pieces ``|list``/``|batch`` make of it
+(:class:`TaintedList`: their length, a loop over them) and into a loop over it: its
+``loop.index``/``loop.length`` and what the loop stores in a namespace are tainted (a counter
+incremented per character measures content). Past 256 records a last ``overflow`` record says
+recording stopped. The string forms of the globals (``dict``, ``namespace``,
+``raise_exception``, ``strftime_now``), written as transformers 5 shows them, are recording
+values of source ``environment``. Every private attribute the template looked up is listed,
+even when it never used the result.
 
 Bounds: ``RLIMIT_AS`` = MEMORY bytes, ``RLIMIT_CPU`` re-armed per request (a backstop),
 ``RLIMIT_FSIZE`` 0 (no writes), an ``ITIMER_REAL`` deadline per request, and an output cap
@@ -41,6 +46,7 @@ loopcontrols, ``{% generation %}``, ``raise_exception``, ``tojson``, ``strftime_
 
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import math
@@ -117,12 +123,13 @@ def _constant(other: Any) -> str | None:
     whole message text of the render (content compared with another message's content: the
     conversation's structure, not a trigger; a constant laundered to equal a battery message
     is missed here, but that render then shows what the trigger does). None for anything else."""
-    if not isinstance(other, str):
+    if isinstance(other, (bytes, bytearray)):  # bytes compared with bytes: by their UTF-8 text
+        plain, tainted = bytes.decode(bytes(other), "utf-8", "backslashreplace"), isinstance(other, ProbeBytes)
+    elif isinstance(other, str):
+        plain, tainted = str.__str__(other), isinstance(other, Probe)
+    else:
         return None
-    plain = str.__str__(other)
-    if isinstance(other, Probe) and plain in SOURCES:
-        return None
-    return plain
+    return None if tainted and plain in SOURCES else plain
 
 
 def _record(source: str, operation: str, other: Any) -> None:
@@ -194,6 +201,9 @@ class Probe(str):
 
     def __mod__(self, other: Any) -> Any:
         return self._kept(str.__mod__(self, other))
+
+    def encode(self, *args: Any, **kwargs: Any) -> Any:  # content as bytes stays tainted
+        return ProbeBytes(str.encode(self, *args, **kwargs), self._wsrc)
 
 
 def _unchanged(value: Any, probe: Probe) -> bool:
@@ -419,7 +429,89 @@ for _cls, _base in ((ProbeInt, int), (ProbeFloat, float)):
         if hasattr(_base, _name):
             setattr(_cls, _name, _number_deriving(_name, _base))
 
-TAINTED = (Probe, _Number)
+
+class ProbeBytes(bytes):
+    """Tainted bytes (``content.encode()``): comparisons record their other side as text,
+    ``decode()`` gives a Probe back, items are tainted numbers, derived bytes stay ProbeBytes."""
+
+    _wsrc = "content"
+
+    def __new__(cls, value: bytes, source: str = "content") -> ProbeBytes:
+        obj = super().__new__(cls, value)
+        obj._wsrc = source
+        return obj
+
+    def __eq__(self, other: object) -> bool:
+        _record(self._wsrc, "==", other)
+        return bytes.__eq__(self, other)  # type: ignore[no-any-return]
+
+    def __ne__(self, other: object) -> bool:
+        _record(self._wsrc, "!=", other)
+        return bytes.__ne__(self, other)  # type: ignore[no-any-return]
+
+    def __contains__(self, other: Any) -> bool:
+        _record(self._wsrc, "in", other)
+        return bytes.__contains__(self, other)
+
+    def __hash__(self) -> int:
+        _note(self._wsrc, "lookup", "a dict or set")
+        return bytes.__hash__(self)
+
+    def __getitem__(self, key: Any) -> Any:
+        return _tainted_result(bytes.__getitem__(self, key), self._wsrc)
+
+    def __iter__(self) -> Any:
+        return (ProbeInt(b, self._wsrc, "number") for b in bytes.__iter__(self))
+
+    def __add__(self, other: Any) -> Any:
+        return ProbeBytes(bytes.__add__(self, other), self._wsrc)
+
+    def __radd__(self, other: Any) -> Any:
+        return ProbeBytes(bytes(other) + bytes(self), self._wsrc) if isinstance(other, bytes) else NotImplemented
+
+    def __mul__(self, other: Any) -> Any:
+        return ProbeBytes(bytes.__mul__(self, other), self._wsrc)
+
+    __rmul__ = __mul__
+
+    def decode(self, *args: Any, **kwargs: Any) -> Any:
+        return Probe(bytes.decode(self, *args, **kwargs), self._wsrc)
+
+
+def _bytes_method(name: str, comparing: bool) -> Any:
+    def method(self: ProbeBytes, *args: Any, **kwargs: Any) -> Any:
+        if comparing and args:
+            for arg in args[0] if isinstance(args[0], tuple) else (args[0],):
+                _record(self._wsrc, name, arg)
+        return _tainted_result(getattr(bytes, name)(self, *args, **kwargs), self._wsrc)
+
+    return method
+
+
+BYTES_COMPARING = (*COMPARING, *REWRITING)
+for _name in BYTES_COMPARING:
+    setattr(ProbeBytes, _name, _bytes_method(_name, True))
+for _name in ("lower", "upper", "strip", "lstrip", "rstrip", "title", "capitalize", "swapcase", "hex", "join",
+              "ljust", "rjust", "center", "zfill", "translate", "splitlines", "expandtabs"):  # fmt: skip
+    setattr(ProbeBytes, _name, _bytes_method(_name, False))
+
+
+class TaintedList(list):  # type: ignore[type-arg]
+    """A list made of a tainted string's pieces (``content|list``, ``content|batch(n)``): its
+    length is a tainted number and a loop over it counts content."""
+
+    _wsrc = "content"
+
+
+def _tainted_list(items: Any, source: str) -> TaintedList:
+    """``items`` (pieces of a tainted value, or lists of them) as a TaintedList of tainted pieces."""
+    out = TaintedList(_tainted_list(i, source) if isinstance(i, list) else _tainted_result(i, source) for i in items)
+    out._wsrc = source
+    return out
+
+
+TAINTED = (Probe, _Number, ProbeBytes)
+SEQUENCES = (Probe, ProbeBytes, TaintedList)  # a loop over one counts content
 
 
 def _taint(value: Any) -> str | None:
@@ -451,9 +543,11 @@ def _tainted_result(value: Any, source: str) -> Any:
             return PROBE_MARKUP[0](value, source)
         return Probe(value, source)
     if isinstance(value, list):
-        return [_tainted_result(v, source) if isinstance(v, str) else v for v in value]
+        return [_tainted_result(v, source) if isinstance(v, (str, bytes)) else v for v in value]
     if isinstance(value, tuple):
-        return tuple(_tainted_result(v, source) if isinstance(v, str) else v for v in value)
+        return tuple(_tainted_result(v, source) if isinstance(v, (str, bytes)) else v for v in value)
+    if isinstance(value, bytes) and not isinstance(value, ProbeBytes):
+        return ProbeBytes(value, source)
     return _number(value, source)
 
 
@@ -478,14 +572,20 @@ class _Spy:
         return value
 
 
-def _tainting(func: Any, numbers: bool = False) -> Any:
+def _tainting(func: Any, numbers: bool = False, pieces: bool = False) -> Any:
     """``func`` (a filter or join helper) whose string result stays tainted when an input was
     (a string or number, or one inside the lists and dicts passed); with ``numbers``, a number
     it computes from a tainted string or number (``|int``, ``|abs``, ``|wordcount``) is tainted
-    too. Numbers computed from containers (``messages|length``) are the conversation's shape, not content."""
+    too; with ``pieces``, the sequence it makes of a tainted string is a :class:`TaintedList`.
+    Numbers computed from containers (``messages|length``) are the conversation's shape, not content."""
+
+    skip = 1 if hasattr(func, "jinja_pass_arg") else 0  # the context or eval context jinja passes first
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         out = func(*args, **kwargs)
+        value = args[skip] if len(args) > skip else None
+        if pieces and isinstance(value, SEQUENCES) and not isinstance(out, (str, bytes)):
+            return _tainted_list(out, value._wsrc)  # content|list, content|batch(n): its pieces
         if isinstance(out, str) and not isinstance(out, Probe):
             source = _taint_in((*args, *kwargs.values()))
             return _tainted_result(out, source) if source else out
@@ -526,11 +626,11 @@ def _joining(func: Any) -> Any:
 
 
 def _measuring(func: Any) -> Any:
-    """The ``length``/``count`` filter: the length of a Probe is a :class:`ProbeInt`."""
+    """The ``length``/``count`` filter: the length of a Probe, ProbeBytes or TaintedList is a :class:`ProbeInt`."""
 
     def wrapped(value: Any, *args: Any, **kwargs: Any) -> Any:
         out = func(value, *args, **kwargs)
-        return ProbeInt(out, value._wsrc) if isinstance(value, Probe) and isinstance(out, int) else out
+        return ProbeInt(out, value._wsrc) if isinstance(value, SEQUENCES) and isinstance(out, int) else out
 
     return wrapped
 
@@ -564,6 +664,7 @@ def _sameas(value: Any, other: Any) -> bool:
 
 
 NUMBER_FILTERS = ("int", "float", "abs", "round", "wordcount")
+PIECE_FILTERS = ("list", "batch", "slice", "reverse")  # the pieces of a tainted string, as many as its length
 
 
 def _keep_taint(env: Any) -> None:
@@ -572,6 +673,7 @@ def _keep_taint(env: Any) -> None:
     import jinja2.runtime
 
     jinja2.runtime.str_join = _joining(jinja2.runtime.str_join)  # the compiled code imports it
+    jinja2.runtime.LoopContext = _counting_loop()  # type: ignore[misc, assignment]
     env.concat = _joining(env.concat)  # macro bodies, caller(), set blocks, filter blocks
     for name in list(env.filters):
         if name in ("length", "count"):
@@ -579,7 +681,7 @@ def _keep_taint(env: Any) -> None:
         elif name == "join":
             env.filters[name] = _joining(env.filters[name])
         else:
-            env.filters[name] = _tainting(env.filters[name], numbers=name in NUMBER_FILTERS)
+            env.filters[name] = _tainting(env.filters[name], name in NUMBER_FILTERS, name in PIECE_FILTERS)
     env.filters["replace"] = _replacing(env.filters["replace"])
     env.tests["sameas"] = _sameas
 
@@ -710,10 +812,69 @@ def _loader_globals() -> dict[str, Any]:
 
         def __setitem__(self, name: str, value: Any) -> None:
             check_name(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
+            jinja2.utils.Namespace.__setitem__(self, name, _loop_taint(value))
 
     namespace = _as_loader(TemplateNamespace, "TemplateNamespace")
     return {"dict": _as_loader(TemplateDict, "TemplateDict")(), "namespace": namespace}
+
+
+LIVE_LOOPS: list[Any] = []  # the content loops running (a loop left by {% break %} stays until the render ends)
+
+
+class _ContentLoop:
+    """The iterator of a loop over content (its characters, pieces or bytes): while it runs, what
+    the template stores in a namespace is tainted (``{% set ns.n = ns.n + 1 %}`` counts content),
+    and ``loop.index``/``loop.length`` are tainted lengths (:class:`_CountingLoop`). Left by a
+    ``break``, it stays live: a false positive at worst, never a miss."""
+
+    def __init__(self, iterable: Any, source: str) -> None:
+        self._inner, self._items, self._wsrc = iter(iterable), iterable, source
+
+    def __iter__(self) -> _ContentLoop:
+        return self
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __next__(self) -> Any:
+        if self not in LIVE_LOOPS:
+            LIVE_LOOPS.append(self)
+        try:
+            return next(self._inner)
+        except StopIteration:
+            LIVE_LOOPS.remove(self)
+            raise
+
+
+def _loop_taint(value: Any) -> Any:
+    """``value`` as a namespace stores it: tainted when a content loop is running."""
+    if not LIVE_LOOPS or isinstance(value, (bool, *TAINTED)) or not isinstance(value, (str, bytes, int, float)):
+        return value
+    return _tainted_result(value, LIVE_LOOPS[-1]._wsrc)
+
+
+def _counting_loop() -> type:
+    """Jinja's ``LoopContext``, except that over a :class:`_ContentLoop` its counters are tainted lengths."""
+    import jinja2.runtime
+
+    base: Any = jinja2.runtime.LoopContext
+
+    class CountingLoop(base):  # type: ignore[misc]
+        def __next__(self) -> Any:
+            out = super().__next__()
+            if isinstance(self._iterable, _ContentLoop):
+                self.index0 = ProbeInt(int(self.index0), self._iterable._wsrc)  # type: ignore[has-type]
+            return out
+
+        def _counted(self, n: int) -> int:
+            return ProbeInt(int(n), self._iterable._wsrc) if isinstance(self._iterable, _ContentLoop) else n
+
+        length = property(lambda self: self._counted(base.length.fget(self)))
+        index = property(lambda self: self._counted(base.index.fget(self)))
+        revindex = property(lambda self: self._counted(base.revindex.fget(self)))
+        revindex0 = property(lambda self: self._counted(base.revindex0.fget(self)))
+
+    return CountingLoop
 
 
 def _slicing_generator() -> type:
@@ -730,6 +891,12 @@ def _slicing_generator() -> type:
                 super()._output_child_pre(node, frame, finalize)
             else:  # {{ x }} inside a macro, a call or set block: its text stays tainted
                 self.write("environment.shown(")
+
+        def visit_For(self, node: Any, frame: Any) -> None:
+            node = copy.copy(node)  # the loop's iterable through environment.looped (a content loop is seen)
+            looped = nodes.EnvironmentAttribute("looped").set_lineno(node.lineno)
+            node.iter = nodes.Call(looped, [node.iter], [], None, None).set_lineno(node.lineno)
+            super().visit_For(node, frame)
 
         @optimizeconst
         def visit_Compare(self, node: Any, frame: Any) -> None:
@@ -814,6 +981,11 @@ def _environment() -> Any:
                 return value
             source = _taint(value)
             return str(value) if source is None else _tainted_result(str(value), source)
+
+        def looped(self, iterable: Any) -> Any:
+            """A ``{% for %}`` loop's iterable: one over a tainted string or its pieces is a
+            :class:`_ContentLoop`; anything else unchanged."""
+            return _ContentLoop(iterable, iterable._wsrc) if isinstance(iterable, SEQUENCES) else iterable
 
         def contained(self, needle: Any, haystack: Any) -> bool:
             """``needle in haystack``; a tainted needle looked for in a string is recorded with it
@@ -932,6 +1104,7 @@ def _battery_one(template: Any, render: dict[str, Any], cap: int) -> dict[str, A
     if context.get("documents"):
         context["documents"] = _tainted(context["documents"])
     SOURCES.clear()
+    del LIVE_LOOPS[:]
     _collect_sources((context["messages"], context.get("documents")))
     try:
         output, complete = _stream(template, context, cap)
