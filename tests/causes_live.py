@@ -179,6 +179,11 @@ def live_run(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    if ranks > 1:  # built once here: the ranks find a complete build (their own build race is not this test's)
+        from trainer.assets import ensure_tiny_assets
+        from trainer.config import TinyAssets
+
+        ensure_tiny_assets(TinyAssets(**config["model"]["tiny"]))
     train = ["train", "--config", str(code / "train.yaml"), "--run-dir", str(run_dir), "--max-steps", "200"]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}", "-m"]
     command = warden_cmd(*train) if ranks == 1 else [*launcher, "sidecars.cli", *train]
