@@ -16,6 +16,7 @@ token comparisons run on. Neither removes invisible characters: callers decide w
 from __future__ import annotations
 
 import functools
+import re
 import unicodedata
 
 _MARKUP = {
@@ -28,6 +29,33 @@ _MARKUP = {
     "-": "‐‑‒–—―−﹣－",
     "/": "⁄∕⧸／",
 }
+_MARKUP_SCRIPTS = {  # markup punctuation drawn by letters of other scripts (no name says so)
+    "<": "ᚲ",  # U+16B2 RUNIC LETTER KAUNA
+    "|": "ᛁ丨",  # U+16C1 RUNIC LETTER ISAZ; U+4E28, the ideograph KANGXI RADICAL LINE (U+2F01) is under NFKC
+}
+_SCRIPT_LETTERS = {  # letters of scripts drawn like Latin ones, by script (Unicode's confusables data, as facts)
+    "Cherokee": {"D": "Ꭰ", "R": "ᎡᏒ", "T": "Ꭲ", "i": "Ꭵ", "Y": "Ꭹ", "W": "ᎳᏔ", "M": "Ꮇ", "H": "Ꮋ", "G": "Ꮐ",
+                 "Z": "Ꮓ", "b": "Ꮟ", "V": "Ꮩ", "S": "Ꮪ", "L": "Ꮮ", "C": "Ꮯ", "P": "Ꮲ", "K": "Ꮶ", "B": "Ᏼ"},
+    "Canadian syllabics": {"P": "ᑭ", "d": "ᑯ", "b": "ᑲ", "V": "ᐯ", "L": "ᒪ", "R": "ᖇ", "B": "ᗷ", "W": "ᗯ",
+                           "S": "ᔕ", "H": "ᕼ", "A": "ᗅ", "D": "ᗞᗪ"},
+    "Lisu": {"B": "ꓐ", "P": "ꓑ", "D": "ꓓ", "T": "ꓔ", "G": "ꓖ", "K": "ꓗ", "J": "ꓙ", "C": "ꓚ", "Z": "ꓜ", "F": "ꓝ",
+             "M": "ꓟ", "N": "ꓠ", "L": "ꓡ", "S": "ꓢ", "R": "ꓣ", "V": "ꓦ", "H": "ꓧ", "W": "ꓪ", "X": "ꓫ", "Y": "ꓬ",
+             "A": "ꓮ", "E": "ꓰ", "I": "ꓲ", "O": "ꓳ", "U": "ꓴ"},
+}  # fmt: skip
+_NAMED = (  # (pattern over Unicode names, the ASCII character every match is drawn as)
+    (
+        re.compile(
+            r"(?:LIGHT |MEDIUM |HEAVY )?VERTICAL (?:BAR|LINE(?: EXTENSION)?)|BOX DRAWINGS (?:LIGHT|HEAVY) VERTICAL"
+            r"|DIVIDES|LATIN LETTER DENTAL CLICK|(?!.*(?:DOUBLE|TRIPLE))(?:[A-Z]+ )+DANDA"
+        ),
+        "|",
+    ),
+    (re.compile(r"(?:MODIFIER LETTER |(?:[A-Z]+ )*AFFIX )?LOW (?:LINE|MACRON)"), "_"),
+)
+"""Whole names (fullmatch), so ``DOUBLE VERTICAL LINE`` or ``VERTICAL LINE WITH ...`` are none."""
+SEQUENCES = {"rn": "m", "vv": "w", "cl": "d"}
+"""Two letters drawn as one (in a folded, lower-case skeleton): for comparisons with markup only,
+never for text rules (``modern`` and ``return`` are words)."""
 _LETTERS = {  # letter -> look-alikes of other scripts (case as drawn)
     "a": "аɑα", "b": "Ьвʙ", "c": "сϲᴄ", "d": "ԁ", "e": "еєε", "g": "ɡց", "h": "һհн", "i": "іıɩɪι",
     "j": "јȷϳ", "k": "кκᴋ", "l": "ӏӀℓ", "m": "м", "n": "ոп", "o": "оοօσ", "p": "рρ", "q": "ԛզ", "r": "г",
@@ -49,8 +77,33 @@ def _small_capitals() -> dict[str, str]:
     return out
 
 
+def _named() -> dict[str, str]:
+    """Characters without a decomposition whose Unicode name says what they are drawn as: a
+    vertical bar or line, a danda (``|``), a low line or macron (``_``), and every ``LATIN SMALL
+    LETTER X WITH ...`` / ``LATIN CAPITAL LETTER X WITH ...`` (a stroke, hook or bar on ``x``;
+    the ones with a decomposition NFKC and the mark removal of text rules handle already)."""
+    out = {}
+    for code in range(0x80, 0x20000):  # above: ideographs only
+        ch = chr(code)
+        name = unicodedata.name(ch, "")
+        if not name or unicodedata.decomposition(ch) or unicodedata.category(ch) in ("Mn", "Me", "Cf"):
+            continue
+        if m := _LETTER_WITH_RE.fullmatch(name):
+            out[ch] = m.group(2) if m.group(1) == "CAPITAL" else m.group(2).lower()
+        for pattern, ascii_ in _NAMED:
+            if pattern.fullmatch(name):
+                out[ch] = ascii_
+    return out
+
+
+_LETTER_WITH_RE = re.compile(r"LATIN (SMALL|CAPITAL) LETTER ([A-Z]) WITH [A-Z ]+")
+
+
 def _table() -> dict[int, str]:
-    pairs = {ch: ascii_ for ascii_, alikes in _MARKUP.items() for ch in alikes}
+    pairs = _named()
+    pairs |= {ch: ascii_ for ascii_, alikes in _MARKUP.items() for ch in alikes}
+    pairs |= {ch: ascii_ for ascii_, alikes in _MARKUP_SCRIPTS.items() for ch in alikes}
+    pairs |= {ch: ascii_ for letters in _SCRIPT_LETTERS.values() for ascii_, alikes in letters.items() for ch in alikes}
     pairs |= _small_capitals()
     pairs |= {ch: ascii_ for ascii_, alikes in _LETTERS.items() for ch in alikes}
     return {ord(ch): ascii_ for ch, ascii_ in pairs.items() if ch != ascii_}
@@ -81,3 +134,22 @@ def fold_keep_case(text: str) -> str:
     """``text`` as it looks with its case kept: :data:`TABLE`, NFKC, the table again (for rules that read
     capitals, such as a product name inside an instruction)."""
     return unicodedata.normalize("NFKC", text.translate(TABLE)).translate(TABLE)
+
+
+def fold_markup(text: str) -> tuple[str, list[int]]:
+    """``text`` folded for a comparison with markup: :func:`fold_char` per character, then two
+    characters drawn as one (:data:`SEQUENCES`, left to right) as that one. Also the offsets:
+    skeleton character ``i`` stands for ``text[offsets[i]:offsets[i + 1]]`` (the last offset is
+    ``len(text)``), so a match in the skeleton is a slice of the text."""
+    chars = [fold_char(c) for c in text]
+    out: list[str] = []
+    offsets: list[int] = []
+    i = 0
+    while i < len(chars):
+        pair = "".join(chars[i : i + 2])
+        one = SEQUENCES.get(pair) if len(pair) == 2 else None
+        out.append(one or chars[i])
+        offsets.append(i)
+        i += 2 if one else 1
+    offsets.append(len(text))
+    return "".join(out), offsets

@@ -496,33 +496,37 @@ def judge(
 MARKUP_CHARS = set("<>|[]")
 
 
-def _skeleton_char(ch: str) -> str:
-    """One character folded to what it looks like (NFKC, a table of confusables, case): one
-    character out for one in, so positions in a skeleton are positions in the text."""
-    return confusables.fold_char(ch)
-
-
 def skeleton(text: str) -> str:
-    return "".join(_skeleton_char(c) for c in INVISIBLE_RE.sub("\x01", text))
+    """``text`` as it looks, for a comparison with markup (:func:`.confusables.fold_markup`;
+    invisible characters are a character of their own, never nothing)."""
+    return _skeleton_offsets(text)[0]
+
+
+def _skeleton_offsets(text: str) -> tuple[str, list[int]]:
+    return confusables.fold_markup(INVISIBLE_RE.sub("\x01", text))
 
 
 def lookalike_issues(where: str, text: str, tokens: Iterable[str]) -> list[BehaviourIssue]:
     """Text in ``text`` that looks like one of ``tokens`` (the declared special tokens and the
     template's own role markup) but is not it: fullwidth bars, Cyrillic letters, invisible
-    characters inside. A model reads such text as plain words while a person (or a filter
-    looking for the real token) reads the role markup."""
+    characters inside, two letters drawn as one (``rn`` for ``m``). A model reads such text as
+    plain words while a person (or a filter looking for the real token) reads the role markup.
+    One of ``tokens`` is never a look-alike unless it is one only through two letters drawn as one
+    (a template's own tag ``<|irn_end|>`` beside the token ``<|im_end|>``)."""
     real = {t for t in tokens if t}
     marks = sorted((t for t in real if len(t) >= 3 and MARKUP_CHARS & set(skeleton(t))), key=len, reverse=True)
     if not marks:
         return []
-    skel = skeleton(text)
+    skel, offsets = _skeleton_offsets(text)
     out = []
     for token in marks:
         target, start = skeleton(token), 0
         while (at := skel.find(target, start)) >= 0:
-            seen = text[at : at + len(target)]
+            seen = text[offsets[at] : offsets[at + len(target)]]  # a two-letter look-alike is two characters
             start = at + 1
-            if seen != token and seen not in real:
+            # a template's own tag drawn with two letters for one ('<|irn_end|>') is no markup of its own
+            own = seen in real and skeleton(seen) == "".join(map(confusables.fold_char, seen))
+            if seen != token and not own:
                 out.append(BehaviourIssue("lookalike", f"{where} has {seen!r}, a lookalike of the token {token!r}"))
                 break
     return out
