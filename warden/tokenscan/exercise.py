@@ -90,13 +90,24 @@ def markup_tokens(snap: Snapshot) -> tuple[str, ...]:
 
 
 def loader_context(snap: Snapshot) -> dict[str, Any]:
-    """The variables the loader renders a template with: the special tokens the configs set
-    (an unset one stays undefined, as in transformers: a template cannot tell the scanner from
-    the loader by defining them all), ``add_generation_prompt``, ``tools`` and ``documents``."""
-    context: dict[str, Any] = {f"{k}_token": v for k, v in snap.special_tokens.items() if v}
-    if snap.extra_special:
-        context["additional_special_tokens"] = list(snap.extra_special)
-    return context | {"add_generation_prompt": True, "tools": None, "documents": None}
+    """The variables the loader renders a template with, as transformers 5 passes them (its
+    ``special_tokens_map`` and ``apply_chat_template``'s own keywords), so a template cannot tell
+    the scanner from the loader by what is defined: the named special tokens the configs set
+    (``mask_token`` too, and each name ``extra_special_tokens`` gives as a mapping, such as
+    ``image_token``; an unset one stays undefined, and the unnamed extra tokens are not passed;
+    a default the tokenizer class itself sets, such as Qwen2's ``unk_token``, is not known here),
+    ``add_generation_prompt`` (True: an inference render), ``continue_final_message`` and
+    ``return_assistant_tokens_mask`` (False), ``tools`` and ``documents``."""
+    config, smap = snap.top("tokenizer_config.json") or {}, snap.top("special_tokens_map.json") or {}
+    # the file whose value wins where both set one (as declared.special_tokens reads bos/eos/...)
+    first, second = (config, smap) if "added_tokens_decoder" in config else (smap, config)
+    named = {"mask_token": first.get("mask_token") if "mask_token" in first else second.get("mask_token")}
+    named |= {k: v for k, v in as_dict(second.get("extra_special_tokens")).items() if isinstance(k, str)}
+    named |= {k: v for k, v in as_dict(first.get("extra_special_tokens")).items() if isinstance(k, str)}
+    context: dict[str, Any] = {k: token(v) for k, v in named.items() if token(v)}
+    context |= {f"{k}_token": v for k, v in snap.special_tokens.items() if v}
+    return context | {"add_generation_prompt": True, "continue_final_message": False,
+                      "return_assistant_tokens_mask": False, "tools": None, "documents": None}  # fmt: skip
 
 
 def _generated(
