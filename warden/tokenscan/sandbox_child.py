@@ -752,8 +752,12 @@ LOADER_SCOPE = "_cached_compile_jinja_template.<locals>."
 
 
 def _as_loader(obj: Any, name: str) -> Any:
-    """``obj`` (a class or function) named as transformers names its template global ``name``."""
+    """``obj`` (a class or function) named as transformers names its template global ``name``; a
+    class's methods too (``dict.fromkeys|string`` names the method by its qualified name)."""
     obj.__module__, obj.__name__, obj.__qualname__ = LOADER, name, LOADER_SCOPE + name
+    for attr, value in vars(obj).items() if isinstance(obj, type) else ():
+        if callable(value) and hasattr(value, "__qualname__"):
+            value.__module__, value.__qualname__ = LOADER, f"{LOADER_SCOPE}{name}.{attr}"
     return obj
 
 
@@ -1014,6 +1018,15 @@ def _environment() -> Any:
 
 
 NOW = [1767225600.0]
+CLOCK = [0, 0, 0]  # the render's first instant (µs since the epoch), time.monotonic_ns() then, the last reading
+
+
+def _start_clock() -> None:
+    """Starts the render's clock at NOW plus a sub-second part taken from the real clock (under half
+    a second, so a date render reads the second it asks for): like transformers' ``datetime.now()``,
+    readings have real microseconds and advance between calls."""
+    base = round(NOW[0] * 1_000_000) + (time.time_ns() // 1000) % 500_000
+    CLOCK[:] = [base, time.monotonic_ns(), base - 1]
 
 
 def _strftime_now(fmt: Any) -> Probe:
@@ -1023,8 +1036,11 @@ def _strftime_now(fmt: Any) -> Probe:
 
 
 def _naive_now() -> datetime.datetime:
-    """The render's clock (``NOW``, set per request) as the naive datetime transformers' strftime_now formats."""
-    return datetime.datetime.fromtimestamp(NOW[0], datetime.UTC).replace(tzinfo=None)
+    """The render's clock (:func:`_start_clock`, from ``NOW``, set per request) as the naive datetime
+    transformers' strftime_now formats; each reading later than the last by at least a microsecond."""
+    micros = max(CLOCK[0] + (time.monotonic_ns() - CLOCK[1]) // 1000, CLOCK[2] + 1)
+    CLOCK[2] = micros
+    return datetime.datetime(1970, 1, 1) + datetime.timedelta(microseconds=micros)
 
 
 def _stream(template: Any, context: dict[str, Any], cap: int) -> tuple[str, bool]:
@@ -1052,6 +1068,7 @@ def render_one(env: Any, text: str, request: dict[str, Any]) -> dict[str, Any]:
     last = "no conversation rendered"
     for messages in request["conversations"]:
         context = {**request["context"], "messages": messages}
+        _start_clock()
         try:
             output, complete = _stream(template, context, int(request["max_output"]))
         except SecurityError as exc:
@@ -1100,6 +1117,7 @@ def _battery_one(template: Any, render: dict[str, Any], cap: int) -> dict[str, A
     from jinja2.sandbox import SecurityError
 
     NOW[0] = float(render.get("now", NOW[0]))
+    _start_clock()
     context = {**render["context"], "messages": _tainted(render["messages"])}
     if context.get("documents"):
         context["documents"] = _tainted(context["documents"])
