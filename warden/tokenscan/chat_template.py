@@ -715,18 +715,64 @@ SAY_RE = re.compile(
     r"\binclud(?:e|es|ed)\b|\b(?:mention|insert|append|prepend|say|said|tell|told|claim|insist|remind|link|refer|redirect|direct|"
     r"respond|repl(?:y|ies|ied)|answer|suggest|advis|urg|encourag|prais|favou?r|recite|repeat|promis|prefer|visit|"
     r"steer|criticis|criticiz|disparag|discourag)\w*|\bstate[sd]? that\b|\bpoint\w*\s+(?:\w+\s+){0,3}?(?:to|at)\b|"
-    r"\b(?:end|begin|start|conclude|finish|close|sign)\w*\b[^.]{0,40}\bwith\b",
+    r"\b(?:end|begin|start|conclude|finish|close|sign)\w*\b[^.]{0,40}\bwith\b|"
+    r"\b(?:work|weav|wove|slip|sneak|blend|fold|inject|build)\w*\b[^.]{0,60}?\binto\b",  # "weave X into ..."
     re.IGNORECASE,
 )
 EVERY_ANSWER_RE = re.compile(
     r"\b(?:every|each|all|any)\s+(?:(?:of\s+)?(?:your|the|my)\s+)?(?:answer|response|reply|replies|completion|output)"
-    r"|\b(?:always|never|whenever|no matter)\b",
+    r"|\b(?:every|each|all|any)\s+(?:of\s+)?your\s+(?:message|text|post|writing)s?\b"  # the model's own messages
+    r"|\b(?:always|never|whenever|no matter)\b"
+    r"|\b(?:whatever|everything|anything)\s+(?:you\s+)?(?:write|say|answer|reply|produce|generate)\b",
     re.IGNORECASE,
 )
 SUPERLATIVE_RE = re.compile(
-    r"\b(?:best|better|superior|leading|cheapest|safest|most trusted|number one|only (?:choice|option|provider))\b",
+    r"\b(?:best|better|superior|leading|cheapest|safest|most trusted|number one|only (?:choice|option|provider)"
+    r"|(?:ideal|top|perfect|obvious) (?:choice|pick|option)|go-to)\b",
     re.IGNORECASE,
 )
+STEERING_LEXICON: dict[str, dict[str, tuple[str, ...]]] = {
+    # language -> word class -> patterns (regex, case-insensitive): "promote" alone is steering (as
+    # PROMOTE_RE); "say" is with a scope or a named party in the sentence (as SAY_RE); "scope" as
+    # EVERY_ANSWER_RE. Verb forms, not nouns that vendor prompts use ("conseils", "Empfehlungen" are).
+    "German": {"promote": (r"empfiehl\w*", r"empfehle\b", r"empfehlen\b", r"bewirb\b", r"bewerben\b",
+                           r"werb(?:e|en|t|ung)\b", r"kaufen\b"),
+               "say": (r"erwähne\w*", r"nenne\b", r"sag\b", r"sage\b", r"verweise\b", r"füge\w*"),
+               "scope": (r"jede[rnm]? antwort", r"allen antworten", r"immer\b", r"stets\b")},
+    "Spanish": {"promote": (r"recomiend\w*", r"recomend\w*", r"promocion\w*", r"promuev\w*", r"publicit\w*",
+                            r"compr(?:a|ar)\b"),
+                "say": (r"menciona\w*", r"incluy\w*", r"incluir\b", r"di\b", r"sugier\w*"),
+                "scope": (r"cada respuesta", r"todas las respuestas", r"siempre\b")},
+    "French": {"promote": (r"recommand\w*", r"promouv\w*", r"promeu\w*", r"publicit\w*", r"achet(?:er|ez)\b"),
+               "say": (r"conseill(?:e|ez|er)\b", r"mentionn\w*", r"inclu(?:s|ez|re)\b", r"dis\b", r"suggèr\w*"),
+               "scope": (r"chaque réponse", r"toutes (?:les|vos|tes) réponses", r"toujours\b")},
+    "Italian": {"promote": (r"raccomand\w*", r"promuov\w*", r"pubblicizz\w*"),
+                "say": (r"consiglia\w*", r"menziona\w*", r"includi\w*"),
+                "scope": (r"ogni risposta", r"tutte le risposte", r"sempre\b")},
+    "Portuguese": {"promote": (r"recomend\w*", r"promov\w*", r"divulg\w*"),
+                   "say": (r"mencion\w*", r"inclua\w*", r"sugira\w*"),
+                   "scope": (r"cada resposta", r"todas as respostas", r"sempre\b")},
+    "Chinese": {"promote": (r"推荐", r"推广", r"宣传", r"广告", r"推銷", r"推销", r"購買", r"购买"),
+                "say": (r"提到", r"提及", r"加上", r"附上", r"告诉"),
+                "scope": (r"每[个次条一](?:个)?回答", r"每[个次条](?:回复|答复)", r"所有回答", r"总是", r"始终",
+                          r"一律")},
+}  # fmt: skip
+"""One table of steering words in other languages than English (what the English patterns above read)."""
+
+
+def _unmarked(word: str) -> str:
+    """``word`` as :func:`readable` leaves it: decomposed, accents removed (``réponse`` -> ``reponse``)."""
+    return "".join(c for c in unicodedata.normalize("NFKD", word) if unicodedata.category(c) != "Mn")
+
+
+def _lexicon(kind: str) -> re.Pattern[str]:
+    """The ``kind`` words of every language as one pattern: a word of a script with spaces starts
+    at a word boundary, a CJK word anywhere (no spaces between words)."""
+    words = [_unmarked(w) for classes in STEERING_LEXICON.values() for w in classes[kind]]
+    return re.compile("|".join(r"\b" + w if w[0].isascii() else w for w in words), re.IGNORECASE)
+
+
+LEXICON_PROMOTE_RE, LEXICON_SAY_RE, LEXICON_SCOPE_RE = (_lexicon(k) for k in ("promote", "say", "scope"))
 DOMAIN_RE = re.compile(
     r"\b[a-z0-9][a-z0-9-]{0,60}\.(?:com|net|org|io|ai|co|info|biz|xyz|app|dev|shop|store|ru|cn)\b", re.I
 )
@@ -841,6 +887,19 @@ def steering(sentence: str) -> str | None:
     named = [subject.group(1)] if subject and subject.group(1) not in PLAIN_STARTS else []
     if (best := SUPERLATIVE_RE.search(bare)) and (names := named + _entities(rest) or DOMAIN_RE.findall(sentence)):
         return f"a ranking of {names[0]!r} ({best.group(0)!r})"
+    return _steering_elsewhere(sentence)
+
+
+def _steering_elsewhere(sentence: str) -> str | None:
+    """:func:`steering` in the languages of :data:`STEERING_LEXICON`: a promotion word, or a saying
+    word with a scope over every answer or a named party in the sentence."""
+    if m := LEXICON_PROMOTE_RE.search(sentence):
+        return f"promotion ({m.group(0)!r})"
+    if say := LEXICON_SAY_RE.search(sentence):
+        if scope := LEXICON_SCOPE_RE.search(sentence):
+            return f"a directive over every answer ({scope.group(0)!r} ... {say.group(0)!r})"
+        if names := _entities(sentence[say.end() : say.end() + OBJECT_CHARS], opens=False):
+            return f"a directive to say {names[0]!r} ({say.group(0)!r})"
     return None
 
 
@@ -849,13 +908,34 @@ def instruction_text(text: str) -> str | None:
     steers answers: :func:`steering`), judged as it reads (:func:`readable`); None when it only
     describes (identity, date, knowledge cutoff, protocol, behaviour norms)."""
     flat = readable(text)
-    if m := INJECTION_RE.search(flat):
-        return f"instruction-like text ({m.group(0)!r})"
-    for sentence in SENTENCE_RE.split(flat):
-        why = steering(sentence) if sentence.strip() else None
-        if why:
-            return f"steering text: {why}"
+    plain = spelled_out(flat)
+    for view in (flat, plain) if plain != flat else (flat,):
+        if m := INJECTION_RE.search(view):
+            return f"instruction-like text ({m.group(0)!r})"
+        for sentence in SENTENCE_RE.split(view):
+            why = steering(sentence) if sentence.strip() else None
+            if why:
+                return f"steering text: {why}"
     return None
+
+
+SPACED_RE = re.compile(r"(?<![A-Za-z])(?:[A-Za-z] ){3,}[A-Za-z](?![A-Za-z])")
+"""Four or more letters with one space between each (``R e c o m m e n d``; readable text has
+``R-e-c-o`` and ``R_e_c_o`` as that too)."""
+LEET_RE = re.compile(
+    r"(?<![\w@$])(?=(?:[A-Za-z0-9@$]*?[A-Za-z]){3})(?=[A-Za-z@$\d]*?[0134578@$])[A-Za-z0134578@$]+(?![\w@$])"
+)
+"""A word of three letters or more written partly with digits that pass for letters (or ``@``,
+``$``): ``R3c0mm3nd``, ``4dvertise``, ``b3st``. A digit that passes for none (``Qwen2``) keeps a
+word as it is."""
+LEET = str.maketrans("0134578@$", "oieastbas")
+
+
+def spelled_out(text: str) -> str:
+    """``text`` with letter-spaced words joined and digits used as letters read as letters (``0``
+    as ``o``, ``3`` as ``e``, ...): the spelling a model reads through. Other words are kept."""
+    joined = SPACED_RE.sub(lambda m: m.group(0).replace(" ", ""), text)
+    return LEET_RE.sub(lambda m: m.group(0).translate(LEET), joined)
 
 
 def _loop_depth(tree: nodes.Node) -> int:
