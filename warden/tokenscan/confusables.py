@@ -137,19 +137,20 @@ def fold_keep_case(text: str) -> str:
 
 
 def fold_markup(text: str) -> tuple[str, list[int]]:
-    """``text`` folded for a comparison with markup: :func:`fold_char` per character, then two
-    characters drawn as one (:data:`SEQUENCES`, left to right) as that one. Also the offsets:
-    skeleton character ``i`` stands for ``text[offsets[i]:offsets[i + 1]]`` (the last offset is
-    ``len(text)``), so a match in the skeleton is a slice of the text."""
-    chars = [fold_char(c) for c in text]
+    """``text`` folded for a comparison with markup: :func:`fold_char` per character, and a letter
+    that two letters can draw (:data:`SEQUENCES`: ``m``) written as those two (``rn``), so ``rn``
+    and ``m`` fold alike wherever they stand (per character: no pairing to get wrong, ``vvv`` and
+    ``vw`` are one skeleton). Also, per skeleton character, the index of the text character it
+    comes from (then ``len(text)``): a match in the skeleton maps back to a slice of the text."""
     out: list[str] = []
-    offsets: list[int] = []
-    i = 0
-    while i < len(chars):
-        pair = "".join(chars[i : i + 2])
-        one = SEQUENCES.get(pair) if len(pair) == 2 else None
-        out.append(one or chars[i])
-        offsets.append(i)
-        i += 2 if one else 1
-    offsets.append(len(text))
-    return "".join(out), offsets
+    sources: list[int] = []
+    for i, c in enumerate(text):
+        folded = fold_char(c)
+        drawn = _EXPANDED.get(folded, folded)
+        out.append(drawn)
+        sources += [i] * len(drawn)
+    sources.append(len(text))
+    return "".join(out), sources
+
+
+_EXPANDED = {one: two for two, one in SEQUENCES.items()}

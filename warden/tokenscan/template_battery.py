@@ -506,6 +506,10 @@ def _skeleton_offsets(text: str) -> tuple[str, list[int]]:
     return confusables.fold_markup(INVISIBLE_RE.sub("\x01", text))
 
 
+def _per_char(text: str) -> str:
+    return "".join(map(confusables.fold_char, INVISIBLE_RE.sub("\x01", text)))
+
+
 def lookalike_issues(where: str, text: str, tokens: Iterable[str]) -> list[BehaviourIssue]:
     """Text in ``text`` that looks like one of ``tokens`` (the declared special tokens and the
     template's own role markup) but is not it: fullwidth bars, Cyrillic letters, invisible
@@ -517,15 +521,17 @@ def lookalike_issues(where: str, text: str, tokens: Iterable[str]) -> list[Behav
     marks = sorted((t for t in real if len(t) >= 3 and MARKUP_CHARS & set(skeleton(t))), key=len, reverse=True)
     if not marks:
         return []
-    skel, offsets = _skeleton_offsets(text)
+    skel, sources = _skeleton_offsets(text)
     out = []
     for token in marks:
         target, start = skeleton(token), 0
         while (at := skel.find(target, start)) >= 0:
-            seen = text[offsets[at] : offsets[at + len(target)]]  # a two-letter look-alike is two characters
-            start = at + 1
-            # a template's own tag drawn with two letters for one ('<|irn_end|>') is no markup of its own
-            own = seen in real and skeleton(seen) == "".join(map(confusables.fold_char, seen))
+            start, end = at + 1, at + len(target)
+            if (at and sources[at - 1] == sources[at]) or sources[end] == sources[end - 1]:
+                continue  # starts or ends inside one character's two letters
+            seen = text[sources[at] : sources[end - 1] + 1]
+            # a template's own tag is markup, unless it matches only through two letters for one ('<|irn_end|>')
+            own = seen in real and _per_char(seen) == _per_char(token)
             if seen != token and not own:
                 out.append(BehaviourIssue("lookalike", f"{where} has {seen!r}, a lookalike of the token {token!r}"))
                 break
