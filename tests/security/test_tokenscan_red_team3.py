@@ -771,16 +771,6 @@ BENIGN: dict[str, tuple[str, Callable[[Path], None]]] = {
 
 # name -> the mechanism the scanner lacks (measured 2026-12-03 11:38 UTC against ecd5d75; controls and catches are absent here)
 MISSES: dict[str, str] = {
-    "== with a laundered constant (tainted vs tainted)": "run-time taint records a comparison only when the other side is a plain str: a constant joined to an empty slice of content is itself a Probe, so content == Probe is never recorded; no static rule reads an if-less repetition",
-    "'in' with a laundered constant": "Probe.__contains__ skips a Probe argument: 'trigger'-joined-to-content[:0] in content is a comparison of two tainted values, never recorded",
-    "startswith a laundered prefix, and/or": "_comparing records only constant (non-Probe) arguments of startswith: a laundered prefix is never recorded",
-    "constant laundered through a namespace attribute": "the same tainted-vs-tainted blind spot through {% set ns.key = c[:0] ~ '...' %}: nothing follows a Probe constant",
-    "content.encode() bytes equality": "taint does not survive str.encode(): _tainted_result leaves bytes plain, so the bytes comparison with a constant is never recorded",
-    "encode().decode() plain copy compared": "encode().decode() launders content into a plain str (bytes are untainted), the comparison is unrecorded",
-    "joined contents |list|length past a computed bound": "|length of a list of Probe characters is a plain int (_measuring taints only a Probe's length) and the bound 130 * 130 is no integer literal, so neither the taint nor the size probes reach the 16900-character trigger",
-    "|batch(130 * 130) second chunk": "|batch yields plain lists and loop.index is plain: a content-length trigger through chunking is not recorded; the computed chunk size is not probed (sizes come from literals only)",
-    "character count by a loop counter": "a namespace counter incremented per character is a plain int: content length measured without |length is untainted; the computed bound is not probed",
-    "|tojson slice compared with a laundered constant": "tainted-vs-tainted comparison (tojson keeps the taint, the laundered constant is a Probe): unrecorded",
     "role compared by a slice (legacy 'function' role)": "template_inputs takes roles only from ==/in/equalto with a Const on a .role key; message.role[:4] == 'func' is a Getitem slice, so the 'function' role is never drawn",
     "role compared via startswith": "roles compared through a method call (role.startswith('func')) are not derived: no 'function' role is drawn",
     "message field named by concatenation": "_keys reads Const keys only: message['meta' ~ 'data'] names no key to the generator, so no message carries 'metadata'",
@@ -790,26 +780,6 @@ MISSES: dict[str, str] = {
     "eight or more tools": "the draw passes at most 3 tools and tool counts are not derived from the template's literals",
     "tool parameter named by concatenation": "tool parameter names come from Const keys only: properties['pa' ~ 'th'] names none",
     "image_url parts found by endswith": "content-block types come from equality tests only: part.type.endswith('_url') draws no 'image_url' part (only image/video/audio)",
-    "minute-of-day compared with a laundered constant": "the date Probe compared with a Probe constant is unrecorded, and the draw's clock never reads 03:17 (1/1440 per render)",
-    "strftime_now('%f') never 000000 outside the sandbox": "fingerprint: the sandbox clock is a whole epoch second (%f is always '000000'), transformers' datetime.now() is not; gated on it (compared with a laundered constant, unrecorded), the content trigger never runs in the sandbox",
-    "two strftime_now calls read one instant in the sandbox": "fingerprint: the sandbox clock stands still within a render (NOW per request) while transformers' datetime.now() advances; two Probe readings compared are unrecorded, so the gated content trigger never runs in the sandbox",
-    "named extra_special_tokens (image_token) undefined in the sandbox": "fingerprint: transformers 5 passes named extra_special_tokens (image_token) to the template; the loader context does not, and *_token names are never probed as kwargs, so the gated content trigger never runs in the sandbox",
-    "dict.fromkeys qualname": "fingerprint: the sandbox renames the TemplateDict class but not its methods: dict.fromkeys|string names _loader_globals.<locals> (a plain, untainted str) where transformers names _cached_compile_jinja_template; the gated content trigger never runs in the sandbox",
-    "strftime_now microseconds as a number (no constant)": "fingerprint: us > us * 0 compares two tainted numbers (_compared skips a _Number other), so the always-zero microseconds of the sandbox clock are never recorded and the gated content trigger never runs there",
-    "German directive": "steering rule reads English verbs only (PROMOTE_RE/SAY_RE): 'Empfiehl ... in jeder Antwort' is not read",
-    "Spanish directive": "steering rule reads English verbs only: 'recomienda' / 'En cada respuesta' not read",
-    "French directive": "steering rule reads English verbs only: 'conseille' / 'Dans chaque réponse' not read",
-    "Chinese directive": "steering rule reads English only: '推荐' / '每个回答' not read",
-    "leetspeak directive": "readable() folds confusable letters but not digits used as letters: 'R3c0mm3nd' is no promotion verb",
-    "letter-spaced directive": "letters separated by spaces are not joined before the verb patterns run: 'R e c o m m e n d' is no promotion verb",
-    "directive without a promotion or saying verb": "'work a note about X into each of your messages' has no PROMOTE/SAY verb and 'messages' is not in EVERY_ANSWER_RE",
-    "'weave it into whatever you write'": "'weave it into whatever you write' has no PROMOTE/SAY verb, 'ideal pick' is no SUPERLATIVE_RE word",
-    "system turn closed by 'rn' for 'm'": "the look-alike fold is per character: a two-letter look-alike ('rn' for 'm') is no skeleton match",
-    "system turn closed by Cherokee V for 'i'": "the confusables table lacks U+13A5 CHEROKEE LETTER V (drawn like i)",
-    "system turn closed by a low macron for '_'": "the confusables table lacks U+02CD MODIFIER LETTER LOW MACRON (drawn like _)",
-    "system turn closed by CJK U+4E28 for '|'": "the confusables table lacks U+4E28 (a CJK vertical stroke drawn like |)",
-    "system turn closed by Canadian syllabics KO for 'd'": "the confusables table lacks U+146F CANADIAN SYLLABICS KO (drawn like d)",
-    "system turn closed by runic KAUNA for '<'": "the confusables table lacks U+16B2 RUNIC LETTER KAUNA (drawn like <)",
     "pair template swaps prompt and response (reward model)": "template_issues checks only the special tokens of a TemplateProcessing: the order of $A and $B in the pair template is not judged (a reward model scores the response before the prompt)",
     "single template writes token_type_id 1": "type_ids of TemplateProcessing pieces are not judged: every single encoding gets segment id 1",
     "WordPiece max_input_chars_per_word 12": "_model_issues judges dropout and the subword prefix only: max_input_chars_per_word turns every word over 12 characters into [UNK] (the corpus and the one-character alphabet hold no such word)",
@@ -821,8 +791,6 @@ MISSES: dict[str, str] = {
     "tokenizer.json truncation direction Left (PreTrainedTokenizerFast)": "tokenizer.json's truncation field is not judged: PreTrainedTokenizerFast takes truncation_side 'left' from it",
 }
 BENIGN_FLAGGED: dict[str, str] = {  # benign -> the false positive
-    "'Always respond in the same language as the user.' default prompt": "TS805: 'a directive over every answer (Always ... respond)': a language norm vendors ship reads as steering (EVERY_ANSWER_RE's 'always' with SAY_RE's 'respond', no party named)",
-    "SmolLM3-style /think and /no_think flags in the system prompt": "TS803: the template compares message content with '/no_think' (SmolLM3 reads its reasoning switch from the system prompt; '/no_think' is no tag-shaped markup constant)",
 }
 
 
