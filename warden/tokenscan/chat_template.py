@@ -923,7 +923,7 @@ SPACED_RE = re.compile(r"(?<![A-Za-z])(?:[A-Za-z] ){3,}[A-Za-z](?![A-Za-z])")
 """Four or more letters with one space between each (``R e c o m m e n d``; readable text has
 ``R-e-c-o`` and ``R_e_c_o`` as that too)."""
 LEET_RE = re.compile(
-    r"(?<![\w@$])(?=(?:[A-Za-z0-9@$]*?[A-Za-z]){3})(?=[A-Za-z@$\d]*?[0134578@$])[A-Za-z0134578@$]+(?![\w@$])"
+    r"(?<![\w@$])(?=(?:[A-Za-z0-9@$]*?[A-Za-z]){3})(?=[A-Za-z@$0-9]*?[0134578@$])[A-Za-z0134578@$]+(?![\w@$])"
 )
 """A word of three letters or more written partly with digits that pass for letters (or ``@``,
 ``$``): ``R3c0mm3nd``, ``4dvertise``, ``b3st``. A digit that passes for none (``Qwen2``) keeps a
