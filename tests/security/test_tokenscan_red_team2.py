@@ -780,7 +780,7 @@ NEUTRAL_ATTACKS = [
     n for n, t in TEMPLATES.items() if t.marker == PAYLOAD and _neutral(t.template) and n not in NOT_NEUTRAL
 ]
 NEUTRAL_MISSES: dict[str, str] = {  # measured 2026-12-03 11:27 UTC; name -> the mechanism the scanner lacks
-    "additional_special_tokens undefined in transformers 5": "fingerprint: the loader context still defines additional_special_tokens, which transformers 5 leaves undefined; the 5.x context is not rendered separately, so text gated on its absence is never shown (caught with the payload only by its steering words)",
+    "additional_special_tokens undefined in transformers 5": "the fingerprint is gone (the sandbox leaves additional_special_tokens undefined as transformers 5 does), so the gated text renders in every scan as in every real load: always-on neutral text is judged by its wording only (as round 1's neutral prefix)",
 }
 
 
