@@ -27,21 +27,18 @@ from typing import Any
 
 import pytest
 
+from tests.security.tokenscan_kit import NEUTRAL, QWEN_DEFAULT, SCAN_BUDGET, SCAN_CHILD, SYS
+from tests.security.tokenscan_kit import cfg as _cfg
+from tests.security.tokenscan_kit import edit as _edit
+from tests.security.tokenscan_kit import tok as _tok
+from tests.security.tokenscan_kit import user as _user
 from tests.warden.tokenscan import families as fam
 from tests.warden.tokenscan.mutations import LOOP_RE
 from warden.tokenscan import scan_directory
 from warden.tokenscan.policy import default_policy
 
-NEUTRAL = "Seven paper lanterns drift over the quiet harbour at dusk."
 N = repr(NEUTRAL)
 S = "(message.content if message.content is string else '')"  # content, or '' for a list of parts
-USER_LINE = "message.content + '<|im_end|>' + '\\n' }}"
-QWEN_DEFAULT = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-SYS = [{"role": "system", "content": "be brief"}]
-
-
-def _user(text: str) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": text}]
 
 
 def _in_loop(snippet: str, base: str = fam.QWEN25_TEMPLATE) -> str:
@@ -385,24 +382,10 @@ TEMPLATES: dict[str, T] = {
 
 
 # ---------------------------------------------------------------------------- tokenizer files
-def _edit(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
-    data = json.loads(path.read_text(encoding="utf-8"))
-    change(data)
-    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
 
 
 def _tj(change: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
     return lambda d: _edit(d / "tokenizer.json", change)
-
-
-def _cfg(values: dict[str, Any]) -> Callable[[Path], None]:
-    return lambda d: _edit(d / "tokenizer_config.json", lambda c: c.update(values))
-
-
-def _tok(d: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(d))
 
 
 def _fast(change: Callable[[dict[str, Any]], None]) -> Callable[[Path], None]:
@@ -691,7 +674,6 @@ ROBUST_TEMPLATES: dict[str, str] = {
     "macro recursion without end": "{% macro r(n) %}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}" + fam.QWEN25_TEMPLATE,
 }
 ROBUST = [*ROBUST_FILES, *ROBUST_TEMPLATES]
-SCAN_BUDGET = 5.0
 SCAN_WALL = 25.0  # the budget plus the sandbox's grace
 
 
@@ -888,17 +870,6 @@ def test_attack_is_caught(built: Callable[[str], tuple[Path, Path]], name: str) 
     policy = default_policy()
     result = scan_directory(str(d), policy)
     assert result.blocking(policy.fail_severity), f"{name}: scanned clean {[f.id for f in result.findings]}"
-
-
-SCAN_CHILD = """
-import dataclasses, json, sys, time
-from warden.tokenscan import scan_directory
-from warden.tokenscan.policy import default_policy
-p = dataclasses.replace(default_policy(), scan_budget_seconds=float(sys.argv[2]))
-t = time.monotonic(); r = scan_directory(sys.argv[1], p)
-print(json.dumps({"blocking": [f.id for f in r.blocking(p.fail_severity)], "errors": r.errors,
-                  "seconds": time.monotonic() - t}))
-"""
 
 
 def _scan_in_child(d: Path) -> dict[str, Any] | None:
