@@ -119,11 +119,8 @@ class StaticDecoder:
         """Runs the prompts through the model into a reset cache; returns the last position's logits."""
         rows, prompt = prompt_ids.shape
         self._cache.reset()
-        for layer in getattr(self._cache, "layers", ()):
-            if hasattr(layer, "cumulative_length") and isinstance(layer.cumulative_length, torch.Tensor):
-                layer.cumulative_length.zero_()
+        self._fill_to(0)
         valid = prompt_mask.bool()
-        self._keep.zero_()
         self._keep[:, :prompt] = valid
         self._keep[:, prompt:] = True
         causal = torch.ones((prompt, prompt), dtype=torch.bool, device=prompt_ids.device).tril()
@@ -136,12 +133,11 @@ class StaticDecoder:
         self._at.fill_(prompt)
         return logits
 
-    def _rewind(self, prompt: int) -> None:
-        """Puts the counters back after graph warm-up: slots past ``prompt`` are masked until rewritten."""
+    def _fill_to(self, slots: int) -> None:
+        """Sets every static cache layer's count of written slots (the slot its next update writes)."""
         for layer in getattr(self._cache, "layers", ()):
             if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
-                layer.cumulative_length.fill_(prompt)
-        self._at.fill_(prompt)
+                layer.cumulative_length.fill_(slots)
 
     @torch.no_grad()
     def generate(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sample: Any) -> torch.Tensor:
@@ -153,7 +149,9 @@ class StaticDecoder:
         if self.graphs and self._graph is None:
             start = self._position.clone()
             self._capture()
-            self._rewind(prompt)
+            # the warm-up's writes are undone by the counters: slots past the prompt stay masked until rewritten
+            self._fill_to(prompt)
+            self._at.fill_(prompt)
             self._position.copy_(start)
         stops = torch.tensor(self.stop_ids, dtype=torch.long, device=prompt_ids.device)
         out = torch.full((rows, self.max_new), self.pad_id, dtype=torch.long, device=prompt_ids.device)
