@@ -93,3 +93,28 @@ def test_an_attention_without_4d_masks_is_refused_by_name(models) -> None:  # ty
             StaticDecoder(model, 4, [STOP], PAD, graphs=False)
     finally:
         model.config._attn_implementation = saved
+
+
+@pytest.mark.slow
+def test_the_compiled_step_samples_what_the_eager_step_samples(models) -> None:  # type: ignore[no-untyped-def]
+    """torch.compile of the one-token forward over the static cache: the same tokens as eager, and a
+    second call of the same shape compiles nothing new (the cache's counters are tensors, not guards)."""
+    from torch._dynamo.utils import counters
+
+    model = models["sdpa"]
+    ids = torch.randint(3, model.config.vocab_size, (3, 5), generator=torch.Generator().manual_seed(11))
+    mask = torch.ones_like(ids)
+    mask[0, :2], ids[0, :2] = 0, PAD
+    plan = SamplingPlan(seed=5, temperature=1.0)
+    sampling = SeededSampling(plan, 50, 0.9, 3, "cpu")
+    expected = StaticDecoder(model, 12, [STOP], PAD, graphs=False).generate(
+        ids, mask, lambda logits: sampling(None, logits)
+    )
+    compiled = StaticDecoder(model, 12, [STOP], PAD, graphs=False, compiled=True)
+    first = SeededSampling(plan, 50, 0.9, 3, "cpu")
+    assert torch.equal(compiled.generate(ids, mask, lambda logits: first(None, logits)), expected)
+    frames = counters["stats"]["unique_graphs"]
+    assert frames > 0  # the step went through dynamo
+    again = SeededSampling(plan, 50, 0.9, 3, "cpu")
+    assert torch.equal(compiled.generate(ids, mask, lambda logits: again(None, logits)), expected)
+    assert counters["stats"]["unique_graphs"] == frames
