@@ -80,6 +80,29 @@ def _removable(text: str) -> bool:
     )
 
 
+def _kept(text: str) -> str:
+    """``text`` folded, without the characters a normaliser may remove (:func:`_removable`)."""
+    return "".join(ch for ch in _fold(text) if not _removable(ch))
+
+
+def _unassigned_problem(source: str, target: str) -> str | None:
+    """A source holding characters newer than this Python's Unicode data (a charsmap built from a
+    later Unicode, as sentencepiece's own nmt_nfkc maps U+1CCD6 OUTLINED LATIN CAPITAL A to 'A')
+    is judged by its target, as a normal form's image can be: at most one character for each new
+    character, every known character of the source kept, one word. A target of several words or
+    letters beyond that (an emoji mapped to a sentence) is more than a normalisation."""
+    new = sum(1 for ch in source if unicodedata.category(ch) == "Cn")
+    known, kept = _kept("".join(ch for ch in source if unicodedata.category(ch) != "Cn")), _kept(target)
+    rest = list(kept)
+    for ch in known:
+        if ch not in rest:
+            return f"maps {source!r} to {target!r} (drops {ch!r} of the source)"
+        rest.remove(ch)
+    if len(rest) > new or len(_fold(target).split()) > 1:
+        return f"maps {source!r} (unassigned here) to {target!r} (more than a normal form's image)"
+    return None
+
+
 def mapping_problem(key: bytes, value: bytes) -> str | None:
     """Why mapping ``key`` to ``value`` changes letters, digits or words, or None."""
     try:
@@ -89,15 +112,31 @@ def mapping_problem(key: bytes, value: bytes) -> str | None:
     if target == unicodedata.normalize("NFKC", source):
         return None
     if any(unicodedata.category(ch) == "Cn" for ch in source):
-        return None  # newer than this Python's Unicode data: no ordinary text holds it here
+        return _unassigned_problem(source, target)
     if _fold(source) == _fold(target) or _fold(source).split() == _fold(target).split():
         return None
     if _removable(source) and (not target or target.isspace()):
         return None
-    strip = "".join(ch for ch in _fold(source) if not _removable(ch))
-    if strip == "".join(ch for ch in _fold(target) if not _removable(ch)):
+    if _kept(source) == _kept(target):
         return None
     return f"maps {source!r} to {target!r} (beyond Unicode normal forms, case and whitespace)"
+
+
+def one_char_mappings(blob: bytes) -> dict[str, str]:
+    """source -> target of every mapping of one character (empty when the blob is malformed):
+    the part of the map a vocabulary entry can be checked against character by character."""
+    out: dict[str, str] = {}
+    try:
+        for key, value in mappings(blob):
+            try:
+                source, target = key.decode("utf-8"), value.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            if len(source) == 1:
+                out[source] = target
+    except CharsmapError:
+        return {}
+    return out
 
 
 @functools.lru_cache(maxsize=16)

@@ -51,29 +51,84 @@ def _overridden(config: dict[str, Any], smap: dict[str, Any]) -> dict[str, str]:
     return out
 
 
+STANDARD_NAMES = (*SPECIAL_NAMES, "mask")  # transformers' SPECIAL_TOKENS_ATTRIBUTES, without "_token"
+
+
+def _named_extras(doc: dict[str, Any]) -> dict[str, str]:
+    """name (without ``_token``) -> token of one config's model-specific named special tokens:
+    every other ``<name>_token`` key holding a token, and ``extra_special_tokens`` as a mapping
+    (transformers 5 ``_set_model_specific_special_tokens``; the mapping wins on a clash)."""
+    out: dict[str, str] = {}
+    for key, value in doc.items():
+        name = str(key).removesuffix("_token")
+        if str(key).endswith("_token") and name not in STANDARD_NAMES and (text := token(value)):
+            out[name] = text
+    extra = doc.get("extra_special_tokens")
+    for key, value in as_dict(extra).items():
+        if (text := token(value)) is not None:
+            out[str(key).removesuffix("_token")] = text
+    return out
+
+
+def _unnamed_extras(doc: dict[str, Any]) -> list[str]:
+    """One config's unnamed special tokens: ``extra_special_tokens`` as a list, else the
+    deprecated ``additional_special_tokens`` it replaces (transformers 5 reads it as the list)."""
+    extra = doc.get("extra_special_tokens")
+    listed = extra if isinstance(extra, list) and extra else as_list(doc.get("additional_special_tokens"))
+    return [t for t in (token(v) for v in listed) if t]
+
+
+def loader_special_tokens(
+    config: dict[str, Any], smap: dict[str, Any], tok: dict[str, Any] | None = None
+) -> dict[str, str]:
+    """Every token transformers 5 loads as special, name -> token: the standard ones (bos, eos,
+    pad, unk, cls, sep, mask; special_tokens_map.json's replace the config's without
+    ``added_tokens_decoder``, :func:`_declared`), each model-specific ``<name>_token`` and named
+    ``extra_special_tokens`` (``image`` for ``image_token``), the unnamed ``extra[i]`` (the list
+    form, ``additional_special_tokens``; the map's merged in on the legacy path), the losing
+    value of a disagreement (``<name>(other)``), tokenizer.json's padding ``pad_token`` where no
+    pad is declared, and ``added[i]``: every added token marked special (tokenizer.json's
+    ``added_tokens``, the config's ``added_tokens_decoder``). ``tok``: the parsed tokenizer.json."""
+    out: dict[str, str] = {n: t for n in STANDARD_NAMES if (t := _declared(config, smap, n))}
+    legacy = "added_tokens_decoder" not in config
+    named = _named_extras(config) | (_named_extras(smap) if legacy else {})
+    out |= {n: t for n, t in named.items() if n not in out}
+    out |= _overridden(config, smap)
+    unnamed = _unnamed_extras(config) + (_unnamed_extras(smap) if legacy else [])
+    out |= {f"extra[{i}]": t for i, t in enumerate(dict.fromkeys(unnamed))}
+    padding = as_dict((tok or {}).get("padding"))
+    if "pad" not in out and (pad := token(padding.get("pad_token"))):
+        out["pad"] = pad  # TokenizersBackend: pad_token defaults to the padding block's
+    added = [a for a in as_list((tok or {}).get("added_tokens")) if isinstance(a, dict) and a.get("special")]
+    added += [
+        a for a in as_dict(config.get("added_tokens_decoder")).values() if isinstance(a, dict) and a.get("special")
+    ]
+    out |= {f"added[{i}]": t for i, t in enumerate(dict.fromkeys(t for t in map(token, added) if t))}
+    return out
+
+
 def config_tokens(snap: Snapshot) -> dict[str, str | None]:
-    """The special tokens the config files declare (tokenizer_config.json and
-    special_tokens_map.json, as the loader merges them): what the tokenizer child is asked
-    about. Known before tokenizer.json is parsed, so the child can load it meanwhile."""
+    """The special tokens the config files declare (:func:`loader_special_tokens` of
+    tokenizer_config.json and special_tokens_map.json, without tokenizer.json's): what the
+    tokenizer child is asked about. Known before tokenizer.json is parsed, so the child can load
+    it meanwhile."""
     config = snap.top("tokenizer_config.json") or {}
     smap = snap.top("special_tokens_map.json") or {}
-    tokens: dict[str, str | None] = {n: _declared(config, smap, n) for n in SPECIAL_NAMES}
-    tokens |= _overridden(config, smap)
-    extra = [t for t in (token(t) for t in as_list(config.get("additional_special_tokens"))) if t]
-    return tokens | {f"additional[{i}]": t for i, t in enumerate(extra)}
+    resolved = loader_special_tokens(config, smap)
+    tokens: dict[str, str | None] = {n: resolved.get(n) for n in SPECIAL_NAMES}
+    return tokens | {n: t for n, t in resolved.items() if n not in SPECIAL_NAMES and not n.startswith("added[")}
 
 
 def special_tokens(snap: Snapshot) -> None:
-    """Fills ``snap.special_tokens`` and ``snap.extra_special`` from the configs and tokenizer.json."""
+    """Fills ``snap.special_tokens`` (bos, eos, pad, unk, cls, sep) and ``snap.extra_special``
+    (every other token the loader treats as special) from :func:`loader_special_tokens`: the one
+    resolution every special-token check consumes."""
     config = snap.top("tokenizer_config.json") or {}
     smap = snap.top("special_tokens_map.json") or {}
+    resolved = loader_special_tokens(config, smap, snap.top("tokenizer.json"))
     for name in SPECIAL_NAMES:
-        snap.special_tokens[name] = _declared(config, smap, name)
-    extra: list[str | None] = list(_overridden(config, smap).values())
-    extra += [token(t) for t in as_list(config.get("additional_special_tokens"))]
-    tok = snap.top("tokenizer.json") or {}
-    extra += [token(t) for t in as_list(tok.get("added_tokens")) if isinstance(t, dict) and t.get("special")]
-    snap.extra_special = tuple(t for t in extra if t)
+        snap.special_tokens[name] = resolved.get(name)
+    snap.extra_special = tuple(t for n, t in resolved.items() if n not in SPECIAL_NAMES)
 
 
 def declared_tokens(snap: Snapshot) -> dict[str, str | None]:

@@ -21,7 +21,16 @@ from warden.tokenscan import chat_template as ct
 from warden.tokenscan import conversations as conv
 from warden.tokenscan import template_battery as tb
 from warden.tokenscan import tokenizer_behaviour as tbe
-from warden.tokenscan.declared import as_dict, as_list, config_tokens, declared_tokens, specials, token
+from warden.tokenscan.declared import (
+    SPECIAL_NAMES,
+    as_dict,
+    as_list,
+    config_tokens,
+    declared_tokens,
+    loader_special_tokens,
+    specials,
+    token,
+)
 from warden.tokenscan.policy import TokenscanPolicy
 from warden.tokenscan.resources import ScanResources
 from warden.tokenscan.snapshot import JsonDoc, Snapshot, TemplateSource
@@ -99,12 +108,9 @@ def loader_context(snap: Snapshot) -> dict[str, Any]:
     ``add_generation_prompt`` (True: an inference render), ``continue_final_message`` and
     ``return_assistant_tokens_mask`` (False), ``tools`` and ``documents``."""
     config, smap = snap.top("tokenizer_config.json") or {}, snap.top("special_tokens_map.json") or {}
-    # the file whose value wins where both set one (as declared.special_tokens reads bos/eos/...)
-    first, second = (config, smap) if "added_tokens_decoder" in config else (smap, config)
-    named = {"mask_token": first.get("mask_token") if "mask_token" in first else second.get("mask_token")}
-    named |= {k: v for k, v in as_dict(second.get("extra_special_tokens")).items() if isinstance(k, str)}
-    named |= {k: v for k, v in as_dict(first.get("extra_special_tokens")).items() if isinstance(k, str)}
-    context: dict[str, Any] = {k: token(v) for k, v in named.items() if token(v)}
+    resolved = loader_special_tokens(config, smap)  # the one resolution; only named tokens are passed
+    named = {n: t for n, t in resolved.items() if "[" not in n and "(" not in n and n not in SPECIAL_NAMES}
+    context: dict[str, Any] = {f"{n}_token": t for n, t in named.items()}
     context |= {f"{k}_token": v for k, v in snap.special_tokens.items() if v}
     return context | {"add_generation_prompt": True, "continue_final_message": False,
                       "return_assistant_tokens_mask": False, "tools": None, "documents": None}  # fmt: skip

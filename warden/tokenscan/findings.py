@@ -196,6 +196,14 @@ RULES: dict[str, Rule] = {
         Rule("TS1212", "post-processor-inserts", _H,
              "A post-processor template adds tokens that are not special added tokens (words before every input)",
              "Restore the post-processor: single and pair templates add only declared special tokens."),
+        Rule("TS1213", "post-processor-structure", _H,
+             "A post-processor template swaps, repeats or drops a sequence, or writes an unexpected type id",
+             "Restore the post-processor: single is specials around $A (type id 0), pair specials around $A "
+             "then $B (type id 0, and 0 or BERT's 1 from $B on); one processor adds special tokens."),
+        Rule("TS1214", "normaliser-unreachable-vocabulary", _H,
+             "A normaliser rewrites vocabulary entries (capitals under Lowercase): no text encodes to them",
+             "Use the normaliser the vocabulary was trained with (no Lowercase or do_lower_case on a cased "
+             "vocabulary); compare with the vendor's tokenizer."),
         Rule("TS1301", "generation-config-tokens", _H,
              "generation_config.json beside the tokenizer suppresses, forces, biases or cuts generation",
              "Keep only the vendor's sampling settings (temperature, top_p, top_k, sane lengths) and special "

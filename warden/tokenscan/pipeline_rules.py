@@ -34,7 +34,7 @@ from functools import lru_cache
 from itertools import pairwise
 from typing import Any
 
-from warden.tokenscan.charsmap import charsmap_problem
+from warden.tokenscan.charsmap import charsmap_problem, one_char_mappings
 
 MAX_RULES = 256
 MAX_DEPTH = 8
@@ -44,7 +44,9 @@ MAX_DEPTH = 8
 class PipelineIssue:
     """``kind``: rule (a rule rewrites text), unknown (a rule type no judge knows), collision (an
     ordinary entry shares a special id), folding (a special token matched after folding),
-    template (a post-processor inserts ordinary tokens)."""
+    template (a post-processor inserts ordinary tokens), structure (a post-processor template
+    reorders, repeats or drops a sequence, or writes an unexpected type id), unreachable (a
+    normaliser rewrites vocabulary entries: no text encodes to them)."""
 
     kind: str
     where: str
@@ -321,19 +323,90 @@ def rule_issues(tok: Mapping[str, Any]) -> list[PipelineIssue]:
     return out
 
 
+ModelJudge = Callable[[Any], str | None]  # why a model field's value drops or replaces text, or None
+
+MIN_CHARS_PER_WORD = 100
+"""WordPiece's ``max_input_chars_per_word`` in ``tokenizers`` and transformers (and every BERT
+release): a word longer than it becomes the unknown token whole."""
+
+
+def _no_dropout(value: Any) -> str | None:
+    if value is None or (type(value) in (int, float) and value == 0):
+        return None
+    return f"dropout {value!r}: the same text encodes differently each time"
+
+
+def _marker(what: str) -> ModelJudge:
+    """A subword prefix or end-of-word suffix: absent, or a marker without letters or digits (``##``,
+    ``</w>``); letters would be stripped from, or glued onto, real words."""
+
+    def judge(value: Any) -> str | None:
+        if value is None or value == "":
+            return None
+        if not isinstance(value, str) or _wordy(value) or _only_space(value):
+            return f"{what} {str(value)[:20]!r} is not a marker of symbols: words lose or gain it"
+        return None
+
+    return judge
+
+
+def _unknown_piece(value: Any) -> str | None:
+    """The piece unknown text becomes: absent, or markup (``[UNK]``, ``<unk>``), never a word."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or all(ch.isalnum() or ch.isspace() or ch == "\u2581" for ch in value):
+        return f"unknown token {str(value)[:20]!r} is a word: unknown text reads as it"
+    return None
+
+
+def _chars_per_word(value: Any) -> str | None:
+    if value is None or (type(value) is int and value >= MIN_CHARS_PER_WORD):
+        return None
+    return f"max_input_chars_per_word {value!r} below {MIN_CHARS_PER_WORD}: every longer word becomes the unknown token"
+
+
+def _flag(name: str) -> ModelJudge:
+    return lambda v: None if v is None or type(v) is bool else f"{name} {v!r} is not a boolean"
+
+
+def _unk_id(value: Any) -> str | None:
+    return None if value is None or (type(value) is int and value >= 0) else f"unk_id {value!r} is not a vocabulary id"
+
+
+_PASS: ModelJudge = lambda _v: None  # noqa: E731 - vocab and merges: judged by the vocabulary invariants
+MODEL_FIELDS: dict[str, dict[str, ModelJudge]] = {
+    "BPE": {"dropout": _no_dropout, "unk_token": _unknown_piece, "fuse_unk": _flag("fuse_unk"),
+            "continuing_subword_prefix": _marker("subword prefix"), "end_of_word_suffix": _marker("end-of-word suffix"),
+            "byte_fallback": _flag("byte_fallback"), "ignore_merges": _flag("ignore_merges"),
+            "vocab": _PASS, "merges": _PASS},
+    "WordPiece": {"unk_token": _unknown_piece, "continuing_subword_prefix": _marker("subword prefix"),
+                  "max_input_chars_per_word": _chars_per_word, "vocab": _PASS},
+    "WordLevel": {"unk_token": _unknown_piece, "vocab": _PASS},
+    "Unigram": {"unk_id": _unk_id, "byte_fallback": _flag("byte_fallback"), "vocab": _PASS},
+}  # fmt: skip
+"""Model type -> field -> judge: every parameter of a ``tokenizers`` model that can drop or replace
+text (sampling, unknown pieces, markers, word-length limits). A field not listed is ``unknown``."""
+
+
 def _model_issues(model: Any) -> list[PipelineIssue]:
+    """The model's fields through :data:`MODEL_FIELDS` (an untyped model, as old files write it, is
+    judged by every table it fits: a field any type refuses is refused)."""
     if not isinstance(model, dict):
         return [PipelineIssue("unknown", "model", "no model object")]
     kind = model.get("type")
-    if kind not in ("BPE", "WordPiece", "WordLevel", "Unigram", None):
+    if kind is not None and kind not in MODEL_FIELDS:
         return [PipelineIssue("unknown", "model", f"model type {kind!r} is not judged")]
-    dropout = model.get("dropout")
-    if isinstance(dropout, (int, float)) and not isinstance(dropout, bool) and dropout > 0:
-        return [PipelineIssue("rule", "model", f"BPE dropout {dropout}: the same text encodes differently each time")]
-    prefix = model.get("continuing_subword_prefix")
-    if kind == "WordPiece" and isinstance(prefix, str) and _wordy(prefix):
-        return [PipelineIssue("rule", "model", f"WordPiece subword prefix {prefix!r} holds letters")]
-    return []
+    tables = [MODEL_FIELDS[kind]] if kind is not None else list(MODEL_FIELDS.values())
+    out = []
+    for key, value in list(model.items())[:MAX_RULES]:
+        if key == "type":
+            continue
+        judges = [t[key] for t in tables if key in t]
+        if not judges:
+            out.append(PipelineIssue("unknown", "model", f"{kind or 'model'} field {str(key)[:40]!r} is not judged"))
+        elif why := next((w for j in judges if (w := j(value))), None):
+            out.append(PipelineIssue("rule", "model", f"{kind or 'model'} {why}"))
+    return out
 
 
 # -- the base alphabet's ids -------------------------------------------------------------------
@@ -602,11 +675,69 @@ def _template_tokens(node: Mapping[str, Any]) -> Iterator[str]:
                 yield str(special.get("id"))
 
 
+ADDING_PROCESSORS = frozenset({"TemplateProcessing", "BertProcessing", "RobertaProcessing"})
+
+
+def _piece(piece: Any) -> tuple[str, Any, Any] | None:
+    """(``Sequence`` or ``SpecialToken``, its id, its type id) of one template piece, or None."""
+    if not isinstance(piece, dict) or len(piece) != 1:
+        return None
+    kind, body = next(iter(piece.items()))
+    if kind not in ("Sequence", "SpecialToken") or not isinstance(body, dict):
+        return None
+    return kind, body.get("id"), body.get("type_id", 0)
+
+
+def _shown(sequences: Iterable[str]) -> str:
+    return " ".join("$" + s for s in sequences) or "none"
+
+
+def _template_shape(pieces: Any, sequences: tuple[str, ...]) -> str | None:
+    """Why one template (``single``: sequences ``("A",)``; ``pair``: ``("A", "B")``) is not
+    special tokens around each sequence once and in that order, type id 0 up to the second
+    sequence and one type id (0, or BERT's 1) from it on, or None."""
+    if not isinstance(pieces, list) or len(pieces) > MAX_RULES:
+        return "is not a list of pieces"
+    parsed = [p for p in map(_piece, pieces) if p is not None]
+    if len(parsed) != len(pieces):
+        return "holds a piece that is neither a Sequence nor a SpecialToken"
+    order = tuple(str(ident) for kind, ident, _t in parsed if kind == "Sequence")
+    if order != sequences:
+        return f"holds the sequences {_shown(order)} (expected {_shown(sequences)})"
+    second = next((n for n, (kind, ident, _t) in enumerate(parsed) if kind == "Sequence" and ident == "B"), len(parsed))
+    types = [t for _k, _i, t in parsed]
+    before, after = types[:second], types[second:]
+    if any(not _is_int(t, 0) for t in before):
+        return f"writes type ids {before} before {'$B' if len(sequences) > 1 else 'the end'} (the first segment is 0)"
+    if after and not (all(_is_int(t, 0) for t in after) or all(_is_int(t, 1) for t in after)):
+        return f"writes type ids {after} from $B on (one segment id, 0 or 1)"
+    return None
+
+
+def _is_int(value: Any, expected: int) -> bool:
+    return type(value) is int and value == expected
+
+
+def template_structure_problems(node: Mapping[str, Any]) -> list[str]:
+    """Why a ``TemplateProcessing`` is not the structure of every real family: ``single`` is
+    special tokens and ``$A`` once, type id 0; ``pair`` is special tokens, ``$A`` then ``$B`` (never
+    swapped, repeated or dropped), type id 0 up to ``$B`` and one segment id from it on (0, or
+    BERT's 1). A reward model fed a swapped pair scores the response before the prompt."""
+    out = []
+    for key, sequences in (("single", ("A",)), ("pair", ("A", "B"))):
+        if key in node and (why := _template_shape(node.get(key), sequences)):
+            out.append(f"TemplateProcessing {key} template {why}")
+    return out
+
+
 def template_issues(processor: Any, specials: Mapping[int, str]) -> list[PipelineIssue]:
     """Post-processors may add only special added tokens: every ``TemplateProcessing`` token (of
     the single and the pair template) maps to exactly one id, that of a special added token of
-    the same text; Bert/Roberta processors' cls/sep too."""
+    the same text; Bert/Roberta processors' cls/sep too. Each template has the structure of
+    :func:`template_structure_problems`, and one processor at most adds tokens (a Sequence of
+    two adds them twice)."""
     out: list[PipelineIssue] = []
+    adding = 0
     special_text = {v: k for k, v in specials.items()}
     stack: list[tuple[Any, int]] = [(processor, 0)]
     while stack:
@@ -614,9 +745,14 @@ def template_issues(processor: Any, specials: Mapping[int, str]) -> list[Pipelin
         if not isinstance(node, dict) or depth > MAX_DEPTH:
             continue
         kind = node.get("type")
+        adding += kind in ADDING_PROCESSORS
+        if adding == 2 and kind in ADDING_PROCESSORS:
+            out.append(PipelineIssue("structure", "post_processor", "two post-processors add special tokens: "
+                                                                    "every encoding gets them twice"))  # fmt: skip
         if kind == "Sequence" and isinstance(node.get("processors"), list):
             stack += [(p, depth + 1) for p in node["processors"][:MAX_RULES]]
         elif kind == "TemplateProcessing":
+            out += [PipelineIssue("structure", "post_processor", why) for why in template_structure_problems(node)]
             table: dict[str, Any] = node["special_tokens"] if isinstance(node.get("special_tokens"), dict) else {}
             for name in sorted(set(_template_tokens(node))):
                 spec = table.get(name)
@@ -642,9 +778,130 @@ def template_issues(processor: Any, specials: Mapping[int, str]) -> list[Pipelin
     return out
 
 
-def tokenizer_issues(tok: Mapping[str, Any], extra_ids: Mapping[int, str] | None = None) -> list[PipelineIssue]:
-    """:func:`rule_issues` and :func:`vocabulary_issues` of one parsed tokenizer.json."""
-    return rule_issues(tok) + vocabulary_issues(tok, extra_ids)
+def tokenizer_issues(
+    tok: Mapping[str, Any], extra_ids: Mapping[int, str] | None = None, loader_rules: tuple[Mapping[str, Any], ...] = ()
+) -> list[PipelineIssue]:
+    """:func:`rule_issues`, :func:`vocabulary_issues` and :func:`unreachable_issues` of one parsed
+    tokenizer.json (``loader_rules``: normaliser rules the loader adds, as ``do_lower_case``)."""
+    return rule_issues(tok) + vocabulary_issues(tok, extra_ids) + unreachable_issues(tok, loader_rules)
+
+
+# -- vocabulary entries the normaliser never lets through ----------------------------------------
+MIN_UNREACHABLE = 8
+UNREACHABLE_SHARE = 0.01
+"""An issue from this many rewritten entries and this share of the judged ones on: a vocabulary
+trained under its own normaliser holds none (a stray decomposed sequence under NFC is not a
+family's capitals under Lowercase)."""
+
+
+def _strip_marks(text: str) -> str:
+    return "".join(ch for ch in unicodedata.normalize("NFD", text) if unicodedata.category(ch) != "Mn")
+
+
+def _rule_image(rule: Mapping[str, Any]) -> Callable[[str], str] | None:
+    """What one normaliser rule writes for a text, where that is known exactly enough to say an
+    entry can never come out of it: the normal forms and Lowercase, accents stripped, BERT's
+    lowercase and accent stripping, a charsmap's one-character mappings. None: the identity
+    here (whitespace rules, Replace, Prepend: judged by :data:`JUDGES`)."""
+    kind = rule.get("type")
+    if isinstance(kind, str) and kind in _IMAGES:
+        return _IMAGES[kind]
+    if kind == "StripAccents":
+        return lambda t: "".join(ch for ch in t if unicodedata.category(ch) != "Mn")
+    if kind == "BertNormalizer":
+        lower = rule.get("lowercase", True) is not False
+        strip = rule.get("strip_accents")
+        strip = lower if strip is None else bool(strip)
+        return _composed([f for f, on in ((_strip_marks, strip), (str.lower, lower)) if on])
+    if kind == "Precompiled" and isinstance(raw := rule.get("precompiled_charsmap"), str) and raw:
+        table = _charsmap_chars(raw)
+        return (lambda t: "".join(table.get(ch, ch) for ch in t)) if table else None
+    return None
+
+
+@lru_cache(maxsize=8)
+def _charsmap_chars(raw: str) -> dict[str, str]:
+    """The one-character mappings of a base64 charsmap (empty when it does not decode)."""
+    try:
+        return one_char_mappings(base64.b64decode(raw, validate=True))
+    except (binascii.Error, ValueError):
+        return {}
+
+
+def normaliser_image(
+    tok: Mapping[str, Any], loader_rules: tuple[Mapping[str, Any], ...] = ()
+) -> Callable[[str], str] | None:
+    """The known part of the normaliser (:func:`_rule_image` along its rules, then ``loader_rules``)
+    as one function, or None when no rule of it rewrites text."""
+    steps = [f for _w, r in rules(tok, "normalizer") if (f := _rule_image(r))]
+    return _composed(steps + [f for r in loader_rules if (f := _rule_image(r))])
+
+
+def _composed(steps: list[Callable[[str], str]]) -> Callable[[str], str] | None:
+    """``steps`` applied in order, as one function (None: no step)."""
+    if not steps:
+        return None
+
+    def image(text: str) -> str:
+        for step in steps:
+            text = step(text)
+        return text
+
+    return image
+
+
+_FROM_BYTE_LEVEL = {ord(ch): chr(b) for b, ch in enumerate(BYTE_LEVEL_CHARS)}
+
+
+def entry_text(entry: str, byte_level: bool, prefix: str | None) -> str | None:
+    """The user text a vocabulary entry stands for: byte-level characters decoded (None: not whole
+    UTF-8), metaspace as a space, a WordPiece continuing prefix removed; None for byte pieces."""
+    if byte_level:
+        try:
+            return entry.translate(_FROM_BYTE_LEVEL).encode("latin-1").decode("utf-8")
+        except (UnicodeEncodeError, UnicodeDecodeError):
+            return None
+    if len(entry) == 6 and entry.startswith("<0x") and entry.endswith(">"):
+        return None
+    if prefix and entry.startswith(prefix) and len(entry) > len(prefix):
+        entry = entry[len(prefix) :]
+    return entry.replace("\u2581", " ")
+
+
+def unreachable_entries(
+    tok: Mapping[str, Any], loader_rules: tuple[Mapping[str, Any], ...] = ()
+) -> tuple[int, list[str]]:
+    """(entries judged, entries the normaliser rewrites): an ordinary vocabulary entry whose text the
+    known normaliser (:func:`normaliser_image`) changes is never the output of that normaliser, so
+    no text encodes to it ('Apple' under Lowercase). Added tokens are matched before it and skipped."""
+    image = normaliser_image(tok, loader_rules)
+    model = tok.get("model")
+    if image is None or not isinstance(model, dict):
+        return 0, []
+    added = {t for a in _added(tok) if isinstance(t := a.get("content"), str)}
+    byte_level = _byte_level(tok)
+    prefix = model.get("continuing_subword_prefix") if model.get("type") == "WordPiece" else None
+    judged, out = 0, []
+    for entry, _ident in _vocab_entries(model):
+        text = None if entry in added else entry_text(entry, byte_level, prefix if isinstance(prefix, str) else None)
+        if not text or text.isspace():
+            continue
+        judged += 1
+        if image(text) != text:
+            out.append(entry)
+    return judged, out
+
+
+def unreachable_issues(tok: Mapping[str, Any], loader_rules: tuple[Mapping[str, Any], ...] = ()) -> list[PipelineIssue]:
+    """One issue when the normaliser rewrites :data:`MIN_UNREACHABLE` or more entries and
+    :data:`UNREACHABLE_SHARE` of those judged (:func:`unreachable_entries`): a Lowercase or
+    ``do_lower_case`` over a cased vocabulary; an uncased one (BERT uncased) has none."""
+    judged, rewritten = unreachable_entries(tok, loader_rules)
+    if len(rewritten) < max(MIN_UNREACHABLE, UNREACHABLE_SHARE * judged):
+        return []
+    shown = ", ".join(map(repr, rewritten[:4]))
+    detail = f"the normaliser rewrites {len(rewritten)} of {judged} vocabulary entries ({shown}): no text is them"
+    return [PipelineIssue("unreachable", "model.vocab", detail)]
 
 
 def looks_like_tokenizer(data: Any) -> bool:

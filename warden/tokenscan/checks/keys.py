@@ -1,15 +1,23 @@
 """Check 7: dangerous config keys (trust_remote_code, private keys, hub kernels, RAG indexes, GGUF) and
-tokenizer_config keys that change what every encoding returns (TS707)."""
+the loader-read settings of tokenizer_config.json and tokenizer.json that change how text becomes ids
+(TS707, judged by :mod:`..encoding_settings`)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
 
+from warden.tokenscan import encoding_settings as es
+from warden.tokenscan import pipeline_rules as pr
 from warden.tokenscan.checks.common import basename, doc_keys, short, strings_in
 from warden.tokenscan.findings import Finding, Severity, finding
 from warden.tokenscan.policy import TokenscanPolicy
 from warden.tokenscan.snapshot import Snapshot
+
+# re-exported: the floors are the settings table's (tests and docs name them here)
+MIN_MODEL_MAX_LENGTH = es.MIN_MODEL_MAX_LENGTH
+MIN_CHAT_MODEL_MAX_LENGTH = es.MIN_CHAT_MODEL_MAX_LENGTH
+REQUIRED_INPUT_NAMES = es.REQUIRED_INPUT_NAMES
 
 RAG_KEYS = frozenset({"index_name", "index_path", "passages_path"})
 CUSTOM_CODE_KEYS = frozenset({"custom_pipelines"})
@@ -29,40 +37,49 @@ def check_dangerous_keys(snap: Snapshot, policy: TokenscanPolicy) -> list[Findin
             out += _key_findings(doc.rel, path, key, value, policy)
         if basename(doc.rel) == "tokenizer_config.json":
             chat = "chat_template" in doc.data or os.path.dirname(doc.rel) in templates
-            out += [finding("TS707", doc.rel, why, key=key) for key, why in encoding_key_problems(doc.data, chat)]
+            ctx = tokenizer_setting_context(_beside(snap, doc.rel, "tokenizer.json"), chat)
+            out += [finding("TS707", doc.rel, why, key=key) for key, why in encoding_key_problems(doc.data, chat, ctx)]
+    for rel, doc in sorted(snap.json.items()):
+        if pr.looks_like_tokenizer(doc.data):
+            chat = _has_template(snap, rel, templates)
+            ctx = tokenizer_setting_context(doc.data, chat)
+            found = es.setting_problems(es.TOKENIZER_JSON_SETTINGS, doc.data, ctx)
+            out += [finding("TS707", rel, why, key=key) for key, why in found]
     return out
 
 
-# The shortest context of any tokenizer family a loader may meet: encoder and text-tower
-# tokenizers truncate at 64 (SigLIP), 77 (CLIP), 512 (BERT, T5); every chat family's context is
-# 2048 tokens or more. Below these, every longer prompt is cut (``truncation=True``).
-MIN_MODEL_MAX_LENGTH = 64
-MIN_CHAT_MODEL_MAX_LENGTH = 1024
-REQUIRED_INPUT_NAMES = ("input_ids", "attention_mask")
+def _beside(snap: Snapshot, rel: str, name: str) -> dict[str, Any] | None:
+    folder = os.path.dirname(rel)
+    doc = snap.json.get(os.path.join(folder, name) if folder else name)
+    return doc.data if doc is not None and isinstance(doc.data, dict) else None
 
 
-def encoding_key_problems(config: dict[str, Any], chat: bool) -> list[tuple[str, str]]:
-    """(key, why) for each ``tokenizer_config.json`` value that changes what every encoding
-    returns: ``model_max_length`` not a number or below the shortest context of any family
-    (:data:`MIN_MODEL_MAX_LENGTH`; :data:`MIN_CHAT_MODEL_MAX_LENGTH` for a tokenizer with a chat
-    template), ``model_input_names`` without ``input_ids`` and ``attention_mask`` (the tokenizer
-    stops returning the mask: padding is then attended to). ``chat``: the tokenizer has a template."""
-    out = []
-    if "model_max_length" in config and config["model_max_length"] is not None:
-        value = config["model_max_length"]
-        floor = MIN_CHAT_MODEL_MAX_LENGTH if chat else MIN_MODEL_MAX_LENGTH
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            out.append(("model_max_length", f"model_max_length {short(value)!r} is not a number of tokens"))
-        elif value < floor:
-            kind = "a chat tokenizer's" if chat else "any tokenizer's"
-            out.append(("model_max_length", f"model_max_length {value:g} truncates prompts far below {kind} "
-                                            f"context (at least {floor})"))  # fmt: skip
-    if "model_input_names" in config:
-        names = config["model_input_names"]
-        missing = [n for n in REQUIRED_INPUT_NAMES if not (isinstance(names, list) and n in names)]
-        if missing:
-            out.append(("model_input_names", f"model_input_names {short(names)!r} lacks {', '.join(missing)}"))
-    return out
+def _has_template(snap: Snapshot, rel: str, templates: set[str]) -> bool:
+    """Whether the tokenizer folder of ``rel`` has a chat template (in its config or a file)."""
+    config = _beside(snap, rel, "tokenizer_config.json") or {}
+    return "chat_template" in config or os.path.dirname(rel) in templates
+
+
+def encoding_key_problems(
+    config: dict[str, Any], chat: bool, ctx: es.SettingContext | None = None
+) -> list[tuple[str, str]]:
+    """(key, why) for each ``tokenizer_config.json`` value that changes how text becomes ids
+    (:data:`..encoding_settings.CONFIG_SETTINGS`, one row per key the loader reads).
+    ``chat``: the tokenizer has a template; ``ctx``: the tokenizer.json beside (markup tokens)."""
+    ctx = ctx or es.SettingContext()
+    return es.setting_problems(es.CONFIG_SETTINGS, config, es.SettingContext(chat, ctx.markup, ctx.specials))
+
+
+def tokenizer_setting_context(tok: dict[str, Any] | None, chat: bool) -> es.SettingContext:
+    """The special added tokens (content -> id) and the markup added tokens that are not special
+    of a parsed tokenizer.json (None: there is none)."""
+    added = [a for a in (tok or {}).get("added_tokens") or [] if isinstance(a, dict)]
+    specials = {str(a.get("content")): a["id"] for a in added if a.get("special") and type(a.get("id")) is int}
+    markup = frozenset(
+        str(a["content"]) for a in added
+        if not a.get("special") and isinstance(a.get("content"), str) and pr.MARKUP_CHARS.intersection(a["content"])
+    )  # fmt: skip
+    return es.SettingContext(chat, markup, specials)
 
 
 def _key_findings(rel: str, path: str, key: str, value: object, policy: TokenscanPolicy) -> list[Finding]:

@@ -20,7 +20,7 @@ from warden.tokenscan.policy import TokenscanPolicy
 from warden.tokenscan.snapshot import Snapshot
 
 RULE_OF_KIND = {"rule": "TS1209", "unknown": "TS910", "collision": "TS1210", "folding": "TS1211", "template": "TS1212",
-                "order": "TS1205"}  # fmt: skip
+                "order": "TS1205", "structure": "TS1213", "unreachable": "TS1214"}  # fmt: skip
 Bounds = tuple[type | tuple[type, ...], float, float]
 GENERATION_ALLOWED: dict[str, Bounds] = {
     "temperature": ((int, float), 0.0, 2.0), "top_p": ((int, float), 0.0, 1.0), "top_k": (int, 0, 1000),
@@ -77,7 +77,8 @@ def check_pipeline(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
     for rel, tok in _tokenizers(snap):
         config = _folder_doc(snap, rel, "tokenizer_config.json")
         extra = _decoder_ids(config) | _added_json_ids(_folder_doc(snap, rel, "added_tokens.json"))
-        for issue in pr.tokenizer_issues(tok, extra):
+        lowercase = ({"type": "Lowercase"},) if (config or {}).get("do_lower_case") is True else ()
+        for issue in pr.tokenizer_issues(tok, extra, lowercase):  # do_lower_case: the loader lowercases too
             if issue.kind == "order" and not policy.behaviour.bpe_ids_follow_merges:
                 continue  # the operator reviewed this vocabulary's id order (TS1205's documented switch)
             out.append(finding(RULE_OF_KIND[issue.kind], rel, f"{issue.where}: {issue.detail}"))
