@@ -336,14 +336,16 @@ def _no_dropout(value: Any) -> str | None:
     return f"dropout {value!r}: the same text encodes differently each time"
 
 
-def _marker(what: str) -> ModelJudge:
-    """A subword prefix or end-of-word suffix: absent, or a marker without letters or digits (``##``,
-    ``</w>``); letters would be stripped from, or glued onto, real words."""
+def _marker(what: str, letters: bool) -> ModelJudge:
+    """A subword prefix or end-of-word suffix: absent, or a marker no ordinary word holds (``##``;
+    with ``letters``, markup such as ``</w>`` too); a word-like one would be stripped from, or
+    glued onto, real words."""
 
     def judge(value: Any) -> str | None:
         if value is None or value == "":
             return None
-        if not isinstance(value, str) or _wordy(value) or _only_space(value):
+        symbols = isinstance(value, str) and not all(ch.isalnum() or ch.isspace() for ch in value)
+        if not symbols or (not letters and _wordy(value)):
             return f"{what} {str(value)[:20]!r} is not a marker of symbols: words lose or gain it"
         return None
 
@@ -376,10 +378,11 @@ def _unk_id(value: Any) -> str | None:
 _PASS: ModelJudge = lambda _v: None  # noqa: E731 - vocab and merges: judged by the vocabulary invariants
 MODEL_FIELDS: dict[str, dict[str, ModelJudge]] = {
     "BPE": {"dropout": _no_dropout, "unk_token": _unknown_piece, "fuse_unk": _flag("fuse_unk"),
-            "continuing_subword_prefix": _marker("subword prefix"), "end_of_word_suffix": _marker("end-of-word suffix"),
+            "continuing_subword_prefix": _marker("subword prefix", True),
+            "end_of_word_suffix": _marker("end-of-word suffix", True),
             "byte_fallback": _flag("byte_fallback"), "ignore_merges": _flag("ignore_merges"),
             "vocab": _PASS, "merges": _PASS},
-    "WordPiece": {"unk_token": _unknown_piece, "continuing_subword_prefix": _marker("subword prefix"),
+    "WordPiece": {"unk_token": _unknown_piece, "continuing_subword_prefix": _marker("subword prefix", False),
                   "max_input_chars_per_word": _chars_per_word, "vocab": _PASS},
     "WordLevel": {"unk_token": _unknown_piece, "vocab": _PASS},
     "Unigram": {"unk_id": _unk_id, "byte_fallback": _flag("byte_fallback"), "vocab": _PASS},
@@ -694,8 +697,9 @@ def _shown(sequences: Iterable[str]) -> str:
 
 def _template_shape(pieces: Any, sequences: tuple[str, ...]) -> str | None:
     """Why one template (``single``: sequences ``("A",)``; ``pair``: ``("A", "B")``) is not
-    special tokens around each sequence once and in that order, type id 0 up to the second
-    sequence and one type id (0, or BERT's 1) from it on, or None."""
+    special tokens around each sequence once and in that order, type ids a run of 0 (holding
+    ``$A``) then a run of one segment id (0, or BERT's 1; holding ``$B``, and maybe the special
+    token before it, as transformers' Llama and Gemma write ``<bos>:1 $B:1``), or None."""
     if not isinstance(pieces, list) or len(pieces) > MAX_RULES:
         return "is not a list of pieces"
     parsed = [p for p in map(_piece, pieces) if p is not None]
@@ -704,13 +708,13 @@ def _template_shape(pieces: Any, sequences: tuple[str, ...]) -> str | None:
     order = tuple(str(ident) for kind, ident, _t in parsed if kind == "Sequence")
     if order != sequences:
         return f"holds the sequences {_shown(order)} (expected {_shown(sequences)})"
-    second = next((n for n, (kind, ident, _t) in enumerate(parsed) if kind == "Sequence" and ident == "B"), len(parsed))
     types = [t for _k, _i, t in parsed]
-    before, after = types[:second], types[second:]
-    if any(not _is_int(t, 0) for t in before):
-        return f"writes type ids {before} before {'$B' if len(sequences) > 1 else 'the end'} (the first segment is 0)"
-    if after and not (all(_is_int(t, 0) for t in after) or all(_is_int(t, 1) for t in after)):
-        return f"writes type ids {after} from $B on (one segment id, 0 or 1)"
+    if not all(_is_int(t, 0) or _is_int(t, 1) for t in types) or types != sorted(types):
+        return f"writes type ids {types} (one run of 0, then one of BERT's 1)"
+    at = [n for n, (kind, _i, _t) in enumerate(parsed) if kind == "Sequence"]
+    single_typed = len(at) == 1 and any(types)
+    if types[at[0]] != 0 or single_typed or len(set(types[at[-1] :])) > 1:
+        return f"writes type ids {types} ($A and a single template are segment 0, $B one id from it on)"
     return None
 
 
@@ -721,8 +725,9 @@ def _is_int(value: Any, expected: int) -> bool:
 def template_structure_problems(node: Mapping[str, Any]) -> list[str]:
     """Why a ``TemplateProcessing`` is not the structure of every real family: ``single`` is
     special tokens and ``$A`` once, type id 0; ``pair`` is special tokens, ``$A`` then ``$B`` (never
-    swapped, repeated or dropped), type id 0 up to ``$B`` and one segment id from it on (0, or
-    BERT's 1). A reward model fed a swapped pair scores the response before the prompt."""
+    swapped, repeated or dropped), type ids 0 then one segment id (0, or BERT's 1) with ``$A`` in
+    the first run and ``$B`` in the second. A reward model fed a swapped pair scores the response
+    before the prompt."""
     out = []
     for key, sequences in (("single", ("A",)), ("pair", ("A", "B"))):
         if key in node and (why := _template_shape(node.get(key), sequences)):
