@@ -47,6 +47,7 @@ from typing import Any
 from jinja2 import nodes
 
 from warden.tokenscan import chat_template as ct
+from warden.tokenscan import demands as dm
 
 ROLES_AFTER_FIRST = ("user", "assistant")
 KWARGS = ("enable_thinking", "reasoning_effort", "thinking", "add_generation_prompt", "builtin_tools")
@@ -129,6 +130,9 @@ def _shape(rng: random.Random, index: int, forced: dict[str, Any] | None = None)
         if forced.get("single")
         else _roles(rng, forced.get("turns"), forced.get("first"), forced.get("plain", False))
     )
+    if forced.get("messages"):  # a demanded conversation length: exactly that many messages
+        n = min(int(forced["messages"]), MAX_MESSAGES)
+        roles = _roles(rng, min(MAX_TURNS, n // 2 + 1), forced.get("first"), True)[:n]
     if forced.get("role"):  # a role the template names: after the first answer (or the question)
         at = roles.index("assistant") + 1 if "assistant" in roles else len(roles)
         roles = [*roles[:at], forced["role"], *roles[at:]]
@@ -136,7 +140,7 @@ def _shape(rng: random.Random, index: int, forced: dict[str, Any] | None = None)
         forced["parts"] if "parts" in forced else rng.random() < 0.3
     )  # a third of the shapes give some messages as lists of parts (a
     # template that refuses those still shows everything else in the other shapes)
-    every = "part_type" in forced  # a content-block type the loader or the template knows: every message in parts
+    every = "part_type" in forced or forced.get("key_in") == "part"  # a content-block type or field: all in parts
     kinds = ["parts" if every or (parts and rng.random() < 0.5) else "str" for _ in roles]
     # every value of every keyword argument within a dozen shapes (absent, then each value), in
     # cycles of different lengths so the combinations vary
@@ -158,14 +162,15 @@ def _shape(rng: random.Random, index: int, forced: dict[str, Any] | None = None)
     day = FIRST_DAY + rng.randrange(DAYS) * DAY_SECONDS
     now, other = day + rng.randrange(DAY_SECONDS), day + rng.randrange(DAY_SECONDS)
     return {"roles": roles, "kinds": kinds, "kwargs": kwargs, "tools": tools, "docs": docs, "now": now, "other": other,
-            "part_type": forced.get("part_type"), "key": forced.get("key"), "size": forced.get("size")}  # fmt: skip
+            "part_type": forced.get("part_type"), "key": forced.get("key"), "size": forced.get("size"),
+            "key_in": forced.get("key_in"), "tool_name": forced.get("tool_name")}  # fmt: skip
 
 
-def _probe_shapes(inputs: TemplateInputs, budget: int) -> list[dict[str, Any]]:
-    """Forced shapes that probe ``inputs``: each input twice, without and with a system message
-    (a keyword argument crossed with the system prompt's presence), at most ``budget`` shapes
-    (past it, inputs share shapes)."""
-    probes = inputs.probes()
+def _probe_shapes(probes: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
+    """Forced shapes that probe each of ``probes`` (:meth:`TemplateInputs.probes`, or demanded
+    inputs: :func:`demanded`) twice, without and with a system message (a keyword argument
+    crossed with the system prompt's presence), at most ``budget`` shapes (past it, inputs share
+    shapes: counts take the larger, the rest the first)."""
     n = min(2 * len(probes), budget)
     shapes: list[dict[str, Any]] = [
         {"first": 0.9 if i % 2 == 0 else 0.0, "turns": 2, "plain": True, "parts": False} for i in range(n)
@@ -176,12 +181,12 @@ def _probe_shapes(inputs: TemplateInputs, budget: int) -> list[dict[str, Any]]:
             for key, value in probe.items():
                 if key == "kwargs":
                     shape["kwargs"] = {**shape.get("kwargs", {}), **value}
-                elif key == "turns":
-                    shape["turns"] = max(shape["turns"], value)
+                elif key in ("turns", "tools", "docs"):
+                    shape[key] = max(shape.get(key, 0), value)
                 else:
                     shape.setdefault(key, value)
-            if "key" in probe:
-                shape |= {"tools": 1, "docs": 1}
+            if "key" in probe or "tool_name" in probe:
+                shape |= {"tools": max(shape.get("tools", 0), 1), "docs": max(shape.get("docs", 0), 1)}
     return shapes
 
 
@@ -219,12 +224,17 @@ def _fill(shape: dict[str, Any], rng: random.Random, long: bool, index: int) -> 
         return value
 
     tool_names = [name() for _ in range(shape["tools"])] or ([name()] if "assistant_call" in shape["roles"] else [])
+    if shape.get("tool_name") and tool_names:  # a demanded tool name: the first tool's (and its calls')
+        tool_names[0] = shape["tool_name"]
     params = [param(), *([key] if key else [])]
     schema = {"type": "object", "properties": {p: {"type": "string"} for p in params}, "required": params[:1]}
+    key_in = shape.get("key_in")
     tools = [
-        {"type": "function", "function": {"name": n, "description": text("description"), "parameters": schema}}
+        {"type": "function", "function": {"name": n, "description": text("description"), "parameters": schema,
+                                          **({key: text("field")} if key and key_in == "function" else {})},
+         **({key: text("field")} if key and key_in == "tool" else {})}
         for n in tool_names[: shape["tools"]]
-    ]
+    ]  # fmt: skip
     messages: list[dict[str, Any]] = []
     call_id = ""
     calls = 0
@@ -243,10 +253,10 @@ def _fill(shape: dict[str, Any], rng: random.Random, long: bool, index: int) -> 
             continue
         content = text("content")
         blocks = [{"type": shape["part_type"]}] if shape.get("part_type") else []
-        message: dict[str, Any] = {
-            "role": role,
-            "content": [*blocks, {"type": "text", "text": content}] if kind == "parts" else content,
-        }
+        parts = [*blocks, {"type": "text", "text": content}]
+        if key and key_in == "part":  # a demanded field of a content block: on each block
+            parts = [{**b, key: text("field")} for b in parts]
+        message: dict[str, Any] = {"role": role, "content": parts if kind == "parts" else content}
         if role == "tool" and tool_names:
             message |= {"tool_call_id": call_id, "name": tool_names[(calls - 1) % len(tool_names)]}
         if key:
@@ -310,6 +320,7 @@ STRUCTURAL_KEYS = frozenset(
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
 LIMITS = {"kwargs": 16, "values": 4, "roles": 6, "part_types": 6, "keys": 12, "turns": 4, "sizes": 4}
 MAX_TURNS = 100  # user turns one generated conversation may have
+MAX_MESSAGES = 200  # messages a demanded conversation length may have (a render of them takes milliseconds)
 MIN_SIZE, MAX_SIZE = 41, 16384  # content lengths probed (the draw covers shorter ones)
 TEXT, TEXTS, TOOLS = "\x00text", "\x00texts", "\x00tools"  # kwarg values made per filling
 _STR_FILTERS = frozenset({"trim", "upper", "lower", "replace", "title", "capitalize", "truncate", "indent", "center",
@@ -521,11 +532,18 @@ def _drawn(seed: str, count: int, inputs: TemplateInputs) -> tuple[dict[str, Any
 
 def _draw(seed: str, count: int, inputs: TemplateInputs = TemplateInputs()) -> list[dict[str, Any]]:
     rng = random.Random(hashlib.sha256(seed.encode()).hexdigest())
-    probes = _probe_shapes(inputs, count) if count else []
+    probes = _probe_shapes(inputs.probes(), count) if count else []
     forced = [*EXTREMES[: min(count, len(EXTREMES))], *probes]
+    return _rendered(rng, [forced[i] if i < len(forced) else None for i in range(count + len(probes))], "g")
+
+
+def _rendered(rng: random.Random, forced: list[dict[str, Any] | None], prefix: str) -> list[dict[str, Any]]:
+    """Three render requests per shape (``{prefix}{i}a``, ``b``: two fillings, ``t``: another
+    time), each naming its keyword arguments (``inputs``: the sandbox labels them, and every
+    other input, for the demands it records)."""
     out: list[dict[str, Any]] = []
-    for i in range(count + len(probes)):
-        shape = _shape(rng, i, forced[i] if i < len(forced) else None)
+    for i, force in enumerate(forced):
+        shape = _shape(rng, i, force)
         first, texts_a = _fill(shape, rng, False, i)
         second, texts_b = _fill(shape, rng, True, i)
         short, texts_short = first, texts_a  # the other time of day: the short filling is enough
@@ -538,9 +556,25 @@ def _draw(seed: str, count: int, inputs: TemplateInputs = TemplateInputs()) -> l
             ("t", short, texts_short, shape["other"]),
         ):
             ctx = {**filling["kwargs"], "tools": filling["tools"], "documents": filling["documents"]}
-            out.append({"name": f"g{i}{name}", "messages": filling["messages"], "context": ctx, "now": now,
-                        "texts": texts, "shape": label})  # fmt: skip
+            out.append({"name": f"{prefix}{i}{name}", "messages": filling["messages"], "context": ctx, "now": now,
+                        "texts": texts, "shape": label, "inputs": sorted(filling["kwargs"])})  # fmt: skip
     return out
+
+
+def demanded(
+    seed: str, count: int, context: dict[str, Any], demands: Any, first: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Round two of the draw: render requests (``d{i}a``, ``b``, ``t``, as :func:`generate`'s)
+    for the inputs the sandbox saw the template test in round one (``demands``: its answer's
+    ``demands`` for the renders ``first``) and no round-one input passed: each demanded input
+    (:func:`.demands.probes`, at most :data:`.demands.MAX_PROBES`) twice, without and with a
+    system message, in at most ``count`` shapes. Deterministic in ``seed`` and the demands."""
+    found = dm.probes(demands, dm.observed(first)) if count > 0 else []
+    if not found:
+        return []
+    rng = random.Random(hashlib.sha256(json.dumps([seed, found], sort_keys=True).encode()).hexdigest())
+    shapes: list[dict[str, Any] | None] = list(_probe_shapes(found, count))
+    return [{**r, "context": {**context, **r["context"]}} for r in _rendered(rng, shapes, "d")]
 
 
 VALUE_NAMES = {TEXT: "<text>", TEXTS: "<list of texts>", TOOLS: "<the tools>"}
@@ -557,6 +591,8 @@ def describe(shape: dict[str, Any]) -> str:
     extra = f", {shape['tools']} tools" if shape["tools"] else ""
     extra += f", {shape['docs']} documents" if shape["docs"] else ""
     extra += f", field and tool parameter {shape['key']!r}" if shape.get("key") else ""
+    extra += f" (on {shape['key_in']}s)" if shape.get("key") and shape.get("key_in") else ""
+    extra += f", tool name {shape['tool_name']!r}" if shape.get("tool_name") else ""
     extra += f", contents of {shape['size']} and {shape['size'] + 1} characters" if shape.get("size") else ""
     return f"roles {' '.join(roles)} ({kw}{extra})"
 

@@ -142,6 +142,20 @@ def _generated(
     )  # fmt: skip
     if answer.get("status") in ("timeout", "crashed"):
         return None
+    second = conv.demanded(cp.conversation_seed, cp.generated_conversations, context, answer.get("demands"), renders)
+    if second and answer.get("status") == "ok":  # round two: the inputs the template was seen to test
+        if time.monotonic() > snap.deadline:
+            return None
+        limits = _within(limits, snap.deadline)
+        key2 = hashlib.sha256(json.dumps(["demanded", rkey, second, limits.__dict__], sort_keys=True).encode())
+        answer2 = res.memo.get_or_make(
+            ("render", key2.hexdigest()), lambda: ct.run_battery(t.text, second, limits), keep=_not_crashed,
+            nbytes=lambda a: len(json.dumps(a)),
+        )  # fmt: skip
+        if answer2.get("status") in ("timeout", "crashed"):
+            return None
+        renders, answer = [*renders, *second], _merged(answer, answer2)
+        rkey = hashlib.sha256((rkey + key2.hexdigest()).encode()).hexdigest()
     tokens = markup_tokens(snap)
 
     def judged() -> tuple[tb.BehaviourIssue, ...]:
@@ -171,6 +185,17 @@ def _generated(
     key = t.digest + json.dumps(["generated", rkey, tokens], sort_keys=True)
     examples = conv.rendered_examples(renders, answer)
     return {**answer, "examples": examples}, res.judged.get_or_make(("generated", key), judged)
+
+
+def _merged(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """One battery answer for the renders of two (the second's status where it is worse than ok)."""
+    status = second.get("status") if second.get("status") in ("security", "memory", "too_large") else first["status"]
+    message = second.get("message", "") if status != first["status"] else first.get("message", "")
+    known = first.get("taint") or []
+    taint = [*known, *(r for r in second.get("taint") or [] if r not in known)]
+    private = list(dict.fromkeys([*(first.get("private") or []), *(second.get("private") or [])]))
+    return {**first, "status": status, "message": message, "taint": taint, "private": private,
+            "renders": [*(first.get("renders") or []), *(second.get("renders") or [])]}  # fmt: skip
 
 
 def _within(limits: ct.RenderLimits, deadline: float) -> ct.RenderLimits:

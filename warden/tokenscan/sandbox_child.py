@@ -100,10 +100,49 @@ def _template_line() -> int:
     return 0
 
 
-def _note(source: str, operation: str, constant: str) -> None:
+INPUT = "input:"  # the sources naming a conversation input (role, key, kwarg, count): their records are demands
+DEMANDS: list[list[Any]] = []  # [source, operation, constant, path]: what the template tested an input against
+DEMAND_SEEN: set[tuple[Any, ...]] = set()
+MAX_DEMANDS = 256
+INPUT_DICTS: dict[int, str] = {}  # id of an input dict of the render (a message, a part, a tool...) -> its label
+INPUT_VIEWS: dict[int, str] = {}  # id of an input dict's items()/keys() view -> the dict's label
+KEPT: list[Any] = []  # those views, alive until the render ends (an id names one object meanwhile)
+
+
+def _is_input(source: str | None) -> bool:
+    return source is not None and source.startswith(INPUT)
+
+
+def _stronger(a: str | None, b: str | None) -> str | None:
+    """The source a value derived from both keeps: content, the clock or the environment over an
+    input label (a content record is a finding, a demand only asks for more inputs)."""
+    if a is None or (_is_input(a) and b is not None and not _is_input(b)):
+        return b
+    return a
+
+
+def _demand(source: str, operation: str, constant: str, path: tuple[Any, ...] = ()) -> None:
+    """One demand ``[source, operation, constant, path]``: the template tested a value derived
+    from the input ``source`` (after the steps ``path``: slices, case and trim filters) with
+    ``constant``; each distinct one once, at most MAX_DEMANDS (then an ``overflow`` demand)."""
+    record = (source, operation, constant[:200], path[:8])
+    if record in DEMAND_SEEN:
+        return
+    DEMAND_SEEN.add(record)
+    if len(DEMANDS) < MAX_DEMANDS:
+        DEMANDS.append([source, operation, constant[:200], [list(p) for p in path[:8]]])
+    elif len(DEMANDS) == MAX_DEMANDS:
+        DEMANDS.append([source, "overflow", f"more than {MAX_DEMANDS} distinct input tests", []])
+
+
+def _note(source: str, operation: str, constant: str, path: tuple[Any, ...] = ()) -> None:
     """One run-time record ``[source, operation, constant, template line]``, each distinct one
-    once. Past MAX_RECORDS distinct records one last record says recording stopped: a template
-    cannot hide a trigger behind a flood of harmless comparisons (that record is judged too)."""
+    once (a record of an input is a demand: :func:`_demand`). Past MAX_RECORDS distinct records
+    one last record says recording stopped: a template cannot hide a trigger behind a flood of
+    harmless comparisons (that record is judged too)."""
+    if _is_input(source):
+        _demand(source, operation, constant, path)
+        return
     record = (source, operation, constant[:200], _template_line())
     if record in SEEN:
         return
@@ -132,52 +171,72 @@ def _constant(other: Any) -> str | None:
     return None if tainted and plain in SOURCES else plain
 
 
-def _record(source: str, operation: str, other: Any) -> None:
+def _record(source: str, operation: str, other: Any, path: tuple[Any, ...] = ()) -> None:
     """A comparison (or rewrite, or cut) of a tainted string with ``other``: recorded when
     ``other`` is a string (:func:`_constant`), tainted or not; a lookup keyed on the string is
-    recorded with what it looks into."""
+    recorded with what it looks into. ``path``: the steps from an input to the string (demands)."""
     constant = _constant(other)
     if constant is not None:
-        _note(source, operation, constant)
+        _note(source, operation, constant, path)
     elif operation in ("lookup", "length"):
-        _note(source, operation, str(other))
+        _note(source, operation, str(other), path)
+
+
+def _record_both(probe: Probe, operation: str, other: Any) -> None:
+    """``probe`` compared with ``other``; when ``other`` is a value of another source, the test is
+    recorded for it too (an input compared with content is a content test: Python asks the left
+    one of two Probes only)."""
+    _record(probe._wsrc, operation, other, probe._wpath)
+    if isinstance(other, Probe) and other._wsrc != probe._wsrc:
+        _record(other._wsrc, operation, probe, other._wpath)
 
 
 class Probe(str):
-    """A string (message content, the date, the environment's names) that records what the
-    template compares it with; whatever the template derives from it stays a Probe."""
+    """A string (message content, the date, the environment's names, or an input: a role, a key,
+    a keyword argument) that records what the template compares it with; whatever the template
+    derives from it stays a Probe. ``_wpath``: the steps from an input to this string (demands)."""
 
     _wsrc = "content"  # private: a template cannot read it (the sandbox refuses _ names)
+    _wpath: tuple[Any, ...] = ()
 
-    def __new__(cls, value: str, source: str = "content") -> Probe:
+    def __new__(cls, value: str, source: str = "content", path: tuple[Any, ...] = ()) -> Probe:
         obj = super().__new__(cls, value)
         obj._wsrc = source
+        if path:
+            obj._wpath = path
         return obj
 
     def _wrap(self, value: Any) -> Any:
         return _tainted_result(value, self._wsrc)
 
-    def _kept(self, value: Any) -> Any:
+    def _kept(self, value: Any, other: Any = None, step: tuple[Any, ...] | None = None) -> Any:
         """``_wrap``, for the str methods CPython answers with the very same object when nothing
         changed (``strip()`` of stripped text, ``s[:]``, ``s + ''``, a split that found no
-        separator): ``self`` then, so ``is sameas`` answers as in the loader."""
+        separator): ``self`` then, so ``is sameas`` answers as in the loader. ``other``: the
+        other operand (its source wins over an input's); ``step``: what this derivation did."""
+        source = _stronger(self._wsrc, _taint(other)) or self._wsrc
+        path = (*self._wpath, step) if step is not None and _is_input(source) else ()
         if isinstance(value, (list, tuple)):
-            return type(value)(self if _unchanged(p, self) else _tainted_result(p, self._wsrc) for p in value)
-        return self if _unchanged(value, self) else _tainted_result(value, self._wsrc)
+            return type(value)(self if _unchanged(p, self) else _tainted_result(p, source) for p in value)
+        if _unchanged(value, self) and source == self._wsrc:
+            return self
+        return Probe(value, source, path) if type(value) is str else _tainted_result(value, source)
 
     def __iter__(self) -> Any:  # content|first, content|list, for c in content: each character stays a Probe
         return (Probe(c, self._wsrc) for c in str.__iter__(self))
 
     def __contains__(self, other: Any) -> bool:
-        _record(self._wsrc, "in", other)
+        _record(self._wsrc, "in", other, self._wpath)
+        if isinstance(other, Probe) and other._wsrc != self._wsrc:
+            _record(other._wsrc, "in a constant", self, other._wpath)
         return str.__contains__(self, other)
 
     def __eq__(self, other: object) -> bool:
-        _record(self._wsrc, "==", other)
+        _record_both(self, "==", other)
         return str.__eq__(self, other)
 
     def __ne__(self, other: object) -> bool:
-        _record(self._wsrc, "!=", other)
+        _record_both(self, "!=", other)
         return str.__ne__(self, other)
 
     def __hash__(self) -> int:  # content as a dict key or set member: a lookup keyed on content
@@ -186,13 +245,15 @@ class Probe(str):
 
     def __getitem__(self, key: Any) -> Any:
         out = str.__getitem__(self, key)
-        return self._kept(out) if isinstance(key, slice) else self._wrap(out)
+        if isinstance(key, slice):
+            return self._kept(out, step=("slice", *(_small_int(b) for b in (key.start, key.stop, key.step))))
+        return self._wrap(out)
 
     def __add__(self, other: Any) -> Any:
-        return self._kept(str.__add__(self, other))
+        return self._kept(str.__add__(self, other), other)
 
     def __radd__(self, other: Any) -> Any:
-        return self._kept(str.__add__(other, self)) if isinstance(other, str) else NotImplemented
+        return self._kept(str.__add__(other, self), other) if isinstance(other, str) else NotImplemented
 
     def __mul__(self, other: Any) -> Any:
         return self._kept(str.__mul__(self, other))
@@ -206,6 +267,13 @@ class Probe(str):
         return ProbeBytes(str.encode(self, *args, **kwargs), self._wsrc)
 
 
+def _small_int(value: Any) -> int | None:
+    """A slice bound as a demand's step: an int that fits 32 bits, else None (unknown)."""
+    if isinstance(value, int) and not isinstance(value, bool) and -(1 << 31) < value < (1 << 31):
+        return int.__index__(value)
+    return None
+
+
 def _unchanged(value: Any, probe: Probe) -> bool:
     return type(value) is str and str.__eq__(value, probe) is True
 
@@ -217,7 +285,7 @@ def _comparing(name: str) -> Any:
     def method(self: Probe, *args: Any, **kwargs: Any) -> Any:
         first = args[0] if args else kwargs.get("prefix", kwargs.get("suffix", kwargs.get("sub")))
         for arg in first if isinstance(first, tuple) else (first,):
-            _record(self._wsrc, name, arg)
+            _record(self._wsrc, name, arg, self._wpath)
         out = getattr(str, name)(self, *args, **kwargs)
         basis = _constant(first)
         return _number(out, self._wsrc, "number", basis)
@@ -227,9 +295,12 @@ def _comparing(name: str) -> Any:
 
 def _deriving(name: str) -> Any:
     keeps = name in KEEPING
+    step = (name,) if name in STEPS else None
 
     def method(self: Probe, *args: Any, **kwargs: Any) -> Any:
         out = getattr(str, name)(self, *args, **kwargs)
+        if step is not None and _is_input(self._wsrc) and all(a is None for a in args) and type(out) is str:
+            return Probe(out, self._wsrc, (*self._wpath, step))
         return self._kept(out) if keeps else self._wrap(out)
 
     return method
@@ -242,7 +313,7 @@ def _rewriting(name: str) -> Any:
     def method(self: Probe, *args: Any, **kwargs: Any) -> Any:
         first = args[0] if args else kwargs.get("sep", kwargs.get("old", kwargs.get("prefix", kwargs.get("suffix"))))
         if first is not None:
-            _record(self._wsrc, name, first)
+            _record(self._wsrc, name, first, self._wpath)
         return self._kept(getattr(str, name)(self, *args, **kwargs))
 
     return method
@@ -264,6 +335,7 @@ REWRITING = ("replace", "split", "rsplit", "partition", "rpartition", "removepre
 DERIVING = ("lower", "upper", "strip", "lstrip", "rstrip", "title", "capitalize", "casefold", "swapcase", "ljust",
             "rjust", "center", "zfill", "expandtabs", "translate", "join", "splitlines", "format",
             "format_map")  # fmt: skip
+STEPS = frozenset({"lower", "upper", "strip", "lstrip", "rstrip", "title", "capitalize", "casefold", "swapcase"})
 KEEPING = frozenset({"strip", "lstrip", "rstrip", "ljust", "rjust", "center", "zfill", "expandtabs", "splitlines"})
 TESTING = (
     "isalnum",
@@ -395,9 +467,15 @@ def _number(value: Any, source: str, kind: str = "number", basis: str | None = N
     return value
 
 
+REFLECTED = {"__eq__": "__eq__", "__ne__": "__ne__", "__lt__": "__gt__", "__gt__": "__lt__", "__le__": "__ge__",
+             "__ge__": "__le__"}  # fmt: skip
+
+
 def _number_comparing(name: str, base: type) -> Any:
     def method(self: Any, other: Any) -> Any:
         self._compared(name, other)
+        if isinstance(other, _Number) and other._wsrc != self._wsrc:  # Python asks the left one only
+            other._compared(REFLECTED[name], self)
         return getattr(base, name)(self, other)
 
     return method
@@ -408,9 +486,10 @@ def _number_deriving(name: str, base: type) -> Any:
         out = getattr(base, name)(self, *args)
         if out is NotImplemented:
             return out
+        source = _stronger(self._wsrc, _taint(args[0]) if args else None)
         if isinstance(out, tuple):  # divmod
-            return tuple(_number(x, self._wsrc) for x in out)
-        return _number(out, self._wsrc)
+            return tuple(_number(x, source) for x in out)  # type: ignore[arg-type]
+        return _number(out, source)  # type: ignore[arg-type]
 
     return method
 
@@ -521,17 +600,19 @@ def _taint(value: Any) -> str | None:
 
 def _taint_in(values: Any, depth: int = 3) -> str | None:
     """The source of the first tainted value among ``values``, looking ``depth`` levels into
-    lists, tuples and dict values (the first 64 items of each: a bound on the cost)."""
+    lists, tuples and dict values (the first 64 items of each: a bound on the cost); a content
+    (clock, environment) source before an input's (:func:`_stronger`)."""
+    found: str | None = None
     for i, value in enumerate(values):
         if i >= 64:
-            return None
+            break
         if isinstance(value, TAINTED):
-            return str(value._wsrc)
-        if depth > 1 and isinstance(value, (list, tuple, dict)):
-            found = _taint_in(value.values() if isinstance(value, dict) else value, depth - 1)
-            if found:
-                return found
-    return None
+            found = _stronger(found, str(value._wsrc))
+        elif depth > 1 and isinstance(value, (list, tuple, dict)):
+            found = _stronger(found, _taint_in(value.values() if isinstance(value, dict) else value, depth - 1))
+        if found is not None and not _is_input(found):
+            return found
+    return found
 
 
 def _tainted_result(value: Any, source: str) -> Any:
@@ -572,7 +653,27 @@ class _Spy:
         return value
 
 
-def _tainting(func: Any, numbers: bool = False, pieces: bool = False) -> Any:
+FILTER_STEPS = {
+    "lower": ("lower",),
+    "upper": ("upper",),
+    "trim": ("strip",),
+    "title": ("title",),
+    "capitalize": ("capitalize",),
+}  # fmt: skip  (filters a demand's path names)
+
+
+def _input_keys(items: list[Any], label: str) -> list[Any]:
+    """``items`` (an input dict's keys, or its (key, value) pairs) with each key a Probe of source
+    ``input:key:<label>``: a test of a key's name or length is a demand for a field so named."""
+    source = f"{INPUT}key:{label}"
+    return [
+        (Probe(i[0], source), *i[1:]) if isinstance(i, tuple) and i and type(i[0]) is str
+        else Probe(i, source) if type(i) is str else i
+        for i in items
+    ]  # fmt: skip
+
+
+def _tainting(func: Any, numbers: bool = False, pieces: bool = False, name: str = "") -> Any:
     """``func`` (a filter or join helper) whose string result stays tainted when an input was
     (a string or number, or one inside the lists and dicts passed); with ``numbers``, a number
     it computes from a tainted string or number (``|int``, ``|abs``, ``|wordcount``) is tainted
@@ -580,12 +681,18 @@ def _tainting(func: Any, numbers: bool = False, pieces: bool = False) -> Any:
     Numbers computed from containers (``messages|length``) are the conversation's shape, not content."""
 
     skip = 1 if hasattr(func, "jinja_pass_arg") else 0  # the context or eval context jinja passes first
+    step = FILTER_STEPS.get(name)
 
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         out = func(*args, **kwargs)
         value = args[skip] if len(args) > skip else None
-        if pieces and isinstance(value, SEQUENCES) and not isinstance(out, (str, bytes)):
-            return _tainted_list(out, value._wsrc)  # content|list, content|batch(n): its pieces
+        # content|list, content|batch(n): its pieces (an input list's pieces stay what the loader gives)
+        if pieces and isinstance(value, SEQUENCES) and not isinstance(out, (str, bytes)) and not _is_input(value._wsrc):
+            return _tainted_list(out, value._wsrc)
+        if name in ("list", "dictsort") and isinstance(out, list) and id(value) in INPUT_DICTS:
+            return _input_keys(out, INPUT_DICTS[id(value)])  # an input dict's keys, as the template tests them
+        if step is not None and isinstance(value, Probe) and _is_input(value._wsrc) and type(out) is str:
+            return Probe(out, value._wsrc, (*value._wpath, step))  # (role|lower) == 'x': a step of its path
         if isinstance(out, str) and not isinstance(out, Probe):
             source = _taint_in((*args, *kwargs.values()))
             return _tainted_result(out, source) if source else out
@@ -681,7 +788,7 @@ def _keep_taint(env: Any) -> None:
         elif name == "join":
             env.filters[name] = _joining(env.filters[name])
         else:
-            env.filters[name] = _tainting(env.filters[name], name in NUMBER_FILTERS, name in PIECE_FILTERS)
+            env.filters[name] = _tainting(env.filters[name], name in NUMBER_FILTERS, name in PIECE_FILTERS, name)
     env.filters["replace"] = _replacing(env.filters["replace"])
     env.tests["sameas"] = _sameas
 
@@ -700,7 +807,13 @@ def _after_call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: A
     a string when taint is anywhere in the arguments, a number or list only when the owner or an
     argument itself is tainted (``messages.index(message)`` is a position in the conversation)."""
     owner = getattr(func, "__self__", None)
-    source = _taint(owner) or _taint_in(args) or _taint_in(kwargs.values())
+    if isinstance(owner, dict) and args and getattr(func, "__name__", "") == "get":
+        _lookup(owner, args[0])  # message.get('k'): a key asked for
+    viewed = getattr(func, "__name__", "") in ("items", "keys")
+    if viewed and isinstance(owner, dict) and id(owner) in INPUT_DICTS and len(INPUT_VIEWS) < 4096:
+        INPUT_VIEWS[id(out)] = INPUT_DICTS[id(owner)]  # a loop over it yields the keys as Probes
+        KEPT.append(out)  # alive for the render: its id names no other object meanwhile
+    source = _stronger(_taint(owner), _taint_in(args) or _taint_in(kwargs.values()))
     if source is None:
         return out
     if isinstance(owner, str) and getattr(func, "__name__", "") == "join":
@@ -734,6 +847,53 @@ def _after_binop(operator: str, left: Any, right: Any, out: Any) -> Any:
             if isinstance(n, _Number) and isinstance(seq, (str, list, tuple)):
                 _number_use(n._wsrc, "a repetition count")
     return out if isinstance(out, bool) else _tainted_result(out, source)
+
+
+DICT_ATTRIBUTES = frozenset(dir(dict))  # message.items, message.get: methods, not fields asked for
+
+
+def _lookup(obj: Any, key: Any, attribute: bool = False) -> None:
+    """A key looked up in a dict (``getattr``: ``attribute``): on an input dict (a message, a part,
+    a tool, its parameters, a document), a key it lacks is a demand ``[input:key:<label>, key, name]``
+    for a field so named (``message['meta' ~ 'data']``, ``message.get(k)``, ``k in message``);
+    an input used as the key of another dict is a demand for each of its first 32 keys."""
+    if not isinstance(obj, dict):
+        return
+    label = INPUT_DICTS.get(id(obj))
+    if label is not None:
+        if type(key) is str or isinstance(key, Probe):
+            name = str.__str__(key)
+            if not (attribute and name in DICT_ATTRIBUTES) and not dict.__contains__(obj, name):
+                _demand(f"{INPUT}key:{label}", "key", name)
+    elif isinstance(key, Probe) and _is_input(key._wsrc):
+        for k in list(dict.keys(obj))[:32]:
+            if type(k) is str or isinstance(k, Probe):
+                _demand(key._wsrc, "==", str.__str__(k), key._wpath)
+
+
+class _KeyLoop:
+    """The iterator of a loop over an input dict or its ``items()``/``keys()``: the keys are
+    Probes of source ``input:key:<label>`` (:func:`_input_keys`), the loop's length as the dict's."""
+
+    def __init__(self, iterable: Any, label: str) -> None:
+        self._inner, self._length, self._label = iter(iterable), len(iterable), label
+
+    def __iter__(self) -> _KeyLoop:
+        return self
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __next__(self) -> Any:
+        return _input_keys([next(self._inner)], self._label)[0]
+
+
+def _counted(items: list[Any], source: str) -> TaintedList:
+    """``items`` (an input list: the messages, the tools, the documents, or a slice of one) as a
+    TaintedList of ``source``: its length, and a loop's counters over it, count the input."""
+    out = TaintedList(items)
+    out._wsrc = source
+    return out
 
 
 def _index_use(obj: Any, key: Any) -> None:
@@ -854,7 +1014,8 @@ def _loop_taint(value: Any) -> Any:
     """``value`` as a namespace stores it: tainted when a content loop is running."""
     if not LIVE_LOOPS or isinstance(value, (bool, *TAINTED)) or not isinstance(value, (str, bytes, int, float)):
         return value
-    return _tainted_result(value, LIVE_LOOPS[-1]._wsrc)
+    sources = [loop._wsrc for loop in LIVE_LOOPS]
+    return _tainted_result(value, next((x for x in reversed(sources) if not _is_input(x)), sources[-1]))
 
 
 def _counting_loop() -> type:
@@ -977,7 +1138,12 @@ def _environment() -> Any:
 
         def getitem(self, obj: Any, argument: Any) -> Any:
             _index_use(obj, argument)
+            _lookup(obj, argument)
             return super().getitem(obj, argument)
+
+        def getattr(self, obj: Any, attribute: str) -> Any:
+            _lookup(obj, attribute, attribute=True)
+            return super().getattr(obj, attribute)
 
         def shown(self, value: Any) -> str:
             """``str(value)``, as jinja prints ``{{ value }}``, tainted when ``value`` was."""
@@ -987,22 +1153,36 @@ def _environment() -> Any:
             return str(value) if source is None else _tainted_result(str(value), source)
 
         def looped(self, iterable: Any) -> Any:
-            """A ``{% for %}`` loop's iterable: one over a tainted string or its pieces is a
-            :class:`_ContentLoop`; anything else unchanged."""
-            return _ContentLoop(iterable, iterable._wsrc) if isinstance(iterable, SEQUENCES) else iterable
+            """A ``{% for %}`` loop's iterable: one over a tainted string or its pieces (or an
+            input list: its counters count the input) is a :class:`_ContentLoop`; one over an
+            input dict or its ``items()``/``keys()`` yields its keys as Probes (:func:`_input_keys`);
+            anything else unchanged."""
+            if isinstance(iterable, SEQUENCES):
+                return _ContentLoop(iterable, iterable._wsrc)
+            label = INPUT_VIEWS.get(id(iterable))
+            if label is None and isinstance(iterable, dict):
+                label = INPUT_DICTS.get(id(iterable))
+            return _KeyLoop(iterable, label) if label else iterable
 
         def contained(self, needle: Any, haystack: Any) -> bool:
             """``needle in haystack``; a tainted needle looked for in a string is recorded with it
-            (``content in 'constant'``: the other order is Probe.__contains__)."""
+            (``content in 'constant'``: the other order is Probe.__contains__); a key looked for in
+            an input dict, or an input looked for among a dict's keys, is a demand (:func:`_lookup`)."""
             if isinstance(needle, Probe) and isinstance(haystack, str):
-                _record(needle._wsrc, "in a constant", haystack)
+                _record(needle._wsrc, "in a constant", haystack, needle._wpath)
+            elif isinstance(haystack, dict):
+                _lookup(haystack, needle)
             return needle in haystack
 
         def sliced(self, obj: Any, start: Any, stop: Any, step: Any) -> Any:
-            """``obj[start:stop:step]`` as jinja's compiled code slices (errors raise)."""
+            """``obj[start:stop:step]`` as jinja's compiled code slices (errors raise); a slice of
+            an input list still counts the input (``messages[1:]|length``)."""
             key = slice(start, stop, step)
             _index_use(obj, key)
-            return obj[key]
+            out = obj[key]
+            if isinstance(obj, TaintedList) and _is_input(obj._wsrc) and type(out) is list:
+                return _counted(out, obj._wsrc)
+            return out
 
     Recording.code_generator_class = _slicing_generator()
 
@@ -1102,8 +1282,8 @@ def _tainted(value: Any, key: str = "") -> Any:
 
 
 def _collect_sources(value: Any) -> None:
-    """Adds every Probe under ``value`` (a render's tainted messages and documents) to SOURCES."""
-    if isinstance(value, Probe):
+    """Adds every content Probe under ``value`` (a render's tainted messages and documents) to SOURCES."""
+    if isinstance(value, Probe) and not _is_input(value._wsrc):
         SOURCES.update((str.__str__(value), str.strip(value)))  # a message's text, and trimmed
     elif isinstance(value, (list, tuple)):
         for item in value:
@@ -1111,6 +1291,57 @@ def _collect_sources(value: Any) -> None:
     elif isinstance(value, dict):
         for item in value.values():
             _collect_sources(item)
+
+
+def _label(value: Any, label: str, fields: dict[str, str]) -> Any:
+    """``value`` (a dict of the render's inputs) registered as an input dict ``label`` (its missing
+    keys asked for are demands), with each string under a key of ``fields`` a Probe of that source."""
+    if not isinstance(value, dict):
+        return value
+    INPUT_DICTS[id(value)] = label
+    for key, source in fields.items():
+        if type(value.get(key)) is str:
+            value[key] = Probe(value[key], INPUT + source)
+    return value
+
+
+def _label_inputs(context: dict[str, Any], kwargs: list[str]) -> None:
+    """The render's inputs as recording values (a generated render's: its request names its
+    keyword arguments ``kwargs``): roles, content-block types, tool names, keyword arguments
+    (strings and numbers) are Probes or tainted numbers of source ``input:...``; messages, tools
+    and documents are counted lists, each dict in them an input dict (:func:`_lookup`)."""
+    for message in context["messages"]:
+        if not isinstance(message, dict):
+            continue
+        _label(message, "message", {"role": "role"})
+        content = message.get("content")
+        for part in content if isinstance(content, list) else ():
+            _label(part, "part", {"type": "type"})
+        for call in message.get("tool_calls") or ():
+            _label(call, "call", {})
+            _label(call.get("function") if isinstance(call, dict) else None, "call", {"name": "tool name"})
+    context["messages"] = _counted(context["messages"], INPUT + "count:messages")
+    if isinstance(context.get("tools"), list):
+        tools = copy.deepcopy(context["tools"])
+        for tool in tools:
+            function = _label(tool, "tool", {}).get("function") if isinstance(tool, dict) else None
+            if isinstance(function, dict):
+                parameters = _label(function, "function", {"name": "tool name"}).get("parameters")
+                if isinstance(parameters, dict):
+                    _label(_label(parameters, "parameters", {}).get("properties"), "param", {})
+        context["tools"] = _counted(tools, INPUT + "count:tools")
+    if isinstance(context.get("documents"), list):
+        for document in context["documents"]:
+            _label(document, "document", {})
+        context["documents"] = _counted(context["documents"], INPUT + "count:documents")
+    for name in kwargs[:64]:
+        value, source = context.get(name), f"{INPUT}kwarg:{str(name)[:80]}"
+        if type(value) is str:
+            context[name] = Probe(value, source)
+        elif type(value) is int and -(1 << 62) < value < (1 << 62):
+            context[name] = ProbeInt(value, source, "number")
+        elif type(value) is float:
+            context[name] = ProbeFloat(value, source)
 
 
 def _battery_one(template: Any, render: dict[str, Any], cap: int) -> dict[str, Any]:
@@ -1122,8 +1353,12 @@ def _battery_one(template: Any, render: dict[str, Any], cap: int) -> dict[str, A
     if context.get("documents"):
         context["documents"] = _tainted(context["documents"])
     SOURCES.clear()
-    del LIVE_LOOPS[:]
+    del LIVE_LOOPS[:], KEPT[:]
+    INPUT_DICTS.clear()
+    INPUT_VIEWS.clear()
     _collect_sources((context["messages"], context.get("documents")))
+    if isinstance(render.get("inputs"), list):
+        _label_inputs(context, [n for n in render["inputs"] if isinstance(n, str)])
     try:
         output, complete = _stream(template, context, cap)
     except SecurityError as exc:
@@ -1143,8 +1378,9 @@ def battery(env: Any, request: dict[str, Any]) -> dict[str, Any]:
     """Renders one template with every conversation of the request, recording taint."""
     import jinja2
 
-    del TAINT[:], PRIVATE[:]
+    del TAINT[:], PRIVATE[:], DEMANDS[:]
     SEEN.clear()
+    DEMAND_SEEN.clear()
     try:
         template = env.from_string(request["text"])
     except jinja2.TemplateSyntaxError as exc:
@@ -1157,7 +1393,11 @@ def battery(env: Any, request: dict[str, Any]) -> dict[str, Any]:
     worst = next((r for r in renders if r["status"] in ("security", "memory", "too_large")), None)
     status = worst["status"] if worst else "ok"
     message = worst["message"] if worst else ""
-    return {"status": status, "message": message, "renders": renders, "taint": TAINT[:], "private": PRIVATE[:]}
+    INPUT_DICTS.clear()
+    INPUT_VIEWS.clear()
+    del KEPT[:]
+    return {"status": status, "message": message, "renders": renders, "taint": TAINT[:], "private": PRIVATE[:],
+            "demands": DEMANDS[:]}  # fmt: skip
 
 
 def _render_request(env: Any, request: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,236 @@
+"""What the sandbox saw a template test its inputs against, turned into inputs that pass the tests.
+
+The sandbox child (``sandbox_child.py``) renders the generated conversations with every input
+value labelled (a role, a content-block type, a tool name, a keyword argument, the keys of each
+message, content block, tool, tool parameter list and document, and the lengths of the message,
+tool and document lists) and records a *demand* ``[source, operation, constant, path]`` for each
+test the template's control flow made of a value derived from one: ``source`` names the input
+(``input:role``, ``input:key:message``, ``input:kwarg:<name>``, ``input:count:tools``...),
+``operation`` the test (``==``, ``!=``, ``in``, ``in a constant``, ``startswith``, ``endswith``,
+``find``..., ``key``: a key the template asked an input dict for and it lacked, ``length gt``
+and the like: a length or number compared with a number), ``constant`` the other operand as the
+sandbox saw it at run time (a computed key or bound arrives computed) and ``path`` the steps from
+the input to the tested value (a slice, a case or trim filter).
+
+:func:`probes` turns the demands into forced shape descriptions for
+:func:`~.conversations.demanded`. It never evaluates template code: a demand is data, and the
+value that satisfies it is made by the small, bounded string and integer operations below on the
+recorded constant (at most :data:`MAX_VALUE` characters, integers at most :data:`COUNT_CAPS`).
+
+Invariant (with the sandbox's recording): every input value the template's control flow is
+observed to test, among the first :data:`MAX_TAKEN` demands, is drawn in a form that satisfies the
+test at least once, unless a round-one input already did (:func:`observed`) or the value is past
+its bound (a string over MAX_VALUE characters, a count over its cap).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+INPUT = "input:"
+MAX_TAKEN = 256  # demands read from one answer (the sandbox records at most 256 and an overflow one)
+MAX_PROBES = 24  # distinct inputs drawn from them (shapes are shared past the scan's shape budget)
+MAX_VALUE = 64  # characters of a demanded string value
+COUNT_CAPS = {"messages": 200, "tools": 64, "documents": 16}  # the longest lists a demand may ask for
+MIN_COUNT = {"messages": 1, "tools": 1, "documents": 1}
+KWARG_NUMBER = 1 << 31  # the largest keyword-argument number a demand may ask for
+STRING_OPS = frozenset({"==", "!=", "in", "in a constant", "startswith", "endswith", "find", "rfind", "index",
+                        "rindex", "count", "replace", "split", "rsplit", "partition", "rpartition", "removeprefix",
+                        "removesuffix", "key"})  # fmt: skip
+STR_TESTS = {"isdigit": "7", "isdecimal": "7", "isnumeric": "7", "isupper": "UPPER", "islower": "lower",
+             "istitle": "Title", "isalpha": "abc", "isalnum": "abc7", "isascii": "abc", "isidentifier": "abc",
+             "isprintable": "abc"}  # fmt: skip
+NUMBER_OPS = {"eq": 0, "ne": 0, "gt": 1, "ge": 0, "lt": -1, "le": 0}  # the value past the bound, per test
+_INT_RE = re.compile(r"-?[0-9]{1,12}")
+_KWARG_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,79}")
+RESERVED_KWARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+STEP_METHODS = frozenset({"lower", "upper", "strip", "lstrip", "rstrip", "title", "capitalize", "casefold", "swapcase"})
+
+
+def _apply(value: str, path: Iterable[Any]) -> str | None:
+    """``value`` after the recorded steps (slices, case and trim methods), or None when a step is
+    not one of those (its result is not known here)."""
+    for step in path:
+        if not isinstance(step, list) or not step:
+            return None
+        if step[0] == "slice" and len(step) == 4 and all(b is None or type(b) is int for b in step[1:]):
+            if step[3] == 0:
+                return None
+            value = value[slice(*step[1:])]
+        elif step[0] in STEP_METHODS and len(step) == 1:
+            value = getattr(str, step[0])(value)
+        else:
+            return None
+    return value
+
+
+def _passes(value: str, operation: str, constant: str, path: list[Any]) -> bool:
+    """Whether ``value`` (after ``path``) passes the string test ``operation`` with ``constant``
+    in the sense that opens the branch an ordinary input does not: equal for ``==`` and ``!=``,
+    contained for ``in``... (the other sense is what the draw gives)."""
+    seen = _apply(value, path)
+    if seen is None:
+        return False
+    if operation in ("==", "!=", "key"):
+        return seen == constant
+    if operation == "in a constant" or operation.startswith("str."):
+        return bool(seen) and seen in constant
+    if operation in ("startswith", "removeprefix"):
+        return seen.startswith(constant)
+    if operation in ("endswith", "removesuffix"):
+        return seen.endswith(constant)
+    if operation in STRING_OPS:  # in, find, index, count, split, replace...: the constant occurs in it
+        return constant in seen
+    if operation in STR_TESTS:
+        return bool(getattr(str, operation)(seen))
+    return False
+
+
+def _string_value(operation: str, constant: str, path: list[Any]) -> str | None:
+    """A string that passes the test (:func:`_passes`): the constant itself, padded before for a
+    slice that starts past 0, or after for one that stops short of the end; the first that passes,
+    else the constant (a path with steps not known here). None for a test no string answers."""
+    if operation in STR_TESTS:
+        return STR_TESTS[operation]
+    if not (operation in STRING_OPS or operation.startswith("str.")) or not constant or len(constant) > MAX_VALUE:
+        return None
+    starts = [s[1] for s in path if isinstance(s, list) and s[:1] == ["slice"] and type(s[1]) is int]
+    pads = sorted({abs(a) for a in starts if 0 < abs(a) <= MAX_VALUE})
+    candidates = [
+        constant,
+        constant + "x",
+        *("x" * a + constant for a in pads),
+        *("x" * a + constant + "x" for a in pads),
+    ]
+    for candidate in candidates:
+        if len(candidate) <= 2 * MAX_VALUE and _passes(candidate, operation, constant, path):
+            return candidate
+    return constant
+
+
+def _target(operation: str, constant: str) -> int | None:
+    """The number a length or number test (``length gt`` ``121``) asks for: just past the bound
+    (``gt``: one more, ``lt``: one less, the bound itself for the others), or None."""
+    kind, _, test = operation.partition(" ")
+    if kind not in ("length", "number") or test not in NUMBER_OPS or not _INT_RE.fullmatch(constant):
+        return None
+    return int(constant) + NUMBER_OPS[test]
+
+
+def _number_passes(value: int, operation: str, constant: str) -> bool:
+    target = _target(operation, constant)
+    if target is None:
+        return False
+    test = operation.partition(" ")[2]
+    bound = int(constant)
+    return {"eq": value == bound, "ne": value == bound, "gt": value > bound, "ge": value >= bound,
+            "lt": value < bound, "le": value <= bound}[test]  # fmt: skip
+
+
+def probe(demand: Any) -> dict[str, Any] | None:
+    """The forced shape description (as :meth:`~.conversations.TemplateInputs.probes` gives)
+    whose input passes ``demand``, or None when none can (or may) be drawn."""
+    if not (isinstance(demand, list) and len(demand) >= 3 and all(isinstance(x, str) for x in demand[:3])):
+        return None
+    source, operation, constant = demand[:3]
+    path = demand[3] if len(demand) > 3 and isinstance(demand[3], list) else []
+    kind = source[len(INPUT) :] if source.startswith(INPUT) else ""
+    if kind.startswith("count:"):
+        return _count_probe(kind[len("count:") :], _target(operation, constant))
+    target = _target(operation, constant)
+    if target is not None and operation.startswith("length"):  # a string input's length
+        value: Any = "k" * target if 0 < target <= MAX_VALUE else None
+    elif target is not None:  # a number: only a keyword argument is one
+        value = target if kind.startswith("kwarg:") and abs(target) <= KWARG_NUMBER else None
+    else:
+        value = _string_value(operation, constant, path)
+    if value is None or value == "":
+        return None
+    if kind == "role":
+        return {"role": value} if isinstance(value, str) else None
+    if kind == "type":
+        return {"part_type": value} if isinstance(value, str) else None
+    if kind == "tool name":
+        return {"tool_name": value, "tools": 1} if isinstance(value, str) else None
+    if kind.startswith("key:"):
+        return {"key": value, "key_in": kind[len("key:") :]} if isinstance(value, str) else None
+    if kind.startswith("kwarg:"):
+        name = kind[len("kwarg:") :]
+        return {"kwargs": {name: value}} if _KWARG_RE.fullmatch(name) and name not in RESERVED_KWARGS else None
+    return None
+
+
+def _count_probe(what: str, target: int | None) -> dict[str, Any] | None:
+    if target is None or what not in COUNT_CAPS or not MIN_COUNT[what] <= target <= COUNT_CAPS[what]:
+        return None
+    return {{"messages": "messages", "tools": "tools", "documents": "docs"}[what]: target}
+
+
+def observed(renders: Iterable[dict[str, Any]]) -> dict[str, set[Any]]:
+    """The values each input source had in ``renders`` (render requests: their messages, tools,
+    documents and keyword arguments), by the demand sources' names: what round one drew."""
+    out: dict[str, set[Any]] = {}
+
+    def add(source: str, value: Any) -> None:
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            out.setdefault(INPUT + source, set()).add(value)
+
+    def keys(label: str, value: Any) -> None:
+        for key in value if isinstance(value, dict) else ():
+            add(f"key:{label}", key)
+
+    for render in renders:
+        messages, context = render.get("messages") or [], render.get("context") or {}
+        add("count:messages", len(messages))
+        for message in messages:
+            keys("message", message)
+            add("role", message.get("role"))
+            for part in message.get("content") if isinstance(message.get("content"), list) else ():
+                keys("part", part)
+                add("type", part.get("type") if isinstance(part, dict) else None)
+            for call in message.get("tool_calls") or ():
+                add("tool name", ((call or {}).get("function") or {}).get("name"))
+        tools, documents = context.get("tools") or [], context.get("documents") or []
+        add("count:tools", len(tools))
+        add("count:documents", len(documents))
+        for tool in tools:
+            function = tool.get("function") or {}
+            keys("tool", tool)
+            keys("function", function)
+            keys("param", (function.get("parameters") or {}).get("properties"))
+            add("tool name", function.get("name"))
+        for document in documents:
+            keys("document", document)
+        for name in render.get("inputs") or ():
+            add(f"kwarg:{name}", context.get(name))
+    return out
+
+
+def satisfied(demand: list[Any], seen: dict[str, set[Any]]) -> bool:
+    """Whether some value round one drew for the demand's source already passes it."""
+    source, operation, constant = demand[:3]
+    path = demand[3] if len(demand) > 3 and isinstance(demand[3], list) else []
+    values = seen.get(source, set())
+    if _target(operation, constant) is not None:  # a count's ints; a string's length; a number's ints
+        counted = source.startswith(INPUT + "count:") or operation.startswith("number")
+        numbers = (
+            {v for v in values if isinstance(v, int)} if counted else {len(v) for v in values if isinstance(v, str)}
+        )
+        return any(_number_passes(v, operation, constant) for v in numbers)
+    return any(isinstance(v, str) and _passes(v, operation, constant, path) for v in values)
+
+
+def probes(demands: Any, seen: dict[str, set[Any]]) -> list[dict[str, Any]]:
+    """The distinct probes (:func:`probe`) of the first :data:`MAX_TAKEN` demands that round one
+    did not satisfy (:func:`satisfied`), at most :data:`MAX_PROBES`, in the order recorded."""
+    out: list[dict[str, Any]] = []
+    for demand in list(demands)[:MAX_TAKEN] if isinstance(demands, list) else ():
+        made = probe(demand)
+        if made is None or made in out or satisfied(demand, seen):
+            continue
+        out.append(made)
+        if len(out) >= MAX_PROBES:
+            break
+    return out
