@@ -90,10 +90,12 @@ RULES: dict[str, Rule] = {
         Rule("TS706", "custom-code-key", _H, "A key that registers custom code (custom_pipelines, ...)",
              "Delete the key."),
         Rule("TS707", "encoding-key", _H,
-             "A tokenizer_config key changes what every encoding returns (a truncation length far below any "
-             "model's context, model_input_names without input_ids or attention_mask)",
-             "Restore the vendor's value: model_max_length the model's context (or unset), model_input_names "
-             "with input_ids and attention_mask."),
+             "A loader-read setting (a tokenizer_config.json key, tokenizer.json's truncation or padding) changes "
+             "how text becomes ids (truncation from the left or far below any context, split_special_tokens, "
+             "model_input_names without the mask, sampling, ...)",
+             "Restore the vendor's value or delete the key (the loader's default): truncation_side right, "
+             "split_special_tokens false, model_max_length the model's context, model_input_names with input_ids "
+             "and attention_mask, tokenizer.json truncation null or Right."),
         Rule("TS801", "template-syntax", _H, "A chat template does not parse as Jinja",
              "Fix or remove the template; an unparsable template cannot be reviewed."),
         Rule("TS802", "template-introspection", _C, "A chat template reaches Python internals (dunder or attr)",

@@ -905,7 +905,7 @@ def unreachable_issues(tok: Mapping[str, Any], loader_rules: tuple[Mapping[str, 
     if len(rewritten) < max(MIN_UNREACHABLE, UNREACHABLE_SHARE * judged):
         return []
     shown = ", ".join(map(repr, rewritten[:4]))
-    detail = f"the normaliser rewrites {len(rewritten)} of {judged} vocabulary entries ({shown}): no text is them"
+    detail = f"the normaliser rewrites {len(rewritten)}/{judged} vocabulary entries ({shown}): no text encodes to them"
     return [PipelineIssue("unreachable", "model.vocab", detail)]
 
 

@@ -133,13 +133,18 @@ def test_tokenizer_json_truncation_both_ways(truncation: dict[str, Any], change:
 )
 def test_tokenizer_json_padding_both_ways(direction: str, pad_id: int, change: str) -> None:
     ctx = es.SettingContext(chat=False, specials={"<pad>": pad_id})
-    padding = {"direction": direction, "pad_id": pad_id, "pad_token": "<pad>", "pad_type_id": 0,
+    padding: dict[str, Any] = {"direction": direction, "pad_id": pad_id, "pad_token": "<pad>", "pad_type_id": 0,
                "strategy": "BatchLongest", "pad_to_multiple_of": None}  # fmt: skip
     assert es.setting_problems(es.TOKENIZER_JSON_SETTINGS, {"padding": padding}, ctx) == []
     assert (
         es.setting_problems(es.TOKENIZER_JSON_SETTINGS, {"padding": {**padding, "strategy": {"Fixed": 512}}}, ctx) == []
     )
-    bad = {"token": {"pad_token": "the"}, "type": {"pad_type_id": 1}, "fixed": {"strategy": {"Fixed": 4}}}[change]
+    changes: dict[str, dict[str, Any]] = {
+        "token": {"pad_token": "the"},
+        "type": {"pad_type_id": 1},
+        "fixed": {"strategy": {"Fixed": 4}},
+    }
+    bad = changes[change]
     assert es.setting_problems(es.TOKENIZER_JSON_SETTINGS, {"padding": {**padding, **bad}}, ctx)
 
 
