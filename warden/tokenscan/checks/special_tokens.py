@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warden.tokenscan import loader_files as lf
-from warden.tokenscan.declared import SPECIAL_NAMES, token
-from warden.tokenscan.declared import _declared as declared_token
+from warden.tokenscan.declared import SPECIAL_NAMES, loader_special_tokens, token
 from warden.tokenscan.declared import _tokenizer_vocab as tokenizer_vocab
 from warden.tokenscan.findings import Finding, finding
 from warden.tokenscan.policy import TokenscanPolicy
@@ -83,7 +82,8 @@ def folder_tokens(snap: Snapshot, folder: str) -> FolderTokens:
         _doc(snap, folder, "tokenizer_config.json") or {},
         _doc(snap, folder, "special_tokens_map.json") or {},
     )
-    tokens = {n: declared_token(config, smap, n) for n in SPECIAL_NAMES}
+    resolved = loader_special_tokens(config, smap, tok)  # the one resolution the root's tokens come from too
+    tokens: dict[str, str | None] = {n: resolved.get(n) for n in SPECIAL_NAMES}
     parts: list[frozenset[str]] = [tokenizer_vocab(tok)] if tok else []
     parts += [frozenset(map(str, d)) for d in (_doc(snap, folder, n) for n in ("vocab.json", "added_tokens.json")) if d]
     lines = snap.vocab_lines.get(os.path.join(folder, "vocab.txt"))
