@@ -30,6 +30,7 @@ from warden.tokenscan import encoding_settings as es
 from warden.tokenscan import pipeline_rules as pr
 from warden.tokenscan import scan_directory
 from warden.tokenscan.checks.keys import encoding_key_problems, tokenizer_setting_context
+from warden.tokenscan.checks.pipeline import loader_normaliser
 from warden.tokenscan.declared import loader_special_tokens
 from warden.tokenscan.policy import default_policy
 
@@ -329,11 +330,41 @@ def test_case_folding_over_a_cased_vocabulary_is_found(
     assert pr.unreachable_issues(_tokenizer(vocab, None, byte_level), ({"type": "Lowercase"},))  # do_lower_case
 
 
+@SETTINGS
+@given(
+    words=st.lists(LOWER_WORDS, min_size=40, max_size=80, unique=True),
+    config=st.fixed_dictionaries({}, optional={"do_lower_case": BOOLS, "strip_accents": BOOLS}),
+    accented=st.booleans(),
+)
+def test_the_config_s_case_and_accent_folding_is_judged_with_the_vocabulary(
+    words: list[str], config: dict[str, Any], accented: bool
+) -> None:
+    vocab = words + [("\u00e9" if accented else "") + (w if accented else w.capitalize()) for w in words]
+    found = pr.unreachable_issues(_tokenizer(vocab, None), loader_normaliser(config))
+    lower = config.get("do_lower_case") is True
+    strip = config.get("strip_accents") is True or (lower and config.get("strip_accents") is None)
+    assert bool(found) == (strip if accented else lower), (config, accented, found)
+
+
 def test_family_vocabularies_are_reachable(families: dict[str, Path]) -> None:
     for name, d in families.items():
         config = _json(d / "tokenizer_config.json")
-        lower = ({"type": "Lowercase"},) if config.get("do_lower_case") is True else ()
-        assert pr.unreachable_issues(_json(d / "tokenizer.json"), lower) == [], name
+        assert pr.unreachable_issues(_json(d / "tokenizer.json"), loader_normaliser(config)) == [], name
+
+
+@pytest.mark.parametrize("base", ["gpt2", "qwen2.5", "llama4"])
+def test_case_folding_normaliser_on_a_cased_family_fails_a_scan(
+    families: dict[str, Path], tmp_path: Path, base: str
+) -> None:
+    d = tmp_path / base
+    shutil.copytree(families[base], d)
+    tok = _json(d / "tokenizer.json")
+    tok["normalizer"] = {"type": "BertNormalizer", "lowercase": True, "clean_text": False, "strip_accents": False,
+                         "handle_chinese_chars": False}  # fmt: skip
+    for added in tok["added_tokens"]:
+        added["normalized"] = False
+    (d / "tokenizer.json").write_text(json.dumps(tok), encoding="utf-8")
+    assert "TS1214" in _scan_ids(d)
 
 
 # -- the loader-resolved special tokens -------------------------------------------------------------

@@ -77,8 +77,7 @@ def check_pipeline(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
     for rel, tok in _tokenizers(snap):
         config = _folder_doc(snap, rel, "tokenizer_config.json")
         extra = _decoder_ids(config) | _added_json_ids(_folder_doc(snap, rel, "added_tokens.json"))
-        lowercase = ({"type": "Lowercase"},) if (config or {}).get("do_lower_case") is True else ()
-        for issue in pr.tokenizer_issues(tok, extra, lowercase):  # do_lower_case: the loader lowercases too
+        for issue in pr.tokenizer_issues(tok, extra, loader_normaliser(config)):
             if issue.kind == "order" and not policy.behaviour.bpe_ids_follow_merges:
                 continue  # the operator reviewed this vocabulary's id order (TS1205's documented switch)
             out.append(finding(RULE_OF_KIND[issue.kind], rel, f"{issue.where}: {issue.detail}"))
@@ -90,6 +89,16 @@ def check_pipeline(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
                 out.append(finding("TS1205", rel, problem))
     out += _slow_vocabularies(snap, policy)
     return out
+
+
+def loader_normaliser(config: dict[str, Any] | None) -> tuple[dict[str, Any], ...]:
+    """The normaliser a BERT-style class rebuilds from the config (transformers 5's BertTokenizer:
+    ``BertNormalizer(lowercase=do_lower_case, strip_accents=strip_accents)``), when it folds: judged
+    with the file's own for entries it makes unreachable (a cased vocabulary with do_lower_case)."""
+    lower, strip = (config or {}).get("do_lower_case") is True, (config or {}).get("strip_accents")
+    strip = strip if isinstance(strip, bool) else None  # None: accents stripped where it lowercases
+    folds = lower or strip is True
+    return ({"type": "BertNormalizer", "lowercase": lower, "strip_accents": strip},) if folds else ()
 
 
 def _config_folding(rel: str, tok: dict[str, Any], config: dict[str, Any] | None) -> list[Finding]:
