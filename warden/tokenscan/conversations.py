@@ -96,11 +96,12 @@ EXTREMES = (
     {"turns": 1, "first": 0.9, "single": True},
     {"turns": 2, "first": 0.45, "parts": False},
     {"turns": 2, "first": 0.9, "parts": True},
-    {"turns": 3, "first": 0.9, "parts": False, "plain": True, "tools": 3},
+    {"turns": 3, "first": 0.9, "parts": False, "plain": True, "tools": 3, "docs": 1},
 )
 # the first shapes of every draw: the longest conversation (with a system prompt), a single
-# user message, a developer message, list-of-parts content, tools passed to plain alternating
-# turns (templates that refuse tool roles still see the tools); the rest are drawn
+# user message, a developer message, list-of-parts content, tools and a document passed to plain
+# alternating turns (templates that refuse tool roles still see them: the fields they read are
+# seen by the sandbox, see demanded); the rest are drawn
 
 
 def _roles(rng: random.Random, turns: int | None = None, first: float | None = None, plain: bool = False) -> list[str]:
@@ -459,8 +460,11 @@ def _uses(node: nodes.Name, parent: nodes.Node | None) -> set[Any]:
     """The values one use of a variable calls for (see :func:`_kwargs`)."""
     if isinstance(parent, (nodes.Add, nodes.Concat, nodes.Output)):
         return {TEXT}
-    if isinstance(parent, nodes.Filter) and parent.node is node:
-        return {TEXTS} if parent.name in _LIST_FILTERS else {TEXT} if parent.name in _STR_FILTERS else set()
+    if isinstance(parent, nodes.Filter) and parent.node is node:  # another filter (default...): a flag and a text,
+        known = {TEXTS} if parent.name in _LIST_FILTERS else {TEXT} if parent.name in _STR_FILTERS else None
+        return known or {TEXT, "bool"}  # so the sandbox sees what the template tests the text against after it
+    if isinstance(parent, nodes.Getattr) and parent.node is node:  # a method of it (x.lower()): a text
+        return {TEXT}
     if isinstance(parent, nodes.For) and parent.iter is node:
         return {TEXTS}
     if isinstance(parent, nodes.Compare):
@@ -563,18 +567,23 @@ def _rendered(rng: random.Random, forced: list[dict[str, Any] | None], prefix: s
 
 def demanded(
     seed: str, count: int, context: dict[str, Any], demands: Any, first: Sequence[dict[str, Any]]
-) -> list[dict[str, Any]]:
+) -> tuple[list[dict[str, Any]], int]:
     """Round two of the draw: render requests (``d{i}a``, ``b``, ``t``, as :func:`generate`'s)
     for the inputs the sandbox saw the template test in round one (``demands``: its answer's
-    ``demands`` for the renders ``first``) and no round-one input passed: each demanded input
-    (:func:`.demands.probes`, at most :data:`.demands.MAX_PROBES`) twice, without and with a
-    system message, in at most ``count`` shapes. Deterministic in ``seed`` and the demands."""
+    ``demands`` for the renders ``first``) and no round-one input passed (:func:`.demands.probes`):
+    each demanded input in a shape of its own, twice (without and with a system message) while
+    ``count`` shapes allow, else once; and how many demanded inputs did not fit in ``count``
+    shapes (with a sandbox ``overflow`` demand: one more), which the caller reports as not
+    analysed. Deterministic in ``seed`` and the demands."""
     found = dm.probes(demands, dm.observed(first)) if count > 0 else []
+    left = max(0, len(found) - count) + dm.overflowed(demands)
+    found = found[:count]
     if not found:
-        return []
+        return [], left
+    copies = 2 if 2 * len(found) <= count else 1
+    shapes: list[dict[str, Any] | None] = [s for f in found for s in _probe_shapes([f], 2)[:copies]]
     rng = random.Random(hashlib.sha256(json.dumps([seed, found], sort_keys=True).encode()).hexdigest())
-    shapes: list[dict[str, Any] | None] = list(_probe_shapes(found, count))
-    return [{**r, "context": {**context, **r["context"]}} for r in _rendered(rng, shapes, "d")]
+    return [{**r, "context": {**context, **r["context"]}} for r in _rendered(rng, shapes, "d")], left
 
 
 VALUE_NAMES = {TEXT: "<text>", TEXTS: "<list of texts>", TOOLS: "<the tools>"}

@@ -20,7 +20,8 @@ recorded constant (at most :data:`MAX_VALUE` characters, integers at most :data:
 Invariant (with the sandbox's recording): every input value the template's control flow is
 observed to test, among the first :data:`MAX_TAKEN` demands, is drawn in a form that satisfies the
 test at least once, unless a round-one input already did (:func:`observed`) or the value is past
-its bound (a string over MAX_VALUE characters, a count over its cap).
+its bound (a string over MAX_VALUE characters, a count over its cap); demanded inputs past the
+scan's shape budget, and tests past what the sandbox records, are reported as not analysed.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from typing import Any
 
 INPUT = "input:"
 MAX_TAKEN = 256  # demands read from one answer (the sandbox records at most 256 and an overflow one)
-MAX_PROBES = 24  # distinct inputs drawn from them (shapes are shared past the scan's shape budget)
 MAX_VALUE = 64  # characters of a demanded string value
 COUNT_CAPS = {"messages": 200, "tools": 64, "documents": 16}  # the longest lists a demand may ask for
 MIN_COUNT = {"messages": 1, "tools": 1, "documents": 1}
@@ -224,13 +224,20 @@ def satisfied(demand: list[Any], seen: dict[str, set[Any]]) -> bool:
 
 def probes(demands: Any, seen: dict[str, set[Any]]) -> list[dict[str, Any]]:
     """The distinct probes (:func:`probe`) of the first :data:`MAX_TAKEN` demands that round one
-    did not satisfy (:func:`satisfied`), at most :data:`MAX_PROBES`, in the order recorded."""
+    did not satisfy (:func:`satisfied`), in the order recorded (the caller draws as many as its
+    shape budget allows and reports the rest)."""
     out: list[dict[str, Any]] = []
     for demand in list(demands)[:MAX_TAKEN] if isinstance(demands, list) else ():
         made = probe(demand)
         if made is None or made in out or satisfied(demand, seen):
             continue
         out.append(made)
-        if len(out) >= MAX_PROBES:
-            break
     return out
+
+
+def overflowed(demands: Any) -> int:
+    """1 when the sandbox stopped recording demands (its ``overflow`` demand) or more than
+    :data:`MAX_TAKEN` came, else 0: tests past those were not seen, so not drawn."""
+    if not isinstance(demands, list):
+        return 0
+    return int(len(demands) > MAX_TAKEN or any(isinstance(d, list) and d[1:2] == ["overflow"] for d in demands))

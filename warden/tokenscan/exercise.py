@@ -142,7 +142,11 @@ def _generated(
     )  # fmt: skip
     if answer.get("status") in ("timeout", "crashed"):
         return None
-    second = conv.demanded(cp.conversation_seed, cp.generated_conversations, context, answer.get("demands"), renders)
+    second, left = conv.demanded(cp.conversation_seed, cp.generated_conversations, context, answer.get("demands"),
+                                 renders)  # fmt: skip
+    if left:
+        why = f"{left} input test(s) the template makes were past what the scan draws (not rendered)"
+        snap.unanalysed.append((t.rel, f"{_where(t)}: {why}"))
     if second and answer.get("status") == "ok":  # round two: the inputs the template was seen to test
         if time.monotonic() > snap.deadline:
             return None

@@ -397,6 +397,7 @@ class _Number:
     _wsrc = "content"
     _wkind = "length"
     _wbasis: str | None = None
+    _wshift: int | None = None  # a count of an input is its length minus this (``messages[1:]|length``, ``- 1``)
     _worig: Any = None  # the plain number the loader would hold (``is sameas`` compares these)
 
     def _plain(self) -> int | float:
@@ -420,6 +421,8 @@ class _Number:
             other = other._plain()
         if self._wbasis is not None and other in (-1, 0):
             _note(self._wsrc, f"{name} of a position", self._wbasis)
+        elif self._wshift and _is_input(self._wsrc) and type(other) is int:  # the bound on the input itself
+            _note(self._wsrc, f"{self._wkind} {name.strip('_')}", _shown_number(other + self._wshift))
         else:
             _note(self._wsrc, f"{self._wkind} {name.strip('_')}", _shown_number(other))
 
@@ -467,6 +470,7 @@ def _number(value: Any, source: str, kind: str = "number", basis: str | None = N
     return value
 
 
+SHIFTS = {"__sub__": 1, "__add__": -1, "__radd__": -1}  # how an input count's offset moves per operator
 REFLECTED = {"__eq__": "__eq__", "__ne__": "__ne__", "__lt__": "__gt__", "__gt__": "__lt__", "__le__": "__ge__",
              "__ge__": "__le__"}  # fmt: skip
 
@@ -489,7 +493,12 @@ def _number_deriving(name: str, base: type) -> Any:
         source = _stronger(self._wsrc, _taint(args[0]) if args else None)
         if isinstance(out, tuple):  # divmod
             return tuple(_number(x, source) for x in out)  # type: ignore[arg-type]
-        return _number(out, source)  # type: ignore[arg-type]
+        result = _number(out, source)  # type: ignore[arg-type]
+        if _is_input(source) and isinstance(result, ProbeInt) and name in SHIFTS and args:
+            shift = _small_int(args[0]) if not isinstance(args[0], _Number) else None
+            if shift is not None and source == self._wsrc and self._wshift is not None:  # count - 1: tests of count
+                result._wshift = self._wshift + SHIFTS[name] * shift
+        return result
 
     return method
 
@@ -580,6 +589,7 @@ class TaintedList(list):  # type: ignore[type-arg]
     length is a tainted number and a loop over it counts content."""
 
     _wsrc = "content"
+    _wshift = 0  # a slice of an input list: how many of the input's items it left out
 
 
 def _tainted_list(items: Any, source: str) -> TaintedList:
@@ -737,7 +747,11 @@ def _measuring(func: Any) -> Any:
 
     def wrapped(value: Any, *args: Any, **kwargs: Any) -> Any:
         out = func(value, *args, **kwargs)
-        return ProbeInt(out, value._wsrc) if isinstance(value, SEQUENCES) and isinstance(out, int) else out
+        if not (isinstance(value, SEQUENCES) and isinstance(out, int)):
+            return out
+        length = ProbeInt(out, value._wsrc)
+        length._wshift = getattr(value, "_wshift", 0)  # a slice of an input list: its tests are of the input
+        return length
 
     return wrapped
 
@@ -1181,7 +1195,9 @@ def _environment() -> Any:
             _index_use(obj, key)
             out = obj[key]
             if isinstance(obj, TaintedList) and _is_input(obj._wsrc) and type(out) is list:
-                return _counted(out, obj._wsrc)
+                counted = _counted(out, obj._wsrc)
+                counted._wshift = getattr(obj, "_wshift", 0) + len(obj) - len(out)
+                return counted
             return out
 
     Recording.code_generator_class = _slicing_generator()

@@ -144,14 +144,17 @@ def test_family_templates_render_their_probes_and_judge_clean(name: str) -> None
     answer = ct.run_battery(template, renders, LIMITS)
     assert answer["status"] == "ok", answer.get("message")
     assert conv.judge(renders, answer) == []
-    status = [a["status"] for a in answer["renders"][72:]][::3]  # each probe shape's first filling
-    for p, probe in enumerate(conv.template_inputs(template).probes()):
+    first = 3 * len(conv.EXTREMES)  # the probe shapes follow the extremes (see conversations._draw)
+    probes = conv.template_inputs(template).probes()
+    shapes_n = min(2 * len(probes), 24)  # conversations._probe_shapes
+    status = [a["status"] for a in answer["renders"][first : first + 3 * shapes_n]][::3]  # each one's first filling
+    for p, probe in enumerate(probes):
         if "part_type" in probe:
             continue  # a template for string content may refuse content blocks
         shapes = {(2 * p) % len(status), (2 * p + 1) % len(status)}  # without and with a system message
         assert any(status[i] == "ok" for i in shapes), (
             probe,
-            [answer["renders"][72 + 3 * i]["message"] for i in shapes],
+            [answer["renders"][first + 3 * i]["message"] for i in shapes],
         )
 
 
