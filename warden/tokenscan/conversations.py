@@ -10,7 +10,16 @@ the day. Given the template, what it reads is probed too (:func:`template_inputs
 AST, never evaluated): its own keyword arguments, roles and content-block types it compares,
 keys it looks up (message and document fields, tool parameters), conversation and content
 lengths at its integer literals; each input in two shapes, without and with a system message.
-Messages carry reasoning as transformers 5 aliases it (:func:`alias_reasoning`). Each shape is
+Then the draw follows what the template was seen to test (:func:`demanded`, round two): the
+sandbox records, for every input value, the tests the template applied to it at run time
+(*demands*: ``sandbox_child.py``), and each test no round-one input passed gets an input that
+passes it (:mod:`.demands`: a role, type, tool name or keyword argument equal to, starting or
+ending with the operand, padded for a slice; a field or tool parameter of the asked name or of a
+name passing the key predicate; a conversation, tool list or document list just past the bound).
+Invariant: **every input value the template's control flow is observed to test is drawn in a form
+that satisfies the test at least once** (within the bounds of :mod:`.demands`; what is past them is
+reported, never dropped). Messages carry reasoning as transformers 5 aliases it
+(:func:`alias_reasoning`). Each shape is
 rendered three times: with two fillings of different content (lengths from a few to thousands
 of characters, Unicode, quotes, newlines, template-like text) and with the first filling at
 another time of day.

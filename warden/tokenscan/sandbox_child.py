@@ -12,7 +12,8 @@ line on stdin, each answer one JSON line on stdout; the worker exits at end of i
     battery: {"id": ..., "op": "battery", "text": ..., "renders": [{"messages": [...],
               "context": {...}, "now": epoch}], "timeout": seconds, "max_output": bytes}
     answer:  {"id": ..., "status": ..., "renders": [{"status": "ok" | "error", "output", "message"}],
-              "taint": [[source, operation, constant, template line]], "private": [attribute names]}
+              "taint": [[source, operation, constant, template line]], "private": [attribute names],
+              "demands": [[source, operation, constant, path]]}
 
 A battery renders one template with many conversations. Message content (and its parts'
 text, documents' text, reasoning) and the clock (``strftime_now``) are recording values
@@ -36,6 +37,23 @@ recording stopped. The string forms of the globals (``dict``, ``namespace``,
 ``raise_exception``, ``strftime_now``), written as transformers 5 shows them, are recording
 values of source ``environment``. Every private attribute the template looked up is listed,
 even when it never used the result.
+
+Inputs (demands). A render that names its keyword arguments (``"inputs": [names]``: the generated
+conversations) has its inputs labelled by the same machinery, with a source naming the input:
+roles (``input:role``), content-block types (``input:type``), tool names, those keyword arguments
+(strings, and numbers as tainted numbers) are Probes; the message, tool and document lists are
+counted lists (``input:count:...``: their length, a slice's length, a loop's counters and what
+the loop counts in a namespace are tainted numbers; a count minus a constant is tested as the
+count); each message, content block, tool, its function and parameter properties and each
+document is an input dict: a key the template asks it for and it lacks (``m['meta' ~ 'data']``,
+``.get(k)``, ``k in m``) is recorded by name, and a loop over it or its ``items()``/``keys()``
+(``|list``, ``|dictsort``) yields its keys as Probes (``input:key:<label>``). A record of an input
+source is a *demand* ``[source, operation, constant, path]`` (``path``: the slices and case/trim
+filters between the input and the value tested), not taint: up to 256 distinct ones, then an
+``overflow`` demand. A value derived from content and an input keeps content's source, and a
+comparison of two Probes records it for both, so labelling inputs never hides a content record;
+labelled values render exactly as the plain ones (their string forms, ``tojson``, views).
+:mod:`.demands` turns the demands into a second round of inputs that pass them.
 
 Bounds: ``RLIMIT_AS`` = MEMORY bytes, ``RLIMIT_CPU`` re-armed per request (a backstop),
 ``RLIMIT_FSIZE`` 0 (no writes), an ``ITIMER_REAL`` deadline per request, and an output cap
