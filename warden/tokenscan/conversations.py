@@ -143,6 +143,8 @@ def _shape(rng: random.Random, index: int, forced: dict[str, Any] | None = None)
     if forced.get("messages"):  # a demanded conversation length: exactly that many messages
         n = min(int(forced["messages"]), MAX_MESSAGES)
         roles = _roles(rng, min(MAX_TURNS, n // 2 + 1), forced.get("first"), True)[:n]
+    if forced.get("calls") and "assistant_call" not in roles:  # a demanded number of tool calls: an exchange
+        roles = [*roles[:1], "assistant_call", "tool", "assistant", *roles[1:]]
     if forced.get("role"):  # a role the template names: after the first answer (or the question)
         at = roles.index("assistant") + 1 if "assistant" in roles else len(roles)
         roles = [*roles[:at], forced["role"], *roles[at:]]
@@ -150,7 +152,7 @@ def _shape(rng: random.Random, index: int, forced: dict[str, Any] | None = None)
         forced["parts"] if "parts" in forced else rng.random() < 0.3
     )  # a third of the shapes give some messages as lists of parts (a
     # template that refuses those still shows everything else in the other shapes)
-    every = "part_type" in forced or forced.get("key_in") == "part"  # a content-block type or field: all in parts
+    every = "part_type" in forced or "parts_n" in forced or forced.get("key_in") == "part"  # all in parts
     kinds = ["parts" if every or (parts and rng.random() < 0.5) else "str" for _ in roles]
     # every value of every keyword argument within a dozen shapes (absent, then each value), in
     # cycles of different lengths so the combinations vary
@@ -173,7 +175,8 @@ def _shape(rng: random.Random, index: int, forced: dict[str, Any] | None = None)
     now, other = day + rng.randrange(DAY_SECONDS), day + rng.randrange(DAY_SECONDS)
     return {"roles": roles, "kinds": kinds, "kwargs": kwargs, "tools": tools, "docs": docs, "now": now, "other": other,
             "part_type": forced.get("part_type"), "key": forced.get("key"), "size": forced.get("size"),
-            "key_in": forced.get("key_in"), "tool_name": forced.get("tool_name")}  # fmt: skip
+            "key_in": forced.get("key_in"), "tool_name": forced.get("tool_name"), "calls": forced.get("calls"),
+            "parts_n": forced.get("parts_n")}  # fmt: skip
 
 
 def _probe_shapes(probes: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
@@ -257,13 +260,17 @@ def _fill(shape: dict[str, Any], rng: random.Random, long: bool, index: int) -> 
                 {
                     "role": "assistant",
                     "content": "",
-                    "tool_calls": [{"id": call_id, "type": "function", "function": fn}],
+                    "tool_calls": [{"id": call_id, "type": "function", "function": fn}]
+                    + [{"id": f"{call_id}x{k}", "type": "function", "function": fn}
+                       for k in range(1, shape.get("calls") or 1)],  # a demanded number of calls
                 }
-            )
+            )  # fmt: skip
             continue
         content = text("content")
         blocks = [{"type": shape["part_type"]}] if shape.get("part_type") else []
-        parts = [*blocks, {"type": "text", "text": content}]
+        more = max(0, (shape.get("parts_n") or 0) - len(blocks) - 1)  # a demanded number of content blocks
+        parts = [*blocks, {"type": "text", "text": content}, *({"type": "text", "text": text("content")}
+                                                               for _ in range(more))]  # fmt: skip
         if key and key_in == "part":  # a demanded field of a content block: on each block
             parts = [{**b, key: text("field")} for b in parts]
         message: dict[str, Any] = {"role": role, "content": parts if kind == "parts" else content}
@@ -611,6 +618,8 @@ def describe(shape: dict[str, Any]) -> str:
     extra += f", field and tool parameter {shape['key']!r}" if shape.get("key") else ""
     extra += f" (on {shape['key_in']}s)" if shape.get("key") and shape.get("key_in") else ""
     extra += f", tool name {shape['tool_name']!r}" if shape.get("tool_name") else ""
+    extra += f", {shape['calls']} calls in a tool call" if shape.get("calls") else ""
+    extra += f", {shape['parts_n']} content blocks a message" if shape.get("parts_n") else ""
     extra += f", contents of {shape['size']} and {shape['size'] + 1} characters" if shape.get("size") else ""
     return f"roles {' '.join(roles)} ({kw}{extra})"
 

@@ -33,8 +33,10 @@ from typing import Any
 INPUT = "input:"
 MAX_TAKEN = 256  # demands read from one answer (the sandbox records at most 256 and an overflow one)
 MAX_VALUE = 64  # characters of a demanded string value
-COUNT_CAPS = {"messages": 200, "tools": 64, "documents": 16}  # the longest lists a demand may ask for
-MIN_COUNT = {"messages": 1, "tools": 1, "documents": 1}
+COUNT_CAPS = {"messages": 200, "tools": 64, "documents": 16, "parts": 16, "tool_calls": 16}  # the longest lists
+MIN_COUNT = {"messages": 1, "tools": 1, "documents": 1, "parts": 1, "tool_calls": 1}
+COUNT_FIELDS = {"messages": "messages", "tools": "tools", "documents": "docs", "parts": "parts_n",
+                "tool_calls": "calls"}  # fmt: skip
 KWARG_NUMBER = 1 << 31  # the largest keyword-argument number a demand may ask for
 STRING_OPS = frozenset({"==", "!=", "in", "in a constant", "startswith", "endswith", "find", "rfind", "index",
                         "rindex", "count", "replace", "split", "rsplit", "partition", "rpartition", "removeprefix",
@@ -61,6 +63,8 @@ def _apply(value: str, path: Iterable[Any]) -> str | None:
             value = value[slice(*step[1:])]
         elif step[0] in STEP_METHODS and len(step) == 1:
             value = getattr(str, step[0])(value)
+        elif step[0] == "affix" and len(step) == 3 and all(isinstance(a, str) for a in step[1:]):
+            value = step[1] + value + step[2]
         else:
             return None
     return value
@@ -88,6 +92,24 @@ def _passes(value: str, operation: str, constant: str, path: list[Any]) -> bool:
     return False
 
 
+def _inverted(constant: str, path: list[Any]) -> str | None:
+    """A value whose path, undone step by step from the last (an affix cut off, a slice's start
+    padded), gives ``constant``; None when an affix does not match (case and trim steps keep the
+    constant: it usually is in that case already)."""
+    value = constant
+    for step in reversed(path):
+        if not isinstance(step, list) or not step:
+            return None
+        if step[0] == "affix" and len(step) == 3 and all(isinstance(a, str) for a in step[1:]):
+            before, after = step[1], step[2]
+            if len(value) < len(before) + len(after) or not (value.startswith(before) and value.endswith(after)):
+                return None
+            value = value[len(before) : len(value) - len(after)]
+        elif step[0] == "slice" and len(step) == 4 and type(step[1]) is int and 0 < step[1] <= MAX_VALUE:
+            value = "x" * step[1] + value
+    return value
+
+
 def _string_value(operation: str, constant: str, path: list[Any]) -> str | None:
     """A string that passes the test (:func:`_passes`): the constant itself, padded before for a
     slice that starts past 0, or after for one that stops short of the end; the first that passes,
@@ -98,7 +120,9 @@ def _string_value(operation: str, constant: str, path: list[Any]) -> str | None:
         return None
     starts = [s[1] for s in path if isinstance(s, list) and s[:1] == ["slice"] and type(s[1]) is int]
     pads = sorted({abs(a) for a in starts if 0 < abs(a) <= MAX_VALUE})
+    undone = _inverted(constant, path)
     candidates = [
+        *([undone] if undone else []),
         constant,
         constant + "x",
         *("x" * a + constant for a in pads),
@@ -165,7 +189,7 @@ def probe(demand: Any) -> dict[str, Any] | None:
 def _count_probe(what: str, target: int | None) -> dict[str, Any] | None:
     if target is None or what not in COUNT_CAPS or not MIN_COUNT[what] <= target <= COUNT_CAPS[what]:
         return None
-    return {{"messages": "messages", "tools": "tools", "documents": "docs"}[what]: target}
+    return {COUNT_FIELDS[what]: target}
 
 
 def observed(renders: Iterable[dict[str, Any]]) -> dict[str, set[Any]]:
@@ -187,6 +211,10 @@ def observed(renders: Iterable[dict[str, Any]]) -> dict[str, set[Any]]:
         for message in messages:
             keys("message", message)
             add("role", message.get("role"))
+            if isinstance(message.get("content"), list):
+                add("count:parts", len(message["content"]))
+            if message.get("tool_calls"):
+                add("count:tool_calls", len(message["tool_calls"]))
             for part in message.get("content") if isinstance(message.get("content"), list) else ():
                 keys("part", part)
                 add("type", part.get("type") if isinstance(part, dict) else None)

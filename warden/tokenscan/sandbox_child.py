@@ -39,20 +39,20 @@ values of source ``environment``. Every private attribute the template looked up
 even when it never used the result.
 
 Inputs (demands). A render that names its keyword arguments (``"inputs": [names]``: the generated
-conversations) has its inputs labelled by the same machinery, with a source naming the input:
-roles (``input:role``), content-block types (``input:type``), tool names, those keyword arguments
+conversations) has its inputs labelled by the same machinery, with a source naming the input: roles
+(``input:role``), content-block types (``input:type``), tool names, those keyword arguments
 (strings, and numbers as tainted numbers) are Probes; the message, tool and document lists are
-counted lists (``input:count:...``: their length, a slice's length, a loop's counters and what
-the loop counts in a namespace are tainted numbers; a count minus a constant is tested as the
-count); each message, content block, tool, its function and parameter properties and each
-document is an input dict: a key the template asks it for and it lacks (``m['meta' ~ 'data']``,
-``.get(k)``, ``k in m``) is recorded by name, and a loop over it or its ``items()``/``keys()``
-(``|list``, ``|dictsort``) yields its keys as Probes (``input:key:<label>``). A record of an input
-source is a *demand* ``[source, operation, constant, path]`` (``path``: the slices and case/trim
-filters between the input and the value tested), not taint: up to 256 distinct ones, then an
-``overflow`` demand. A value derived from content and an input keeps content's source, and a
-comparison of two Probes records it for both, so labelling inputs never hides a content record;
-labelled values render exactly as the plain ones (their string forms, ``tojson``, views).
+counted lists (``input:count:...``: their length, a slice's length, a loop's counters and what the
+loop counts in a namespace are tainted numbers; a count minus a constant is tested as the count; so
+are a message's content blocks and tool calls); each message, content block, tool, its function and
+parameter properties and each document is an input dict: a key the template asks it for and it lacks
+(``m['meta' ~ 'data']``, ``.get(k)``, ``k in m``) is recorded by name, and a loop over it or its
+``items()``/``keys()`` (``|list``, ``|dictsort``) yields its keys as Probes (``input:key:<label>``).
+A record of an input source is a *demand* ``[source, operation, constant, path]`` (``path``: the
+slices, case/trim filters and constant affixes between the input and the value tested), not taint: up to 256 distinct
+ones, then an ``overflow`` demand. A value derived from content and an input keeps content's source,
+and a comparison of two Probes records it for both, so labelling inputs never hides a content
+record; labelled values render exactly as the plain ones (their string forms, ``tojson``, views).
 :mod:`.demands` turns the demands into a second round of inputs that pass them.
 
 Bounds: ``RLIMIT_AS`` = MEMORY bytes, ``RLIMIT_CPU`` re-armed per request (a backstop),
@@ -268,10 +268,14 @@ class Probe(str):
         return self._wrap(out)
 
     def __add__(self, other: Any) -> Any:
-        return self._kept(str.__add__(self, other), other)
+        step = ("affix", "", other) if type(other) is str and len(other) <= 200 else None
+        return self._kept(str.__add__(self, other), other, step)
 
     def __radd__(self, other: Any) -> Any:
-        return self._kept(str.__add__(other, self), other) if isinstance(other, str) else NotImplemented
+        if not isinstance(other, str):
+            return NotImplemented
+        step = ("affix", other, "") if type(other) is str and len(other) <= 200 else None
+        return self._kept(str.__add__(other, self), other, step)
 
     def __mul__(self, other: Any) -> Any:
         return self._kept(str.__mul__(self, other))
@@ -717,8 +721,9 @@ def _tainting(func: Any, numbers: bool = False, pieces: bool = False, name: str 
         # content|list, content|batch(n): its pieces (an input list's pieces stay what the loader gives)
         if pieces and isinstance(value, SEQUENCES) and not isinstance(out, (str, bytes)) and not _is_input(value._wsrc):
             return _tainted_list(out, value._wsrc)
-        if name in ("list", "dictsort") and isinstance(out, list) and id(value) in INPUT_DICTS:
-            return _input_keys(out, INPUT_DICTS[id(value)])  # an input dict's keys, as the template tests them
+        label = INPUT_DICTS.get(id(value)) or INPUT_VIEWS.get(id(value)) if name in ("list", "dictsort") else None
+        if label and isinstance(out, list):
+            return _input_keys(out, label)  # an input dict's keys (or its view's items), as the template tests them
         if step is not None and isinstance(value, Probe) and _is_input(value._wsrc) and type(out) is str:
             return Probe(out, value._wsrc, (*value._wpath, step))  # (role|lower) == 'x': a step of its path
         if isinstance(out, str) and not isinstance(out, Probe):
@@ -742,6 +747,21 @@ def _single_piece(args: Any, out: Any) -> Probe | None:
     return None
 
 
+def _affixed(pieces: Any, out: str) -> Probe | None:
+    """``x ~ '!'`` (``'a' ~ x ~ 'b'``): one input Probe joined with constant strings keeps its
+    path, with the step ``("affix", before, after)`` (a demand's value is the constant cut)."""
+    if not isinstance(pieces, (tuple, list)) or len(pieces) > 16:
+        return None
+    inputs = [i for i, p in enumerate(pieces) if isinstance(p, Probe)]
+    if len(inputs) != 1 or not all(type(p) is str for i, p in enumerate(pieces) if i != inputs[0]):
+        return None
+    at, probe = inputs[0], pieces[inputs[0]]
+    before, after = "".join(pieces[:at]), "".join(pieces[at + 1 :])
+    if len(before) + len(after) > 200 or not _is_input(probe._wsrc):
+        return None
+    return Probe(out, probe._wsrc, (*probe._wpath, ("affix", before, after)))
+
+
 def _joining(func: Any) -> Any:
     """The ``join`` filter and jinja's ``~``: an iterator of tainted pieces joins into a Probe."""
 
@@ -753,6 +773,8 @@ def _joining(func: Any) -> Any:
             return single
         source = _taint_in((*spies, *kwargs.values())) or next((a._source for a in spies if isinstance(a, _Spy)
                                                                  and a._source), None)  # fmt: skip
+        if _is_input(source) and type(out) is str and len(args) == 1 and not kwargs:
+            return _affixed(args[0], out) or _tainted_result(out, source)  # type: ignore[arg-type]
         return _tainted_result(out, source) if source and isinstance(out, str) else out
 
     if hasattr(func, "jinja_pass_arg"):
@@ -1351,9 +1373,13 @@ def _label_inputs(context: dict[str, Any], kwargs: list[str]) -> None:
         content = message.get("content")
         for part in content if isinstance(content, list) else ():
             _label(part, "part", {"type": "type"})
+        if type(content) is list:
+            message["content"] = _counted(content, INPUT + "count:parts")
         for call in message.get("tool_calls") or ():
             _label(call, "call", {})
             _label(call.get("function") if isinstance(call, dict) else None, "call", {"name": "tool name"})
+        if type(message.get("tool_calls")) is list:
+            message["tool_calls"] = _counted(message["tool_calls"], INPUT + "count:tool_calls")
     context["messages"] = _counted(context["messages"], INPUT + "count:messages")
     if isinstance(context.get("tools"), list):
         tools = copy.deepcopy(context["tools"])

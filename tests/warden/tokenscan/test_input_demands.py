@@ -60,6 +60,9 @@ STRING_FORMS = {
     "filter chain": "({x}|trim|lower) == {c}",
     "upper filter": "({x}|upper) == ({c}|upper)",
     "dict lookup": "{{{c}: true}}.get({x}, false)",
+    "affix joined": "('<' ~ {x} ~ '>') == ('<' ~ {c} ~ '>')",
+    "split piece": "{x}.split('/')[0] == {c}",
+    "first char and length": "({x}|first) == {c}[0] and ({x}|length) == {n}",
 }
 KEY_SOURCES = {
     "message key": ("loop", "m"),
@@ -88,6 +91,8 @@ COUNT_FORMS = {
     "counter": ("counter", "ns.n > {a} * {b}"),
     "tools >": ("tools", "((tools or [])|length) > {a} + {b}"),
     "tools ==": ("tools", "((tools or [])|length) == {a} + {b}"),
+    "content blocks": ("loop", "m.content is not string and (m.content|length) > {a}"),
+    "tool calls": ("loop", "m.tool_calls and (m.tool_calls|length) >= {b}"),
 }
 
 
