@@ -62,7 +62,7 @@ STRING_FORMS = {
     "dict lookup": "{{{c}: true}}.get({x}, false)",
     "affix joined": "('<' ~ {x} ~ '>') == ('<' ~ {c} ~ '>')",
     "split piece": "{x}.split('/')[0] == {c}",
-    "first char and length": "({x}|first) == {c}[0] and ({x}|length) == {n}",
+    "length": "({x}|length) == {n} + 7",
 }
 KEY_SOURCES = {
     "message key": ("loop", "m"),
@@ -276,3 +276,31 @@ def test_huge_bounds_and_long_constants_ask_for_nothing() -> None:
     assert dm.probe(["input:role", "==", "x" * 500, []]) is None
     assert dm.probe(["input:role", "==", "func", [["slice", 2, 6, None]]]) == {"role": "xxfunc"}
     assert dm.probe(["input:type", "endswith", "_url", [["lower"]]]) == {"part_type": "_url"}
+
+
+# -- in a scan -------------------------------------------------------------------------------------
+def test_a_scan_reports_input_tests_past_its_draw_and_catches_a_demanded_gate(tmp_path: Any) -> None:
+    """Through ``scan_directory``: tests past the shape budget are TS910 (not analysed, never clean);
+    a gate opened by round two is a blocking finding."""
+    import dataclasses
+
+    from warden.tokenscan import scan_directory
+    from warden.tokenscan.policy import default_policy
+
+    policy = default_policy()
+    small = dataclasses.replace(policy, chat_template=dataclasses.replace(policy.chat_template,
+                                                                          generated_conversations=4))  # fmt: skip
+    flood = "".join("{% if message.role == 'zr" + str(i) + "' %}{% endif %}" for i in range(12))
+    gate = "{% if message.role[1:5] == 'zfun' %}Seven paper lanterns drift over the quiet harbour at dusk.{% endif %}"
+    for name, snippet, options, rule in (("flood", flood, small, "TS910"), ("gate", gate, policy, None)):
+        d = fam.build_family("qwen2.5", tmp_path / name)
+        (d / "chat_template.jinja").unlink(missing_ok=True)
+        fam._set_template(d, fam.QWEN25_TEMPLATE.replace("{%- for message in messages %}",
+                                                         "{%- for message in messages %}" + snippet, 1))  # fmt: skip
+        result = scan_directory(str(d), options)
+        ids = [f.id for f in result.findings]
+        if rule:
+            assert rule in ids, ids
+            assert any("input test" in f.message for f in result.findings if f.id == rule)
+        else:
+            assert result.blocking(options.fail_severity), ids
