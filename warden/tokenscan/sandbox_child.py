@@ -143,6 +143,8 @@ def _demand(source: str, operation: str, constant: str, path: tuple[Any, ...] = 
     """One demand ``[source, operation, constant, path]``: the template tested a value derived
     from the input ``source`` (after the steps ``path``: slices, case and trim filters) with
     ``constant``; each distinct one once, at most MAX_DEMANDS (then an ``overflow`` demand)."""
+    if len(DEMANDS) > MAX_DEMANDS:  # recording stopped: nothing more is kept (nor remembered)
+        return
     record = (source, operation, constant[:200], path[:8])
     if record in DEMAND_SEEN:
         return

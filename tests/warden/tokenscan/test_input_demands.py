@@ -304,3 +304,31 @@ def test_a_scan_reports_input_tests_past_its_draw_and_catches_a_demanded_gate(tm
             assert any("input test" in f.message for f in result.findings if f.id == rule)
         else:
             assert result.blocking(options.fail_severity), ids
+
+
+# a content trigger mixed with inputs: labelling the inputs must not hide (or move) its content record
+MIXED = (
+    "{{ 'P' * ((m.role ~ m.content) == S) }}",
+    "{{ 'P' * ((m.content ~ m.role) == S) }}",
+    "{{ 'P' * (m.role + (m.content if m.content is string else '') == S) }}",
+    "{{ 'P' * (S in (m.role ~ ':' ~ (m.content if m.content is string else ''))) }}",
+    "{{ 'P' * ((m.content if m.content is string else '') == m.role) }}",
+    "{{ 'P' * (m.role == (m.content if m.content is string else '')) }}",
+    "{% set ns.x = m.role %}{{ 'P' * ((m.content if m.content is string else '') == ns.x ~ S) }}",
+    "{{ 'P' * (((m.content if m.content is string else '')|length) > (messages|length)) }}",
+    "{{ 'P' * ((messages|length) < ((m.content if m.content is string else '')|length)) }}",
+    "{{ {S: 'P'}.get(m.role ~ (m.content if m.content is string else ''), '') }}",
+)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(MIXED), st.from_regex(r"[a-z]{3,10}", fullmatch=True))
+def test_labelled_inputs_keep_every_content_record(snippet: str, secret: str) -> None:
+    template = "{% set ns = namespace(x='') %}" + CHATML.replace(LOOP, LOOP + snippet.replace("S", repr(secret)), 1)
+    renders = conv.generate("mixed", 4, CTX, template)
+    plain = [{k: v for k, v in r.items() if k != "inputs"} for r in renders]
+    labelled, unlabelled = ct.run_battery(template, renders, LIMITS), ct.run_battery(template, plain, LIMITS)
+    assert [r["output"] for r in labelled["renders"]] == [r["output"] for r in unlabelled["renders"]]
+    records = lambda a: {tuple(t[:3]) for t in a["taint"] if t[0] == "content"}  # noqa: E731
+    assert records(unlabelled) and records(labelled) == records(unlabelled)
+    assert "demands" in labelled and not any(d[0] == "content" for d in labelled["demands"])
