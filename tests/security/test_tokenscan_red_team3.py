@@ -751,27 +751,9 @@ BENIGN: dict[str, tuple[str, Callable[[Path], None]]] = {
     "qwen2.5 with padding_side left (batched generation)": ("qwen2.5", _cfg({"padding_side": "left"})),
 }
 
-# name -> the mechanism the scanner lacks (measured 2026-12-03 11:38 UTC against ecd5d75; controls and catches are absent here)
-MISSES: dict[str, str] = {
-    "role compared by a slice (legacy 'function' role)": "template_inputs takes roles only from ==/in/equalto with a Const on a .role key; message.role[:4] == 'func' is a Getitem slice, so the 'function' role is never drawn",
-    "role compared via startswith": "roles compared through a method call (role.startswith('func')) are not derived: no 'function' role is drawn",
-    "message field named by concatenation": "_keys reads Const keys only: message['meta' ~ 'data'] names no key to the generator, so no message carries 'metadata'",
-    "message field found by items() and its name's length": "keys found by iterating message.items() are not derived: no message carries an 'annotations' field (only Getattr/Getitem consts are)",
-    "kwarg value compared behind a filter (reasoning_effort='minimal')": "_uses derives compared constants only when the variable's direct parent is a Compare: (reasoning_effort|default('')|lower) == 'minimal' is never drawn",
-    "conversation longer than a computed bound": "conversation lengths come from integer literals (11 -> 12 turns); 11 * 11 is not folded, so more than 121 messages is never drawn",
-    "eight or more tools": "the draw passes at most 3 tools and tool counts are not derived from the template's literals",
-    "tool parameter named by concatenation": "tool parameter names come from Const keys only: properties['pa' ~ 'th'] names none",
-    "image_url parts found by endswith": "content-block types come from equality tests only: part.type.endswith('_url') draws no 'image_url' part (only image/video/audio)",
-    "pair template swaps prompt and response (reward model)": "template_issues checks only the special tokens of a TemplateProcessing: the order of $A and $B in the pair template is not judged (a reward model scores the response before the prompt)",
-    "single template writes token_type_id 1": "type_ids of TemplateProcessing pieces are not judged: every single encoding gets segment id 1",
-    "WordPiece max_input_chars_per_word 12": "_model_issues judges dropout and the subword prefix only: max_input_chars_per_word turns every word over 12 characters into [UNK] (the corpus and the one-character alphabet hold no such word)",
-    "charsmap maps a Unicode 15 emoji to a sentence": "charsmap.mapping_problem allows any mapping whose source holds a character unassigned in this Python's Unicode data (14.0): PINK HEART (Unicode 15) maps to a whole sentence of words",
-    "Lowercase normaliser on a cased family": "Lowercase is judged harmless on every family: in a cased vocabulary it rewrites every capital ('Apple' encodes as 'apple'); only folding into normalized markup tokens is checked",
-    "extra_special_tokens names an ordinary word": "the special-token checks read bos/eos/pad/unk and added_tokens, not transformers 5's named extra_special_tokens: {'image_token': 'not'} makes 'not' a special token (a fresh id to the model; decode(skip_special_tokens=True) drops it)",
-    "split_special_tokens true (chat markup becomes text)": "encoding_key_problems judges model_max_length and model_input_names only: split_special_tokens makes every control token of a chat render plain text",
-    "truncation_side left in the config": "truncation_side is no judged config key: truncation keeps the end of each prompt and drops its system part",
-    "tokenizer.json truncation direction Left (PreTrainedTokenizerFast)": "tokenizer.json's truncation field is not judged: PreTrainedTokenizerFast takes truncation_side 'left' from it",
-}
+# name -> the mechanism the scanner lacked (measured 2026-12-03 11:38 UTC against ecd5d75: 18 misses;
+# all 18 caught since 6827cb6, so none is left; a new miss goes here as a strict xfail)
+MISSES: dict[str, str] = {}
 BENIGN_FLAGGED: dict[str, str] = {  # benign -> the false positive
 }
 
