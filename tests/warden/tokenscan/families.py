@@ -27,6 +27,12 @@ QWEN_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 
+# a minimal ChatML template reading string content or a list of text parts (the generated-input tests' base)
+CHATML_PARTS_TEMPLATE = (
+    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}{% if m.content is string %}{{ m.content }}"
+    "{% else %}{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 QWEN25_TEMPLATE = """{%- if tools %}
     {{- '<|im_start|>system\\n' }}
     {%- if messages[0]['role'] == 'system' %}

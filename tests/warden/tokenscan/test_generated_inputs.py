@@ -20,11 +20,7 @@ from warden.tokenscan import conversations as conv
 CTX = {"bos_token": "<s>", "add_generation_prompt": True, "tools": None, "documents": None}
 LIMITS = ct.RenderLimits(4.0, 1 << 20, 1 << 30)
 MARK = "ZEBRAMARK"
-CHATML = (
-    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}{% if m.content is string %}{{ m.content }}"
-    "{% else %}{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}"
-    "{{ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+CHATML = fam.CHATML_PARTS_TEMPLATE
 LOOP = "{% for m in messages %}"
 NAMES = st.from_regex(r"[a-z][a-z_]{2,12}", fullmatch=True).filter(
     lambda n: (

@@ -27,11 +27,7 @@ CTX = {"bos_token": "<s>", "eos_token": "</s>", "add_generation_prompt": True, "
 LIMITS = ct.RenderLimits(4.0, 1 << 20, 1 << 30)
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MARK = "ZEBRAMARK"
-CHATML = (
-    "{% for m in messages %}{{ '<|im_start|>' + m.role + '\\n' }}{% if m.content is string %}{{ m.content }}"
-    "{% else %}{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %}"
-    "{{ '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
+CHATML = fam.CHATML_PARTS_TEMPLATE
 LOOP = "{% for m in messages %}"
 PARTS = "{% for p in (m.content if m.content is not string else []) %}"
 # values the draw never makes (a 'z' first: no loader role, type or key starts so)
