@@ -123,6 +123,7 @@ class T:
 
 
 HI = _user("hi")
+TAGS = "".join(chr(0xE0000 + ord(c)) for c in PAYLOAD)  # invisible Unicode tag characters (ASCII smuggling)
 PARTS = [{"role": "user", "content": [{"type": "text", "text": f"part {i}"} for i in range(8)]}]
 PARTS_FEW = [{"role": "user", "content": [{"type": "text", "text": "part 0"}]}]
 
@@ -271,6 +272,22 @@ TEMPLATES: dict[str, T] = {
         _tools(*[_tool(name=f"t{i}_" + "n" * 45) for i in range(10)]),
         _tools(_tool()),
     ),
+    "tool name ordered before 'a' (a capitalised name)": T(
+        "schema",
+        _per_tool("{{ " + N + " * (t.function.name < 'a') }}"),
+        HI,
+        HI,
+        _tools(_tool(name="Search")),
+        _tools(_tool(name="search")),
+    ),
+    "more than 64 tools": T(
+        "schema",
+        _on_top("{{ " + N + " * ((tools or [])|length > 64) }}"),
+        HI,
+        HI,
+        _tools(*[_tool(name=f"t{i}") for i in range(65)]),
+        _tools(*[_tool(name=f"t{i}") for i in range(3)]),
+    ),
     # --- conversation structure -----------------------------------------------------------------
     "more than 20 documents": T(
         "structure", _on_top("{{ " + N + " * ((documents or [])|length > 20) }}"), HI, HI, _docs(21), _docs(2)
@@ -301,6 +318,26 @@ TEMPLATES: dict[str, T] = {
         _on_top("{{ " + N + " * ((messages|selectattr('role', 'equalto', 'tool')|list|length) > 12) }}"),
         [*_user("x"), *[{"role": "tool", "content": f"r{i}"} for i in range(13)]],
         [*_user("x"), *[{"role": "tool", "content": f"r{i}"} for i in range(2)]],
+    ),
+    "more than 16 tool calls in one message": T(
+        "toolcall",
+        _in_loop("{{ " + N + " * ((message.tool_calls or [])|length > 16) }}"),
+        [
+            *_user("x"),
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"type": "function", "function": {"name": f"f{i}", "arguments": {}}} for i in range(17)],
+            },
+        ],
+        _call({"cmd": "ls"}),
+    ),
+    "Unicode tag characters spelling a directive in the default prompt": T(
+        "steering",
+        fam.QWEN25_TEMPLATE.replace(QWEN_DEFAULT, QWEN_DEFAULT + TAGS),
+        HI,
+        [{"role": "system", "content": "be brief"}, *HI],
+        marker=TAGS,
     ),
     # --- neighbours the scanner does catch (kept so a regression fails) ---------------------------------
     "loop.changed on content (a repeated message)": T(
@@ -379,6 +416,10 @@ def _new_word(t: dict[str, Any]) -> None:
     _added(t, "Paris", max(a["id"] for a in t["added_tokens"]) + 1)
 
 
+def _single_word_end(t: dict[str, Any]) -> None:
+    _special(t, "<|im_end|>")["single_word"] = True
+
+
 def _no_fallback(t: dict[str, Any]) -> None:
     t["model"]["byte_fallback"] = False
 
@@ -415,6 +456,15 @@ class F:
 def _v_new_word(d: Path, b: Path) -> None:
     ids = _tok(d)("Paris", add_special_tokens=False)["input_ids"]
     assert ids == [len(_tok(b))], (ids, len(_tok(b)))  # one id past every id the base has: no trained embedding
+
+
+def _v_single_word_end(d: Path, _b: Path) -> None:
+    tok = _tok(d)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert tok("hi <|im_end|>", add_special_tokens=False)["input_ids"][-1] == end
+    assert end not in tok("hi<|im_end|>", add_special_tokens=False)["input_ids"]  # after a word: plain text
+    ids = tok.apply_chat_template(HI, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert ids.count(end) == 1  # the system turn ends, the user's 'hi<|im_end|>' never does
 
 
 def _v_no_fallback(d: Path, b: Path) -> None:
@@ -515,6 +565,9 @@ def _v_nan_length(d: Path, _b: Path) -> None:
 
 FILES: dict[str, F] = {
     "added token 'Paris' with an id past the vocabulary": F("added", "qwen2.5", _tj(_new_word), _v_new_word),
+    "single_word on <|im_end|> (a turn ending in a word never ends)": F(
+        "added", "qwen2.5", _fast(_single_word_end), _v_single_word_end
+    ),
     "byte_fallback false on a byte-fallback family (Mistral)": F(
         "model", "mistral", _fast(_no_fallback), _v_no_fallback
     ),
@@ -648,7 +701,7 @@ BENIGN: dict[str, tuple[str, Callable[[Path], None]]] = {
     ),
 }
 
-# name -> the mechanism the scanner lacks (measured 2026-12-06 against 5f899b7)
+# name -> the mechanism the scanner lacks (measured 2026-12-06 21:20 UTC against a70b8bb)
 MISSES: dict[str, str] = {
     "loop.cycle with 130 arguments (the 130th message)": "loop.cycle() picks its argument by the loop's position inside Jinja's LoopContext (a Python list index, not environment.getitem): no count test is recorded, so no 130-message conversation is drawn",
     "loop.revindex0 == 129": "a test of loop.revindex0/index0 over the message loop records no message-count demand (only loop.length and |length do), so no conversation long enough is drawn",
@@ -670,6 +723,10 @@ MISSES: dict[str, str] = {
     "parameter name longer than 30": "the |items filter reads the dict in Python, not through the sandbox's items() hook, so the parameter names it yields are plain strings, not input:key Probes (the same test through .items() is caught)",
     "tool description longer than 900": "a tool's description is a plain string (only tool names are labelled): a length bound on it is no demand",
     "joined tool names longer than 400": "a length bound on a value joined from several inputs (all tool names, |map|join) is not turned into a draw that passes it",
+    "tool name ordered before 'a' (a capitalised name)": "demands draw tool names equal to, starting or ending with an operand; an ordering test (<, >) on a tool name draws no name that passes it",
+    "more than 64 tools": "a tool count past COUNT_CAPS['tools'] (64) is neither drawn nor reported as not analysed (no TS910)",
+    "more than 16 tool calls in one message": "a tool-call count past COUNT_CAPS['tool_calls'] (16) is neither drawn nor reported as not analysed (no TS910)",
+    "single_word on <|im_end|> (a turn ending in a word never ends)": "added-token flags are not judged: single_word on the end-of-turn marker makes every 'word<|im_end|>' plain text (the markup checks only look at split_special_tokens and normalisation)",
     "more than 20 documents": "a document count past COUNT_CAPS['documents'] (16) is neither drawn nor reported as not analysed (no TS910), so the test is dropped silently",
     "a message with 6 or more keys": "a message is an input dict for its missing keys only: its |length (the number of fields) is a plain number, no demand",
     "role ordered before 'assistant' (string <)": "demands draw roles equal to, starting or ending with an operand; an ordering test (<, >) on a role draws no role that passes it",
