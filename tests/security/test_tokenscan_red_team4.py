@@ -420,6 +420,24 @@ def _single_word_end(t: dict[str, Any]) -> None:
     _special(t, "<|im_end|>")["single_word"] = True
 
 
+def _config_added_word(d: Path) -> None:
+    """tokenizer_config.json's added_tokens_decoder (which transformers reads beside tokenizer.json)
+    adds the special token ' not' at a new id."""
+    entry = {
+        "content": " not",
+        "lstrip": False,
+        "normalized": False,
+        "rstrip": False,
+        "single_word": False,
+        "special": True,
+    }
+    _edit(d / "tokenizer_config.json", lambda c: c.setdefault("added_tokens_decoder", {}).__setitem__("4000", entry))
+
+
+def _unk_is_sep(t: dict[str, Any]) -> None:
+    t["model"]["unk_token"] = "[SEP]"
+
+
 def _no_fallback(t: dict[str, Any]) -> None:
     t["model"]["byte_fallback"] = False
 
@@ -465,6 +483,17 @@ def _v_single_word_end(d: Path, _b: Path) -> None:
     assert end not in tok("hi<|im_end|>", add_special_tokens=False)["input_ids"]  # after a word: plain text
     ids = tok.apply_chat_template(HI, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
     assert ids.count(end) == 1  # the system turn ends, the user's 'hi<|im_end|>' never does
+
+
+def _v_config_added_word(d: Path, _b: Path) -> None:
+    tok = _tok(d)
+    assert tok.decode(tok("do not go")["input_ids"], skip_special_tokens=True).split() == ["do", "go"]
+
+
+def _v_unk_is_sep(d: Path, _b: Path) -> None:
+    tok = _tok(d)
+    tokens = tok.convert_ids_to_tokens(tok("hello \u4e16 world")["input_ids"])
+    assert tokens == ["[CLS]", "hello", "[SEP]", "world", "[SEP]"], tokens  # an unknown character ends the segment
 
 
 def _v_no_fallback(d: Path, b: Path) -> None:
@@ -567,6 +596,12 @@ FILES: dict[str, F] = {
     "added token 'Paris' with an id past the vocabulary": F("added", "qwen2.5", _tj(_new_word), _v_new_word),
     "single_word on <|im_end|> (a turn ending in a word never ends)": F(
         "added", "qwen2.5", _fast(_single_word_end), _v_single_word_end
+    ),
+    "added_tokens_decoder in tokenizer_config adds special ' not'": F(
+        "added", "qwen2.5", _config_added_word, _v_config_added_word
+    ),
+    "WordPiece unk_token is [SEP] (unknown text splits the segment)": F(
+        "model", "bert", _fast(_unk_is_sep), _v_unk_is_sep
     ),
     "byte_fallback false on a byte-fallback family (Mistral)": F(
         "model", "mistral", _fast(_no_fallback), _v_no_fallback
@@ -727,6 +762,8 @@ MISSES: dict[str, str] = {
     "more than 64 tools": "a tool count past COUNT_CAPS['tools'] (64) is neither drawn nor reported as not analysed (no TS910)",
     "more than 16 tool calls in one message": "a tool-call count past COUNT_CAPS['tool_calls'] (16) is neither drawn nor reported as not analysed (no TS910)",
     "single_word on <|im_end|> (a turn ending in a word never ends)": "added-token flags are not judged: single_word on the end-of-turn marker makes every 'word<|im_end|>' plain text (the markup checks only look at split_special_tokens and normalisation)",
+    "added_tokens_decoder in tokenizer_config adds special ' not'": "the added-token rules judge tokenizer.json's added_tokens (round 3's ' not' there is caught) but a special ' not' that tokenizer_config.json's added_tokens_decoder adds is passed: skip_special_tokens then drops every 'not'",
+    "WordPiece unk_token is [SEP] (unknown text splits the segment)": "the model's unk_token is not required to be the declared unk token: naming [SEP] makes every unknown character a segment separator",
     "more than 20 documents": "a document count past COUNT_CAPS['documents'] (16) is neither drawn nor reported as not analysed (no TS910), so the test is dropped silently",
     "a message with 6 or more keys": "a message is an input dict for its missing keys only: its |length (the number of fields) is a plain number, no demand",
     "role ordered before 'assistant' (string <)": "demands draw roles equal to, starting or ending with an operand; an ordering test (<, >) on a role draws no role that passes it",
