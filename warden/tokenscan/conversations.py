@@ -176,7 +176,7 @@ def _shape(rng: random.Random, index: int, forced: dict[str, Any] | None = None)
     return {"roles": roles, "kinds": kinds, "kwargs": kwargs, "tools": tools, "docs": docs, "now": now, "other": other,
             "part_type": forced.get("part_type"), "key": forced.get("key"), "size": forced.get("size"),
             "key_in": forced.get("key_in"), "tool_name": forced.get("tool_name"), "calls": forced.get("calls"),
-            "parts_n": forced.get("parts_n")}  # fmt: skip
+            "parts_n": forced.get("parts_n"), "edits": forced.get("edits")}  # fmt: skip
 
 
 def _probe_shapes(probes: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
@@ -194,6 +194,8 @@ def _probe_shapes(probes: list[dict[str, Any]], budget: int) -> list[dict[str, A
             for key, value in probe.items():
                 if key == "kwargs":
                     shape["kwargs"] = {**shape.get("kwargs", {}), **value}
+                elif key == "edits":
+                    shape["edits"] = [*shape.get("edits", []), *value]
                 elif key in ("turns", "tools", "docs"):
                     shape[key] = max(shape.get(key, 0), value)
                 else:
@@ -284,8 +286,65 @@ def _fill(shape: dict[str, Any], rng: random.Random, long: bool, index: int) -> 
         for _ in range(shape["docs"])
     ]
     kwargs = {k: _kwarg_value(v, text, tools) for k, v in shape["kwargs"].items()}
+    for edit in shape.get("edits") or ():
+        _edit({"messages": messages, "tools": tools, "documents": documents}, edit, texts)
     return {"messages": alias_reasoning(messages), "tools": tools or None, "documents": documents or None,
             "kwargs": kwargs}, texts  # fmt: skip
+
+
+def _located(value: Any, steps: list[str], path: str = "") -> Iterator[Any]:
+    """Every value at the path ``steps`` (as :func:`.demands.input_values` names them) under
+    ``value``: ``*`` any list item, or any key of a free-keyed dict."""
+    if not steps:
+        yield value
+        return
+    head, rest = steps[0], steps[1:]
+    if isinstance(value, list) and head == "*":
+        for item in value[: dm.AT_COUNT_CAP]:
+            yield from _located(item, rest, path + "/*")
+    elif isinstance(value, dict):
+        for key, item in list(value.items())[: dm.AT_COUNT_CAP]:
+            if isinstance(key, str) and dm.step(path, key).rsplit("/", 1)[-1] == head:
+                yield from _located(item, rest, dm.step(path, key))
+
+
+def _edit(roots: dict[str, Any], edit: dict[str, Any], texts: list[str]) -> None:
+    """A demanded input made at its path in a filling (``roots``: its messages, tools and
+    documents, changed in place): ``value`` replaces each string there, ``count`` grows each
+    list there by copies of its last item (each dict by copies of its last value under new
+    keys), ``add_key`` adds that key to each dict there. What the render may now show joins
+    ``texts``."""
+    steps = str(edit.get("at", "")).split("/")
+    *up, last = steps
+    for parent in _located(roots, up):
+        holders: list[tuple[Any, Any]] = (
+            [(parent, i) for i in range(len(parent))] if isinstance(parent, list) and last == "*" else []
+        )
+        if isinstance(parent, dict):
+            holders = [(parent, k) for k in list(parent) if dm.step("/".join(up), k).rsplit("/", 1)[-1] == last]
+        for holder, key in holders:
+            _edit_one(holder, key, edit, texts)
+
+
+def _edit_one(holder: Any, key: Any, edit: dict[str, Any], texts: list[str]) -> None:
+    value = holder[key]
+    if "value" in edit and isinstance(value, str):
+        new = str(edit["value"])
+        texts.append(new)  # the old text may still show elsewhere (a parameter name is a key too)
+        holder[key] = new
+    elif "count" in edit and isinstance(value, list) and value:
+        n = int(edit["count"])
+        holder[key] = [*value, *(json.loads(json.dumps(value[-1])) for _ in range(n - len(value)))][:n]
+    elif "count" in edit and isinstance(value, dict) and value:
+        n, last = int(edit["count"]), list(value.values())[-1]
+        while len(value) < n:
+            name = f"k{len(value)}x{len(texts)}"
+            value[name] = json.loads(json.dumps(last))
+            texts.append(name)
+    elif "add_key" in edit and isinstance(value, dict) and edit["add_key"] not in value:
+        name = str(edit["add_key"])
+        value[name] = f"v{len(texts)}y{name}"
+        texts += [name, value[name]]
 
 
 def _kwarg_value(value: Any, text: Any, tools: list[dict[str, Any]]) -> Any:
@@ -591,8 +650,9 @@ def demanded(
     ``count`` shapes allow, else once; and how many demanded inputs did not fit in ``count``
     shapes (with a sandbox ``overflow`` demand: one more), which the caller reports as not
     analysed. Deterministic in ``seed`` and the demands."""
-    found = dm.probes(demands, dm.observed(first)) if count > 0 else []
-    left = max(0, len(found) - count) + dm.overflowed(demands)
+    seen = dm.observed(first)
+    found = dm.probes(demands, seen) if count > 0 else []
+    left = max(0, len(found) - count) + dm.overflowed(demands) + dm.past_bounds(demands, seen)
     found = found[:count]
     if not found:
         return [], left
@@ -621,6 +681,9 @@ def describe(shape: dict[str, Any]) -> str:
     extra += f", {shape['calls']} calls in a tool call" if shape.get("calls") else ""
     extra += f", {shape['parts_n']} content blocks a message" if shape.get("parts_n") else ""
     extra += f", contents of {shape['size']} and {shape['size'] + 1} characters" if shape.get("size") else ""
+    for edit in shape.get("edits") or ():
+        made = {k: (v if not isinstance(v, str) or len(v) <= 40 else f"{len(v)} characters") for k, v in edit.items()}
+        extra += f", {made!r}"
     return f"roles {' '.join(roles)} ({kw}{extra})"
 
 

@@ -27,12 +27,17 @@ scan's shape budget, and tests past what the sandbox records, are reported as no
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 INPUT = "input:"
 MAX_TAKEN = 256  # demands read from one answer (the sandbox records at most 256 and an overflow one)
 MAX_VALUE = 64  # characters of a demanded string value
+MAX_LENGTH = 4096  # characters of a string drawn to pass a length test
+AT = "at:"  # an input labelled by where it is in the render (:func:`input_values`): ``at:tools/*/type``
+AT_COUNT_CAP = 64  # the longest list, or most keys of a dict, drawn at a path
+FREE_KEYED = frozenset({"arguments", "properties"})  # dicts whose keys are names the caller picks: ``*`` in a path
+MAX_DEPTH = 8  # levels of a render's values labelled by path
 COUNT_CAPS = {"messages": 200, "tools": 64, "documents": 16, "parts": 16, "tool_calls": 16}  # the longest lists
 MIN_COUNT = {"messages": 1, "tools": 1, "documents": 1, "parts": 1, "tool_calls": 1}
 COUNT_FIELDS = {"messages": "messages", "tools": "tools", "documents": "docs", "parts": "parts_n",
@@ -40,7 +45,8 @@ COUNT_FIELDS = {"messages": "messages", "tools": "tools", "documents": "docs", "
 KWARG_NUMBER = 1 << 31  # the largest keyword-argument number a demand may ask for
 STRING_OPS = frozenset({"==", "!=", "in", "in a constant", "startswith", "endswith", "find", "rfind", "index",
                         "rindex", "count", "replace", "split", "rsplit", "partition", "rpartition", "removeprefix",
-                        "removesuffix", "key"})  # fmt: skip
+                        "removesuffix", "key", "__lt__", "__le__", "__gt__", "__ge__"})  # fmt: skip
+ORDERING = {"__lt__": str.__lt__, "__le__": str.__le__, "__gt__": str.__gt__, "__ge__": str.__ge__}
 STR_TESTS = {"isdigit": "7", "isdecimal": "7", "isnumeric": "7", "isupper": "UPPER", "islower": "lower",
              "istitle": "Title", "isalpha": "abc", "isalnum": "abc7", "isascii": "abc", "isidentifier": "abc",
              "isprintable": "abc"}  # fmt: skip
@@ -85,6 +91,8 @@ def _passes(value: str, operation: str, constant: str, path: list[Any]) -> bool:
         return seen.startswith(constant)
     if operation in ("endswith", "removesuffix"):
         return seen.endswith(constant)
+    if operation in ORDERING:  # the order the test asks for (the draw's values are ordered at random)
+        return bool(seen) and bool(ORDERING[operation](seen, constant))
     if operation in STRING_OPS:  # in, find, index, count, split, replace...: the constant occurs in it
         return constant in seen
     if operation in STR_TESTS:
@@ -125,6 +133,8 @@ def _string_value(operation: str, constant: str, path: list[Any]) -> str | None:
         *([undone] if undone else []),
         constant,
         constant + "x",
+        *([constant[:-1] + chr(ord(constant[-1]) - 1)] if ord(constant[-1]) > 0x21 else []),  # just before it
+        constant[:-1],
         *("x" * a + constant for a in pads),
         *("x" * a + constant + "x" for a in pads),
     ]
@@ -161,11 +171,15 @@ def probe(demand: Any) -> dict[str, Any] | None:
     source, operation, constant = demand[:3]
     path = demand[3] if len(demand) > 3 and isinstance(demand[3], list) else []
     kind = source[len(INPUT) :] if source.startswith(INPUT) else ""
+    if kind.startswith("count:" + AT):
+        n = _target(operation, constant)
+        at = kind[len("count:" + AT) :]
+        return {"edits": [{"at": at, "count": n}], **_reaching(at)} if n is not None and 0 < n <= AT_COUNT_CAP else None
     if kind.startswith("count:"):
         return _count_probe(kind[len("count:") :], _target(operation, constant))
     target = _target(operation, constant)
     if target is not None and operation.startswith("length"):  # a string input's length
-        value: Any = "k" * target if 0 < target <= MAX_VALUE else None
+        value: Any = "k" * target if 0 < target <= MAX_LENGTH else None
     elif target is not None:  # a number: only a keyword argument is one
         value = target if kind.startswith("kwarg:") and abs(target) <= KWARG_NUMBER else None
     else:
@@ -178,18 +192,81 @@ def probe(demand: Any) -> dict[str, Any] | None:
         return {"part_type": value} if isinstance(value, str) else None
     if kind == "tool name":
         return {"tool_name": value, "tools": 1} if isinstance(value, str) else None
+    if kind.startswith("key:" + AT) and isinstance(value, str):
+        at = kind[len("key:" + AT) :]
+        return {"edits": [{"at": at, "add_key": value}], **_reaching(at)}
     if kind.startswith("key:"):
         return {"key": value, "key_in": kind[len("key:") :]} if isinstance(value, str) else None
+    if kind.startswith(AT) and isinstance(value, str):
+        at = kind[len(AT) :]
+        return {"edits": [{"at": at, "value": value}], **_reaching(at)}
     if kind.startswith("kwarg:"):
         name = kind[len("kwarg:") :]
         return {"kwargs": {name: value}} if _KWARG_RE.fullmatch(name) and name not in RESERVED_KWARGS else None
     return None
 
 
+def _reaching(at: str) -> dict[str, Any]:
+    """What a shape needs for the path ``at`` to exist in its renders: a tool and a document, a
+    tool call when the path goes through one, content as parts when it goes through those."""
+    need: dict[str, Any] = {"tools": 1, "docs": 1}
+    if "/tool_calls" in at:
+        need["calls"] = 1
+    if at.startswith("messages/*/content/"):
+        need["parts_n"] = 2
+    return need
+
+
+def past_bounds(demands: Any, seen: dict[str, set[Any]]) -> int:
+    """How many of the first :data:`MAX_TAKEN` demands no draw may pass because the value they ask
+    for is past its bound (a count over its cap, a string longer than :data:`MAX_LENGTH`) and no
+    round-one input passed: the caller reports them as not analysed (never dropped silently)."""
+    out = 0
+    for demand in list(demands)[:MAX_TAKEN] if isinstance(demands, list) else ():
+        if not (isinstance(demand, list) and len(demand) >= 3 and all(isinstance(x, str) for x in demand[:3])):
+            continue
+        target = _target(demand[1], demand[2])
+        if target is None or probe(demand) is not None or satisfied(demand, seen):
+            continue
+        source = demand[0][len(INPUT) :] if demand[0].startswith(INPUT) else ""
+        what = source[len("count:") :] if source.startswith("count:") else ""
+        cap = AT_COUNT_CAP if what.startswith(AT) else COUNT_CAPS.get(what)
+        if (cap is not None and target > cap) or (not what and demand[1].startswith("length") and target > MAX_LENGTH):
+            out += 1
+    return out
+
+
 def _count_probe(what: str, target: int | None) -> dict[str, Any] | None:
     if target is None or what not in COUNT_CAPS or not MIN_COUNT[what] <= target <= COUNT_CAPS[what]:
         return None
     return {COUNT_FIELDS[what]: target}
+
+
+def step(path: str, key: Any) -> str:
+    """The path of the value under ``key`` of the dict at ``path`` (``*`` under a free-keyed dict)."""
+    return f"{path}/{'*' if path.rsplit('/', 1)[-1] in FREE_KEYED else key}"
+
+
+def input_values(value: Any, path: str, depth: int = 0) -> Iterator[tuple[str, Any]]:
+    """``(source, value)`` for every value under ``value`` (at ``path``: ``messages/*``,
+    ``tools/*``, ``documents/*``), by the sources the sandbox labels them with: each string
+    ``at:<path>``, each list's and dict's size ``count:at:<path>``, each dict key
+    ``key:at:<path>``; list items at ``<path>/*``, dict values at :func:`step` (the sandbox's walk
+    is the same one: a test checks they agree)."""
+    if depth > MAX_DEPTH:
+        return
+    if isinstance(value, str):
+        yield AT + path, value
+    elif isinstance(value, list):
+        yield "count:" + AT + path, len(value)
+        for item in value[:AT_COUNT_CAP]:
+            yield from input_values(item, path + "/*", depth + 1)
+    elif isinstance(value, dict):
+        yield "count:" + AT + path, len(value)
+        for key, item in list(value.items())[:AT_COUNT_CAP]:
+            if isinstance(key, str):
+                yield "key:" + AT + path, key
+                yield from input_values(item, step(path, key), depth + 1)
 
 
 def observed(renders: Iterable[dict[str, Any]]) -> dict[str, set[Any]]:
@@ -220,6 +297,11 @@ def observed(renders: Iterable[dict[str, Any]]) -> dict[str, set[Any]]:
                 add("type", part.get("type") if isinstance(part, dict) else None)
             for call in message.get("tool_calls") or ():
                 add("tool name", ((call or {}).get("function") or {}).get("name"))
+        for root, values in (("messages", messages), ("tools", context.get("tools")), ("documents",
+                             context.get("documents"))):  # fmt: skip
+            for item in values if isinstance(values, list) else ():
+                for source, value in input_values(item, root + "/*"):
+                    add(source, value)
         tools, documents = context.get("tools") or [], context.get("documents") or []
         add("count:tools", len(tools))
         add("count:documents", len(documents))

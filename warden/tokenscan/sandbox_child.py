@@ -125,6 +125,9 @@ MAX_DEMANDS = 256
 INPUT_DICTS: dict[int, str] = {}  # id of an input dict of the render (a message, a part, a tool...) -> its label
 INPUT_VIEWS: dict[int, str] = {}  # id of an input dict's items()/keys() view -> the dict's label
 KEPT: list[Any] = []  # those views, alive until the render ends (an id names one object meanwhile)
+INPUT_PATHS: dict[int, str] = {}  # id of an input dict -> where it is in the render (``tools/*/function``)
+FREE_KEYED = frozenset({"arguments", "properties"})  # dicts keyed by names the caller picks: ``*`` in a path
+MAX_LABELLED = 64  # items of one list or dict labelled by path
 
 
 def _is_input(source: str | None) -> bool:
@@ -174,6 +177,7 @@ def _note(source: str, operation: str, constant: str, path: tuple[Any, ...] = ()
 
 
 SOURCES: set[str] = set()  # the render's source texts: its message texts, whole and trimmed (set per render)
+INPUT_TEXTS: set[str] = set()  # the strings and keys labelled by path (set per render)
 
 
 def _constant(other: Any) -> str | None:
@@ -195,6 +199,8 @@ def _record(source: str, operation: str, other: Any, path: tuple[Any, ...] = ())
     """A comparison (or rewrite, or cut) of a tainted string with ``other``: recorded when
     ``other`` is a string (:func:`_constant`), tainted or not; a lookup keyed on the string is
     recorded with what it looks into. ``path``: the steps from an input to the string (demands)."""
+    if _is_input(source) and isinstance(other, Probe) and _is_input(other._wsrc) and str.__str__(other) in INPUT_TEXTS:
+        return  # an input compared with another input's value (a parameter name in `required`): structure
     constant = _constant(other)
     if constant is not None:
         _note(source, operation, constant, path)
@@ -707,6 +713,9 @@ def _input_keys(items: list[Any], label: str) -> list[Any]:
     ]  # fmt: skip
 
 
+KEY_FILTERS = ("list", "dictsort", "items")  # filters that yield a dict's keys (or items) in Python
+
+
 def _tainting(func: Any, numbers: bool = False, pieces: bool = False, name: str = "") -> Any:
     """``func`` (a filter or join helper) whose string result stays tainted when an input was
     (a string or number, or one inside the lists and dicts passed); with ``numbers``, a number
@@ -723,9 +732,11 @@ def _tainting(func: Any, numbers: bool = False, pieces: bool = False, name: str 
         # content|list, content|batch(n): its pieces (an input list's pieces stay what the loader gives)
         if pieces and isinstance(value, SEQUENCES) and not isinstance(out, (str, bytes)) and not _is_input(value._wsrc):
             return _tainted_list(out, value._wsrc)
-        label = INPUT_DICTS.get(id(value)) or INPUT_VIEWS.get(id(value)) if name in ("list", "dictsort") else None
+        label = INPUT_DICTS.get(id(value)) or INPUT_VIEWS.get(id(value)) if name in KEY_FILTERS else None
         if label and isinstance(out, list):
             return _input_keys(out, label)  # an input dict's keys (or its view's items), as the template tests them
+        if label and name == "items":  # an iterator, as the loader's: its pairs' keys as the template tests them
+            return iter(_input_keys(list(out), label))
         if step is not None and isinstance(value, Probe) and _is_input(value._wsrc) and type(out) is str:
             return Probe(out, value._wsrc, (*value._wpath, step))  # (role|lower) == 'x': a step of its path
         if isinstance(out, str) and not isinstance(out, Probe):
@@ -789,6 +800,8 @@ def _measuring(func: Any) -> Any:
 
     def wrapped(value: Any, *args: Any, **kwargs: Any) -> Any:
         out = func(value, *args, **kwargs)
+        if isinstance(value, dict) and id(value) in INPUT_PATHS and type(out) is int:  # an input dict's size
+            return ProbeInt(out, f"{INPUT}count:at:{INPUT_PATHS[id(value)]}")
         if not (isinstance(value, SEQUENCES) and isinstance(out, int)):
             return out
         length = ProbeInt(out, value._wsrc)
@@ -1363,6 +1376,35 @@ def _label(value: Any, label: str, fields: dict[str, str]) -> Any:
     return value
 
 
+def _at_step(path: str, key: str) -> str:
+    return f"{path}/{'*' if path.rsplit('/', 1)[-1] in FREE_KEYED else key}"
+
+
+def _label_tree(value: Any, path: str, depth: int = 0) -> Any:
+    """``value`` (at ``path`` in the render) with every value under it an input labelled by where
+    it is (the walk of ``demands.input_values``): a plain string a Probe of ``input:at:<path>``, a
+    list a counted list of ``input:count:at:<path>`` (lists already counted keep their source),
+    a dict an input dict (its label kept if it has one, else ``at:<path>``; its size counts
+    ``input:count:at:<path>``). Labelled in place, the first MAX_LABELLED items of each, 8 levels."""
+    if depth > 8:
+        return value
+    if type(value) is str:
+        INPUT_TEXTS.add(value)
+        return Probe(value, f"{INPUT}at:{path}")
+    if isinstance(value, list):
+        for i, item in enumerate(value[:MAX_LABELLED]):
+            value[i] = _label_tree(item, path + "/*", depth + 1)
+        return value if isinstance(value, TaintedList) else _counted(value, f"{INPUT}count:at:{path}")
+    if isinstance(value, dict):
+        INPUT_DICTS.setdefault(id(value), "at:" + path)
+        INPUT_PATHS[id(value)] = path
+        for key in list(value)[:MAX_LABELLED]:
+            if type(key) is str:
+                INPUT_TEXTS.add(key)
+                value[key] = _label_tree(value[key], _at_step(path, key), depth + 1)
+    return value
+
+
 def _label_inputs(context: dict[str, Any], kwargs: list[str]) -> None:
     """The render's inputs as recording values (a generated render's: its request names its
     keyword arguments ``kwargs``): roles, content-block types, tool names, keyword arguments
@@ -1396,6 +1438,9 @@ def _label_inputs(context: dict[str, Any], kwargs: list[str]) -> None:
         for document in context["documents"]:
             _label(document, "document", {})
         context["documents"] = _counted(context["documents"], INPUT + "count:documents")
+    for root in ("messages", "tools", "documents"):  # every other value: labelled by where it is
+        for item in context.get(root) or () if isinstance(context.get(root), list) else ():
+            _label_tree(item, root + "/*")
     for name in kwargs[:64]:
         value, source = context.get(name), f"{INPUT}kwarg:{str(name)[:80]}"
         if type(value) is str:
@@ -1415,9 +1460,11 @@ def _battery_one(template: Any, render: dict[str, Any], cap: int) -> dict[str, A
     if context.get("documents"):
         context["documents"] = _tainted(context["documents"])
     SOURCES.clear()
+    INPUT_TEXTS.clear()
     del LIVE_LOOPS[:], KEPT[:]
     INPUT_DICTS.clear()
     INPUT_VIEWS.clear()
+    INPUT_PATHS.clear()
     _collect_sources((context["messages"], context.get("documents")))
     if isinstance(render.get("inputs"), list):
         _label_inputs(context, [n for n in render["inputs"] if isinstance(n, str)])
@@ -1457,6 +1504,7 @@ def battery(env: Any, request: dict[str, Any]) -> dict[str, Any]:
     message = worst["message"] if worst else ""
     INPUT_DICTS.clear()
     INPUT_VIEWS.clear()
+    INPUT_PATHS.clear()
     del KEPT[:]
     return {"status": status, "message": message, "renders": renders, "taint": TAINT[:], "private": PRIVATE[:],
             "demands": DEMANDS[:]}  # fmt: skip
