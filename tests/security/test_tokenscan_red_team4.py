@@ -39,24 +39,19 @@ from tests.warden.tokenscan.mutations import LOOP_RE
 from warden.tokenscan import scan_directory
 from warden.tokenscan.policy import default_policy
 
-# name -> the mechanism the scanner lacks (measured 2026-12-06 21:20 UTC against a70b8bb: 34 misses; 19 caught
-# since by inputs labelled by path, ordering demands and demands past their bounds reported)
+# name -> the mechanism the scanner lacks (measured 2026-12-06 21:20 UTC against a70b8bb: 34 misses; 25 caught
+# since: inputs labelled by path, ordering and loop-counter demands, demands past their bounds reported,
+# strict JSON, the config's added tokens loaded in the tokenizer child, special tokens matched inside text)
 MISSES: dict[str, str] = {
-    "loop.cycle with 130 arguments (the 130th message)": "loop.cycle() picks its argument by the loop's position inside Jinja's LoopContext (a Python list index, not environment.getitem): no count test is recorded, so no 130-message conversation is drawn",
-    "loop.revindex0 == 129": "a test of loop.revindex0/index0 over the message loop records no message-count demand (only loop.length and |length do), so no conversation long enough is drawn",
     "loop.previtem: two user turns in a row": "a role compared with the previous message's role (previtem.role == message.role) is role-vs-role, no demand; demands are met one test at a time and no shape has two user turns in a row",
     "enum value 'delete' in a tool parameter": "a parameter's schema (the value under properties[k]) is not labelled: its enum list is plain, membership of a constant in it is recorded nowhere",
     "enum with more than 9 values": "a parameter's enum list is no counted list: a bound on its length is no demand",
     "parameter default true": "a parameter schema is no input dict: the missing 'default' key is not asked for, and an `is true` value test is never drawn",
     "function strict: true": "a field asked of an input dict (function.strict) is drawn with a string value; an `is true` test of that value is not recorded, so strict=True is never drawn",
-    "single_word on <|im_end|> (a turn ending in a word never ends)": "added-token flags are not judged: single_word on the end-of-turn marker makes every 'word<|im_end|>' plain text (the markup checks only look at split_special_tokens and normalisation)",
-    "added_tokens_decoder in tokenizer_config adds special ' not'": "the added-token rules judge tokenizer.json's added_tokens (round 3's ' not' there is caught) but a special ' not' that tokenizer_config.json's added_tokens_decoder adds is passed: skip_special_tokens then drops every 'not'",
     "WordPiece unk_token is [SEP] (unknown text splits the segment)": "the model's unk_token is not required to be the declared unk token: naming [SEP] makes every unknown character a segment separator",
     "more than 12 tool messages": "a count of a filtered list (messages|selectattr(...)|list|length) loses the count label, so a bound on it draws no conversation with that many tool turns",
     "added token 'Paris' with an id past the vocabulary": "an added non-special token on an ordinary word, with an id past the base vocabulary (no trained embedding), is not judged: TS1204 only counts tokens added around an encoding",
     "byte_fallback false on a byte-fallback family (Mistral)": "BPE byte_fallback is not judged: with it off, every character outside the vocabulary encodes to <unk> (information lost) and no finding names it",
-    "tokenizer_config NaN model_max_length": "the reader accepts NaN (Python's json) and the encoding settings do not require model_max_length to be a finite integer: every truncating call raises",
-    "lone surrogate in the default system prompt": "a lone UTF-16 surrogate (a valid JSON escape) in a template is not flagged: renders without a system message cannot be encoded by the tokenizer",
 }
 BENIGN_FLAGGED: dict[str, str] = {}  # benign -> the false positive
 

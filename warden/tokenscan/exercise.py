@@ -276,8 +276,15 @@ def _where(t: TemplateSource) -> str:
 
 
 # -- tokenizers ------------------------------------------------------------------------------
-def _exercise_key(kind: str, digest: str, tokens: dict[str, str | None]) -> str:
-    return hashlib.sha256((digest + json.dumps([kind, tokens], sort_keys=True)).encode()).hexdigest()
+def _exercise_key(kind: str, digest: str, snap: Snapshot) -> str:
+    """The behaviour cache's key of the child's answer: the content and what the child is told."""
+    what = [kind, config_tokens(snap), _loader_added(snap, kind)]
+    return hashlib.sha256((digest + json.dumps(what, sort_keys=True)).encode()).hexdigest()
+
+
+def _loader_added(snap: Snapshot, kind: str) -> list[Any]:
+    """The tokens the loader adds from the config to a tokenizer.json (none to a sentencepiece model)."""
+    return tbe.loader_added_tokens(snap.top("tokenizer_config.json") or {}) if kind == "tokenizer" else []
 
 
 def exercise(
@@ -285,24 +292,25 @@ def exercise(
     path: str,
     digest: str,
     size: int,
-    tokens: dict[str, str | None],
+    snap: Snapshot,
     policy: TokenscanPolicy,
     res: ScanResources,
 ) -> Future[dict[str, Any]]:
     """The tokenizer child's answer for the file at ``path``, as a future shared by every scan
-    of the same content (``digest``) and tokens; the child re-checks the digest."""
+    of the same content (``digest``), declared tokens and config-added tokens (:func:`_exercise_key`);
+    the child re-checks the digest."""
     bp = policy.behaviour
 
     def send() -> Future[dict[str, Any]]:
         sent = threading.Event()
-        req = tbe.request(kind, path, digest, size, tokens)
+        req = tbe.request(kind, path, digest, size, config_tokens(snap), _loader_added(snap, kind))
         future = res.tokenizer_pool().submit(tbe.run, req, bp.memory_cap, bp.timeout_seconds, sent.set)
         # the caller goes on to json.loads, which holds the GIL for its whole parse: let the
         # pool thread write the request first, so the child loads while this process parses
         sent.wait(SEND_WAIT_SECONDS)
         return future
 
-    return res.behaviour.get_or_make((kind, _exercise_key(kind, digest, tokens)), send)  # type: ignore[no-any-return]
+    return res.behaviour.get_or_make((kind, _exercise_key(kind, digest, snap)), send)  # type: ignore[no-any-return]
 
 
 def start_exercises(snap: Snapshot, policy: TokenscanPolicy, res: ScanResources) -> dict[str, Future[dict[str, Any]]]:
@@ -310,9 +318,8 @@ def start_exercises(snap: Snapshot, policy: TokenscanPolicy, res: ScanResources)
     and renders the templates; :func:`tokenizer_behaviour` collects the answers."""
     if not policy.behaviour.enabled or time.monotonic() > snap.deadline:
         return {}
-    tokens = config_tokens(snap)
     return {
-        rel: exercise(kind, path, digest, size, tokens, policy, res)
+        rel: exercise(kind, path, digest, size, snap, policy, res)
         for rel, (kind, path, digest, size) in sorted(snap.tokenizer_files.items())
     }
 
@@ -349,11 +356,11 @@ def tokenizer_behaviour(
         try:
             answer = running[rel].result()
         except OSError as exc:
-            res.behaviour.pop((kind, _exercise_key(kind, digest, config_tokens(snap))))
+            res.behaviour.pop((kind, _exercise_key(kind, digest, snap)))
             snap.errors.append(f"tokenizer sandbox could not start: {exc.strerror or exc}")
             return
         if not _lasting(answer):  # reported now, retried by the next scan
-            res.behaviour.pop((kind, _exercise_key(kind, digest, config_tokens(snap))))
+            res.behaviour.pop((kind, _exercise_key(kind, digest, snap)))
             snap.transient.append(f"{rel}: tokenizer sandbox {answer.get('status')}")
         if snap.token_ids_digest is None or rel == "tokenizer.json":
             snap.token_ids_digest = tbe.ids_digest(answer)

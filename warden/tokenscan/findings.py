@@ -206,6 +206,10 @@ RULES: dict[str, Rule] = {
              "A normaliser rewrites vocabulary entries (capitals under Lowercase): no text encodes to them",
              "Use the normaliser the vocabulary was trained with (no Lowercase or do_lower_case on a cased "
              "vocabulary); compare with the vendor's tokenizer."),
+        Rule("TS1215", "special-token-unmatched", _H,
+             "A special added token is not matched where it stands in text (single_word): the markup is plain text",
+             "Clear single_word on special and chat-markup tokens (added_tokens in tokenizer.json, "
+             "added_tokens_decoder in tokenizer_config.json); compare with the vendor's files."),
         Rule("TS1301", "generation-config-tokens", _H,
              "generation_config.json beside the tokenizer suppresses, forces, biases or cuts generation",
              "Keep only the vendor's sampling settings (temperature, top_p, top_k, sane lengths) and special "

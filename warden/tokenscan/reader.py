@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from warden.tokenscan.charsmap import charsmap_problem
-from warden.tokenscan.declared import config_tokens
 from warden.tokenscan.exercise import exercise
 from warden.tokenscan.gguf import GGUFError, read_strings
 from warden.tokenscan.pipeline_rules import looks_like_tokenizer
@@ -37,11 +36,36 @@ _TIKTOKEN_LINE = re.compile(r"^[A-Za-z0-9+/=]+ [0-9]{1,9}\r?\Z")
 ANALYSIS_ERRORS = (ValueError, RecursionError, MemoryError, struct.error, EOFError, LookupError, TypeError)
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number (RFC 8259): the loader would read it as a float")
+
+
+def _lone_surrogate(value: object, depth: int = 0) -> bool:
+    """Whether a string (or key) under ``value`` holds a lone UTF-16 surrogate (no UTF-8 form)."""
+    if isinstance(value, str):
+        return any(0xD800 <= ord(c) <= 0xDFFF for c in value)
+    if depth > 200:
+        return False
+    if isinstance(value, list):
+        return any(_lone_surrogate(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return any(_lone_surrogate(k, depth + 1) or _lone_surrogate(v, depth + 1) for k, v in value.items())
+    return False
+
+
 def _parse_json(rel: str, data: bytes) -> JsonDoc:
+    """``data`` parsed as strict JSON: NaN and Infinity refused, and text that has no UTF-8 form (a
+    lone surrogate escape: what the tokenizer is handed then fails to encode) refused too."""
     try:
-        return JsonDoc(rel, json.loads(data))
+        doc = json.loads(data, parse_constant=_refuse_constant)
     except (ValueError, RecursionError) as exc:
         return JsonDoc(rel, error=str(exc)[:200] or type(exc).__name__)
+    if _SURROGATE_ESCAPE.search(data) and _lone_surrogate(doc):
+        return JsonDoc(rel, error="a string holds a lone UTF-16 surrogate escape (text with no UTF-8 form)")
+    return JsonDoc(rel, doc)
 
 
 def parse_bytes(files: Iterable[tuple[str, str, str | None]], policy: TokenscanPolicy) -> int:
@@ -162,7 +186,7 @@ class Reader:
         :func:`~.analysis.read_order`); :func:`~.exercise.start_exercises` later gets the same
         request's future."""
         if self.policy.behaviour.enabled and time.monotonic() <= self.deadline:
-            exercise(kind, path, digest, size, config_tokens(self.snap), self.policy, self.res)
+            exercise(kind, path, digest, size, self.snap, self.policy, self.res)
 
     def _known_json(self, rel: str, size: int) -> JsonDoc | None:
         """The parse of a large JSON file whose digest the manifest just computed, when a scan

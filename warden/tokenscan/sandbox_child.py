@@ -1097,16 +1097,30 @@ def _counting_loop() -> type:
         def __next__(self) -> Any:
             out = super().__next__()
             if isinstance(self._iterable, _ContentLoop):
-                self.index0 = ProbeInt(int(self.index0), self._iterable._wsrc)  # type: ignore[has-type]
+                self.index0 = self._counted(int(self.index0), 1)  # type: ignore[has-type]
             return out
 
-        def _counted(self, n: int) -> int:
-            return ProbeInt(int(n), self._iterable._wsrc) if isinstance(self._iterable, _ContentLoop) else n
+        def _counted(self, n: int, below: int = 0) -> int:
+            """``n`` as a tainted count; ``below``: the counter stays this far under the length
+            (index0, revindex0: one), so a test of it bounds the input at the bound plus that."""
+            if not isinstance(self._iterable, _ContentLoop):
+                return n
+            out = ProbeInt(int(n), self._iterable._wsrc)
+            if below:
+                out._wshift = below
+            return out
+
+        def cycle(self, *args: Any) -> Any:
+            """``loop.cycle(a, b, ...)``: over an input, its i-th argument shows once the input is
+            i items long, a demand for one as long as there are arguments."""
+            if isinstance(self._iterable, _ContentLoop) and _is_input(self._iterable._wsrc) and len(args) > 1:
+                _demand(self._iterable._wsrc, "length ge", str(len(args)))
+            return super().cycle(*args)
 
         length = property(lambda self: self._counted(base.length.fget(self)))
         index = property(lambda self: self._counted(base.index.fget(self)))
         revindex = property(lambda self: self._counted(base.revindex.fget(self)))
-        revindex0 = property(lambda self: self._counted(base.revindex0.fget(self)))
+        revindex0 = property(lambda self: self._counted(base.revindex0.fget(self), 1))
 
     return CountingLoop
 

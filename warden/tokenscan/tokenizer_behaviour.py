@@ -91,14 +91,38 @@ def canonical(text: str, drop: str = "") -> str:
     return "".join(ch for ch in folded if ch.isalnum() and not unicodedata.combining(ch))
 
 
-def request(kind: str, path: str, sha256: str, size: int, tokens: Mapping[str, str | None]) -> dict[str, Any]:
+def request(
+    kind: str,
+    path: str,
+    sha256: str,
+    size: int,
+    tokens: Mapping[str, str | None],
+    loader_added: list[Any] = (),  # type: ignore[assignment]
+) -> dict[str, Any]:
     """The child request: ``kind`` is ``tokenizer`` (tokenizer.json) or ``sentencepiece`` (a
     ``.model``). The child reads ``path`` itself (no multi-MiB JSON string on the pipe) and
-    refuses it unless its SHA-256 is the one the scan saw."""
+    refuses it unless its SHA-256 is the one the scan saw. ``loader_added``: the tokens the
+    loader adds from the config (:func:`loader_added_tokens`), added in the child as the loader does."""
     return {
         "id": "k", "op": kind, "path": path, "sha256": sha256, "size": size,
-        "corpus": list(CORPUS), "alphabet": ALPHABET, "tokens": dict(tokens),
+        "corpus": list(CORPUS), "alphabet": ALPHABET, "tokens": dict(tokens), "loader_added": list(loader_added),
     }  # fmt: skip
+
+
+def loader_added_tokens(config: Mapping[str, Any]) -> list[list[Any]]:
+    """``[content, special, flags]`` of each entry of the config's ``added_tokens_decoder`` (the
+    loader adds those tokenizer.json lacks, with their flags), in id order, at most 4096."""
+    decoder = config.get("added_tokens_decoder")
+    if not isinstance(decoder, dict):
+        return []
+    out = []
+    for _key, entry in sorted(decoder.items(), key=lambda kv: (len(str(kv[0])), str(kv[0])))[:4096]:
+        if isinstance(entry, dict) and isinstance(entry.get("content"), str):
+            flags = {
+                k: entry[k] for k in ("single_word", "lstrip", "rstrip", "normalized") if isinstance(entry.get(k), bool)
+            }
+            out.append([entry["content"], bool(entry.get("special")), flags])
+    return out
 
 
 def _quote(text: str, limit: int = 60) -> str:
@@ -255,6 +279,9 @@ def judge(answer: Mapping[str, Any], tokens: Mapping[str, str | None], label: st
             )
             out.append(TokenizerIssue("added", detail))
     out += alphabet_issues(answer)
+    for content in (answer.get("unmatched") or [])[:8]:
+        detail = f"special token {_quote(str(content))} not matched after a word (single_word): plain text there"
+        out.append(TokenizerIssue("unmatched", detail))
     seen: set[TokenizerIssue] = set()
     return [i for i in out if not (i in seen or seen.add(i))]  # type: ignore[func-returns-value]
 

@@ -148,6 +148,40 @@ def _alphabet(
     return out
 
 
+FLAGS = ("single_word", "lstrip", "rstrip", "normalized")
+
+
+def _add_loader_tokens(tok: Any, entries: Any) -> None:
+    """The added tokens the loader adds from the config (``added_tokens_decoder``: ``[content,
+    special, flags]``), those tokenizer.json lacks, added as transformers adds them."""
+    from tokenizers import AddedToken
+
+    have = {t.content for t in tok.get_added_tokens_decoder().values()}
+    new = []
+    for entry in entries[:4096] if isinstance(entries, list) else ():
+        if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and entry[0]):
+            continue
+        if entry[0] in have:
+            continue
+        flags = {k: bool(v) for k, v in (entry[2] or {}).items() if k in FLAGS} if isinstance(entry[2], dict) else {}
+        new.append(AddedToken(entry[0], special=bool(entry[1]), **flags))
+        have.add(entry[0])
+    if new:
+        tok.add_tokens(new)
+
+
+def _unmatched(tok: Any) -> list[str]:
+    """The special added tokens not matched where they stand between two letters (``x<tok>x``):
+    text the template puts right after a word is then plain text, not that token."""
+    out = []
+    for t in list(tok.get_added_tokens_decoder().values())[:512]:
+        ident = tok.token_to_id(t.content)
+        inside = t.special and t.content.strip() and ident is not None
+        if inside and ident not in tok.encode(f"x{t.content}x", add_special_tokens=False).ids:
+            out.append(t.content)
+    return out
+
+
 def _hf(request: dict[str, Any]) -> dict[str, Any]:
     try:
         from tokenizers import Tokenizer
@@ -155,6 +189,7 @@ def _hf(request: dict[str, Any]) -> dict[str, Any]:
         return {"status": "unavailable", "message": "tokenizers is not installed"}
 
     tok = Tokenizer.from_str(read_checked(request).decode("utf-8", "replace"))
+    _add_loader_tokens(tok, request.get("loader_added"))
     added = [[t.content, tok.token_to_id(t.content), bool(t.special)] for t in tok.get_added_tokens_decoder().values()]
     unk_name = getattr(tok.model, "unk_token", None) or request["tokens"].get("unk")
     unk = tok.token_to_id(unk_name) if isinstance(unk_name, str) else None
@@ -180,9 +215,11 @@ def _hf(request: dict[str, Any]) -> dict[str, Any]:
 
     model = type(tok.model).__name__
     piece = tok.id_to_token
-    return _answer(
+    answer = _answer(
         request, encode, encode_special, decode, tok.token_to_id, unk, added, piece, model, words, decode_all
     )
+    answer["unmatched"] = _unmatched(tok)
+    return answer
 
 
 def _spm(request: dict[str, Any]) -> dict[str, Any]:

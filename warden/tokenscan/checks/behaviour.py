@@ -17,6 +17,7 @@ RULE_OF_KIND = {
     "timeout": "TS1206",
     "lookalike": "TS1004",
     "ordinary": "TS1005",
+    "unmatched": "TS1215",
     "unavailable": "TS910",  # analysis incomplete: tokenizers/sentencepiece missing where the scan runs
 }
 
