@@ -176,7 +176,8 @@ def _shape(rng: random.Random, index: int, forced: dict[str, Any] | None = None)
     return {"roles": roles, "kinds": kinds, "kwargs": kwargs, "tools": tools, "docs": docs, "now": now, "other": other,
             "part_type": forced.get("part_type"), "key": forced.get("key"), "size": forced.get("size"),
             "key_in": forced.get("key_in"), "tool_name": forced.get("tool_name"), "calls": forced.get("calls"),
-            "parts_n": forced.get("parts_n"), "edits": forced.get("edits")}  # fmt: skip
+            "parts_n": forced.get("parts_n"), "edits": forced.get("edits"),
+            "key_form": forced.get("key_form")}  # fmt: skip
 
 
 def _probe_shapes(probes: list[dict[str, Any]], budget: int) -> list[dict[str, Any]]:
@@ -232,6 +233,10 @@ def _fill(shape: dict[str, Any], rng: random.Random, long: bool, index: int) -> 
 
     key = shape.get("key")
 
+    def field() -> Any:  # a demanded field's value, of the kind the probe asks for (a string, true, a list)
+        value = text("field")
+        return {"true": True, "list": [value]}.get(str(shape.get("key_form")), value)
+
     def param() -> str:  # a parameter name of the filling's own (its own generator: the draw stays as it was)
         own = random.Random(f"{index}/{len(texts)}/{long}/{texts[-1] if texts else ''}")
         value = f"p{index}x{len(texts)}y{_word(own, own.randint(2, 8)).lower()}"
@@ -246,8 +251,8 @@ def _fill(shape: dict[str, Any], rng: random.Random, long: bool, index: int) -> 
     key_in = shape.get("key_in")
     tools = [
         {"type": "function", "function": {"name": n, "description": text("description"), "parameters": schema,
-                                          **({key: text("field")} if key and key_in == "function" else {})},
-         **({key: text("field")} if key and key_in == "tool" else {})}
+                                          **({key: field()} if key and key_in == "function" else {})},
+         **({key: field()} if key and key_in == "tool" else {})}
         for n in tool_names[: shape["tools"]]
     ]  # fmt: skip
     messages: list[dict[str, Any]] = []
@@ -274,15 +279,15 @@ def _fill(shape: dict[str, Any], rng: random.Random, long: bool, index: int) -> 
         parts = [*blocks, {"type": "text", "text": content}, *({"type": "text", "text": text("content")}
                                                                for _ in range(more))]  # fmt: skip
         if key and key_in == "part":  # a demanded field of a content block: on each block
-            parts = [{**b, key: text("field")} for b in parts]
+            parts = [{**b, key: field()} for b in parts]
         message: dict[str, Any] = {"role": role, "content": parts if kind == "parts" else content}
         if role == "tool" and tool_names:
             message |= {"tool_call_id": call_id, "name": tool_names[(calls - 1) % len(tool_names)]}
         if key:
-            message[key] = text("field")
+            message[key] = field()
         messages.append(message)
     documents = [
-        {"title": text("title"), "text": text("document"), **({key: text("field")} if key else {})}
+        {"title": text("title"), "text": text("document"), **({key: field()} if key else {})}
         for _ in range(shape["docs"])
     ]
     kwargs = {k: _kwarg_value(v, text, tools) for k, v in shape["kwargs"].items()}
@@ -342,9 +347,9 @@ def _edit_one(holder: Any, key: Any, edit: dict[str, Any], texts: list[str]) -> 
             value[name] = json.loads(json.dumps(last))
             texts.append(name)
     elif "add_key" in edit and isinstance(value, dict) and edit["add_key"] not in value:
-        name = str(edit["add_key"])
-        value[name] = f"v{len(texts)}y{name}"
-        texts += [name, value[name]]
+        name, text = str(edit["add_key"]), f"v{len(texts)}y{edit['add_key']}"
+        value[name] = {"true": True, "list": [text]}.get(str(edit.get("form")), text)
+        texts += [name, text]
 
 
 def _kwarg_value(value: Any, text: Any, tools: list[dict[str, Any]]) -> Any:
@@ -636,12 +641,19 @@ def _rendered(rng: random.Random, forced: list[dict[str, Any] | None], prefix: s
         ):
             ctx = {**filling["kwargs"], "tools": filling["tools"], "documents": filling["documents"]}
             out.append({"name": f"{prefix}{i}{name}", "messages": filling["messages"], "context": ctx, "now": now,
-                        "texts": texts, "shape": label, "inputs": sorted(filling["kwargs"])})  # fmt: skip
+                        "texts": texts, "shape": label, "inputs": sorted(filling["kwargs"]),
+                        **({"edits": shape["edits"]} if shape.get("edits") else {})})  # fmt: skip
     return out
 
 
 def demanded(
-    seed: str, count: int, context: dict[str, Any], demands: Any, first: Sequence[dict[str, Any]]
+    seed: str,
+    count: int,
+    context: dict[str, Any],
+    demands: Any,
+    first: Sequence[dict[str, Any]],
+    earlier: Sequence[dict[str, Any]] = (),
+    prefix: str = "d",
 ) -> tuple[list[dict[str, Any]], int]:
     """Round two of the draw: render requests (``d{i}a``, ``b``, ``t``, as :func:`generate`'s)
     for the inputs the sandbox saw the template test in round one (``demands``: its answer's
@@ -649,9 +661,16 @@ def demanded(
     each demanded input in a shape of its own, twice (without and with a system message) while
     ``count`` shapes allow, else once; and how many demanded inputs did not fit in ``count``
     shapes (with a sandbox ``overflow`` demand: one more), which the caller reports as not
-    analysed. Deterministic in ``seed`` and the demands."""
-    seen = dm.observed(first)
-    found = dm.probes(demands, seen) if count > 0 else []
+    analysed. Deterministic in ``seed`` and the demands. A later round: ``first`` the renders of
+    the round before (``earlier`` those before it, whose inputs count as drawn), named ``prefix``;
+    a demand keeps the edits of the render it was seen in (a field round two added, then tested)."""
+    seen = dm.observed([*earlier, *first])
+
+    def carried(demand: list[Any]) -> list[Any]:
+        at = demand[4] if len(demand) > 4 and type(demand[4]) is int else -1
+        return list(first[at].get("edits") or []) if 0 <= at < len(first) else []
+
+    found = dm.probes(demands, seen, carried) if count > 0 else []
     left = max(0, len(found) - count) + dm.overflowed(demands) + dm.past_bounds(demands, seen)
     found = found[:count]
     if not found:
@@ -659,7 +678,7 @@ def demanded(
     copies = 2 if 2 * len(found) <= count else 1
     shapes: list[dict[str, Any] | None] = [s for f in found for s in _probe_shapes([f], 2)[:copies]]
     rng = random.Random(hashlib.sha256(json.dumps([seed, found], sort_keys=True).encode()).hexdigest())
-    return [{**r, "context": {**context, **r["context"]}} for r in _rendered(rng, shapes, "d")], left
+    return [{**r, "context": {**context, **r["context"]}} for r in _rendered(rng, shapes, prefix)], left
 
 
 VALUE_NAMES = {TEXT: "<text>", TEXTS: "<list of texts>", TOOLS: "<the tools>"}
@@ -677,6 +696,7 @@ def describe(shape: dict[str, Any]) -> str:
     extra += f", {shape['docs']} documents" if shape["docs"] else ""
     extra += f", field and tool parameter {shape['key']!r}" if shape.get("key") else ""
     extra += f" (on {shape['key_in']}s)" if shape.get("key") and shape.get("key_in") else ""
+    extra += f" holding {shape['key_form']}" if shape.get("key") and shape.get("key_form") else ""
     extra += f", tool name {shape['tool_name']!r}" if shape.get("tool_name") else ""
     extra += f", {shape['calls']} calls in a tool call" if shape.get("calls") else ""
     extra += f", {shape['parts_n']} content blocks a message" if shape.get("parts_n") else ""

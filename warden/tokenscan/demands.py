@@ -27,7 +27,7 @@ scan's shape budget, and tests past what the sandbox records, are reported as no
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 INPUT = "input:"
@@ -332,17 +332,39 @@ def satisfied(demand: list[Any], seen: dict[str, set[Any]]) -> bool:
     return any(isinstance(v, str) and _passes(v, operation, constant, path) for v in values)
 
 
-def probes(demands: Any, seen: dict[str, set[Any]]) -> list[dict[str, Any]]:
+def probes(
+    demands: Any, seen: dict[str, set[Any]], carried: Callable[[list[Any]], list[Any]] | None = None
+) -> list[dict[str, Any]]:
     """The distinct probes (:func:`probe`) of the first :data:`MAX_TAKEN` demands that round one
     did not satisfy (:func:`satisfied`), in the order recorded (the caller draws as many as its
-    shape budget allows and reports the rest)."""
+    shape budget allows and reports the rest). ``carried``: the edits each demand's probe keeps
+    (those of the render it was seen in, for the rounds after the second)."""
     out: list[dict[str, Any]] = []
     for demand in list(demands)[:MAX_TAKEN] if isinstance(demands, list) else ():
         made = probe(demand)
-        if made is None or made in out or satisfied(demand, seen):
+        if made is None or satisfied(demand, seen):
             continue
-        out.append(made)
+        kept = carried(demand) if carried is not None else []
+        for form in _forms(made):
+            if kept:  # the edits of the render the test was seen in: the tested value exists only there
+                form = {**form, "edits": [*kept, *form.get("edits", [])]}
+            if form not in out:
+                out.append(form)
     return out
+
+
+KEY_FORMS = ("text", "true", "list")  # what a field the template asks for holds: a string, true, a list of one
+
+
+def _forms(made: dict[str, Any]) -> list[dict[str, Any]]:
+    """``made``, and for a field asked of a dict at a path, the same with the field holding each
+    of :data:`KEY_FORMS` (a test of its value then sees each kind: ``is true``, membership, a length)."""
+    if "key" in made:
+        return [made, *({**made, "key_form": form} for form in KEY_FORMS[1:])]
+    edits = made.get("edits") or []
+    if len(edits) != 1 or "add_key" not in edits[0]:
+        return [made]
+    return [{**made, "edits": [{**edits[0], "form": form}]} for form in KEY_FORMS]
 
 
 def overflowed(demands: Any) -> int:

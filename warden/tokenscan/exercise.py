@@ -142,24 +142,33 @@ def _generated(
     )  # fmt: skip
     if answer.get("status") in ("timeout", "crashed"):
         return None
-    second, left = conv.demanded(cp.conversation_seed, cp.generated_conversations, context, answer.get("demands"),
-                                 renders)  # fmt: skip
-    if left:
-        why = f"{left} input test(s) the template makes were past what the scan draws (not rendered)"
-        snap.unanalysed.append((t.rel, f"{_where(t)}: {why}"))
-    if second and answer.get("status") == "ok":  # round two: the inputs the template was seen to test
+    drawn: list[dict[str, Any]] = []  # the renders of the rounds before the last
+    last, demands, left = renders, answer.get("demands"), 0
+    for prefix in DEMAND_ROUNDS:  # the inputs the template was seen to test in the round before
+        more, past = conv.demanded(cp.conversation_seed, cp.generated_conversations, context, demands, last,
+                                   drawn, prefix)  # fmt: skip
+        left += past
+        if not more or answer.get("status") != "ok":
+            break
         if time.monotonic() > snap.deadline:
             return None
         limits = _within(limits, snap.deadline)
-        key2 = hashlib.sha256(json.dumps(["demanded", rkey, second, limits.__dict__], sort_keys=True).encode())
-        answer2 = res.memo.get_or_make(
-            ("render", key2.hexdigest()), lambda: ct.run_battery(t.text, second, limits), keep=_not_crashed,
-            nbytes=lambda a: len(json.dumps(a)),
-        )  # fmt: skip
-        if answer2.get("status") in ("timeout", "crashed"):
+        round_key = hashlib.sha256(json.dumps(["demanded", rkey, more, limits.__dict__], sort_keys=True).encode())
+
+        def rendered(m: list[dict[str, Any]] = more, lim: ct.RenderLimits = limits) -> dict[str, Any]:
+            return ct.run_battery(t.text, m, lim)
+
+        again = res.memo.get_or_make(
+            ("render", round_key.hexdigest()), rendered, keep=_not_crashed, nbytes=lambda a: len(json.dumps(a))
+        )
+        if again.get("status") in ("timeout", "crashed"):
             return None
-        renders, answer = [*renders, *second], _merged(answer, answer2)
-        rkey = hashlib.sha256((rkey + key2.hexdigest()).encode()).hexdigest()
+        drawn, last, demands = [*drawn, *last], more, again.get("demands")
+        renders, answer = [*renders, *more], _merged(answer, again)
+        rkey = hashlib.sha256((rkey + round_key.hexdigest()).encode()).hexdigest()
+    if left:
+        why = f"{left} input test(s) the template makes were past what the scan draws (not rendered)"
+        snap.unanalysed.append((t.rel, f"{_where(t)}: {why}"))
     tokens = markup_tokens(snap)
 
     def judged() -> tuple[tb.BehaviourIssue, ...]:
@@ -189,6 +198,12 @@ def _generated(
     key = t.digest + json.dumps(["generated", rkey, tokens], sort_keys=True)
     examples = conv.rendered_examples(renders, answer)
     return {**answer, "examples": examples}, res.judged.get_or_make(("generated", key), judged)
+
+
+DEMAND_ROUNDS = (
+    "d",
+    "e",
+)  # rounds after the first (their render names' prefix): a field round two adds is tested in three
 
 
 def _merged(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
@@ -338,6 +353,17 @@ def tokenizer_behaviour(
         out += [("tokenizer.json", i) for i in tbe.special_token_problems(declared, added)]
         out += [("tokenizer.json", i) for i in tbe.ordinary_special_tokens(declared, added)]
         model = as_dict(tok.get("model"))
+        vocab = model.get("vocab")
+        size = len(vocab) if isinstance(vocab, (dict, list)) else 1 << 62  # no vocabulary to be past
+        out += [("tokenizer.json", i) for i in tbe.added_words(tok, size)]
+        extra = [
+            {"content": c, "special": sp, "id": size}
+            for c, sp, _f in _loader_added(snap, "tokenizer")
+            if c not in added
+        ]
+        out += [
+            ("tokenizer_config.json", i) for i in tbe.added_words({"added_tokens": extra}, size)
+        ]  # the loader adds them
         digest = snap.digests.get("tokenizer.json", "")
         order = res.judged.get_or_make(
             ("order", digest), lambda: tbe.merge_order_problem(model) or tbe.score_order_problem(model)

@@ -901,12 +901,29 @@ def unreachable_issues(tok: Mapping[str, Any], loader_rules: tuple[Mapping[str, 
     """One issue when the normaliser rewrites :data:`MIN_UNREACHABLE` or more entries and
     :data:`UNREACHABLE_SHARE` of those judged (:func:`unreachable_entries`): a Lowercase or
     ``do_lower_case`` over a cased vocabulary; an uncased one (BERT uncased) has none."""
+    out = _unreachable_byte_pieces(tok)
     judged, rewritten = unreachable_entries(tok, loader_rules)
     if len(rewritten) < max(MIN_UNREACHABLE, UNREACHABLE_SHARE * judged):
-        return []
+        return out
     shown = ", ".join(map(repr, rewritten[:4]))
     detail = f"the normaliser rewrites {len(rewritten)}/{judged} vocabulary entries ({shown}): no text encodes to them"
-    return [PipelineIssue("unreachable", "model.vocab", detail)]
+    return [*out, PipelineIssue("unreachable", "model.vocab", detail)]
+
+
+_BYTE_ENTRY_RE = re.compile(r"<0x[0-9A-F]{2}>")
+
+
+def _unreachable_byte_pieces(tok: Mapping[str, Any]) -> list[PipelineIssue]:
+    """A BPE vocabulary holding byte pieces (``<0x00>``...) under ``byte_fallback: false``: no text
+    encodes to them, and every character outside the vocabulary becomes the unknown token."""
+    model = tok.get("model")
+    if not isinstance(model, dict) or model.get("type") != "BPE" or model.get("byte_fallback") is True:
+        return []
+    pieces = sum(1 for text, _ident in _vocab_entries(model) if _BYTE_ENTRY_RE.fullmatch(text))
+    if pieces < 64:
+        return []
+    detail = f"{pieces} byte pieces (<0x00>...) in the vocabulary but byte_fallback is off: no text encodes to them"
+    return [PipelineIssue("unreachable", "model.byte_fallback", detail + ", unknown characters become <unk>")]
 
 
 def looks_like_tokenizer(data: Any) -> bool:

@@ -121,6 +121,7 @@ def _template_line() -> int:
 INPUT = "input:"  # the sources naming a conversation input (role, key, kwarg, count): their records are demands
 DEMANDS: list[list[Any]] = []  # [source, operation, constant, path]: what the template tested an input against
 DEMAND_SEEN: set[tuple[Any, ...]] = set()
+RENDER = [0]  # the index of the render in progress among the request's
 MAX_DEMANDS = 256
 INPUT_DICTS: dict[int, str] = {}  # id of an input dict of the render (a message, a part, a tool...) -> its label
 INPUT_VIEWS: dict[int, str] = {}  # id of an input dict's items()/keys() view -> the dict's label
@@ -152,8 +153,8 @@ def _demand(source: str, operation: str, constant: str, path: tuple[Any, ...] = 
     if record in DEMAND_SEEN:
         return
     DEMAND_SEEN.add(record)
-    if len(DEMANDS) < MAX_DEMANDS:
-        DEMANDS.append([source, operation, constant[:200], [list(p) for p in path[:8]]])
+    if len(DEMANDS) < MAX_DEMANDS:  # the render it was first seen in: round three keeps that render's edits
+        DEMANDS.append([source, operation, constant[:200], [list(p) for p in path[:8]], RENDER[0]])
     elif len(DEMANDS) == MAX_DEMANDS:
         DEMANDS.append([source, "overflow", f"more than {MAX_DEMANDS} distinct input tests", []])
 
@@ -1512,7 +1513,10 @@ def battery(env: Any, request: dict[str, Any]) -> dict[str, Any]:
         return {"status": "too_large", "message": "the template nests too deeply to compile"}
     cap = int(request["max_output"])
     TEMPLATE[0] = template
-    renders = [_battery_one(template, r, cap) for r in request["renders"]]
+    renders = []
+    for index, render in enumerate(request["renders"]):
+        RENDER[0] = index
+        renders.append(_battery_one(template, render, cap))
     worst = next((r for r in renders if r["status"] in ("security", "memory", "too_large")), None)
     status = worst["status"] if worst else "ok"
     message = worst["message"] if worst else ""

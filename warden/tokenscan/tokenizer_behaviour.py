@@ -278,6 +278,10 @@ def judge(answer: Mapping[str, Any], tokens: Mapping[str, str | None], label: st
                 f"encoding with special tokens adds {count} token(s) beyond the declared ones (ids {unexpected[:8]})"
             )
             out.append(TokenizerIssue("added", detail))
+    model_unk = answer.get("unk_token")
+    if isinstance(model_unk, str) and model_unk != tokens.get("unk") and model_unk in specials.values():
+        detail = f"the model's unk_token is the special {model_unk!r}: text outside the vocabulary encodes to it"
+        out.append(TokenizerIssue("special", detail))
     out += alphabet_issues(answer)
     for content in (answer.get("unmatched") or [])[:8]:
         detail = f"special token {_quote(str(content))} not matched after a word (single_word): plain text there"
@@ -436,6 +440,21 @@ def ordinary_special_tokens(declared: Mapping[str, str | None], added: Iterable[
         for name, token in declared.items()
         if token and name != "unk" and token not in added_set and WORDLIKE_RE.match(token)
     ]
+
+
+def added_words(tok: Mapping[str, Any], vocab_size: int) -> list[TokenizerIssue]:
+    """Non-special added tokens that are ordinary words (letters, digits, ``'``/``-``) with ids past
+    the model's vocabulary: every occurrence of the word then encodes to a new id the model was
+    not trained on, instead of the vocabulary's own ids."""
+    out = []
+    for entry in (tok.get("added_tokens") or [])[:4096] if isinstance(tok.get("added_tokens"), list) else ():
+        if not isinstance(entry, dict) or entry.get("special") or not isinstance(entry.get("content"), str):
+            continue
+        content, ident = entry["content"], entry.get("id")
+        if WORDLIKE_RE.match(content.strip()) and type(ident) is int and ident >= vocab_size:
+            out.append(TokenizerIssue("ordinary", f"added token {content!r} (id {ident}, past the vocabulary) takes "
+                                                  "an ordinary word from the vocabulary's own ids"))  # fmt: skip
+    return out[:8]
 
 
 # tokenizers of distinct content load in parallel on a machine with cores to spare (each
