@@ -23,26 +23,30 @@ from typing import Any
 
 import pytest
 
-from tests.security.tokenscan_kit import NEUTRAL, PAYLOAD, QWEN_DEFAULT, SCAN_BUDGET, SCAN_CHILD, SYS, USER_LINE, P
+from tests.security.tokenscan_kit import (
+    NEUTRAL,
+    PAYLOAD,
+    QWEN_DEFAULT,
+    SCAN_BUDGET,
+    SCAN_CHILD,
+    SYS,
+    USER_LINE,
+    P,
+    in_loop,
+    on_top,
+)
 from tests.security.tokenscan_kit import cfg as _cfg
 from tests.security.tokenscan_kit import edit as _edit
 from tests.security.tokenscan_kit import tok as _tok
 from tests.security.tokenscan_kit import user as _user
 from tests.warden.tokenscan import families as fam
-from tests.warden.tokenscan.mutations import LOOP_RE
 from warden.tokenscan import scan_directory
 from warden.tokenscan.policy import default_policy
 
 S = "(message.content.ljust(0) if message.content is string else '')"  # a plain-str copy of content
 
 
-def _in_loop(snippet: str, base: str = fam.QWEN25_TEMPLATE) -> str:
-    loop = list(LOOP_RE.finditer(base))[-1]
-    return base[: loop.end()] + snippet + base[loop.end() :]
-
-
-def _on_top(snippet: str, base: str = fam.QWEN25_TEMPLATE) -> str:
-    return snippet + base
+_in_loop, _on_top = in_loop, on_top
 
 
 def _user_stmt(stmt: str) -> str:

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,12 +28,19 @@ from typing import Any
 
 import pytest
 
-from tests.security.tokenscan_kit import NEUTRAL, PAYLOAD, QWEN_DEFAULT, SCAN_BUDGET, SCAN_CHILD
+from tests.security.tokenscan_kit import (
+    NEUTRAL,
+    PAYLOAD,
+    QWEN_DEFAULT,
+    SCAN_BUDGET,
+    in_loop,
+    on_top,
+    scan_in_child,
+)
 from tests.security.tokenscan_kit import edit as _edit
 from tests.security.tokenscan_kit import tok as _tok
 from tests.security.tokenscan_kit import user as _user
 from tests.warden.tokenscan import families as fam
-from tests.warden.tokenscan.mutations import LOOP_RE
 from warden.tokenscan import scan_directory
 from warden.tokenscan.policy import default_policy
 
@@ -54,13 +59,7 @@ N = repr(NEUTRAL)
 S = "(message.content if message.content is string else '')"  # content, or '' for a list of parts
 
 
-def _in_loop(snippet: str, base: str = fam.QWEN25_TEMPLATE) -> str:
-    loop = list(LOOP_RE.finditer(base))[-1]
-    return base[: loop.end()] + snippet + base[loop.end() :]
-
-
-def _on_top(snippet: str, base: str = fam.QWEN25_TEMPLATE) -> str:
-    return snippet + base
+_in_loop, _on_top = in_loop, on_top
 
 
 def _per_tool(body: str) -> str:
@@ -826,22 +825,7 @@ def test_attack_is_caught(scanned: Callable[[str], list[tuple[str, str, str]]], 
 
 
 def _scan_in_child(d: Path) -> dict[str, Any] | None:
-    """One scan in its own process, killed from outside after ``SCAN_WALL`` seconds (None: it ran past)."""
-    cwd = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SCAN_CHILD, str(d), str(SCAN_BUDGET)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=cwd,
-    )
-    try:
-        stdout, err = proc.communicate(timeout=SCAN_WALL)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return None
-    return json.loads(stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {"crash": err[-500:]}
+    return scan_in_child(d, SCAN_WALL)
 
 
 @pytest.mark.slow

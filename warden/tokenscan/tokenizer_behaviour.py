@@ -278,8 +278,9 @@ def judge(answer: Mapping[str, Any], tokens: Mapping[str, str | None], label: st
                 f"encoding with special tokens adds {count} token(s) beyond the declared ones (ids {unexpected[:8]})"
             )
             out.append(TokenizerIssue("added", detail))
-    model_unk = answer.get("unk_token")
-    if isinstance(model_unk, str) and model_unk != tokens.get("unk") and model_unk in specials.values():
+    model_unk = answer.get("unk_token")  # a token declared for another role: unknown text encodes to it
+    others = {t for name, t in tokens.items() if t and name != "unk" and "[" not in name and t != tokens.get("unk")}
+    if isinstance(model_unk, str) and model_unk in others:
         detail = f"the model's unk_token is the special {model_unk!r}: text outside the vocabulary encodes to it"
         out.append(TokenizerIssue("special", detail))
     out += alphabet_issues(answer)

@@ -31,7 +31,9 @@ for code, ascii_ in confusables.TABLE.items():
 
 name = st.builds(lambda a, b: a + b, st.sampled_from(UPPER), st.text(LOWER, min_size=2, max_size=8))
 camel = st.builds(lambda a, b: a + b, name, name)  # OpenAI-like
-brand = st.one_of(name, camel, st.text(UPPER, min_size=3, max_size=6))  # Contoso, AcmeCloud, ACME
+brand = st.one_of(name, camel, st.text(UPPER, min_size=3, max_size=6)).filter(
+    lambda b: b not in ct.PLAIN_CAPS  # Contoso, AcmeCloud, ACME; never a format word (JSON) the judge reads as plain
+)
 date = st.builds(
     lambda y, m, d: f"{y}-{m:02d}-{d:02d}", st.integers(2000, 2099), st.integers(1, 12), st.integers(1, 28)
 )
