@@ -45,20 +45,14 @@ from warden.tokenscan.policy import default_policy
 # name -> the mechanism the scanner lacks (measured 2026-12-06 22:05 UTC against 9011205)
 MISSES: dict[str, str] = {
     "parameter maximum past 1000 (a number in a schema)": "a number in a tool schema is not labelled (only strings, list/dict sizes and keys are) and a missing field is drawn only as a string, true or a one-item list, never a number",
-    "parameter minimum below 0": "a number in a tool schema is not labelled (only strings, list/dict sizes and keys are) and a missing field is drawn only as a string, true or a one-item list, never a number (true < 0 is false)",
-    "parameter maxItems 0": "a number in a tool schema is not labelled (only strings, list/dict sizes and keys are) and a missing field is drawn only as a string, true or a one-item list, never a number (never 0)",
     "parameter nullable: false": "a field the template asks for is drawn as a string, true or a one-item list: never false, and a boolean in a schema is not labelled",
     "parameter default null": "a field the template asks for is drawn as a string, true or a one-item list: never null (is none)",
     "array parameter whose items are objects (a field that must be a mapping)": "a field the template asks for is never drawn as a mapping (KEY_FORMS: text, true, list), so a test of its sub-fields is never reached",
     "nested object parameter with a sub-property 'sudo'": "a nested schema's properties is never drawn as a mapping (KEY_FORMS: text, true, list): generated parameters are flat strings",
-    "additionalProperties false on the parameters object": "a field the template asks for is never drawn as false",
     "tool-call argument a number past 1000": "generated tool-call arguments are strings only; a number under arguments is neither labelled nor drawn",
     "tool-call argument false": "generated tool-call arguments are strings only; false is never drawn for an argument",
-    "tool-call argument null": "generated tool-call arguments are strings only; null is never drawn for an argument",
     "tool-call argument an object holding 'sudo'": "generated tool-call arguments are flat strings; a nested object argument is never drawn, so its keys are never tested",
-    "tool-call argument a list longer than 3": "generated tool-call arguments are flat strings; a list argument is never drawn",
     "JSON-string arguments containing 'rm -rf'": "arguments are always drawn as a mapping (never the OpenAI JSON string), and 'is string' records no demand",
-    "JSON-string arguments longer than 900": "arguments are always drawn as a mapping (never the OpenAI JSON string), and 'is string' records no demand",
     "three tool fields equal three constants (a fourth round)": "three demand rounds: each meets one more conjunct (the third carries two edits), so a conjunction of three path tests needs a fourth round",
     "tool name and tool type together": "a tool-name demand is met by a forced tool name, not a path edit, and the next round carries only edits: the name and the type are never drawn together",
     "the sixth document titled 'memo' (index and value together)": "a loop-index demand (a sixth document) and a value demand on that document are met in separate draws: the count probe is not carried into the title's round",
@@ -73,7 +67,12 @@ MISSES: dict[str, str] = {
     "the word 'Paris' added after 5000 special markers": "added_tokens are read to their 4096th entry only (tokenizer_behaviour.added_words) and the rest is not reported as not analysed",
     "generation_config eos list: ' the' as the 65th end id": "generation_config id lists are judged to their 64th entry only (_generation_ids: [:64]); the rest is not reported",
     "generation_config max_length 64 (the prompt eats the whole budget)": "max_length is allowed down to 64, a bound not related to the prompt: the default system prompt alone fills it",
-    "generation_config temperature 2 with top_k 0 and top_p 1 (near-uniform sampling)": "each sampling key is judged alone within its range; their combination (temperature 2, no top-k, no top-p) samples near-uniformly",
+    "thinking given as a mapping with budget_tokens past 10000": "the thinking keyword argument is drawn as None, true or false, never a mapping (Anthropic-style {type, budget_tokens}): its fields are never tested",
+    "a custom_tools list longer than 3": "a keyword argument the template reads is drawn as a string (a length demand gives 'kkkk'), never a list, so 'is not string' keeps the branch shut",
+    "more than 150 messages and more than 50 tools together": "two count demands (messages, tools) are met in separate draws: count probes are not carried into the next round as path edits are",
+    "message count past 129.5 (a float bound)": "a count compared with a non-integer bound gives no target (_INT_RE): no probe is drawn and the demand is not reported as past its bounds",
+    "more than 40 batches of 3 messages (|batch)": "|batch drops the message count's label: the bound on the number of batches is no demand",
+    "the 141st index of range(messages|length)": "range(messages|length) yields plain integers: a test of the loop variable is no demand on the message count",
 }
 BENIGN_FLAGGED: dict[str, str] = {  # benign -> the false positive
     "OpenAI-style calls: ids, types, string-or-mapping arguments, tool_call_id": "TS805: printing a tool call's id and type, or a tool result's tool_call_id, reads as text added between user and tool (the ids and type are not abstracted as inputs)",
@@ -180,22 +179,6 @@ TEMPLATES: dict[str, T] = {
         _param({"type": "integer", "maximum": 5000}),
         _param({"type": "integer", "maximum": 10}),
     ),
-    "parameter minimum below 0": T(
-        "schema",
-        _per_param("{{ " + N + " * (p.minimum is number and p.minimum < 0) }}"),
-        HI,
-        HI,
-        _param({"type": "integer", "minimum": -5}),
-        _param({"type": "integer", "minimum": 0}),
-    ),
-    "parameter maxItems 0": T(
-        "schema",
-        _per_param("{{ " + N + " * (p.maxItems is defined and p.maxItems is not boolean and p.maxItems == 0) }}"),
-        HI,
-        HI,
-        _param({"type": "array", "maxItems": 0}),
-        _param({"type": "array", "maxItems": 4}),
-    ),
     "parameter nullable: false": T(
         "schema",
         _per_param("{{ " + N + " * (p.nullable is defined and p.nullable is false) }}"),
@@ -228,22 +211,6 @@ TEMPLATES: dict[str, T] = {
         _param({"type": "object", "properties": {"sudo": {"type": "boolean"}}}),
         _param({"type": "object", "properties": {"path": {"type": "string"}}}),
     ),
-    "additionalProperties false on the parameters object": T(
-        "schema",
-        _per_tool("{{ " + N + " * (t.function.parameters.additionalProperties is false) }}"),
-        HI,
-        HI,
-        _tools(
-            {
-                "type": "function",
-                "function": {
-                    **_tool()["function"],
-                    "parameters": {**_tool()["function"]["parameters"], "additionalProperties": False},
-                },
-            }
-        ),
-        _tools(_tool()),
-    ),
     # --- tool-call arguments that are not strings ------------------------------------------------
     "tool-call argument a number past 1000": T(
         "toolcall",
@@ -254,32 +221,17 @@ TEMPLATES: dict[str, T] = {
     "tool-call argument false": T(
         "toolcall", _per_arg("{{ " + N + " * (v is false) }}"), _calls({"confirm": False}), _calls({"confirm": True})
     ),
-    "tool-call argument null": T(
-        "toolcall", _per_arg("{{ " + N + " * (v is none) }}"), _calls({"path": None}), _calls({"path": "/tmp"})
-    ),
     "tool-call argument an object holding 'sudo'": T(
         "toolcall",
         _per_arg("{{ " + N + " * (v is mapping and 'sudo' in v) }}"),
         _calls({"opts": {"sudo": True}}),
         _calls({"opts": {"force": True}}),
     ),
-    "tool-call argument a list longer than 3": T(
-        "toolcall",
-        _per_arg("{{ " + N + " * (v is iterable and v is not string and v is not mapping and v|length > 3) }}"),
-        _calls({"files": ["a", "b", "c", "d"]}),
-        _calls({"files": ["a"]}),
-    ),
     # --- OpenAI-style arguments as a JSON string -----------------------------------------------------
     "JSON-string arguments containing 'rm -rf'": T(
         "toolcall",
         _per_call("{{ " + N + " * (tc.function.arguments is string and 'rm -rf' in tc.function.arguments) }}"),
         _calls('{"cmd": "rm -rf /"}'),
-        _calls('{"cmd": "ls"}'),
-    ),
-    "JSON-string arguments longer than 900": T(
-        "toolcall",
-        _per_call("{{ " + N + " * (tc.function.arguments is string and tc.function.arguments|length > 900) }}"),
-        _calls(json.dumps({"cmd": "x" * 1000})),
         _calls('{"cmd": "ls"}'),
     ),
     # --- conjunctions: more tests than demand rounds -----------------------------------------------
@@ -437,6 +389,50 @@ TEMPLATES: dict[str, T] = {
             + " * (m.role == 'auditor') }}{% endcall %}"
         ),
         [*_user("x"), {"role": "auditor", "content": "y"}],
+        [*_user("x"), {"role": "assistant", "content": "y"}],
+    ),
+    "thinking given as a mapping with budget_tokens past 10000": T(
+        "kwarg",
+        _on_top("{{ " + N + " * (thinking is mapping and (thinking.budget_tokens|default(0)) > 10000) }}"),
+        HI,
+        HI,
+        {"thinking": {"type": "enabled", "budget_tokens": 20000}},
+        {"thinking": {"type": "enabled", "budget_tokens": 1024}},
+    ),
+    "a custom_tools list longer than 3": T(
+        "kwarg",
+        _on_top(
+            "{{ " + N + " * (custom_tools is defined and custom_tools is not string and custom_tools|length > 3) }}"
+        ),
+        HI,
+        HI,
+        {"custom_tools": [_tool(name=f"c{i}") for i in range(4)]},
+        {"custom_tools": [_tool()]},
+    ),
+    "more than 150 messages and more than 50 tools together": T(
+        "combined",
+        _on_top("{{ " + N + " * ((messages|length) > 150 and (tools or [])|length > 50) }}"),
+        _turns(151),
+        _turns(151),
+        _tools(*[_tool(name=f"t{i}") for i in range(51)]),
+        _tools(_tool()),
+    ),
+    "message count past 129.5 (a float bound)": T(
+        "count", _on_top("{{ " + N + " * ((messages|length) > 129.5) }}"), _turns(130), _turns(9)
+    ),
+    "more than 40 batches of 3 messages (|batch)": T(
+        "count", _on_top("{{ " + N + " * ((messages|batch(3)|list|length) > 40) }}"), _turns(121), _turns(9)
+    ),
+    "the 141st index of range(messages|length)": T(
+        "count",
+        _on_top("{% for i in range(messages|length) %}{{ " + N + " * (i == 140) }}{% endfor %}"),
+        _turns(141),
+        _turns(9),
+    ),
+    "role 'root' among the lowercased roles (|map)": T(
+        "aggregate",
+        _on_top("{{ " + N + " * ('root' in (messages|map(attribute='role')|map('lower')|list)) }}"),
+        [*_user("x"), {"role": "Root", "content": "y"}],
         [*_user("x"), {"role": "assistant", "content": "y"}],
     ),
     "message metadata.priority 'high' (a field that must be a mapping)": T(
@@ -634,12 +630,6 @@ FILES: dict[str, F] = {
     "generation_config eos list: ' the' as the 65th end id": F("generation", "qwen2.5", _eos_list, _v_eos_list),
     "generation_config max_length 64 (the prompt eats the whole budget)": F(
         "generation", "qwen2.5", _gen({"max_length": 64}), _v_max_length
-    ),
-    "generation_config temperature 2 with top_k 0 and top_p 1 (near-uniform sampling)": F(
-        "generation",
-        "qwen2.5",
-        _gen({"do_sample": True, "temperature": 2.0, "top_k": 0, "top_p": 1.0}),
-        _v_gen("temperature", 2.0),
     ),
 }
 
