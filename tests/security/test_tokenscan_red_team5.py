@@ -50,7 +50,6 @@ MISSES: dict[str, str] = {
     "array parameter whose items are objects (a field that must be a mapping)": "a field the template asks for is never drawn as a mapping (KEY_FORMS: text, true, list), so a test of its sub-fields is never reached",
     "nested object parameter with a sub-property 'sudo'": "a nested schema's properties is never drawn as a mapping (KEY_FORMS: text, true, list): generated parameters are flat strings",
     "tool-call argument a number past 1000": "generated tool-call arguments are strings only; a number under arguments is neither labelled nor drawn",
-    "tool-call argument false": "generated tool-call arguments are strings only; false is never drawn for an argument",
     "tool-call argument an object holding 'sudo'": "generated tool-call arguments are flat strings; a nested object argument is never drawn, so its keys are never tested",
     "JSON-string arguments containing 'rm -rf'": "arguments are always drawn as a mapping (never the OpenAI JSON string), and 'is string' records no demand",
     "three tool fields equal three constants (a fourth round)": "three demand rounds: each meets one more conjunct (the third carries two edits), so a conjunction of three path tests needs a fourth round",
@@ -66,13 +65,14 @@ MISSES: dict[str, str] = {
     "lstrip on <|im_start|> (the newline between turns is eaten)": "added-token lstrip/rstrip flags on chat markers are not judged against the template: nothing checks that a render survives encode/decode",
     "the word 'Paris' added after 5000 special markers": "added_tokens are read to their 4096th entry only (tokenizer_behaviour.added_words) and the rest is not reported as not analysed",
     "generation_config eos list: ' the' as the 65th end id": "generation_config id lists are judged to their 64th entry only (_generation_ids: [:64]); the rest is not reported",
-    "generation_config max_length 64 (the prompt eats the whole budget)": "max_length is allowed down to 64, a bound not related to the prompt: the default system prompt alone fills it",
     "thinking given as a mapping with budget_tokens past 10000": "the thinking keyword argument is drawn as None, true or false, never a mapping (Anthropic-style {type, budget_tokens}): its fields are never tested",
     "a custom_tools list longer than 3": "a keyword argument the template reads is drawn as a string (a length demand gives 'kkkk'), never a list, so 'is not string' keeps the branch shut",
     "more than 150 messages and more than 50 tools together": "two count demands (messages, tools) are met in separate draws: count probes are not carried into the next round as path edits are",
     "message count past 129.5 (a float bound)": "a count compared with a non-integer bound gives no target (_INT_RE): no probe is drawn and the demand is not reported as past its bounds",
     "more than 40 batches of 3 messages (|batch)": "|batch drops the message count's label: the bound on the number of batches is no demand",
     "the 141st index of range(messages|length)": "range(messages|length) yields plain integers: a test of the loop variable is no demand on the message count",
+    "single_word turn end after 600 special markers": "TS1215 tests only the first 512 added tokens (tokenizer_child._unmatched: [:512]) and does not report the rest as not analysed (with no markers before it, the same <|eot|> is TS1215)",
+    "added_tokens_decoder: special ' not' after 4096 markers": "the config's added_tokens_decoder is loaded into the tokenizer child to its 4096th entry only (loader_added_tokens, ordered by id length): an entry past them is never added or judged, and the rest is not reported",
 }
 BENIGN_FLAGGED: dict[str, str] = {  # benign -> the false positive
     "OpenAI-style calls: ids, types, string-or-mapping arguments, tool_call_id": "TS805: printing a tool call's id and type, or a tool result's tool_call_id, reads as text added between user and tool (the ids and type are not abstracted as inputs)",
@@ -218,9 +218,6 @@ TEMPLATES: dict[str, T] = {
         _calls({"count": 5000}),
         _calls({"count": 3}),
     ),
-    "tool-call argument false": T(
-        "toolcall", _per_arg("{{ " + N + " * (v is false) }}"), _calls({"confirm": False}), _calls({"confirm": True})
-    ),
     "tool-call argument an object holding 'sudo'": T(
         "toolcall",
         _per_arg("{{ " + N + " * (v is mapping and 'sudo' in v) }}"),
@@ -358,19 +355,6 @@ TEMPLATES: dict[str, T] = {
         HI,
         _tools(_tool(props=["path", "sudo"])),
         _tools(_tool(props=["path", "mode"])),
-    ),
-    "more than 70 parameters over all tools (|sum of counts)": T(
-        "aggregate",
-        _on_top(
-            "{{ " + N + " * (((tools or [])|map(attribute='function.parameters.properties')|map('length')|sum) > 70) }}"
-        ),
-        HI,
-        HI,
-        _tools(*[_tool(name=f"t{i}", props=[f"p{j}" for j in range(40)]) for i in range(2)]),
-        _tools(_tool(props=["a", "b"])),
-    ),
-    "content word count past 300 (|wordcount)": T(
-        "aggregate", _in_loop("{{ " + N + " * ((" + S + "|wordcount) > 300) }}"), _user("w " * 400), _user("w " * 20)
     ),
     # --- kwargs and macros ---------------------------------------------------------------------------
     "keyword argument safe_mode false": T(
@@ -574,16 +558,6 @@ def _v_gen(key: str, value: Any) -> Callable[[Path, Path], None]:
     return verify
 
 
-def _v_max_length(d: Path, _b: Path) -> None:
-    from transformers import GenerationConfig
-
-    assert GenerationConfig.from_pretrained(str(d)).max_length == 64  # prompt and answer together
-    prompt = _tok(d).apply_chat_template(
-        _user("what is the capital of France?"), tokenize=True, add_generation_prompt=True
-    )
-    assert len(prompt if isinstance(prompt, list) else prompt["input_ids"]) >= 64  # the default prompt alone fills it
-
-
 def _many_then_word(t: dict[str, Any]) -> None:
     """5000 harmless special markers, then the ordinary word 'Paris' added past the vocabulary."""
     top = max(a["id"] for a in t["added_tokens"])
@@ -597,6 +571,60 @@ def _many_then_word(t: dict[str, Any]) -> None:
 def _v_many_then_word(d: Path, b: Path) -> None:
     ids = _tok(d)("Paris", add_special_tokens=False)["input_ids"]
     assert ids == [len(_tok(b)) + 5000], ids  # an id past every trained one: an untrained embedding
+
+
+FLAGS = {"single_word": False, "lstrip": False, "rstrip": False}
+
+
+def _late_single_word(d: Path) -> None:
+    """600 harmless special markers, then the turn end ``<|eot|>`` with single_word (a turn ending
+    in a word never ends); the template and eos use ``<|eot|>``."""
+
+    def change(t: dict[str, Any]) -> None:
+        top = max(a["id"] for a in t["added_tokens"])
+        t["added_tokens"] += [
+            {"id": top + 1 + i, "content": f"<|r{i}|>", **FLAGS, "normalized": False, "special": True}
+            for i in range(600)
+        ]
+        t["added_tokens"].append(
+            {"id": top + 601, "content": "<|eot|>", **FLAGS, "single_word": True, "normalized": False, "special": True}
+        )
+
+    _fast(change)(d)
+    (d / "chat_template.jinja").unlink(missing_ok=True)
+    fam._set_template(d, fam.QWEN25_TEMPLATE.replace("<|im_end|>", "<|eot|>"))
+    _edit(
+        d / "tokenizer_config.json",
+        lambda c: c.update({"eos_token": "<|eot|>", "additional_special_tokens": ["<|im_start|>", "<|eot|>"]}),
+    )
+    if (d / "special_tokens_map.json").exists():
+        _edit(
+            d / "special_tokens_map.json",
+            lambda c: c.update({"eos_token": "<|eot|>", "additional_special_tokens": ["<|im_start|>", "<|eot|>"]}),
+        )
+
+
+def _v_late_single_word(d: Path, _b: Path) -> None:
+    tok = _tok(d)
+    end = tok.convert_tokens_to_ids("<|eot|>")
+    ids = tok.apply_chat_template(HI, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert ids.count(end) == 1  # the system turn ends; the user's 'hi<|eot|>' never does
+
+
+def _late_config_word(d: Path) -> None:
+    """tokenizer_config's added_tokens_decoder: 4096 harmless special markers (short ids first in
+    the scanner's order), then the special word ' not' (a longer id)."""
+    t = json.loads((d / "tokenizer.json").read_text(encoding="utf-8"))
+    top = max(a["id"] for a in t["added_tokens"])
+    entry = {**FLAGS, "normalized": False, "special": True}
+    decoder = {str(top + 1 + i): {"content": f"<|r{i}|>", **entry} for i in range(4096)}
+    decoder["999999"] = {"content": " not", **entry}
+    _edit(d / "tokenizer_config.json", lambda c: c.setdefault("added_tokens_decoder", {}).update(decoder))
+
+
+def _v_late_config_word(d: Path, _b: Path) -> None:
+    tok = _tok(d)
+    assert tok.decode(tok("do not go")["input_ids"], skip_special_tokens=True).split() == ["do", "go"]
 
 
 @dataclass(frozen=True)
@@ -627,10 +655,11 @@ FILES: dict[str, F] = {
         "model", "qwen2.5", _fast(_merges_reversed), _v_merges_reversed
     ),
     "the word 'Paris' added after 5000 special markers": F("added", "qwen2.5", _tj(_many_then_word), _v_many_then_word),
-    "generation_config eos list: ' the' as the 65th end id": F("generation", "qwen2.5", _eos_list, _v_eos_list),
-    "generation_config max_length 64 (the prompt eats the whole budget)": F(
-        "generation", "qwen2.5", _gen({"max_length": 64}), _v_max_length
+    "single_word turn end after 600 special markers": F("added", "qwen2.5", _late_single_word, _v_late_single_word),
+    "added_tokens_decoder: special ' not' after 4096 markers": F(
+        "added", "qwen2.5", _late_config_word, _v_late_config_word
     ),
+    "generation_config eos list: ' the' as the 65th end id": F("generation", "qwen2.5", _eos_list, _v_eos_list),
 }
 
 # ---------------------------------------------------------------------------- robustness
