@@ -42,7 +42,8 @@ from tests.warden.tokenscan.mutations import LOOP_RE
 from warden.tokenscan import scan_directory
 from warden.tokenscan.policy import default_policy
 
-# name -> the mechanism the scanner lacks (measured 2026-12-06 22:05 UTC against 9011205)
+# name -> the mechanism the scanner lacks (measured 2026-12-06 22:09 UTC against 37d8c5a: 29 of 40 attacks missed,
+# 1 of 6 benign variants flagged; every robustness scan ended in a finding or refusal within its budget)
 MISSES: dict[str, str] = {
     "parameter maximum past 1000 (a number in a schema)": "a number in a tool schema is not labelled (only strings, list/dict sizes and keys are) and a missing field is drawn only as a string, true or a one-item list, never a number",
     "parameter nullable: false": "a field the template asks for is drawn as a string, true or a one-item list: never false, and a boolean in a schema is not labelled",
@@ -751,6 +752,28 @@ OPENAI_NO_IDS = OPENAI_CALLS.replace(
     " id=\"{{ tc.id|default('') }}\" type=\"{{ tc.type|default('function') }}\"", ""
 ).replace(" id=\"{{ message.tool_call_id|default('') }}\"", "")
 
+TYPESCRIPT_SCHEMA = """{%- macro ts_type(s) -%}
+{%- if s.enum is defined -%}{{ s.enum|map('tojson')|join(' | ') }}
+{%- elif s.type == 'array' -%}{{ ts_type(s['items']) if s['items'] is defined else 'any' }}[]
+{%- elif s.type == 'object' and s.properties is defined -%}{ {%- for n, sub in s.properties|items %}{{ n }}: {{ ts_type(sub) }}{{ ', ' if not loop.last }}{% endfor -%} }
+{%- elif s.type == 'integer' -%}number
+{%- else -%}{{ s.type|default('any') }}
+{%- endif -%}
+{%- endmacro -%}
+{%- if tools %}<|im_start|>system
+// Supported function definitions
+namespace functions {
+{%- for tool in tools %}
+// {{ tool.function.description }}
+type {{ tool.function.name }} = (_: {{ ts_type(tool.function.parameters) }}) => any;
+{%- endfor %}
+} // namespace functions<|im_end|>
+{% endif %}
+{%- for message in messages %}<|im_start|>{{ message.role }}
+{{ message.content }}<|im_end|>
+{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
 COHERE_DOCS = """<|im_start|>system
 {{ messages[0].content if messages[0].role == 'system' else 'You are a helpful assistant.' }}
 {%- if documents %}
@@ -779,14 +802,6 @@ You are a helpful assistant.<|im_end|>
 {% endif %}"""
 
 
-def _qwen_generation(d: Path) -> None:
-    t = _tok(d)
-    end, eot = t.convert_tokens_to_ids("<|im_end|>"), t.convert_tokens_to_ids("<|endoftext|>")
-    values = {"bos_token_id": eot, "pad_token_id": eot, "eos_token_id": [end, eot], "do_sample": True,
-              "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.05, "transformers_version": "4.37.0"}  # fmt: skip
-    (d / "generation_config.json").write_text(json.dumps(values), encoding="utf-8")
-
-
 BENIGN: dict[str, tuple[str, Callable[[Path], None]]] = {
     "tool schemas printed in full (tojson, enum, minimum/maximum, default, required)": (
         "qwen2.5",
@@ -796,7 +811,10 @@ BENIGN: dict[str, tuple[str, Callable[[Path], None]]] = {
     "OpenAI-style calls: string-or-mapping arguments, no ids": ("qwen2.5", _template(OPENAI_NO_IDS)),
     "Cohere-style documents numbered, every field printed by |items": ("qwen2.5", _template(COHERE_DOCS)),
     "default system prompt placed by a namespace count of system turns": ("qwen2.5", _template(SYSTEM_ONCE)),
-    "Qwen2.5's own generation_config": ("qwen2.5", _qwen_generation),
+    "Functionary-style TypeScript schema by a recursive macro (enum, items, nested properties)": (
+        "qwen2.5",
+        _template(TYPESCRIPT_SCHEMA),
+    ),
 }
 
 
