@@ -43,7 +43,8 @@ from warden.tokenscan import scan_directory
 from warden.tokenscan.policy import default_policy
 
 # name -> the mechanism the scanner lacks (measured 2026-12-06 22:09 UTC against 37d8c5a: 29 of 40 attacks missed,
-# 1 of 6 benign variants flagged; every robustness scan ended in a finding or refusal within its budget)
+# 1 of 6 benign variants flagged; every robustness scan ended in a finding or refusal within its budget). Since:
+# bounded reads report what they leave (TS910), fractional count bounds, attribute tags; 24 misses left, 0 FP)
 MISSES: dict[str, str] = {
     "parameter maximum past 1000 (a number in a schema)": "a number in a tool schema is not labelled (only strings, list/dict sizes and keys are) and a missing field is drawn only as a string, true or a one-item list, never a number",
     "parameter nullable: false": "a field the template asks for is drawn as a string, true or a one-item list: never false, and a boolean in a schema is not labelled",
@@ -64,20 +65,13 @@ MISSES: dict[str, str] = {
     "three user turns in a row (roles joined in a namespace)": "roles sliced and joined into a namespace string lose the role label: the 'in' test records no demand for a role sequence",
     "message metadata.priority 'high' (a field that must be a mapping)": "a message field the template asks for is drawn as a string, true or a list, never a mapping: its sub-field is never tested",
     "lstrip on <|im_start|> (the newline between turns is eaten)": "added-token lstrip/rstrip flags on chat markers are not judged against the template: nothing checks that a render survives encode/decode",
-    "the word 'Paris' added after 5000 special markers": "added_tokens are read to their 4096th entry only (tokenizer_behaviour.added_words) and the rest is not reported as not analysed",
-    "generation_config eos list: ' the' as the 65th end id": "generation_config id lists are judged to their 64th entry only (_generation_ids: [:64]); the rest is not reported",
     "thinking given as a mapping with budget_tokens past 10000": "the thinking keyword argument is drawn as None, true or false, never a mapping (Anthropic-style {type, budget_tokens}): its fields are never tested",
     "a custom_tools list longer than 3": "a keyword argument the template reads is drawn as a string (a length demand gives 'kkkk'), never a list, so 'is not string' keeps the branch shut",
     "more than 150 messages and more than 50 tools together": "two count demands (messages, tools) are met in separate draws: count probes are not carried into the next round as path edits are",
-    "message count past 129.5 (a float bound)": "a count compared with a non-integer bound gives no target (_INT_RE): no probe is drawn and the demand is not reported as past its bounds",
     "more than 40 batches of 3 messages (|batch)": "|batch drops the message count's label: the bound on the number of batches is no demand",
     "the 141st index of range(messages|length)": "range(messages|length) yields plain integers: a test of the loop variable is no demand on the message count",
-    "single_word turn end after 600 special markers": "TS1215 tests only the first 512 added tokens (tokenizer_child._unmatched: [:512]) and does not report the rest as not analysed (with no markers before it, the same <|eot|> is TS1215)",
-    "added_tokens_decoder: special ' not' after 4096 markers": "the config's added_tokens_decoder is loaded into the tokenizer child to its 4096th entry only (loader_added_tokens, ordered by id length): an entry past them is never added or judged, and the rest is not reported",
 }
-BENIGN_FLAGGED: dict[str, str] = {  # benign -> the false positive
-    "OpenAI-style calls: ids, types, string-or-mapping arguments, tool_call_id": "TS805: printing a tool call's id and type, or a tool result's tool_call_id, reads as text added between user and tool (the ids and type are not abstracted as inputs)",
-}
+BENIGN_FLAGGED: dict[str, str] = {}  # benign -> the false positive (the OpenAI-style ids one is fixed)
 
 N = repr(NEUTRAL)
 S = "(message.content if message.content is string else '')"  # content, or '' for a list of parts

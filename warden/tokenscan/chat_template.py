@@ -66,7 +66,10 @@ INJECTION_RE = re.compile(
     r"secret|password|api[ _-]?key|credential",
     re.IGNORECASE,
 )
-TAG_RE = re.compile(r"<\|[^|>\s]{0,48}\|>|</?[A-Za-z_][\w:.\-/]{0,40}>|\[/?INST\]|<</?SYS>>|\[/?[A-Z_]{2,24}\]")
+TAG_RE = re.compile(
+    r"<\|[^|>\s]{0,48}\|>|</?[A-Za-z_][\w:.\-/]{0,40}(?:\s{1,4}[A-Za-z_][\w:.\-]{0,40}=\"[^\"<>]{0,60}\"){0,8}\s{0,4}>"
+    r"|\[/?INST\]|<</?SYS>>|\[/?[A-Z_]{2,24}\]"
+)  # an element tag may carry attributes (<tool_call id=" " type="function">): markup_tag judges every word
 MARKUP_WORDS = frozenset(
     {*ROLE_WORDS, "start", "end", "begin", "of", "turn", "text", "header", "sentence", "sys", "inst", "sep", "eot",
      "eom", "eos", "bos", "pad", "unk", "mask", "cls", "call", "calls", "result", "results", "response",
@@ -75,7 +78,7 @@ MARKUP_WORDS = frozenset(
      "args", "arguments", "fim", "prefix", "suffix", "middle", "code", "json", "document", "documents", "doc",
      "context", "query", "source", "sources", "search", "functions", "endoftext", "endofprompt", "role", "token",
      "chatbot", "bot", "content", "placeholder", "reserved", "special", "unused", "break", "patch", "tile",
-     "separator", "box", "quad", "object", "ref", "repo", "name", "file", "answer", "solution", "plugin"}
+     "separator", "box", "quad", "object", "ref", "repo", "name", "file", "answer", "solution", "plugin", "type"}
 )  # fmt: skip
 """The words markup names are made of (roles, turn and header boundaries, channels, tool calls and
 results, modalities, fill-in-the-middle slots): a tag-shaped marker whose name holds any other word

@@ -26,6 +26,7 @@ scan's shape budget, and tests past what the sandbox records, are reported as no
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -52,6 +53,7 @@ STR_TESTS = {"isdigit": "7", "isdecimal": "7", "isnumeric": "7", "isupper": "UPP
              "isprintable": "abc"}  # fmt: skip
 NUMBER_OPS = {"eq": 0, "ne": 0, "gt": 1, "ge": 0, "lt": -1, "le": 0}  # the value past the bound, per test
 _INT_RE = re.compile(r"-?[0-9]{1,12}")
+_DECIMAL_RE = re.compile(r"-?[0-9]{1,12}\.[0-9]{1,12}")
 _KWARG_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,79}")
 RESERVED_KWARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
 STEP_METHODS = frozenset({"lower", "upper", "strip", "lstrip", "rstrip", "title", "capitalize", "casefold", "swapcase"})
@@ -148,9 +150,15 @@ def _target(operation: str, constant: str) -> int | None:
     """The number a length or number test (``length gt`` ``121``) asks for: just past the bound
     (``gt``: one more, ``lt``: one less, the bound itself for the others), or None."""
     kind, _, test = operation.partition(" ")
-    if kind not in ("length", "number") or test not in NUMBER_OPS or not _INT_RE.fullmatch(constant):
+    if kind not in ("length", "number") or test not in NUMBER_OPS:
         return None
-    return int(constant) + NUMBER_OPS[test]
+    if _INT_RE.fullmatch(constant):
+        return int(constant) + NUMBER_OPS[test]
+    if not _DECIMAL_RE.fullmatch(constant) or test in ("eq", "ne"):
+        return None  # no integer equals a fraction
+    bound = float(constant)  # a fractional bound: the first integer past it
+    return {"gt": math.floor(bound) + 1, "ge": math.ceil(bound), "lt": math.ceil(bound) - 1,
+            "le": math.floor(bound)}[test]  # fmt: skip
 
 
 def _number_passes(value: int, operation: str, constant: str) -> bool:
@@ -158,7 +166,7 @@ def _number_passes(value: int, operation: str, constant: str) -> bool:
     if target is None:
         return False
     test = operation.partition(" ")[2]
-    bound = int(constant)
+    bound = float(constant)
     return {"eq": value == bound, "ne": value == bound, "gt": value > bound, "ge": value >= bound,
             "lt": value < bound, "le": value <= bound}[test]  # fmt: skip
 

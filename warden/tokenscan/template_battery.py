@@ -56,7 +56,8 @@ TOOL = {
 
 TOOL_ARG = "QARGPROBE"
 DOCUMENT = {"title": "QDOCTITLE", "text": "QDOCPROBE"}
-PROBE_WORDS = ("lookup_QTOOLPROBE", "QTOOLDESC", TOOL_ARG, "QDOCTITLE", "QDOCPROBE")
+CALL_ID = "call_QTOOLPROBE"  # the battery's tool call id, as a result names it too (input, not template text)
+PROBE_WORDS = ("lookup_QTOOLPROBE", "QTOOLDESC", TOOL_ARG, "QDOCTITLE", "QDOCPROBE", CALL_ID)
 # a tool response must sit under a tool-like role or marker (Qwen: user + <tool_response>,
 # Llama 3.1: ipython, Mistral: [TOOL_RESULTS], Command-R: system + <results>)
 TOOLISH_RE = re.compile(r"tool|ipython|function|result|response|observation|output", re.I)
@@ -115,8 +116,8 @@ def tool_conversation() -> list[dict[str, Any]]:
     return [
         {"role": "system", "content": canary(0)},
         {"role": "user", "content": canary(1)},
-        {"role": "assistant", "content": "", "tool_calls": [{"id": "call_QTOOLPROBE", **call}]},
-        {"role": "tool", "name": "lookup_QTOOLPROBE", "tool_call_id": "call_QTOOLPROBE", "content": canary(3)},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": CALL_ID, **call}]},
+        {"role": "tool", "name": "lookup_QTOOLPROBE", "tool_call_id": CALL_ID, "content": canary(3)},
         {"role": "assistant", "content": canary(4)},
         {"role": "user", "content": canary(5)},
     ]

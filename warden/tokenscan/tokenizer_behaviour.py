@@ -116,7 +116,7 @@ def loader_added_tokens(config: Mapping[str, Any]) -> list[list[Any]]:
     if not isinstance(decoder, dict):
         return []
     out = []
-    for _key, entry in sorted(decoder.items(), key=lambda kv: (len(str(kv[0])), str(kv[0])))[:4096]:
+    for _key, entry in sorted(decoder.items(), key=lambda kv: (len(str(kv[0])), str(kv[0])))[: MAX_ADDED + 1]:
         if isinstance(entry, dict) and isinstance(entry.get("content"), str):
             flags = {
                 k: entry[k] for k in ("single_word", "lstrip", "rstrip", "normalized") if isinstance(entry.get(k), bool)
@@ -284,6 +284,8 @@ def judge(answer: Mapping[str, Any], tokens: Mapping[str, str | None], label: st
         detail = f"the model's unk_token is the special {model_unk!r}: text outside the vocabulary encodes to it"
         out.append(TokenizerIssue("special", detail))
     out += alphabet_issues(answer)
+    if answer.get("unchecked"):
+        out.append(TokenizerIssue("unavailable", f"{label}: {answer['unchecked']} (not analysed)"))
     for content in (answer.get("unmatched") or [])[:8]:
         detail = f"special token {_quote(str(content))} not matched after a word (single_word): plain text there"
         out.append(TokenizerIssue("unmatched", detail))
@@ -443,12 +445,19 @@ def ordinary_special_tokens(declared: Mapping[str, str | None], added: Iterable[
     ]
 
 
+MAX_ADDED = 1 << 16  # added tokens judged, loaded from the config or matched in the child (more: TS910)
+
+
 def added_words(tok: Mapping[str, Any], vocab_size: int) -> list[TokenizerIssue]:
     """Non-special added tokens that are ordinary words (letters, digits, ``'``/``-``) with ids past
     the model's vocabulary: every occurrence of the word then encodes to a new id the model was
     not trained on, instead of the vocabulary's own ids."""
     out = []
-    for entry in (tok.get("added_tokens") or [])[:4096] if isinstance(tok.get("added_tokens"), list) else ():
+    raw = tok.get("added_tokens")
+    entries: list[Any] = raw if isinstance(raw, list) else []
+    if len(entries) > MAX_ADDED:
+        out.append(TokenizerIssue("unavailable", f"{len(entries)} added tokens: past {MAX_ADDED} not judged as words"))
+    for entry in entries[:MAX_ADDED]:
         if not isinstance(entry, dict) or entry.get("special") or not isinstance(entry.get("content"), str):
             continue
         content, ident = entry["content"], entry.get("id")

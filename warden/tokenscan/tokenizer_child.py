@@ -149,6 +149,7 @@ def _alphabet(
 
 
 FLAGS = ("single_word", "lstrip", "rstrip", "normalized")
+MAX_ADDED = 1 << 16  # added tokens loaded from the config and matched inside text (more: reported, unchecked)
 
 
 def _add_loader_tokens(tok: Any, entries: Any) -> None:
@@ -158,7 +159,7 @@ def _add_loader_tokens(tok: Any, entries: Any) -> None:
 
     have = {t.content for t in tok.get_added_tokens_decoder().values()}
     new = []
-    for entry in entries[:4096] if isinstance(entries, list) else ():
+    for entry in entries[:MAX_ADDED] if isinstance(entries, list) else ():
         if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and entry[0]):
             continue
         if entry[0] in have:
@@ -174,7 +175,7 @@ def _unmatched(tok: Any) -> list[str]:
     """The special added tokens not matched where they stand between two letters (``x<tok>x``):
     text the template puts right after a word is then plain text, not that token."""
     out = []
-    for t in list(tok.get_added_tokens_decoder().values())[:512]:
+    for t in list(tok.get_added_tokens_decoder().values())[:MAX_ADDED]:
         ident = tok.token_to_id(t.content)
         inside = t.special and t.content.strip() and ident is not None
         if inside and ident not in tok.encode(f"x{t.content}x", add_special_tokens=False).ids:
@@ -219,6 +220,11 @@ def _hf(request: dict[str, Any]) -> dict[str, Any]:
         request, encode, encode_special, decode, tok.token_to_id, unk, added, piece, model, words, decode_all
     )
     answer["unmatched"] = _unmatched(tok)
+    total = len(tok.get_added_tokens_decoder())
+    if total > MAX_ADDED or (
+        isinstance(request.get("loader_added"), list) and len(request["loader_added"]) > MAX_ADDED
+    ):
+        answer["unchecked"] = f"{total} added tokens: past {MAX_ADDED} not matched inside text or loaded"
     return answer
 
 

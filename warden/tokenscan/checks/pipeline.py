@@ -44,6 +44,7 @@ GENERATION_FORCING = ("suppress_tokens", "begin_suppress_tokens", "forced_bos_to
                       "epsilon_cutoff", "eta_cutoff", "encoder_repetition_penalty", "encoder_no_repeat_ngram_size",
                       "assistant_model", "prompt_lookup_num_tokens", "max_time", "stop_after")  # fmt: skip
 """Keys known to suppress, force, bias or cut generation (TS1301); other unknown keys are TS910."""
+MAX_GENERATION_IDS = 1024  # ids of one generation_config key judged (more: not analysed, TS910)
 GENERATION_IDS = ("eos_token_id", "bos_token_id", "pad_token_id", "decoder_start_token_id")
 
 
@@ -251,7 +252,12 @@ def _generation_ids(rel: str, data: dict[str, Any], known: tuple[dict[int, str],
     specials, vocab = known
     out = []
     for key in GENERATION_IDS:
-        for ident in _ids(data.get(key))[:64]:
+        ids = _ids(data.get(key))
+        if len(ids) > MAX_GENERATION_IDS:  # a bounded read says what it left
+            out.append(
+                finding("TS910", rel, f"{key} lists {len(ids)} ids: past {MAX_GENERATION_IDS} not analysed", key=key)
+            )
+        for ident in ids[:MAX_GENERATION_IDS]:
             if ident is None:
                 continue
             if type(ident) is not int:
