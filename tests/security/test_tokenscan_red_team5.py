@@ -44,18 +44,14 @@ from warden.tokenscan.policy import default_policy
 
 # name -> the mechanism the scanner lacks (measured 2026-12-06 22:09 UTC against 37d8c5a: 29 of 40 attacks missed,
 # 1 of 6 benign variants flagged; every robustness scan ended in a finding or refusal within its budget). Since:
-# bounded reads report what they leave (TS910), fractional count bounds, attribute tags; 24 misses left, 0 FP)
+# bounded reads report what they leave (TS910), fractional count bounds, attribute tags, fields drawn as false,
+# null, numbers, mappings, numbers at paths, four rounds carrying what each render was drawn with; 19 misses left, 0 FP)
 MISSES: dict[str, str] = {
-    "parameter maximum past 1000 (a number in a schema)": "a number in a tool schema is not labelled (only strings, list/dict sizes and keys are) and a missing field is drawn only as a string, true or a one-item list, never a number",
-    "parameter nullable: false": "a field the template asks for is drawn as a string, true or a one-item list: never false, and a boolean in a schema is not labelled",
-    "parameter default null": "a field the template asks for is drawn as a string, true or a one-item list: never null (is none)",
     "array parameter whose items are objects (a field that must be a mapping)": "a field the template asks for is never drawn as a mapping (KEY_FORMS: text, true, list), so a test of its sub-fields is never reached",
-    "nested object parameter with a sub-property 'sudo'": "a nested schema's properties is never drawn as a mapping (KEY_FORMS: text, true, list): generated parameters are flat strings",
     "tool-call argument a number past 1000": "generated tool-call arguments are strings only; a number under arguments is neither labelled nor drawn",
     "tool-call argument an object holding 'sudo'": "generated tool-call arguments are flat strings; a nested object argument is never drawn, so its keys are never tested",
     "JSON-string arguments containing 'rm -rf'": "arguments are always drawn as a mapping (never the OpenAI JSON string), and 'is string' records no demand",
     "three tool fields equal three constants (a fourth round)": "three demand rounds: each meets one more conjunct (the third carries two edits), so a conjunction of three path tests needs a fourth round",
-    "tool name and tool type together": "a tool-name demand is met by a forced tool name, not a path edit, and the next round carries only edits: the name and the type are never drawn together",
     "the sixth document titled 'memo' (index and value together)": "a loop-index demand (a sixth document) and a value demand on that document are met in separate draws: the count probe is not carried into the title's round",
     "content with surrounding whitespace (content != content|trim)": "content compared with itself trimmed is input-vs-input (no demand) and no generated filling has leading or trailing whitespace",
     "tool result's tool_call_id differing from the call's id": "a tool result's tool_call_id compared with the call's id is input-vs-input (no demand); generated calls and results never have differing ids",

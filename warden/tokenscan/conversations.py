@@ -234,8 +234,7 @@ def _fill(shape: dict[str, Any], rng: random.Random, long: bool, index: int) -> 
     key = shape.get("key")
 
     def field() -> Any:  # a demanded field's value, of the kind the probe asks for (a string, true, a list)
-        value = text("field")
-        return {"true": True, "list": [value]}.get(str(shape.get("key_form")), value)
+        return _form_value(str(shape.get("key_form")), text("field"))
 
     def param() -> str:  # a parameter name of the filling's own (its own generator: the draw stays as it was)
         own = random.Random(f"{index}/{len(texts)}/{long}/{texts[-1] if texts else ''}")
@@ -331,9 +330,16 @@ def _edit(roots: dict[str, Any], edit: dict[str, Any], texts: list[str]) -> None
             _edit_one(holder, key, edit, texts)
 
 
+def _form_value(form: str, text: str) -> Any:
+    """A demanded field's value of the kind ``form`` (:data:`.demands.KEY_FORMS`); ``text`` by default."""
+    return {"true": True, "false": False, "null": None, "number": 0, "list": [text], "mapping": {}}.get(form, text)
+
+
 def _edit_one(holder: Any, key: Any, edit: dict[str, Any], texts: list[str]) -> None:
     value = holder[key]
-    if "value" in edit and isinstance(value, str):
+    if "value" in edit and isinstance(edit["value"], int) and type(value) in (int, float):
+        holder[key] = edit["value"]  # a number at a path, past the bound it was tested against
+    elif "value" in edit and isinstance(value, str):
         new = str(edit["value"])
         texts.append(new)  # the old text may still show elsewhere (a parameter name is a key too)
         holder[key] = new
@@ -348,7 +354,7 @@ def _edit_one(holder: Any, key: Any, edit: dict[str, Any], texts: list[str]) -> 
             texts.append(name)
     elif "add_key" in edit and isinstance(value, dict) and edit["add_key"] not in value:
         name, text = str(edit["add_key"]), f"v{len(texts)}y{edit['add_key']}"
-        value[name] = {"true": True, "list": [text]}.get(str(edit.get("form")), text)
+        value[name] = _form_value(str(edit.get("form")), text)
         texts += [name, text]
 
 
@@ -642,7 +648,7 @@ def _rendered(rng: random.Random, forced: list[dict[str, Any] | None], prefix: s
             ctx = {**filling["kwargs"], "tools": filling["tools"], "documents": filling["documents"]}
             out.append({"name": f"{prefix}{i}{name}", "messages": filling["messages"], "context": ctx, "now": now,
                         "texts": texts, "shape": label, "inputs": sorted(filling["kwargs"]),
-                        **({"edits": shape["edits"]} if shape.get("edits") else {})})  # fmt: skip
+                        **({"forced": force} if force else {})})  # fmt: skip
     return out
 
 
@@ -666,9 +672,9 @@ def demanded(
     a demand keeps the edits of the render it was seen in (a field round two added, then tested)."""
     seen = dm.observed([*earlier, *first])
 
-    def carried(demand: list[Any]) -> list[Any]:
+    def carried(demand: list[Any]) -> dict[str, Any]:
         at = demand[4] if len(demand) > 4 and type(demand[4]) is int else -1
-        return list(first[at].get("edits") or []) if 0 <= at < len(first) else []
+        return dict(first[at].get("forced") or {}) if 0 <= at < len(first) else {}
 
     found = dm.probes(demands, seen, carried) if count > 0 else []
     left = max(0, len(found) - count) + dm.overflowed(demands) + dm.past_bounds(demands, seen)

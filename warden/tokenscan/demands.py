@@ -188,8 +188,9 @@ def probe(demand: Any) -> dict[str, Any] | None:
     target = _target(operation, constant)
     if target is not None and operation.startswith("length"):  # a string input's length
         value: Any = "k" * target if 0 < target <= MAX_LENGTH else None
-    elif target is not None:  # a number: only a keyword argument is one
-        value = target if kind.startswith("kwarg:") and abs(target) <= KWARG_NUMBER else None
+    elif target is not None:  # a number: a keyword argument's, or one at a path
+        numeric = kind.startswith(("kwarg:", AT))
+        value = target if numeric and abs(target) <= KWARG_NUMBER else None
     else:
         value = _string_value(operation, constant, path)
     if value is None or value == "":
@@ -205,7 +206,7 @@ def probe(demand: Any) -> dict[str, Any] | None:
         return {"edits": [{"at": at, "add_key": value}], **_reaching(at)}
     if kind.startswith("key:"):
         return {"key": value, "key_in": kind[len("key:") :]} if isinstance(value, str) else None
-    if kind.startswith(AT) and isinstance(value, str):
+    if kind.startswith(AT) and isinstance(value, (str, int)):
         at = kind[len(AT) :]
         return {"edits": [{"at": at, "value": value}], **_reaching(at)}
     if kind.startswith("kwarg:"):
@@ -257,13 +258,13 @@ def step(path: str, key: Any) -> str:
 
 def input_values(value: Any, path: str, depth: int = 0) -> Iterator[tuple[str, Any]]:
     """``(source, value)`` for every value under ``value`` (at ``path``: ``messages/*``,
-    ``tools/*``, ``documents/*``), by the sources the sandbox labels them with: each string
-    ``at:<path>``, each list's and dict's size ``count:at:<path>``, each dict key
+    ``tools/*``, ``documents/*``), by the sources the sandbox labels them with: each string and
+    integer ``at:<path>``, each list's and dict's size ``count:at:<path>``, each dict key
     ``key:at:<path>``; list items at ``<path>/*``, dict values at :func:`step` (the sandbox's walk
     is the same one: a test checks they agree)."""
     if depth > MAX_DEPTH:
         return
-    if isinstance(value, str):
+    if isinstance(value, str) or (type(value) is int and -(1 << 62) < value < (1 << 62)):
         yield AT + path, value
     elif isinstance(value, list):
         yield "count:" + AT + path, len(value)
@@ -341,7 +342,7 @@ def satisfied(demand: list[Any], seen: dict[str, set[Any]]) -> bool:
 
 
 def probes(
-    demands: Any, seen: dict[str, set[Any]], carried: Callable[[list[Any]], list[Any]] | None = None
+    demands: Any, seen: dict[str, set[Any]], carried: Callable[[list[Any]], dict[str, Any]] | None = None
 ) -> list[dict[str, Any]]:
     """The distinct probes (:func:`probe`) of the first :data:`MAX_TAKEN` demands that round one
     did not satisfy (:func:`satisfied`), in the order recorded (the caller draws as many as its
@@ -352,23 +353,63 @@ def probes(
         made = probe(demand)
         if made is None or satisfied(demand, seen):
             continue
-        kept = carried(demand) if carried is not None else []
+        kept = carried(demand) if carried is not None else {}
         for form in _forms(made):
-            if kept:  # the edits of the render the test was seen in: the tested value exists only there
-                form = {**form, "edits": [*kept, *form.get("edits", [])]}
+            if kept:  # what the render the test was seen in was drawn with: the tested value exists only there
+                form = _joined(kept, form)
             if form not in out:
                 out.append(form)
-    return out
+    return _by_form(out)
 
 
-KEY_FORMS = ("text", "true", "list")  # what a field the template asks for holds: a string, true, a list of one
+REACHING = frozenset({"tools", "docs", "calls", "parts_n"})  # what :func:`_reaching` asks of a shape
+
+
+def _by_form(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``found`` with the probes that only add a field somewhere joined into one per kind of value
+    (fields at different paths do not interfere: one shape draws them all, so a template that asks
+    for many optional schema fields costs a shape per kind, not one per field and kind)."""
+    joined: dict[str, dict[str, Any]] = {}
+    rest = []
+    for made in found:
+        edits = made.get("edits") or []
+        if edits and "add_key" in edits[-1] and set(made) <= REACHING | {"edits"}:
+            into = joined.setdefault(str(edits[-1].get("form")), {"edits": []})
+            into["edits"] += [e for e in edits if e not in into["edits"]]
+            for key in REACHING & set(made):
+                into[key] = max(into.get(key, 0), made[key])
+        else:
+            rest.append(made)
+    return [*joined.values(), *rest]
+
+
+NAMED_PATHS = {"message": "messages/*", "part": "messages/*/content/*", "tool": "tools/*",
+               "function": "tools/*/function", "parameters": "tools/*/function/parameters",
+               "document": "documents/*"}  # fmt: skip
+"""Where each named input dict is (the labels of :func:`observed`), as :func:`input_values` names it."""
+KEY_FORMS = ("text", "true", "false", "null", "number", "list", "mapping")  # what a field asked for is drawn holding
+
+
+SHAPE_KEYS = frozenset({"first", "turns", "plain", "parts"})  # the layout a probe shape is given, not drawn
+
+
+def _joined(kept: dict[str, Any], form: dict[str, Any]) -> dict[str, Any]:
+    """The probe ``form`` on top of ``kept`` (a render's forced description): both sets of edits,
+    both keyword arguments, every other key of ``form`` over ``kept``'s."""
+    out = {k: v for k, v in kept.items() if k not in SHAPE_KEYS and v is not None}
+    out.update({k: v for k, v in form.items() if k not in ("edits", "kwargs")})
+    edits = [*(kept.get("edits") or []), *(form.get("edits") or [])]
+    kwargs = {**(kept.get("kwargs") or {}), **(form.get("kwargs") or {})}
+    return out | ({"edits": edits} if edits else {}) | ({"kwargs": kwargs} if kwargs else {})
 
 
 def _forms(made: dict[str, Any]) -> list[dict[str, Any]]:
     """``made``, and for a field asked of a dict at a path, the same with the field holding each
     of :data:`KEY_FORMS` (a test of its value then sees each kind: ``is true``, membership, a length)."""
-    if "key" in made:
-        return [made, *({**made, "key_form": form} for form in KEY_FORMS[1:])]
+    if "key" in made:  # a named dict's field: the text form as before, the others added at its path
+        at = NAMED_PATHS.get(str(made.get("key_in")))
+        return [made, *({"edits": [{"at": at, "add_key": made["key"], "form": form}], **_reaching(at)}
+                        for form in KEY_FORMS[1:] if at)]  # fmt: skip
     edits = made.get("edits") or []
     if len(edits) != 1 or "add_key" not in edits[0]:
         return [made]

@@ -1406,6 +1406,10 @@ def _label_tree(value: Any, path: str, depth: int = 0) -> Any:
     if type(value) is str:
         INPUT_TEXTS.add(value)
         return Probe(value, f"{INPUT}at:{path}")
+    if type(value) is int and -(1 << 62) < value < (1 << 62):
+        return ProbeInt(value, f"{INPUT}at:{path}", "number")
+    if type(value) is float:
+        return ProbeFloat(value, f"{INPUT}at:{path}")
     if isinstance(value, list):
         for i, item in enumerate(value[:MAX_LABELLED]):
             value[i] = _label_tree(item, path + "/*", depth + 1)

@@ -20,7 +20,10 @@ from warden.tokenscan import sandbox_child as sc
 
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KEYS = st.sampled_from(["type", "name", "id", "enum", "arguments", "properties", "items", "x", "ref"])
-LEAVES = st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=6)
+LEAVES = st.one_of(
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=6), st.integers(-(10**6), 10**6),
+    st.booleans(), st.none(),
+)
 TREES = st.recursive(
     LEAVES, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=4), max_leaves=24
 )
@@ -30,6 +33,8 @@ def _labels(value: Any, out: set[tuple[str, Any]]) -> None:
     """The labels the sandbox gave ``value`` (labelled in place), as ``input_values`` names them."""
     if isinstance(value, sc.Probe):
         out.add((value._wsrc[len(sc.INPUT) :], str.__str__(value)))
+    elif isinstance(value, sc.ProbeInt):
+        out.add((value._wsrc[len(sc.INPUT) :], int(value._plain())))
     elif isinstance(value, list):
         if isinstance(value, sc.TaintedList):
             out.add((value._wsrc[len(sc.INPUT) :], len(value)))
