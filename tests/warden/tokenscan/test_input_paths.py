@@ -21,8 +21,10 @@ from warden.tokenscan import sandbox_child as sc
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 KEYS = st.sampled_from(["type", "name", "id", "enum", "arguments", "properties", "items", "x", "ref"])
 LEAVES = st.one_of(
-    st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=6), st.integers(-(10**6), 10**6),
-    st.booleans(), st.none(),
+    st.text(st.characters(codec="utf-8", exclude_categories=["Cs"]), max_size=6),
+    st.integers(-(10**6), 10**6),
+    st.booleans(),
+    st.none(),
 )
 TREES = st.recursive(
     LEAVES, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=4), max_leaves=24
