@@ -330,6 +330,18 @@ def _edit(roots: dict[str, Any], edit: dict[str, Any], texts: list[str]) -> None
             _edit_one(holder, key, edit, texts)
 
 
+def _of_kind(kind: str, value: Any, texts: list[str]) -> Any:
+    """``value`` turned into a value of ``kind`` (a jinja test's name): text as the value's JSON
+    (OpenAI-style arguments), a mapping holding it, a number, a list of it, true, false, none."""
+    if kind == "string":
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        texts.append(text)
+        return text
+    made = {"mapping": {"value": value}, "number": 7, "integer": 7, "float": 7.5, "sequence": [value],
+            "iterable": [value], "boolean": True, "true": True, "false": False, "none": None}  # fmt: skip
+    return made.get(kind, value)
+
+
 def _form_value(form: str, text: str) -> Any:
     """A demanded field's value of the kind ``form`` (:data:`.demands.KEY_FORMS`); ``text`` by default."""
     return {"true": True, "false": False, "null": None, "number": 0, "list": [text], "mapping": {}}.get(form, text)
@@ -337,7 +349,9 @@ def _form_value(form: str, text: str) -> Any:
 
 def _edit_one(holder: Any, key: Any, edit: dict[str, Any], texts: list[str]) -> None:
     value = holder[key]
-    if "value" in edit and isinstance(edit["value"], int) and type(value) in (int, float):
+    if "kind" in edit:  # the value there as the kind a test asked about (a mapping as its JSON text...)
+        holder[key] = _of_kind(str(edit["kind"]), value, texts)
+    elif "value" in edit and isinstance(edit["value"], int) and type(value) in (int, float):
         holder[key] = edit["value"]  # a number at a path, past the bound it was tested against
     elif "value" in edit and isinstance(value, str):
         new = str(edit["value"])

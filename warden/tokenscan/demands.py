@@ -179,6 +179,9 @@ def probe(demand: Any) -> dict[str, Any] | None:
     source, operation, constant = demand[:3]
     path = demand[3] if len(demand) > 3 and isinstance(demand[3], list) else []
     kind = source[len(INPUT) :] if source.startswith(INPUT) else ""
+    if operation == "kind" and kind.startswith(AT) and constant in KIND_VALUES:  # a value of the kind tested
+        at = kind[len(AT) :]
+        return {"edits": [{"at": at, "kind": constant}], **_reaching(at)}
     if kind.startswith("count:" + AT):
         n = _target(operation, constant)
         at = kind[len("count:" + AT) :]
@@ -328,8 +331,11 @@ def observed(renders: Iterable[dict[str, Any]]) -> dict[str, set[Any]]:
 
 
 def satisfied(demand: list[Any], seen: dict[str, set[Any]]) -> bool:
-    """Whether some value round one drew for the demand's source already passes it."""
+    """Whether some value round one drew for the demand's source already passes it (a kind test:
+    never, the draw holds one kind per path)."""
     source, operation, constant = demand[:3]
+    if operation == "kind":
+        return False
     path = demand[3] if len(demand) > 3 and isinstance(demand[3], list) else []
     values = seen.get(source, set())
     if _target(operation, constant) is not None:  # a count's ints; a string's length; a number's ints
@@ -383,6 +389,9 @@ def _by_form(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [*joined.values(), *rest]
 
 
+KIND_VALUES = frozenset(
+    {"string", "mapping", "number", "integer", "float", "sequence", "iterable", "boolean", "none", "true", "false"}
+)  # fmt: skip  (the kinds a value at a path is drawn as once tested)
 NAMED_PATHS = {"message": "messages/*", "part": "messages/*/content/*", "tool": "tools/*",
                "function": "tools/*/function", "parameters": "tools/*/function/parameters",
                "document": "documents/*"}  # fmt: skip

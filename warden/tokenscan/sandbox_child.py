@@ -861,6 +861,37 @@ def _keep_taint(env: Any) -> None:
             env.filters[name] = _tainting(env.filters[name], name in NUMBER_FILTERS, name in PIECE_FILTERS, name)
     env.filters["replace"] = _replacing(env.filters["replace"])
     env.tests["sameas"] = _sameas
+    for name in KIND_TESTS:
+        env.tests[name] = _kind_test(name, env.tests[name])
+
+
+KIND_TESTS = (
+    "string",
+    "mapping",
+    "number",
+    "integer",
+    "float",
+    "sequence",
+    "iterable",
+    "boolean",
+    "none",
+    "true",
+    "false",
+)  # fmt: skip  (what kind of value an input is: each kind is drawn once tested)
+
+
+def _kind_test(name: str, test: Any) -> Any:
+    """``x is <kind>`` on an input at a path (a string, number or dict labelled by where it is): a
+    demand ``[input:at:<path>, kind, <kind>]`` for a value of that kind there, whatever it is now."""
+
+    def wrapped(value: Any, *args: Any) -> bool:
+        path = INPUT_PATHS.get(id(value)) if isinstance(value, dict) else None
+        source = f"{INPUT}at:{path}" if path is not None else getattr(value, "_wsrc", None)
+        if isinstance(source, str) and source.startswith(f"{INPUT}at:"):
+            _demand(source, "kind", name)
+        return bool(test(value, *args))
+
+    return wrapped
 
 
 def _number_use(source: str, what: str) -> None:
