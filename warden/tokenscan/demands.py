@@ -307,8 +307,6 @@ def observed(renders: Iterable[dict[str, Any]]) -> dict[str, set[Any]]:
             for part in message.get("content") if isinstance(message.get("content"), list) else ():
                 keys("part", part)
                 add("type", part.get("type") if isinstance(part, dict) else None)
-            for call in message.get("tool_calls") or ():
-                add("tool name", ((call or {}).get("function") or {}).get("name"))
         for root, values in (("messages", messages), ("tools", context.get("tools")), ("documents",
                              context.get("documents"))):  # fmt: skip
             for item in values if isinstance(values, list) else ():
@@ -317,12 +315,16 @@ def observed(renders: Iterable[dict[str, Any]]) -> dict[str, set[Any]]:
         tools, documents = context.get("tools") or [], context.get("documents") or []
         add("count:tools", len(tools))
         add("count:documents", len(documents))
-        for tool in tools:
+        calls = [c for m in messages for c in m.get("tool_calls") or () if isinstance(c, dict)]
+        if calls and not tools:  # the first call names the first tool (a probe's name goes to both)
+            add("tool name", (calls[0].get("function") or {}).get("name"))
+        for i, tool in enumerate(tools):
             function = tool.get("function") or {}
             keys("tool", tool)
             keys("function", function)
             keys("param", (function.get("parameters") or {}).get("properties"))
-            add("tool name", function.get("name"))
+            if i == 0:  # where a tool-name probe puts its name: a later tool's name passes no test of tools[0]
+                add("tool name", function.get("name"))
         for document in documents:
             keys("document", document)
         for name in render.get("inputs") or ():

@@ -886,7 +886,7 @@ def _kind_test(name: str, test: Any) -> Any:
 
     def wrapped(value: Any, *args: Any) -> bool:
         path = INPUT_PATHS.get(id(value)) if isinstance(value, dict) else None
-        source = f"{INPUT}at:{path}" if path is not None else getattr(value, "_wsrc", None)
+        source = f"{INPUT}at:{path}" if path is not None else _taint(value)  # (never an Undefined's attribute)
         if isinstance(source, str) and source.startswith(f"{INPUT}at:"):
             _demand(source, "kind", name)
         return bool(test(value, *args))

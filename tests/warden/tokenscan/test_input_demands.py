@@ -191,13 +191,19 @@ def test_counts_without_gated_text_judge_clean(form: str) -> None:
 
 @pytest.mark.parametrize("name", [*fam.CURRENT_TEMPLATES, "llama3.1", "qwen2.5", "mistral", "gemma"])
 def test_family_templates_ask_for_nothing_round_one_did_not_draw(name: str) -> None:
-    """The real families test only inputs the draw gives: no second round, nothing left, clean."""
+    """The real families test only inputs the draw gives, but for the kind of a value (Qwen3's
+    ``arguments is string``: OpenAI-style JSON-string arguments): a second round for those only,
+    nothing left, and its renders judge clean."""
     template = {**fam.CURRENT_TEMPLATES, "llama3.1": fam.LLAMA31_TEMPLATE, "qwen2.5": fam.QWEN25_TEMPLATE,
                 "mistral": fam.MISTRAL_TEMPLATE, "gemma": fam.GEMMA_TEMPLATE}[name]  # fmt: skip
     first = conv.generate("warden-33", 24, CTX, template)
     answer = ct.run_battery(template, first, LIMITS)
     assert answer["demands"], "the labelled inputs record the family's own tests"
-    assert conv.demanded("warden-33", 24, CTX, answer["demands"], first) == ([], 0)
+    second, left = conv.demanded("warden-33", 24, CTX, answer["demands"], first)
+    assert left == 0
+    assert all(e.get("kind") for r in second for e in r["forced"]["edits"]), [r["shape"] for r in second]
+    answer2 = ct.run_battery(template, second, LIMITS) if second else {"renders": []}
+    assert conv.judge([*first, *second], {**answer, "renders": [*answer["renders"], *answer2["renders"]]}) == []
 
 
 # -- labelling changes nothing a template can see -----------------------------------------------
