@@ -35,14 +35,14 @@ from tests.security.tokenscan_kit import (
     SCAN_BUDGET,
     in_loop,
     on_top,
+    scan_cache,
     scan_in_child,
+    strict_xfail,
 )
 from tests.security.tokenscan_kit import edit as _edit
 from tests.security.tokenscan_kit import tok as _tok
 from tests.security.tokenscan_kit import user as _user
 from tests.warden.tokenscan import families as fam
-from warden.tokenscan import scan_directory
-from warden.tokenscan.policy import default_policy
 
 # name -> the mechanism the scanner lacks (measured 2026-12-06 21:20 UTC against a70b8bb: 34 misses; 32 caught
 # since: inputs labelled by path, ordering and loop-counter demands, demands past their bounds reported, a
@@ -781,17 +781,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Pat
 @pytest.fixture(scope="module")
 def scanned(built: Callable[[str], tuple[Path, Path]]) -> Callable[[str], list[tuple[str, str, str]]]:
     """One default-policy scan per directory: its (id, severity, message) findings, blocking ones marked."""
-    cache: dict[str, list[tuple[str, str, str]]] = {}
-
-    def get(name: str) -> list[tuple[str, str, str]]:
-        if name not in cache:
-            policy = default_policy()
-            result = scan_directory(str(built(name)[0]), policy)
-            blocking = {id(f) for f in result.blocking(policy.fail_severity)}
-            cache[name] = [(f.id, "blocking" if id(f) in blocking else "note", f.message) for f in result.findings]
-        return cache[name]
-
-    return get
+    return scan_cache(lambda name: built(name)[0])
 
 
 def _render(d: Path, messages: list[dict[str, Any]], kw: dict[str, Any]) -> str:
@@ -799,8 +789,7 @@ def _render(d: Path, messages: list[dict[str, Any]], kw: dict[str, Any]) -> str:
 
 
 def _marks(name: str) -> list[Any]:
-    why = MISSES.get(name)
-    return [pytest.mark.xfail(strict=True, reason=f"red team: {why}")] if why else []
+    return strict_xfail(MISSES, name, "red team")
 
 
 ATTACKS = [*TEMPLATES, *FILES]
@@ -840,8 +829,7 @@ def test_scan_ends_within_its_deadline(built: Callable[[str], tuple[Path, Path]]
 
 
 def _benign_marks(name: str) -> list[Any]:
-    why = BENIGN_FLAGGED.get(name)
-    return [pytest.mark.xfail(strict=True, reason=f"false positive: {why}")] if why else []
+    return strict_xfail(BENIGN_FLAGGED, name, "false positive")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_benign_marks(n), id=n) for n in BENIGN])

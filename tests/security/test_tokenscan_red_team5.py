@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,20 +31,20 @@ from typing import Any
 
 import pytest
 
-from tests.security.tokenscan_kit import NEUTRAL, SCAN_BUDGET, SCAN_CHILD
+from tests.security.tokenscan_kit import NEUTRAL, SCAN_BUDGET, scan_cache, scan_in_child, strict_xfail
 from tests.security.tokenscan_kit import edit as _edit
 from tests.security.tokenscan_kit import tok as _tok
 from tests.security.tokenscan_kit import user as _user
 from tests.warden.tokenscan import families as fam
 from tests.warden.tokenscan.mutations import LOOP_RE
-from warden.tokenscan import scan_directory
-from warden.tokenscan.policy import default_policy
 
 # name -> the mechanism the scanner lacks (measured 2026-12-06 22:09 UTC against 37d8c5a: 29 of 40 attacks missed,
 # 1 of 6 benign variants flagged; every robustness scan ended in a finding or refusal within its budget). Since:
 # bounded reads report what they leave (TS910), fractional count bounds, attribute tags, fields drawn as false,
-# null, numbers, mappings, numbers at paths, four rounds carrying what each render was drawn with; kind tests (is string, is mapping...) drawn as each kind; 14 misses left, 0 FP)
+# null, numbers, mappings, numbers at paths, four rounds carrying what each render was drawn with; kind tests (is string, is mapping...) drawn as each kind; 16 misses left, 0 FP)
 MISSES: dict[str, str] = {
+    "message metadata.priority 'high' (a field that must be a mapping)": "a message field the template asks for is drawn as a string, true or a list, never a mapping: its sub-field is never tested",
+    "thinking given as a mapping with budget_tokens past 10000": "the thinking keyword argument is drawn as None, true or false, never a mapping (Anthropic-style {type, budget_tokens}): its fields are never tested",
     "array parameter whose items are objects (a field that must be a mapping)": "a field the template asks for is never drawn as a mapping (KEY_FORMS: text, true, list), so a test of its sub-fields is never reached",
     "three tool fields equal three constants (a fourth round)": "three demand rounds: each meets one more conjunct (the third carries two edits), so a conjunction of three path tests needs a fourth round",
     "the sixth document titled 'memo' (index and value together)": "a loop-index demand (a sixth document) and a value demand on that document are met in separate draws: the count probe is not carried into the title's round",
@@ -837,17 +835,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Pat
 @pytest.fixture(scope="module")
 def scanned(built: Callable[[str], tuple[Path, Path]]) -> Callable[[str], list[tuple[str, str, str]]]:
     """One default-policy scan per directory: its (id, severity, message) findings, blocking ones marked."""
-    cache: dict[str, list[tuple[str, str, str]]] = {}
-
-    def get(name: str) -> list[tuple[str, str, str]]:
-        if name not in cache:
-            policy = default_policy()
-            result = scan_directory(str(built(name)[0]), policy)
-            blocking = {id(f) for f in result.blocking(policy.fail_severity)}
-            cache[name] = [(f.id, "blocking" if id(f) in blocking else "note", f.message) for f in result.findings]
-        return cache[name]
-
-    return get
+    return scan_cache(lambda name: built(name)[0])
 
 
 def _render(d: Path, messages: list[dict[str, Any]], kw: dict[str, Any]) -> str:
@@ -855,8 +843,7 @@ def _render(d: Path, messages: list[dict[str, Any]], kw: dict[str, Any]) -> str:
 
 
 def _marks(name: str) -> list[Any]:
-    why = MISSES.get(name)
-    return [pytest.mark.xfail(strict=True, reason=f"red team: {why}")] if why else []
+    return strict_xfail(MISSES, name, "red team")
 
 
 ATTACKS = [*TEMPLATES, *FILES]
@@ -881,22 +868,7 @@ def test_attack_is_caught(scanned: Callable[[str], list[tuple[str, str, str]]], 
 
 
 def _scan_in_child(d: Path) -> dict[str, Any] | None:
-    """One scan in its own process, killed from outside after ``SCAN_WALL`` seconds (None: it ran past)."""
-    cwd = Path(__file__).resolve().parents[2]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SCAN_CHILD, str(d), str(SCAN_BUDGET)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=cwd,
-    )
-    try:
-        stdout, err = proc.communicate(timeout=SCAN_WALL)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        return None
-    return json.loads(stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {"crash": err[-500:]}
+    return scan_in_child(d, SCAN_WALL)
 
 
 @pytest.mark.slow
@@ -911,8 +883,7 @@ def test_scan_ends_within_its_deadline(built: Callable[[str], tuple[Path, Path]]
 
 
 def _benign_marks(name: str) -> list[Any]:
-    why = BENIGN_FLAGGED.get(name)
-    return [pytest.mark.xfail(strict=True, reason=f"false positive: {why}")] if why else []
+    return strict_xfail(BENIGN_FLAGGED, name, "false positive")
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_benign_marks(n), id=n) for n in BENIGN])

@@ -85,3 +85,30 @@ def scan_in_child(d: Path, wall: float) -> dict[str, Any] | None:
         proc.communicate()
         return None
     return json.loads(stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {"crash": err[-500:]}
+
+
+def scan_cache(directory: Callable[[str], Path]) -> Callable[[str], list[tuple[str, str, str]]]:
+    """One default-policy scan per named directory (``directory``: name -> its path), cached: its
+    (id, ``blocking`` or ``note``, message) findings."""
+    from warden.tokenscan import scan_directory
+    from warden.tokenscan.policy import default_policy
+
+    cache: dict[str, list[tuple[str, str, str]]] = {}
+
+    def get(name: str) -> list[tuple[str, str, str]]:
+        if name not in cache:
+            policy = default_policy()
+            result = scan_directory(str(directory(name)), policy)
+            blocking = {id(f) for f in result.blocking(policy.fail_severity)}
+            cache[name] = [(f.id, "blocking" if id(f) in blocking else "note", f.message) for f in result.findings]
+        return cache[name]
+
+    return get
+
+
+def strict_xfail(reasons: dict[str, str], name: str, what: str) -> list[Any]:
+    """A strict xfail mark when ``name`` has a reason in ``reasons`` (``what``: the reason's prefix)."""
+    import pytest
+
+    why = reasons.get(name)
+    return [pytest.mark.xfail(strict=True, reason=f"{what}: {why}")] if why else []
