@@ -10,7 +10,7 @@ This test then:
    `podman-compose up --no-deps` and runs each healthcheck itself (podman 4.3 without
    systemd never runs them), waiting for each depends_on condition;
 2. waits until every service is healthy and every Prometheus target is up;
-3. lets the trainer run a short training (a 6-step config on the data mount);
+3. lets the trainer run a short training (a 4-step config, two checkpoints on the data mount);
 4. verifies every checkpoint's signature from the host (`warden checkpoint verify` on the
    run volume) and the archive (`warden audit list` / `verify-run` against the SeaweedFS
    published on 127.0.0.1, with the stack's credentials);
@@ -66,8 +66,8 @@ PORT_VARS = {
     "webhook-logger": "WARDEN_WEBHOOK_PORT",
     "grafana": "WARDEN_GRAFANA_PORT",
 }
-MAX_STEPS = 6
-CHECKPOINT_EVERY = 3
+MAX_STEPS = 4  # two checkpoints: the archive chains them, the host verifies both
+CHECKPOINT_EVERY = 2
 
 
 def cache_dir() -> str:
