@@ -145,8 +145,14 @@ def _generated(
     drawn: list[dict[str, Any]] = []  # the renders of the rounds before the last
     last, demands, left = renders, answer.get("demands"), 0
     for prefix in DEMAND_ROUNDS:  # the inputs the template was seen to test in the round before
-        more, past = conv.demanded(cp.conversation_seed, cp.generated_conversations, context, demands, last,
-                                   drawn, prefix)  # fmt: skip
+
+        def drawn_next(d: Any = demands, la: list[Any] = last, dr: list[Any] = drawn, p: str = prefix) -> Any:
+            return conv.demanded(cp.conversation_seed, cp.generated_conversations, context, d, la, dr, p)
+
+        # the same rounds for every copy of the template (rkey names the renders and answers before)
+        more, past = res.memo.get_or_make(
+            ("demanded", rkey + prefix), drawn_next, nbytes=lambda m: len(json.dumps(m[0]))
+        )
         left += past
         if not more or answer.get("status") != "ok":
             break
