@@ -18,6 +18,7 @@ from dataclasses import replace
 from warden.tokenscan import chat_template as ct
 from warden.tokenscan import tokenizer_behaviour as tbe
 from warden.tokenscan.checks import CHECKS
+from warden.tokenscan.checks.pipeline import judge_pipelines
 from warden.tokenscan.declared import special_tokens, vocabulary
 from warden.tokenscan.exercise import collect_templates, render, start_exercises, tokenizer_behaviour
 from warden.tokenscan.findings import Finding, dedupe, sort_findings, with_root
@@ -120,6 +121,7 @@ def analyse(
     collect_templates(snap, reader.jinja, policy)
     render(snap, policy, res)
     tokenizer_behaviour(snap, policy, running, res)
+    judge_pipelines(snap, res.judged)
     return snap
 
 

@@ -460,6 +460,7 @@ def _refuses(node: nodes.If) -> bool:
     return bool(calls) and all(c == "raise_exception" for c in calls)
 
 
+@functools.lru_cache(maxsize=64)  # a pure function of the text: every copy of a template asks again
 def guard_lines(text: str) -> frozenset[int]:
     """Template lines whose every comparison is the test of a refusing ``if`` (:func:`_refuses`)
     or tests or strips a protocol switch (:func:`switch_lines`): a comparison of content recorded

@@ -98,6 +98,7 @@ class Snapshot:
     digests: dict[str, str] = field(default_factory=dict)
     tokenizer_files: dict[str, tuple[str, str, str, int]] = field(default_factory=dict)  # kind, path, sha256, size
     tokenizer_issues: list[tuple[str, TokenizerIssue]] = field(default_factory=list)
+    pipeline_issues: dict[str, list[Any]] = field(default_factory=dict)  # rel -> its PipelineIssues (judged once)
     unanalysed: list[tuple[str, str]] = field(default_factory=list)  # (file, why): TS910
     token_ids_digest: str | None = None  # ids of the corpus under tokenizer.json (else the .model)
     vocab_lines: dict[str, tuple[str, ...]] = field(default_factory=dict)  # vocab.txt: id = line number

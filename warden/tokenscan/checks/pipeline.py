@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
+import json
 import os
 from typing import Any
 
@@ -73,12 +75,33 @@ def _tokenizers(snap: Snapshot) -> list[tuple[str, dict[str, Any]]]:
     return [(rel, d.data) for rel, d in sorted(snap.json.items()) if pr.looks_like_tokenizer(d.data)]
 
 
+def _issues_of(snap: Snapshot, rel: str, tok: dict[str, Any]) -> list[Any]:
+    """:func:`~.pipeline_rules.tokenizer_issues` of the tokenizer ``rel`` with what its folder's
+    config adds (the loader's extra ids and normaliser rules)."""
+    config = _folder_doc(snap, rel, "tokenizer_config.json")
+    extra = _decoder_ids(config) | _added_json_ids(_folder_doc(snap, rel, "added_tokens.json"))
+    return pr.tokenizer_issues(tok, extra, loader_normaliser(config))
+
+
+def judge_pipelines(snap: Snapshot, judged: Any) -> None:
+    """Fills ``snap.pipeline_issues``, each tokenizer's judged once per content and config
+    (``judged``: the scan resources' cache; a vocabulary-wide pass costs tens of ms)."""
+    for rel, tok in _tokenizers(snap):
+        config = _folder_doc(snap, rel, "tokenizer_config.json")
+        digest = snap.digests.get(rel)
+        if not digest:
+            continue
+        what = [digest, config, _folder_doc(snap, rel, "added_tokens.json")]
+        key = hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()
+        snap.pipeline_issues[rel] = judged.get_or_make(("pipeline", key), lambda r=rel, t=tok: _issues_of(snap, r, t))
+
+
 def check_pipeline(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
     out = []
     for rel, tok in _tokenizers(snap):
         config = _folder_doc(snap, rel, "tokenizer_config.json")
-        extra = _decoder_ids(config) | _added_json_ids(_folder_doc(snap, rel, "added_tokens.json"))
-        for issue in pr.tokenizer_issues(tok, extra, loader_normaliser(config)):
+        issues = snap.pipeline_issues.get(rel)
+        for issue in issues if issues is not None else _issues_of(snap, rel, tok):
             if issue.kind == "order" and not policy.behaviour.bpe_ids_follow_merges:
                 continue  # the operator reviewed this vocabulary's id order (TS1205's documented switch)
             out.append(finding(RULE_OF_KIND[issue.kind], rel, f"{issue.where}: {issue.detail}"))
