@@ -871,7 +871,6 @@ def _scan_in_child(d: Path) -> dict[str, Any] | None:
     return scan_in_child(d, SCAN_WALL)
 
 
-@pytest.mark.slow
 LOADED = {  # robustness cases whose outcome depends on the machine's load (CI, 2 loaded cores): not strict
     "500 named chat templates": "on a loaded CI machine the scan spent its 5 s budget and ended with no finding: "
     "templates left unrendered when the budget runs out are not reported as not analysed (TS910)",
@@ -883,6 +882,7 @@ def _robust_marks(name: str) -> list[Any]:
     return [pytest.mark.xfail(strict=False, reason=why)] if why else _marks(name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [pytest.param(n, marks=_robust_marks(n), id=n) for n in ROBUST])
 def test_scan_ends_within_its_deadline(built: Callable[[str], tuple[Path, Path]], name: str) -> None:
     """A scan of a hostile directory ends in a blocking finding or a refusal within its budget."""
