@@ -150,3 +150,12 @@ def test_a_bound_past_what_the_draw_may_make_is_reported_not_dropped() -> None:
         template = _at(TOOL if "t." in condition else "{body}", condition, MARK)
         _renders, _answer, left = _rounds(template)
         assert left >= 1, condition
+
+
+def test_the_sandbox_and_the_draw_share_their_tables() -> None:
+    """sandbox_child.py runs alone (no warden import): its copies of the path rule's tables must equal
+    the draw's, or a label and the edit that answers it would name different places or kinds."""
+    assert sc.FREE_KEYED == dm.FREE_KEYED
+    assert sc.MAX_LABELLED == dm.AT_COUNT_CAP
+    assert set(sc.KIND_TESTS) == dm.KIND_VALUES
+    assert all(sc._at_step(p, k) == dm.step(p, k) for p in ("tools/*/function/arguments", "messages/*") for k in "ab")
