@@ -907,6 +907,7 @@ def _steering_elsewhere(sentence: str) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=2048)  # pure: a directory of template copies asks once per distinct render
 def instruction_text(text: str) -> str | None:
     """Why fixed template text is instruction-like (an injection phrase, or a sentence that
     steers answers: :func:`steering`), judged as it reads (:func:`readable`); None when it only
