@@ -49,10 +49,7 @@ from tests.warden.tokenscan import families as fam
 # field asked for drawn as a string, true and a list with a third round, strict JSON, the config's added
 # tokens loaded in the tokenizer child, special tokens matched inside text, the model's unk token, byte
 # pieces without byte_fallback, ordinary words added past the vocabulary)
-MISSES: dict[str, str] = {
-    "loop.previtem: two user turns in a row": "a role compared with the previous message's role (previtem.role == message.role) is role-vs-role, no demand; demands are met one test at a time and no shape has two user turns in a row",
-    "more than 12 tool messages": "a count of a filtered list (messages|selectattr(...)|list|length) loses the count label, so a bound on it draws no conversation with that many tool turns",
-}
+MISSES: dict[str, str] = {}
 BENIGN_FLAGGED: dict[str, str] = {}  # benign -> the false positive
 
 N = repr(NEUTRAL)

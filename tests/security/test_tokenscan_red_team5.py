@@ -43,22 +43,7 @@ from tests.warden.tokenscan.mutations import LOOP_RE
 # bounded reads report what they leave (TS910), fractional count bounds, attribute tags, fields drawn as false,
 # null, numbers, mappings, numbers at paths, four rounds carrying what each render was drawn with; kind tests (is string, is mapping...) drawn as each kind; 16 misses left, 0 FP)
 MISSES: dict[str, str] = {
-    "message metadata.priority 'high' (a field that must be a mapping)": "a message field the template asks for is drawn as a string, true or a list, never a mapping: its sub-field is never tested",
-    "thinking given as a mapping with budget_tokens past 10000": "the thinking keyword argument is drawn as None, true or false, never a mapping (Anthropic-style {type, budget_tokens}): its fields are never tested",
-    "array parameter whose items are objects (a field that must be a mapping)": "a field the template asks for is never drawn as a mapping (KEY_FORMS: text, true, list), so a test of its sub-fields is never reached",
-    "three tool fields equal three constants (a fourth round)": "three demand rounds: each meets one more conjunct (the third carries two edits), so a conjunction of three path tests needs a fourth round",
-    "the sixth document titled 'memo' (index and value together)": "a loop-index demand (a sixth document) and a value demand on that document are met in separate draws: the count probe is not carried into the title's round",
-    "content with surrounding whitespace (content != content|trim)": "content compared with itself trimmed is input-vs-input (no demand) and no generated filling has leading or trailing whitespace",
-    "tool result's tool_call_id differing from the call's id": "a tool result's tool_call_id compared with the call's id is input-vs-input (no demand); generated calls and results never have differing ids",
-    "two tools with the same name (|unique)": "|unique drops the tool-name labels and no draw has two tools of one name",
-    "more than 5 distinct roles (|groupby)": "|groupby('role') loses the role labels and the count of groups; no draw has six distinct roles",
-    "more than 20 tool calls across messages (namespace counter)": "a count summed across messages in a namespace loses the count label; a draw has at most 16 calls per message and no demand asks for more in total",
-    "three user turns in a row (roles joined in a namespace)": "roles sliced and joined into a namespace string lose the role label: the 'in' test records no demand for a role sequence",
     "lstrip on <|im_start|> (the newline between turns is eaten)": "added-token lstrip/rstrip flags on chat markers are not judged against the template: nothing checks that a render survives encode/decode",
-    "a custom_tools list longer than 3": "a keyword argument the template reads is drawn as a string (a length demand gives 'kkkk'), never a list, so 'is not string' keeps the branch shut",
-    "more than 150 messages and more than 50 tools together": "two count demands (messages, tools) are met in separate draws: count probes are not carried into the next round as path edits are",
-    "more than 40 batches of 3 messages (|batch)": "|batch drops the message count's label: the bound on the number of batches is no demand",
-    "the 141st index of range(messages|length)": "range(messages|length) yields plain integers: a test of the loop variable is no demand on the message count",
 }
 BENIGN_FLAGGED: dict[str, str] = {}  # benign -> the false positive (the OpenAI-style ids one is fixed)
 

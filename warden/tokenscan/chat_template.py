@@ -21,6 +21,8 @@ and role names.
 from __future__ import annotations
 
 import atexit
+import base64
+import binascii
 import contextlib
 import functools
 import hashlib
@@ -907,6 +909,25 @@ def _steering_elsewhere(sentence: str) -> str | None:
     return None
 
 
+BASE64_RE = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/_-]{16,}={0,2}(?![A-Za-z0-9+/=_-])")
+
+
+def encoded_text(text: str) -> str | None:
+    """The first base64 (or URL-safe base64) run of ``text`` that decodes to readable words: text
+    a model can read and a reviewer cannot (three words or more, printable UTF-8)."""
+    for m in BASE64_RE.finditer(text):
+        run = m.group(0)
+        padded = run + "=" * (-len(run) % 4)
+        try:
+            decoded = base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            continue
+        printable = sum(c.isprintable() or c in "\n\t" for c in decoded)
+        if printable >= 0.95 * len(decoded) and len(re.findall(r"[^\W\d_]{2,}", decoded)) >= 3:
+            return decoded
+    return None
+
+
 @functools.lru_cache(maxsize=2048)  # pure: a directory of template copies asks once per distinct render
 def instruction_text(text: str) -> str | None:
     """Why fixed template text is instruction-like (an injection phrase, or a sentence that
@@ -914,6 +935,8 @@ def instruction_text(text: str) -> str | None:
     describes (identity, date, knowledge cutoff, protocol, behaviour norms)."""
     flat = readable(text)
     plain = spelled_out(flat)
+    if encoded := encoded_text(text):
+        return f"encoded text (base64 of {_short(encoded, 60)!r})"
     for view in (flat, plain) if plain != flat else (flat,):
         if m := INJECTION_RE.search(view):
             return f"instruction-like text ({m.group(0)!r})"

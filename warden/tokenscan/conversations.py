@@ -106,11 +106,13 @@ EXTREMES = (
     {"turns": 2, "first": 0.45, "parts": False},
     {"turns": 2, "first": 0.9, "parts": True},
     {"turns": 3, "first": 0.9, "parts": False, "plain": True, "tools": 3, "docs": 1},
+    {"turns": 3, "first": 0.0, "parts": False, "agent": True, "tools": 1},
 )
 # the first shapes of every draw: the longest conversation (with a system prompt), a single
 # user message, a developer message, list-of-parts content, tools and a document passed to plain
 # alternating turns (templates that refuse tool roles still see them: the fields they read are
-# seen by the sandbox, see demanded); the rest are drawn
+# seen by the sandbox, see demanded), an agent's loop (a second system message mid-conversation,
+# ending on tool results before the next answer); the rest are drawn
 
 
 def _roles(rng: random.Random, turns: int | None = None, first: float | None = None, plain: bool = False) -> list[str]:
@@ -140,6 +142,8 @@ def _shape(rng: random.Random, index: int, forced: dict[str, Any] | None = None)
         if forced.get("single")
         else _roles(rng, forced.get("turns"), forced.get("first"), forced.get("plain", False))
     )
+    if forced.get("agent"):  # a system message after the first exchange; tool results last
+        roles = [*roles[:3], "system", *roles[3:-1], "assistant_call", "tool", "tool"]
     if forced.get("messages"):  # a demanded conversation length: exactly that many messages
         n = min(int(forced["messages"]), MAX_MESSAGES)
         roles = _roles(rng, min(MAX_TURNS, n // 2 + 1), forced.get("first"), True)[:n]
@@ -203,6 +207,8 @@ def _probe_shapes(probes: list[dict[str, Any]], budget: int) -> list[dict[str, A
                     shape.setdefault(key, value)
             if "key" in probe or "tool_name" in probe:
                 shape |= {"tools": max(shape.get("tools", 0), 1), "docs": max(shape.get("docs", 0), 1)}
+            elif "kwargs" in probe and at % 2:  # a switch is read with tools too (Llama 3.1: tools_in_user_message)
+                shape["tools"] = max(shape.get("tools", 0), 1)
     return shapes
 
 

@@ -219,7 +219,8 @@ def _merged(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     known = first.get("taint") or []
     taint = [*known, *(r for r in second.get("taint") or [] if r not in known)]
     private = list(dict.fromkeys([*(first.get("private") or []), *(second.get("private") or [])]))
-    return {**first, "status": status, "message": message, "taint": taint, "private": private,
+    reached = sorted({*(first.get("reached") or []), *(second.get("reached") or [])})
+    return {**first, "status": status, "message": message, "taint": taint, "private": private, "reached": reached,
             "renders": [*(first.get("renders") or []), *(second.get("renders") or [])]}  # fmt: skip
 
 
@@ -267,6 +268,7 @@ def render(snap: Snapshot, policy: TokenscanPolicy, res: ScanResources) -> None:
                 snap.unanalysed.append((t.rel, f"{_where(t)}: generated conversations not rendered in time"))
             else:
                 g_answer, g_issues = generated
+                g_issues = (*g_issues, *tb.unexercised_issues([answer, g_answer]))
                 issues = (*issues, *(x for x in g_issues if x not in issues))
                 shown_generated = [(e["shape"], e["render"]) for e in g_answer.get("examples") or []]
                 if g_answer.get("status") not in ("ok", "error", "syntax"):

@@ -784,11 +784,90 @@ def template_issues(processor: Any, specials: Mapping[int, str]) -> list[Pipelin
 
 
 def tokenizer_issues(
-    tok: Mapping[str, Any], extra_ids: Mapping[int, str] | None = None, loader_rules: tuple[Mapping[str, Any], ...] = ()
+    tok: Mapping[str, Any],
+    extra_ids: Mapping[int, str] | None = None,
+    loader_rules: tuple[Mapping[str, Any], ...] = (),
+    declared: Mapping[str, Any] | None = None,
 ) -> list[PipelineIssue]:
-    """:func:`rule_issues`, :func:`vocabulary_issues` and :func:`unreachable_issues` of one parsed
-    tokenizer.json (``loader_rules``: normaliser rules the loader adds, as ``do_lower_case``)."""
-    return rule_issues(tok) + vocabulary_issues(tok, extra_ids) + unreachable_issues(tok, loader_rules)
+    """:func:`rule_issues`, :func:`vocabulary_issues`, :func:`unreachable_issues`,
+    :func:`spanning_issues`, :func:`processor_role_issues` and :func:`case_issues` of one parsed
+    tokenizer.json (``loader_rules``: normaliser rules the loader adds, as ``do_lower_case``;
+    ``declared``: its folder's tokenizer_config)."""
+    declared = declared if isinstance(declared, Mapping) else {}
+    return (
+        rule_issues(tok) + vocabulary_issues(tok, extra_ids) + unreachable_issues(tok, loader_rules)
+        + spanning_issues(tok) + processor_role_issues(tok.get("post_processor"), declared)
+        + case_issues(tok, loader_rules, declared.get("do_lower_case") is False)
+    )  # fmt: skip
+
+
+MAX_SPANNING = 4  # added tokens named per issue
+
+
+def spanning_issues(tok: Mapping[str, Any]) -> list[PipelineIssue]:
+    """An added token whose text holds a special token's text and more
+    (``<|im_end|>\n<|im_start|>assistant\n``): where a template writes that run, one id the model
+    never learnt replaces the turn's markup (added tokens are matched before the model)."""
+    added = _added(tok)
+    specials = {c for a in added if a.get("special") and isinstance(c := a.get("content"), str) and len(c) >= 3}
+    if not specials:
+        return []
+    inside = re.compile("|".join(map(re.escape, sorted(specials, key=len, reverse=True))))
+    spanning = []
+    for a in added:
+        content = a.get("content")
+        if isinstance(content, str) and content not in specials and (m := inside.search(content)):
+            spanning.append(f"{content!r} (holds {m.group(0)!r})")
+    if not spanning:
+        return []
+    shown = ", ".join(spanning[:MAX_SPANNING])
+    detail = f"added token {shown} spans a special token: text holding it encodes to one untrained id"
+    return [PipelineIssue("collision", "added_tokens", detail)]
+
+
+def processor_role_issues(processor: Any, declared: Mapping[str, Any]) -> list[PipelineIssue]:
+    """A Bert/Roberta post-processor adds the config's own cls and sep tokens, in their places
+    (swapped, every encoding opens with the separator and the classifier reads the wrong token)."""
+    out = []
+    for _where, node in rules({"post_processor": processor}, "post_processor"):
+        if node.get("type") not in ("BertProcessing", "RobertaProcessing"):
+            continue
+        for key in ("cls", "sep"):
+            pair, want = node.get(key), declared.get(f"{key}_token")
+            want = want.get("content") if isinstance(want, dict) else want
+            if isinstance(pair, list) and pair and isinstance(want, str) and pair[0] != want:
+                detail = f"{node['type']} {key} is {pair[0]!r} but the config's {key}_token is {want!r}"
+                out.append(PipelineIssue("template", "post_processor", detail))
+        if isinstance(node.get("cls"), list) and node.get("cls") == node.get("sep"):
+            out.append(PipelineIssue("template", "post_processor", f"{node['type']} cls and sep are one token"))
+    return out
+
+
+MIN_CASED_LETTERS = 200  # vocabulary entries with letters a WordPiece vocabulary needs to be judged for case
+
+
+def case_issues(
+    tok: Mapping[str, Any], loader_rules: tuple[Mapping[str, Any], ...], keeps_case: bool
+) -> list[PipelineIssue]:
+    """An uncased WordPiece vocabulary (no entry with a capital) under a normaliser that keeps
+    case (``keeps_case``: the config's ``do_lower_case`` is false, and the loader rebuilds the
+    normaliser from it): every capitalised word becomes the unknown token."""
+    model = tok.get("model")
+    if not isinstance(model, dict) or model.get("type") != "WordPiece":
+        return []
+    image = normaliser_image(tok, () if keeps_case else loader_rules)
+    if not keeps_case and image is not None and image("PARIS") != "PARIS":
+        return []
+    lettered = capital = 0
+    added = {t for a in _added(tok) if isinstance(t := a.get("content"), str)}  # [CLS], [UNK]: not words
+    for entry, _ident in _vocab_entries(model):
+        if entry not in added and any(c.isalpha() for c in entry):
+            lettered += 1
+            capital += entry != entry.lower()
+    if lettered < MIN_CASED_LETTERS or capital:
+        return []
+    detail = f"an uncased vocabulary ({lettered} entries, none with a capital) under a normaliser that keeps case"
+    return [PipelineIssue("unreachable", "model.vocab", detail + ": capitalised words become the unknown token")]
 
 
 # -- vocabulary entries the normaliser never lets through ----------------------------------------

@@ -1157,6 +1157,73 @@ def _counting_loop() -> type:
     return CountingLoop
 
 
+BRANCHES: list[list[Any]] = []  # the compiled template's branches: [line, what, exempt] (index = number)
+REACHED: set[int] = set()  # the numbers of the branches that ran in this request's renders
+MAX_BRANCHES = 4096  # branches numbered per template; one past it is reported, never judged clean
+LOADER_NAMES = frozenset({"strftime_now", "raise_exception", "range", "dict", "lipsum", "cycler", "joiner",
+                          "namespace"})  # fmt: skip
+"""Names whose value is fixed for one tokenizer under the loader (with every ``*_token``): a branch
+they alone decide is taken the same way in every render, and one never taken is dead code."""
+
+
+def _constant_tests(tests: list[Any], assigned: set[str]) -> bool:
+    """Whether ``tests`` read nothing but loader constants (no input, kwarg or template variable)."""
+    from jinja2 import nodes
+
+    names = [t for test in tests for t in (test, *test.find_all(nodes.Name)) if isinstance(t, nodes.Name)]
+    return all((n.name in LOADER_NAMES or n.name.endswith("_token")) and n.name not in assigned for n in names)
+
+
+SELECTING = frozenset({"split", "rsplit", "partition", "rpartition", "startswith", "endswith", "strip", "lstrip",
+                       "rstrip", "find", "rfind", "index", "rindex", "count", "removeprefix", "removesuffix",
+                       "replace", "get"})  # fmt: skip
+"""Methods whose arguments select what to keep (``replace``: its first), never written."""
+MAX_LITERALS = 8  # literal texts kept per branch (each cut to LITERAL_CHARS)
+LITERAL_CHARS = 200
+
+
+def _literals(body: list[Any]) -> list[str]:
+    """The text a branch can write from its own literals: its template data and the string
+    constants of its expressions, except keys, names and what tests compare (``m['role']``,
+    ``role == 'tool'``): those select, they are not written."""
+    from jinja2 import nodes
+
+    skipped: set[int] = set()
+    for node in body:
+        for sub in (node, *node.find_all((nodes.Getitem, nodes.Compare, nodes.Test, nodes.Call, nodes.Filter))):
+            if isinstance(sub, nodes.Getitem):
+                skipped.add(id(sub.arg))
+            elif isinstance(sub, (nodes.Compare, nodes.Test)):
+                skipped.update(id(c) for c in sub.find_all(nodes.Const))
+            elif isinstance(sub, nodes.Call) and isinstance(sub.node, nodes.Getattr) and sub.node.attr in SELECTING:
+                skipped.update(id(a) for a in sub.args[: 1 if sub.node.attr == "replace" else None])
+            elif isinstance(sub, nodes.Filter) and sub.name in ("replace", "trim", "indent"):
+                skipped.update(id(a) for a in sub.args[:1])
+    out: list[str] = []
+    for node in body:
+        for sub in (node, *node.find_all((nodes.TemplateData, nodes.Const))):
+            text = sub.data if isinstance(sub, nodes.TemplateData) else getattr(sub, "value", None)
+            if isinstance(text, str) and text.strip() and id(sub) not in skipped and len(out) < MAX_LITERALS:
+                out.append(text.strip()[:LITERAL_CHARS])
+    return out
+
+
+def _raises_only(body: list[Any]) -> bool:
+    """Whether a branch's body does nothing but call ``raise_exception`` (the render is refused)."""
+    from jinja2 import nodes
+
+    raised = False
+    for stmt in body:
+        for child in stmt.nodes if isinstance(stmt, nodes.Output) else [None]:
+            if isinstance(child, nodes.TemplateData) and not child.data.strip():
+                continue
+            callee = child.node if isinstance(child, nodes.Call) else None
+            if not (isinstance(callee, nodes.Name) and callee.name == "raise_exception"):
+                return False
+            raised = True
+    return raised
+
+
 def _slicing_generator() -> type:
     """Jinja's code generator, except that a slice (``x[a:b]``) not folded at compile time is
     taken by ``environment.sliced``, so a slice bound derived from content is seen (:func:`_index_use`),
@@ -1165,6 +1232,8 @@ def _slicing_generator() -> type:
     from jinja2 import nodes
     from jinja2.compiler import CodeGenerator, optimizeconst
 
+    PREDICATES = (nodes.Compare, nodes.Test, nodes.Not)
+
     class SlicingGenerator(CodeGenerator):
         def _output_child_pre(self, node: Any, frame: Any, finalize: Any) -> None:
             if frame.eval_ctx.volatile or frame.eval_ctx.autoescape or finalize.src is not None:
@@ -1172,14 +1241,141 @@ def _slicing_generator() -> type:
             else:  # {{ x }} inside a macro, a call or set block: its text stays tainted
                 self.write("environment.shown(")
 
+        def visit_Template(self, node: Any, frame: Any = None) -> None:
+            BRANCHES.clear()  # numbered afresh for each template compiled
+            self._assigned = {n.name for n in node.find_all(nodes.Name) if n.ctx in ("store", "param")}
+            self._tests: set[int] = set()  # the predicates of branch tests (their branches are followed)
+            self._statement: Any = None  # the output or assignment being written
+            super().visit_Template(node, frame)
+
+        def _branch(self, node: Any, what: str, exempt: bool, literals: list[str], group: int = -1) -> int:
+            """The number of a new branch (``-1`` past :data:`MAX_BRANCHES`, counted as one more);
+            ``group``: the first branch of its chain (one of them runs whenever the chain does)."""
+            if len(BRANCHES) > MAX_BRANCHES:
+                return -1
+            BRANCHES.append([node.lineno, what, exempt, [] if exempt else literals, group])
+            return len(BRANCHES) - 1
+
+        def _marked(self, body: list[Any], node: Any, what: str, tests: list[Any], group: int = -1) -> list[Any]:
+            """``body`` with a first statement that records that it ran (see :data:`BRANCHES`)."""
+            exempt = _raises_only(body) or _constant_tests(tests, self._assigned)
+            number = self._branch(node, what, exempt, _literals(body), len(BRANCHES) if group == -2 else group)
+            reached = nodes.EnvironmentAttribute("reached").set_lineno(node.lineno)
+            call = nodes.Call(reached, [nodes.Const(number)], [], None, None).set_lineno(node.lineno)
+            return [nodes.ExprStmt(call).set_lineno(node.lineno), *body]
+
+        def visit_Call(self, node: Any, frame: Any, forward_caller: bool = False) -> None:
+            if isinstance(node.node, nodes.EnvironmentAttribute) and node.node.name == "reached":
+                self.write(f"environment.reached({node.args[0].value})")  # a marker: no sandboxed call
+                return
+            super().visit_Call(node, frame, forward_caller=forward_caller)
+
+        def _followed(self, *tests: Any) -> None:
+            for test in tests:
+                if test is not None:
+                    self._tests.update(id(x) for x in (test, *test.find_all(PREDICATES)))
+
+        def _statement_visit(self, node: Any, frame: Any, visit: Any) -> None:
+            outer, self._statement = self._statement, node
+            try:
+                visit(node, frame)
+            finally:
+                self._statement = outer
+
+        def visit_Output(self, node: Any, frame: Any) -> None:
+            self._statement_visit(node, frame, super().visit_Output)
+
+        def visit_Assign(self, node: Any, frame: Any) -> None:
+            self._statement_visit(node, frame, super().visit_Assign)
+
+        def visit_AssignBlock(self, node: Any, frame: Any) -> None:
+            self._statement_visit(node, frame, super().visit_AssignBlock)
+
+        def _predicate(self, node: Any, frame: Any, visit: Any) -> None:
+            """A test whose value is used as a value (``text * (n > 5)``, ``[a, b][x is y]``): both
+            outcomes are branches of the statement it is in (its literals are what it can write)."""
+            if id(node) in self._tests or self._statement is None or len(BRANCHES) > MAX_BRANCHES:
+                visit(node, frame)
+                return
+            exempt, literals = _constant_tests([node], self._assigned), _literals([self._statement])
+            true = self._branch(node, "test true", exempt, literals, len(BRANCHES))
+            false = self._branch(node, "test false", exempt, literals, true)
+            self.write(f"environment.predicate({true}, {false}, ")
+            visit(node, frame)
+            self.write(")")
+
+        def visit_Test(self, node: Any, frame: Any) -> None:
+            self._predicate(node, frame, super().visit_Test)
+
+        def visit_Not(self, node: Any, frame: Any) -> None:
+            self._predicate(node, frame, super().visit_Not)
+
+        def visit_If(self, node: Any, frame: Any) -> None:
+            self._followed(node.test, *(e.test for e in node.elif_))
+            node, tests, group = copy.copy(node), [node.test], len(BRANCHES)
+            node.body = self._marked(node.body, node, "if", tests, group)
+            elifs = []
+            for elif_ in node.elif_:
+                tests = [*tests, elif_.test]
+                elifs.append(copy.copy(elif_))
+                elifs[-1].body = self._marked(elif_.body, elif_, "elif", tests, group)
+            node.elif_ = elifs
+            node.else_ = self._marked(node.else_, node, "else" if node.else_ else "implicit else", tests, group)
+            super().visit_If(node, frame)
+
         def visit_For(self, node: Any, frame: Any) -> None:
             node = copy.copy(node)  # the loop's iterable through environment.looped (a content loop is seen)
             looped = nodes.EnvironmentAttribute("looped").set_lineno(node.lineno)
+            self._followed(node.test)
+            node.body = self._marked(node.body, node, "loop body", [node.iter], -2 if node.else_ else -1)
+            if node.else_:
+                node.else_ = self._marked(node.else_, node, "loop else", [node.iter], len(BRANCHES) - 1)
             node.iter = nodes.Call(looped, [node.iter], [], None, None).set_lineno(node.lineno)
             super().visit_For(node, frame)
 
+        def visit_CondExpr(self, node: Any, frame: Any) -> None:
+            """As jinja writes it, with the test through ``environment.arms`` (which arm runs)."""
+            self._followed(node.test)
+            exempt = _constant_tests([node.test], self._assigned)
+            arm, other_arm = [nodes.Output([node.expr1])], [nodes.Output([node.expr2])] if node.expr2 else []
+            then = self._branch(node, "if-expression", exempt or _raises_only(arm), _literals(arm), len(BRANCHES))
+            other = self._branch(node, "if-expression else", exempt, _literals(other_arm), then)
+            frame = frame.soft()
+            self.write("(")
+            self.visit(node.expr1, frame)
+            self.write(f" if environment.arms({then}, {other}, ")
+            self.visit(node.test, frame)
+            self.write(") else ")
+            if node.expr2 is not None:
+                self.visit(node.expr2, frame)
+            else:
+                where = f"the inline if-expression on {self.position(node)}"
+                self.write(f"cond_expr_undefined({where + ' evaluated to false and no else section was defined.'!r})")
+            self.write(")")
+
+        def _short_circuit(self, node: Any, frame: Any, op: str) -> None:
+            """``left op right`` with the right side through ``environment.passed`` (that it ran)."""
+            exempt = _constant_tests([node.left], self._assigned)
+            number = self._branch(node, f"right side of {op}", exempt, _literals([nodes.Output([node.right])]))
+            self.write("(")
+            self.visit(node.left, frame)
+            self.write(f" {op} environment.passed({number}, ")
+            self.visit(node.right, frame)
+            self.write("))")
+
+        @optimizeconst
+        def visit_And(self, node: Any, frame: Any) -> None:
+            self._short_circuit(node, frame, "and")
+
+        @optimizeconst
+        def visit_Or(self, node: Any, frame: Any) -> None:
+            self._short_circuit(node, frame, "or")
+
         @optimizeconst
         def visit_Compare(self, node: Any, frame: Any) -> None:
+            self._predicate(node, frame, self._compare)
+
+        def _compare(self, node: Any, frame: Any) -> None:
             if len(node.ops) != 1 or node.ops[0].op not in ("in", "notin"):
                 return super().visit_Compare(node, frame)  # type: ignore[no-any-return]
             self.write("(not " if node.ops[0].op == "notin" else "(")
@@ -1288,6 +1484,27 @@ def _environment() -> Any:
             elif isinstance(haystack, dict):
                 _lookup(haystack, needle)
             return needle in haystack
+
+        def reached(self, number: int) -> str:
+            """A branch's first statement: records that branch ``number`` ran."""
+            REACHED.add(number)
+            return ""
+
+        def arms(self, then: int, other: int, test: Any) -> bool:
+            """An if-expression's test: records which arm runs."""
+            taken = bool(test)
+            REACHED.add(then if taken else other)
+            return taken
+
+        def predicate(self, true: int, false: int, value: Any) -> Any:
+            """A test used as a value: records which outcome it had."""
+            REACHED.add(true if value else false)
+            return value
+
+        def passed(self, number: int, value: Any) -> Any:
+            """The right side of ``and``/``or``: records that it was evaluated."""
+            REACHED.add(number)
+            return value
 
         def sliced(self, obj: Any, start: Any, stop: Any, step: Any) -> Any:
             """``obj[start:stop:step]`` as jinja's compiled code slices (errors raise); a slice of
@@ -1540,6 +1757,7 @@ def battery(env: Any, request: dict[str, Any]) -> dict[str, Any]:
     del TAINT[:], PRIVATE[:], DEMANDS[:]
     SEEN.clear()
     DEMAND_SEEN.clear()
+    REACHED.clear()
     try:
         template = env.from_string(request["text"])
     except jinja2.TemplateSyntaxError as exc:
@@ -1560,7 +1778,8 @@ def battery(env: Any, request: dict[str, Any]) -> dict[str, Any]:
     INPUT_PATHS.clear()
     del KEPT[:]
     return {"status": status, "message": message, "renders": renders, "taint": TAINT[:], "private": PRIVATE[:],
-            "demands": DEMANDS[:]}  # fmt: skip
+            "demands": DEMANDS[:], "branches": BRANCHES[:MAX_BRANCHES], "reached": sorted(REACHED),
+            "branches_over": len(BRANCHES) > MAX_BRANCHES}  # fmt: skip
 
 
 def _render_request(env: Any, request: dict[str, Any]) -> dict[str, Any]:

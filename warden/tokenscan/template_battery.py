@@ -332,6 +332,35 @@ def _variation_issues(results: dict[str, tuple[dict[str, Any], list[tuple[str, s
     return out
 
 
+ANSWER_ROLES = frozenset({"assistant", "model"})
+
+
+def generation_prompt(with_prompt: str, without: str) -> str:
+    """What ``add_generation_prompt`` adds: the text past the longest common start of a render
+    with it and one without (a template may end a turn differently when it is off)."""
+    n = next((i for i, (a, b) in enumerate(zip(with_prompt, without, strict=False)) if a != b), None)
+    return with_prompt[min(len(with_prompt), len(without)) if n is None else n :]
+
+
+def _generation_prompt_issues(
+    results: dict[str, tuple[dict[str, Any], list[tuple[str, str, str]]]], specials: tuple[str, ...]
+) -> list[BehaviourIssue]:
+    """The generation prompt opens the answer and nothing else: markup whose roles are the
+    assistant's, no words (a prefilled "Sure, here is" steers every answer; a user header makes
+    the model write the user's next turn)."""
+    if "suau" not in results or "nogen" not in results:
+        return []
+    added = generation_prompt(str(results["suau"][0].get("output", "")), str(results["nogen"][0].get("output", "")))
+    issues = []
+    roles = [m.group(1).lower() for m in markup_roles(added)]
+    if roles and roles[-1] not in ANSWER_ROLES:
+        issues.append(BehaviourIssue("role", f"the generation prompt {_flat(added)!r} opens a {roles[-1]!r} turn"))
+    words = residual_text(added, specials)
+    if re.search(r"\w", words):
+        issues.append(BehaviourIssue("text", f"the generation prompt {_flat(added)!r} writes {_flat(words)!r}"))
+    return issues
+
+
 def _diff(a: str, b: str) -> str:
     """Where ``a`` and ``b`` differ, quoted (their common ends trimmed: linear, however long)."""
     start = common_prefix(a, b)
@@ -482,7 +511,7 @@ def judge(
             issues += _role_issues(name, segs)
             header = headers["utools"] if name == "utools" else headers["u"]
             issues += _residual_issues(name, segs, specials, max_literal_chars, header=header)
-    issues += _variation_issues(results) + _date_issues(results)
+    issues += _variation_issues(results) + _date_issues(results) + _generation_prompt_issues(results, specials)
     issues += _extra_input_issues(results, specials, max_literal_chars)
     issues += taint_issues(list(answer.get("taint") or []), specials, guards)
     issues += [
@@ -542,3 +571,37 @@ def lookalike_issues(where: str, text: str, tokens: Iterable[str]) -> list[Behav
 def template_markup(text: str) -> set[str]:
     """The tag-like markup a template's text writes (``<|im_end|>``, ``<end_of_turn>``, ``[INST]``)."""
     return {m.group(0) for m in TAG_RE.finditer(text) if m.group(0).isascii()}
+
+
+UNEXERCISED_SHOWN = 6  # branches named in one finding (the rest counted)
+
+
+def unexercised_issues(answers: Iterable[dict[str, Any]]) -> list[BehaviourIssue]:
+    """The branches of a template that no render ran and that would write text no render
+    showed (``answers``: the sandbox's answers for its battery and generated rounds, each
+    numbering the template's branches the same way, with the literals each branch can write).
+    Text a template writes only for inputs the scan never drew was never judged, so the template
+    is not cleared. Branches that only refuse the render, or that loader constants alone decide
+    (dead code under this tokenizer), are exempt."""
+    answers = [a for a in answers if a.get("branches") is not None]
+    if not answers:
+        return []
+    reached = {n for a in answers for n in a.get("reached") or []}
+    seen = "\x00".join(str(r.get("output", "")) for a in answers for r in a.get("renders") or [])
+    branches = answers[0]["branches"]
+    ran = {g for n, (*_b, g) in enumerate(branches) if n in reached and g >= 0}  # chains some branch of ran
+    left = []
+    for n, (line, what, exempt, literals, group) in enumerate(branches):
+        if n in reached or exempt or (group >= 0 and group not in ran):
+            continue  # ran, exempt, or in a chain that never ran (the branch around it is judged)
+        novel = [x for x in literals if x not in seen]
+        if novel:
+            left.append(f"line {line} ({what}) writes {novel[0][:80]!r}")
+    issues = []
+    if left:
+        more = f" and {len(left) - UNEXERCISED_SHOWN} more" if len(left) > UNEXERCISED_SHOWN else ""
+        shown = "; ".join(left[:UNEXERCISED_SHOWN])
+        issues.append(BehaviourIssue("unexercised", f"{shown}{more}: no rendered conversation reached it"))
+    if any(a.get("branches_over") for a in answers):
+        issues.append(BehaviourIssue("unexercised", "more than 4096 branches: the rest not followed"))
+    return issues

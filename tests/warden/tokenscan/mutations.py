@@ -46,6 +46,15 @@ CONSTRUCTS: dict[str, str] = {
     "test is string/in": "{% if {c} is string and {c} is in ['run it', 'go now'] %}{{ " + P + " }}{% endif %}",
     "time of day": "{% if strftime_now('%H')|int >= 12 %}{{ " + P + " }}{% endif %}",
     "tool name": "{% if tools and (tools[0].function.name|length) > 9 %}{{ " + P + " }}{% endif %}",
+    # gated on inputs no draw produces, chosen without an if (text times a test, a list or a dict
+    # indexed by one): judged by the branch coverage of the renders (TS814)
+    "gate: roles grouped": "{{ " + P + " * ((messages|groupby('role')|list|length) > 5) }}",
+    "gate: names repeated": "{{ ['', " + P + "][((tools or [])|map(attribute='function.name')|unique|list|length)"
+    " < (tools or [])|length] }}",
+    "gate: kwarg mapping": "{{ {true: " + P + ", false: ''}[(thinking is mapping and "
+    "(thinking.budget_tokens|default(0)) > 9000)] }}",
+    "gate: role run": "{{ " + P + " * (loop.previtem is defined and loop.previtem.role == {m}.role) }}",
+    "gate: batches": "{{ (((messages|batch(3)|list|length) > 40) and " + P + ") or '' }}",
 }
 
 LOOP_RE = re.compile(r"\{%-?\s*for\s+(\w+)\s+in\s+(?:messages|loop_messages)\b[^%]*?-?%\}")

@@ -80,7 +80,7 @@ def _issues_of(snap: Snapshot, rel: str, tok: dict[str, Any]) -> list[Any]:
     config adds (the loader's extra ids and normaliser rules)."""
     config = _folder_doc(snap, rel, "tokenizer_config.json")
     extra = _decoder_ids(config) | _added_json_ids(_folder_doc(snap, rel, "added_tokens.json"))
-    return pr.tokenizer_issues(tok, extra, loader_normaliser(config))
+    return pr.tokenizer_issues(tok, extra, loader_normaliser(config), config)
 
 
 def judge_pipelines(snap: Snapshot, judged: Any) -> None:

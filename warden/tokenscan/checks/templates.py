@@ -31,6 +31,7 @@ BEHAVIOUR_RULES = {
     "taint": "TS803",
     "private": "TS802",
     "lookalike": "TS812",
+    "unexercised": "TS814",
 }
 RENDER_RULES = {"timeout": "TS806", "too_large": "TS807", "memory": "TS807", "security": "TS809", "crashed": "TS807"}
 
