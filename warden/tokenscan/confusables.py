@@ -141,13 +141,12 @@ def fold_markup(text: str) -> tuple[str, list[int]]:
     that two letters can draw (:data:`SEQUENCES`: ``m``) written as those two (``rn``), so ``rn``
     and ``m`` fold alike wherever they stand (per character: no pairing to get wrong, ``vvv`` and
     ``vw`` are one skeleton). Also, per skeleton character, the index of the text character it
-    comes from (then ``len(text)``): a match in the skeleton maps back to a slice of the text.
-    The vertical strokes (:data:`STROKES`) are one character."""
+    comes from (then ``len(text)``): a match in the skeleton maps back to a slice of the text."""
     out: list[str] = []
     sources: list[int] = []
     for i, c in enumerate(text):
         folded = fold_char(c)
-        drawn = "|" if folded in STROKES else _EXPANDED.get(folded, folded)
+        drawn = _EXPANDED.get(folded, folded)
         out.append(drawn)
         sources += [i] * len(drawn)
     sources.append(len(text))
@@ -155,6 +154,7 @@ def fold_markup(text: str) -> tuple[str, list[int]]:
 
 
 _EXPANDED = {one: two for two, one in SEQUENCES.items()}
-STROKES = frozenset("|lI1")
-"""Characters drawn as one vertical stroke: each passes for the others in markup (``<ӏim_endӏ>``
-reads as ``<|im_end|>`` though the Cyrillic palochka folds to ``l``), so markup compares them as one."""
+STROKES = str.maketrans("l1", "||")
+"""Folded characters drawn as one vertical stroke: each passes for ``|`` in markup (``<ӏim_endӏ>``
+reads as ``<|im_end|>`` though the Cyrillic palochka folds to ``l``); a skeleton translated by it
+compares markup with the strokes as one character (positions unchanged)."""

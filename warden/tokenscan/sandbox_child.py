@@ -68,6 +68,7 @@ import copy
 import datetime
 import json
 import math
+import re
 import resource
 import signal
 import sys
@@ -1202,10 +1203,59 @@ def _literals(body: list[Any]) -> list[str]:
     out: list[str] = []
     for node in body:
         for sub in (node, *node.find_all((nodes.TemplateData, nodes.Const))):
-            text = sub.data if isinstance(sub, nodes.TemplateData) else getattr(sub, "value", None)
-            if isinstance(text, str) and text.strip() and id(sub) not in skipped and len(out) < MAX_LITERALS:
-                out.append(text.strip()[:LITERAL_CHARS])
+            value = sub.data if isinstance(sub, nodes.TemplateData) else getattr(sub, "value", None)
+            for text in _const_texts(value) if id(sub) not in skipped else ():
+                if text.strip() and len(out) < MAX_LITERALS:
+                    out.append(text.strip()[:LITERAL_CHARS])
     return out
+
+
+def _const_texts(value: Any, depth: int = 0) -> list[str]:
+    """The strings a constant can write: itself, or the items of a folded list and the values of
+    a folded dict (``{true: 'text'}[test]``: jinja folds the literal before the code is written)."""
+    if isinstance(value, str):
+        return [value]
+    if depth > 4 or not isinstance(value, (list, tuple, dict)):
+        return []
+    items = value.values() if isinstance(value, dict) else value
+    return [t for item in list(items)[:MAX_LITERALS] for t in _const_texts(item, depth + 1)]
+
+
+MARKUP_CONSTANT = re.compile(r"\s*(?:<[^<>\s]{1,48}>|\[/?[A-Z_]{2,24}\]|<\|[^|>\s]{0,48}\|>)+\s*\Z")
+"""A constant that is tag markup only (``</think>``, ``<|im_end|>``, ``[TOOL_CALLS]``): what vendors
+cut content at (the reasoning of earlier turns, a tool call)."""
+MARKUP_METHODS = frozenset({"startswith", "endswith", "find", "rfind", "index", "split", "rsplit", "partition"})
+
+
+def _markup_tests(tests: list[Any], taken: bool = False) -> bool:
+    """Whether a branch's chain is decided by looks for tag markup (``'</think>' in content``,
+    ``content.startswith('<tool_call>')``): every test is one, joined by and/or/not, or (``taken``:
+    the branch runs when the last test holds) the last requires one among its ``and`` terms
+    (Qwen3's reasoning cut from earlier turns). The
+    branch is what the template does with markup in content, judged as the run-time taint judges
+    those comparisons (not: a user writing markup is outside the conversations drawn)."""
+    from jinja2 import nodes
+
+    def markup(node: Any) -> bool:
+        if isinstance(node, (nodes.And, nodes.Or)):
+            return markup(node.left) and markup(node.right)
+        if isinstance(node, nodes.Not):
+            return markup(node.node)
+        if isinstance(node, nodes.Compare) and len(node.ops) == 1 and node.ops[0].op in ("in", "notin"):
+            sides = (node.expr, node.ops[0].expr)
+        elif isinstance(node, nodes.Compare):  # content.find('</think>') != -1
+            return len(node.ops) == 1 and markup(node.expr)
+        elif isinstance(node, nodes.Call) and isinstance(node.node, nodes.Getattr):
+            sides = tuple(node.args[:1]) if node.node.attr in MARKUP_METHODS else ()
+        else:
+            return False
+        return any(isinstance(c, nodes.Const) and isinstance(c.value, str) and MARKUP_CONSTANT.match(c.value)
+                   for c in sides)  # fmt: skip
+
+    def required(node: Any) -> bool:
+        return markup(node) or (isinstance(node, nodes.And) and (required(node.left) or required(node.right)))
+
+    return bool(tests) and (all(markup(t) for t in tests) or (taken and required(tests[-1])))
 
 
 def _raises_only(body: list[Any]) -> bool:
@@ -1246,23 +1296,41 @@ def _slicing_generator() -> type:
             self._assigned = {n.name for n in node.find_all(nodes.Name) if n.ctx in ("store", "param")}
             self._tests: set[int] = set()  # the predicates of branch tests (their branches are followed)
             self._statement: Any = None  # the output or assignment being written
+            self._enclosing: dict[int, int] = {}  # id of a node -> the innermost branch it is in
             super().visit_Template(node, frame)
 
-        def _branch(self, node: Any, what: str, exempt: bool, literals: list[str], group: int = -1) -> int:
-            """The number of a new branch (``-1`` past :data:`MAX_BRANCHES`, counted as one more);
-            ``group``: the first branch of its chain (one of them runs whenever the chain does)."""
+        def _branch(self, node: Any, what: str, exempt: bool, literals: list[str], inside: list[Any]) -> int:
+            """The number of a new branch of ``node`` (``-1`` past :data:`MAX_BRANCHES`, counted
+            as one more), holding the nodes ``inside``; its parent is the innermost branch ``node``
+            is in (``-1``: none), so a branch in one that never ran is not judged twice."""
             if len(BRANCHES) > MAX_BRANCHES:
                 return -1
-            BRANCHES.append([node.lineno, what, exempt, [] if exempt else literals, group])
-            return len(BRANCHES) - 1
+            parent = self._enclosing.get(id(node), -1)
+            BRANCHES.append([node.lineno, what, exempt, [] if exempt else literals, parent])
+            number = len(BRANCHES) - 1
+            for top in inside:
+                for sub in (top, *top.find_all(nodes.Node)):
+                    self._enclosing[id(sub)] = number
+            return number
 
-        def _marked(self, body: list[Any], node: Any, what: str, tests: list[Any], group: int = -1) -> list[Any]:
+        def _marked(self, body: list[Any], node: Any, what: str, exempt: bool) -> list[Any]:
             """``body`` with a first statement that records that it ran (see :data:`BRANCHES`)."""
-            exempt = _raises_only(body) or _constant_tests(tests, self._assigned)
-            number = self._branch(node, what, exempt, _literals(body), len(BRANCHES) if group == -2 else group)
+            number = self._branch(node, what, exempt, _literals(body), body)
             reached = nodes.EnvironmentAttribute("reached").set_lineno(node.lineno)
             call = nodes.Call(reached, [nodes.Const(number)], [], None, None).set_lineno(node.lineno)
             return [nodes.ExprStmt(call).set_lineno(node.lineno), *body]
+
+        def _guarded(self, body: list[Any], node: Any, what: str, tests: list[Any]) -> list[Any]:
+            taken = what in ("if", "elif")  # runs when the last of ``tests`` holds (an else when none does)
+            markup = _markup_tests(tests, taken)
+            exempt = _raises_only(body) or _constant_tests(tests, self._assigned) or markup
+            return self._marked(body, node, what, exempt)
+
+        def visit_Macro(self, node: Any, frame: Any) -> None:
+            body = self._marked(node.body, node, "macro body", True)  # never called: dead code, not judged
+            node = copy.copy(node)
+            node.body = body
+            super().visit_Macro(node, frame)
 
         def visit_Call(self, node: Any, frame: Any, forward_caller: bool = False) -> None:
             if isinstance(node.node, nodes.EnvironmentAttribute) and node.node.name == "reached":
@@ -1298,8 +1366,8 @@ def _slicing_generator() -> type:
                 visit(node, frame)
                 return
             exempt, literals = _constant_tests([node], self._assigned), _literals([self._statement])
-            true = self._branch(node, "test true", exempt, literals, len(BRANCHES))
-            false = self._branch(node, "test false", exempt, literals, true)
+            true = self._branch(node, "test true", exempt, literals, [])
+            false = self._branch(node, "test false", exempt, literals, [])
             self.write(f"environment.predicate({true}, {false}, ")
             visit(node, frame)
             self.write(")")
@@ -1312,34 +1380,40 @@ def _slicing_generator() -> type:
 
         def visit_If(self, node: Any, frame: Any) -> None:
             self._followed(node.test, *(e.test for e in node.elif_))
-            node, tests, group = copy.copy(node), [node.test], len(BRANCHES)
-            node.body = self._marked(node.body, node, "if", tests, group)
-            elifs = []
+            tests = [node.test]
+            bodies = [(node, "if", node.body, tests)]
             for elif_ in node.elif_:
                 tests = [*tests, elif_.test]
-                elifs.append(copy.copy(elif_))
-                elifs[-1].body = self._marked(elif_.body, elif_, "elif", tests, group)
-            node.elif_ = elifs
-            node.else_ = self._marked(node.else_, node, "else" if node.else_ else "implicit else", tests, group)
+                bodies.append((elif_, "elif", elif_.body, tests))
+            marked = [self._guarded(body, node, what, t) for _n, what, body, t in bodies]
+            marked.append(self._guarded(node.else_, node, "else" if node.else_ else "implicit else", tests))
+            node = copy.copy(node)
+            node.body, node.else_ = marked[0], marked[-1]
+            node.elif_ = [copy.copy(e) for e in node.elif_]
+            for elif_, body in zip(node.elif_, marked[1:-1], strict=True):
+                elif_.body = body
             super().visit_If(node, frame)
 
         def visit_For(self, node: Any, frame: Any) -> None:
-            node = copy.copy(node)  # the loop's iterable through environment.looped (a content loop is seen)
-            looped = nodes.EnvironmentAttribute("looped").set_lineno(node.lineno)
             self._followed(node.test)
-            node.body = self._marked(node.body, node, "loop body", [node.iter], -2 if node.else_ else -1)
-            if node.else_:
-                node.else_ = self._marked(node.else_, node, "loop else", [node.iter], len(BRANCHES) - 1)
+            body = self._guarded(node.body, node, "loop body", [node.iter])
+            else_ = self._guarded(node.else_, node, "loop else", [node.iter]) if node.else_ else node.else_
+            node = copy.copy(node)  # the loop's iterable through environment.looped (a content loop is seen)
+            node.body, node.else_ = body, else_
+            looped = nodes.EnvironmentAttribute("looped").set_lineno(node.lineno)
             node.iter = nodes.Call(looped, [node.iter], [], None, None).set_lineno(node.lineno)
             super().visit_For(node, frame)
 
         def visit_CondExpr(self, node: Any, frame: Any) -> None:
             """As jinja writes it, with the test through ``environment.arms`` (which arm runs)."""
             self._followed(node.test)
-            exempt = _constant_tests([node.test], self._assigned)
+            exempt = _constant_tests([node.test], self._assigned) or _markup_tests([node.test])
             arm, other_arm = [nodes.Output([node.expr1])], [nodes.Output([node.expr2])] if node.expr2 else []
-            then = self._branch(node, "if-expression", exempt or _raises_only(arm), _literals(arm), len(BRANCHES))
-            other = self._branch(node, "if-expression else", exempt, _literals(other_arm), then)
+            taken = exempt or _raises_only(arm) or _markup_tests([node.test], True)
+            then = self._branch(node, "if-expression", taken, _literals(arm), [node.expr1])
+            other = self._branch(
+                node, "if-expression else", exempt, _literals(other_arm), [node.expr2] if node.expr2 else []
+            )
             frame = frame.soft()
             self.write("(")
             self.visit(node.expr1, frame)
@@ -1356,7 +1430,9 @@ def _slicing_generator() -> type:
         def _short_circuit(self, node: Any, frame: Any, op: str) -> None:
             """``left op right`` with the right side through ``environment.passed`` (that it ran)."""
             exempt = _constant_tests([node.left], self._assigned)
-            number = self._branch(node, f"right side of {op}", exempt, _literals([nodes.Output([node.right])]))
+            number = self._branch(
+                node, f"right side of {op}", exempt, _literals([nodes.Output([node.right])]), [node.right]
+            )
             self.write("(")
             self.visit(node.left, frame)
             self.write(f" {op} environment.passed({number}, ")

@@ -339,7 +339,11 @@ def generation_prompt(with_prompt: str, without: str) -> str:
     """What ``add_generation_prompt`` adds: the text past the longest common start of a render
     with it and one without (a template may end a turn differently when it is off)."""
     n = next((i for i, (a, b) in enumerate(zip(with_prompt, without, strict=False)) if a != b), None)
-    return with_prompt[min(len(with_prompt), len(without)) if n is None else n :]
+    n = min(len(with_prompt), len(without)) if n is None else n
+    for opening, closing in ("<>", "[]"):  # a cut inside a tag ('<' of '</s>' and '<|im_start|>') starts at it
+        if (start := with_prompt.rfind(opening, 0, n)) > with_prompt.rfind(closing, 0, n):
+            n = start
+    return with_prompt[n:]
 
 
 def _generation_prompt_issues(
@@ -552,9 +556,10 @@ def lookalike_issues(where: str, text: str, tokens: Iterable[str]) -> list[Behav
     if not marks:
         return []
     skel, sources = _skeleton_offsets(text)
+    skel = skel.translate(confusables.STROKES)  # 'ӏ', 'l', '1' pass for '|' in markup
     out = []
     for token in marks:
-        target, start = skeleton(token), 0
+        target, start = skeleton(token).translate(confusables.STROKES), 0
         while (at := skel.find(target, start)) >= 0:
             start, end = at + 1, at + len(target)
             if (at and sources[at - 1] == sources[at]) or sources[end] == sources[end - 1]:
@@ -576,9 +581,15 @@ def template_markup(text: str) -> set[str]:
 UNEXERCISED_SHOWN = 6  # branches named in one finding (the rest counted)
 
 
+def _roleish(literal: str) -> bool:
+    """A literal that names a role or writes tag markup (``'system'``, ``'<|im_start|>'``): seen
+    elsewhere or not, where it is written decides whose turn the text is."""
+    return bool(ROLE_RE.fullmatch(literal.strip()) or TAG_RE.search(literal))
+
+
 def unexercised_issues(answers: Iterable[dict[str, Any]]) -> list[BehaviourIssue]:
     """The branches of a template that no render ran and that would write text no render
-    showed (``answers``: the sandbox's answers for its battery and generated rounds, each
+    showed, a role name or tag markup (``answers``: the sandbox's answers for its battery and generated rounds, each
     numbering the template's branches the same way, with the literals each branch can write).
     Text a template writes only for inputs the scan never drew was never judged, so the template
     is not cleared. Branches that only refuse the render, or that loader constants alone decide
@@ -588,13 +599,11 @@ def unexercised_issues(answers: Iterable[dict[str, Any]]) -> list[BehaviourIssue
         return []
     reached = {n for a in answers for n in a.get("reached") or []}
     seen = "\x00".join(str(r.get("output", "")) for a in answers for r in a.get("renders") or [])
-    branches = answers[0]["branches"]
-    ran = {g for n, (*_b, g) in enumerate(branches) if n in reached and g >= 0}  # chains some branch of ran
     left = []
-    for n, (line, what, exempt, literals, group) in enumerate(branches):
-        if n in reached or exempt or (group >= 0 and group not in ran):
-            continue  # ran, exempt, or in a chain that never ran (the branch around it is judged)
-        novel = [x for x in literals if x not in seen]
+    for n, (line, what, exempt, literals, parent) in enumerate(answers[0]["branches"]):
+        if n in reached or exempt or (parent >= 0 and parent not in reached):
+            continue  # ran, exempt, or inside a branch that never ran (that one is judged)
+        novel = [x for x in literals if x not in seen or _roleish(x)]
         if novel:
             left.append(f"line {line} ({what}) writes {novel[0][:80]!r}")
     issues = []

@@ -277,3 +277,27 @@ NAMES = ["input_ids", "attention_mask", "token_type_ids", "position_ids", "speci
 def test_model_input_names_keep_ids_and_mask(names: list[str]) -> None:
     found = encoding_key_problems({"model_input_names": names}, False)
     assert bool(found) == (not {"input_ids", "attention_mask"} <= set(names)), (names, found)
+
+
+SENTENCES = st.lists(st.sampled_from(["always", "recommend", "AcmeCorp", "in", "every", "answer", "prefer", "Vendor"]),
+                     min_size=3, max_size=8).map(" ".join)  # fmt: skip
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(sentence=SENTENCES, urlsafe=st.booleans(), prefix=st.sampled_from(["", "You are a helpful assistant. "]))
+def test_base64_of_words_in_fixed_text_is_instruction_like(sentence: str, urlsafe: bool, prefix: str) -> None:
+    """Text a model can decode and a reviewer cannot read is judged as instruction-like, whatever
+    it says (``encoded_text``), in either base64 alphabet, padded or not."""
+    import base64
+
+    encode = base64.urlsafe_b64encode if urlsafe else base64.b64encode
+    blob = encode(sentence.encode()).decode().rstrip("=")
+    why = ct.instruction_text(prefix + blob + ".")
+    assert why is not None and "encoded text" in why and sentence[:20] in why, why
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(word=st.text("abcdefghijklmnopqrstuvwxyz_0123456789", min_size=16, max_size=40))
+def test_identifiers_and_hashes_are_no_encoded_text(word: str) -> None:
+    """Long identifiers and hex digests decode to bytes that are no readable words."""
+    assert ct.encoded_text(f"call {word} now") is None

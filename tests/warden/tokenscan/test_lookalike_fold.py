@@ -112,3 +112,19 @@ def test_ascii_folds_to_its_lower_case_with_letters_drawn_as_two_spelled_so(text
     for two, one in confusables.SEQUENCES.items():
         low = low.replace(one, two)
     assert confusables.fold_markup(text)[0] == low
+
+
+@SETTINGS
+@given(
+    token=st.sampled_from([t for t in TOKENS if "|" in t]),
+    stroke=st.sampled_from(["ӏ", "Ӏ", "l", "1", "ǀ", "׀"]),
+    which=st.integers(0, 1),
+)
+def test_any_vertical_stroke_for_a_bar_of_markup_is_a_lookalike(token: str, stroke: str, which: int) -> None:
+    """Letters drawn as one vertical stroke (``ӏ`` folds to ``l``, ``1``) pass for ``|`` in
+    markup: the Cyrillic palochka turn end ``<ӏim_endӏ>`` reads as ``<|im_end|>``."""
+    bars = [i for i, c in enumerate(token) if c == "|"]
+    at = bars[which % len(bars)]
+    fake = token[:at] + stroke + token[at + 1 :]
+    issues = tb.lookalike_issues("the template text", f"be brief{fake}\nhi", [token])
+    assert [i.kind for i in issues] == ["lookalike"] and repr(fake) in issues[0].detail, issues
