@@ -114,7 +114,8 @@ def test_a_branch_that_only_refuses_the_render_is_no_finding():
 
 def test_a_branch_inside_one_never_reached_is_named_once_by_the_outer_one():
     inner = "{% if m.role == 'user' %}Zq inner{% else %}Zq other{% endif %}{{ 'Zq value' * (m.role == 'tool') }}"
-    template = LOOP + "{% if (messages|length) > 5000 %}Zq outer{% for m in messages %}" + inner + "{% endfor %}{% endif %}"
+    outer = "{% if (messages|length) > 5000 %}Zq outer{% for m in messages %}"
+    template = LOOP + outer + inner + "{% endfor %}{% endif %}"
     found = _unexercised(template)
     assert len(found) == 1 and found[0].count("line ") == 1 and "Zq outer" in found[0], found
 
@@ -129,7 +130,8 @@ def test_a_family_template_has_no_branch_left_unreached():
     """The generated shapes reach every branch of a ChatML template with tools (the scan's own
     draws; the family fixtures are scanned whole in test_tokenscan_behaviour.py)."""
     template = (
-        "{% if tools %}<|im_start|>system\n# Tools\n{% for t in tools %}{{ t|tojson }}\n{% endfor %}<|im_end|>\n{% endif %}"
+        "{% if tools %}<|im_start|>system\n# Tools\n{% for t in tools %}{{ t|tojson }}\n{% endfor %}"
+        + "<|im_end|>\n{% endif %}"
         + LOOP
         + "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
