@@ -67,9 +67,12 @@ def test_a_bert_processor_with_one_token_for_cls_and_sep_is_an_issue():
 
 def _wordpiece(words: list[str], lowercase: bool) -> dict:
     vocab = {w: i for i, w in enumerate(["[UNK]", "[CLS]", *words])}
-    return {"model": {"type": "WordPiece", "vocab": vocab, "continuing_subword_prefix": "##"},
-            "normalizer": {"type": "BertNormalizer", "lowercase": lowercase},
-            "added_tokens": [{"id": 0, "content": "[UNK]", "special": True}, {"id": 1, "content": "[CLS]", "special": True}]}  # fmt: skip
+    specials = [{"id": 0, "content": "[UNK]", "special": True}, {"id": 1, "content": "[CLS]", "special": True}]
+    return {
+        "model": {"type": "WordPiece", "vocab": vocab, "continuing_subword_prefix": "##"},
+        "normalizer": {"type": "BertNormalizer", "lowercase": lowercase},
+        "added_tokens": specials,
+    }
 
 
 @SETTINGS
