@@ -1242,7 +1242,7 @@ def _markup_tests(tests: list[Any], taken: bool = False) -> bool:
         if isinstance(node, nodes.Not):
             return markup(node.node)
         if isinstance(node, nodes.Compare) and len(node.ops) == 1 and node.ops[0].op in ("in", "notin"):
-            sides = (node.expr, node.ops[0].expr)
+            sides: tuple[Any, ...] = (node.expr, node.ops[0].expr)
         elif isinstance(node, nodes.Compare):  # content.find('</think>') != -1
             return len(node.ops) == 1 and markup(node.expr)
         elif isinstance(node, nodes.Call) and isinstance(node.node, nodes.Getattr):
