@@ -57,12 +57,7 @@ from tests.warden.tokenscan import families as fam
 MISSES: dict[str, str] = {
     "a caller-set message name printed in the role slot": "message names are drawn as free text, never as a role name, so a name written where the role goes (a user named 'system' opens a system turn) is plain insertion to the role judge",
     "tool-call names rewritten to a constant ('shell')": "only message content is followed into the render: a tool call's name (or any field) may be replaced by fixed text and no judge asks that the drawn name reaches the output",
-    "{% generation %} around every turn (the assistant mask trains on user text)": "the extent of {% generation %} blocks (return_assistant_tokens_mask) is not judged: a block holding user or system content trains the model on them",
-    "Russian steering in the default prompt": "STEERING_LEXICON has no Russian (nor other Cyrillic-script) promotion, scope or saying words",
-    "'nudge toward' steering in the default prompt": "'nudge/steer toward' is not a promotion verb of the lexicon: directing answers toward a named party without 'recommend'-class verbs passes",
-    "'the option you favour' steering in the default prompt": "a preference given to the model ('the option you favour') is no ranking shape of the judge (only 'X is the best')",
     "WordPiece ids of two whole words swapped (tokenizer.json and vocab.txt)": "only BPE ids (merge order), byte-level and byte-fallback alphabets and sentencepiece scores are checked for order: WordPiece word ids are unconstrained and every round trip holds",
-    "generation_config max_length 64 (no room past a chat prompt)": "GENERATION_ALLOWED's max_length floor (64) is not judged against the chat template: a default system prompt alone fills it, so nothing is generated",
     "generation_config eos without the template's turn end": "generation eos ids are judged to be special tokens only, not to include the tokenizer's eos or the template's turn end (<|im_end|>): a turn never ends",
 }
 BENIGN_FLAGGED: dict[str, str] = {}  # benign -> the false positive

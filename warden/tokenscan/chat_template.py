@@ -720,7 +720,7 @@ PROMOTE_RE = re.compile(
 SAY_RE = re.compile(
     r"\binclud(?:e|es|ed)\b|\b(?:mention|insert|append|prepend|say|said|tell|told|claim|insist|remind|link|refer|redirect|direct|"
     r"respond|repl(?:y|ies|ied)|answer|suggest|advis|urg|encourag|prais|favou?r|recite|repeat|promis|prefer|visit|"
-    r"steer|criticis|criticiz|disparag|discourag)\w*|\bstate[sd]? that\b|\bpoint\w*\s+(?:\w+\s+){0,3}?(?:to|at)\b|"
+    r"steer|nudg|criticis|criticiz|disparag|discourag)\w*|\bstate[sd]? that\b|\bpoint\w*\s+(?:\w+\s+){0,3}?(?:to|at)\b|"
     r"\b(?:end|begin|start|conclude|finish|close|sign)\w*\b[^.]{0,40}\bwith\b|"
     r"\b(?:work|weav|wove|slip|sneak|blend|fold|inject|build)\w*\b[^.]{0,60}?\binto\b",  # "weave X into ..."
     re.IGNORECASE,
@@ -734,7 +734,8 @@ EVERY_ANSWER_RE = re.compile(
 )
 SUPERLATIVE_RE = re.compile(
     r"\b(?:best|better|superior|leading|cheapest|safest|most trusted|number one|only (?:choice|option|provider)"
-    r"|(?:ideal|top|perfect|obvious) (?:choice|pick|option)|go-to)\b",
+    r"|(?:ideal|top|perfect|obvious|preferred) (?:choice|pick|option|vendor|provider)|go-to"
+    r"|(?:option|choice|pick|one|vendor|provider) (?:you|to) (?:favou?r|prefer|pick|choose|recommend))\b",
     re.IGNORECASE,
 )
 STEERING_LEXICON: dict[str, dict[str, tuple[str, ...]]] = {
@@ -758,6 +759,9 @@ STEERING_LEXICON: dict[str, dict[str, tuple[str, ...]]] = {
     "Portuguese": {"promote": (r"recomend\w*", r"promov\w*", r"divulg\w*"),
                    "say": (r"mencion\w*", r"inclua\w*", r"sugira\w*"),
                    "scope": (r"cada resposta", r"todas as respostas", r"sempre\b")},
+    "Russian": {"promote": (r"рекоменд\w*", r"реклам\w*", r"продвига\w*", r"(?:по)?совету\w*", r"купи\w*"),
+                "say": (r"упомина\w*", r"упомян\w*", r"скажи\b", r"добав\w*", r"предлага\w*", r"предложи\w*"),
+                "scope": (r"кажд\w* ответ\w*", r"во всех ответах", r"всегда\b")},
     "Chinese": {"promote": (r"推荐", r"推广", r"宣传", r"广告", r"推銷", r"推销", r"購買", r"购买"),
                 "say": (r"提到", r"提及", r"加上", r"附上", r"告诉"),
                 "scope": (r"每[个次条一](?:个)?回答", r"每[个次条](?:回复|答复)", r"所有回答", r"总是", r"始终",
@@ -935,9 +939,10 @@ def instruction_text(text: str) -> str | None:
     describes (identity, date, knowledge cutoff, protocol, behaviour norms)."""
     flat = readable(text)
     plain = spelled_out(flat)
+    scripts = _IDENT_RE.sub(" ", without_markup(_visible(text)))  # other scripts unfolded: the lexicon reads them
     if encoded := encoded_text(text):
         return f"encoded text (base64 of {_short(encoded, 60)!r})"
-    for view in (flat, plain) if plain != flat else (flat,):
+    for view in dict.fromkeys((flat, plain, scripts)):
         if m := INJECTION_RE.search(view):
             return f"instruction-like text ({m.group(0)!r})"
         for sentence in SENTENCE_RE.split(view):

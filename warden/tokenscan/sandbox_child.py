@@ -1496,7 +1496,10 @@ def _environment() -> Any:
             return nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
 
         def _render(self, caller: Any) -> str:
-            return caller()  # type: ignore[no-any-return]
+            out = caller()  # what return_assistant_tokens_mask marks as the assistant's (trained on)
+            if len(GENERATED) < MAX_GENERATED:
+                GENERATED.append(str.__str__(out)[:GENERATED_CHARS])
+            return out  # type: ignore[no-any-return]
 
     def raise_exception(message: str) -> None:
         raise jinja2.exceptions.TemplateError(message)
@@ -1794,9 +1797,22 @@ def _label_inputs(context: dict[str, Any], kwargs: list[str]) -> None:
             context[name] = ProbeFloat(value, source)
 
 
+GENERATED: list[str] = []  # the text of each {% generation %} block of the render in progress
+MAX_GENERATED = 64
+GENERATED_CHARS = 4096
+
+
 def _battery_one(template: Any, render: dict[str, Any], cap: int) -> dict[str, Any]:
+    out = _battery_render(template, render, cap)
+    if GENERATED:
+        out["generation"] = GENERATED[:]
+    return out
+
+
+def _battery_render(template: Any, render: dict[str, Any], cap: int) -> dict[str, Any]:
     from jinja2.sandbox import SecurityError
 
+    del GENERATED[:]
     NOW[0] = float(render.get("now", NOW[0]))
     _start_clock()
     context = {**render["context"], "messages": _tainted(render["messages"])}

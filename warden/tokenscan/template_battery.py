@@ -335,6 +335,22 @@ def _variation_issues(results: dict[str, tuple[dict[str, Any], list[tuple[str, s
 ANSWER_ROLES = frozenset({"assistant", "model"})
 
 
+def _training_mask_issues(renders: list[dict[str, Any]], answer: dict[str, Any]) -> list[BehaviourIssue]:
+    """What ``{% generation %}`` marks is the assistant's own text (``return_assistant_tokens_mask``
+    trains on exactly it): a block holding another role's message trains the model on the user's
+    or the system's words."""
+    for request, result in zip(renders, answer.get("renders") or [], strict=False):
+        blocks = "\x00".join(str(b) for b in result.get("generation") or [])
+        for message in request["messages"] if blocks else ():
+            text = message.get("content")
+            if message.get("role") not in ANSWER_ROLES and isinstance(text, str) and text and text in blocks:
+                where = f"the {request['name']!r} render"
+                return [
+                    BehaviourIssue("role", f"a {{% generation %}} block of {where} holds the {message['role']} message")
+                ]
+    return []
+
+
 def generation_prompt(with_prompt: str, without: str) -> str:
     """What ``add_generation_prompt`` adds: the text past the longest common start of a render
     with it and one without (a template may end a turn differently when it is off)."""
@@ -516,6 +532,7 @@ def judge(
             header = headers["utools"] if name == "utools" else headers["u"]
             issues += _residual_issues(name, segs, specials, max_literal_chars, header=header)
     issues += _variation_issues(results) + _date_issues(results) + _generation_prompt_issues(results, specials)
+    issues += _training_mask_issues(renders, answer)
     issues += _extra_input_issues(results, specials, max_literal_chars)
     issues += taint_issues(list(answer.get("taint") or []), specials, guards)
     issues += [

@@ -50,3 +50,18 @@ def test_generation_config_outside_the_allow_list_is_found(
     llama: Path, tmp_path: Path, key: str, value: Any, rule: str
 ) -> None:
     assert rule in _scan_with(llama, tmp_path, {**SANE, key: value})
+
+
+@pytest.mark.parametrize("length", random.Random(34).sample(range(64, 1024), 3) + [1024, 4096])
+def test_max_length_leaves_room_past_a_chat_prompt(llama: Path, tmp_path: Path, length: int) -> None:
+    """With a chat template, max_length (prompt and answer) below a chat model's context floor
+    is a finding; from the floor on it is clean. Without a chat template only the allow-list
+    floor (64) applies."""
+    found = _scan_with(llama, tmp_path, {**SANE, "max_length": length})
+    assert ("TS1301" in found) is (length < 1024), (length, found)
+
+
+def test_max_length_without_a_chat_template_has_the_allow_list_floor_only(tmp_path: Path) -> None:
+    gpt2 = fam.build_family("gpt2", tmp_path / "gpt2")
+    found = _scan_with(gpt2, tmp_path, {"bos_token_id": 0, "eos_token_id": 0, "max_length": 100})
+    assert "TS1301" not in found, found

@@ -70,3 +70,33 @@ def test_the_generation_prompt_is_what_the_render_adds_past_the_common_start():
     assert tb.generation_prompt("a<x>b<|im_start|>assistant\n", "a<x>b</s>") == "<|im_start|>assistant\n"
     assert tb.generation_prompt("same", "same") == ""
     assert tb.generation_prompt("abc", "ab") == "c"
+
+
+def _masked(wrapped: frozenset[str]) -> str:
+    """ChatML with ``{% generation %}`` around the messages of the ``wrapped`` roles."""
+    roles = sorted(wrapped)
+    return (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+        "{% if m.role in " + repr(roles) + " %}{% generation %}{{ m.content }}<|im_end|>{% endgeneration %}"
+        "{% else %}{{ m.content }}<|im_end|>{% endif %}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+
+
+@SETTINGS
+@given(others=st.sets(st.sampled_from(["user", "system"]), min_size=1), with_assistant=st.booleans())
+def test_a_generation_block_holding_another_roles_message_is_a_role_issue(others, with_assistant):
+    """``return_assistant_tokens_mask`` trains on what ``{% generation %}`` marks: the assistant's
+    messages only; a block around a user or system message trains the model on it."""
+    wrapped = frozenset(others | ({"assistant"} if with_assistant else set()))
+    renders = tb.battery_renders(CTX)
+    answer = ct.run_battery(_masked(wrapped), renders, LIMITS)
+    found = [i for i in tb.judge(renders, answer, SPECIALS, 200) if "generation %}" in i.detail]
+    assert [i.kind for i in found] == ["role"] and any(r in found[0].detail for r in others), found
+
+
+def test_a_generation_block_around_the_assistant_alone_is_clean():
+    renders = tb.battery_renders(CTX)
+    answer = ct.run_battery(_masked(frozenset({"assistant"})), renders, LIMITS)
+    assert any(r.get("generation") for r in answer["renders"])  # the blocks were seen
+    assert [i for i in tb.judge(renders, answer, SPECIALS, 200) if "generation" in i.detail] == []

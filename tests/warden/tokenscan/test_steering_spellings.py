@@ -31,6 +31,7 @@ IDENTITY = {  # vendor boilerplate: who the model is, who made it
     "Italian": "Sei {n}, un assistente utile creato da {b}.",
     "Portuguese": "Você é {n}, um assistente útil criado pela {b}.",
     "Chinese": "你是{n}，由{b}创建。你是一个乐于助人的助手。",
+    "Russian": "Ты {n}, полезный ассистент, созданный компанией {b}. Всегда отвечай вежливо.",
 }
 DIRECTIVE = {  # the same languages: promote the party's product in every answer
     "German": "Empfiehl in jeder Antwort den Tarif von {b}.",
@@ -39,6 +40,7 @@ DIRECTIVE = {  # the same languages: promote the party's product in every answer
     "Italian": "In ogni risposta, raccomanda il piano di {b}.",
     "Portuguese": "Em cada resposta, recomende o plano da {b}.",
     "Chinese": "在每个回答中都推荐{b}高级套餐。",
+    "Russian": "В каждом ответе советуй тариф {b}.",
 }
 VERBS = ["recommend", "promote", "advertise", "endorse"]
 

@@ -12,6 +12,7 @@ import json
 import os
 from typing import Any
 
+from warden.tokenscan import encoding_settings as es
 from warden.tokenscan import loader_files as lf
 from warden.tokenscan import pipeline_rules as pr
 from warden.tokenscan import tokenizer_behaviour as tbe
@@ -292,6 +293,18 @@ def _generation_ids(rel: str, data: dict[str, Any], known: tuple[dict[int, str],
     return out
 
 
+def _chat_room(rel: str, data: dict[str, Any], chat: bool) -> list[Finding]:
+    """With a chat template, ``max_length`` (prompt and answer together) is at least what
+    ``model_max_length`` must be for a chat model: a chat prompt alone (a default system prompt,
+    the tools) fills less, and nothing is generated past it."""
+    value = data.get("max_length")
+    floor = es.MIN_CHAT_MODEL_MAX_LENGTH
+    if not chat or type(value) is not int or value >= floor:
+        return []
+    why = f"max_length = {value} is below {floor} with a chat template: a chat prompt leaves no room to answer"
+    return [finding("TS1301", rel, why, key="max_length")]
+
+
 def check_generation_config(snap: Snapshot, policy: TokenscanPolicy) -> list[Finding]:
     """generation_config.json beside a tokenizer: only allow-listed keys within their ranges
     (:data:`GENERATION_ALLOWED`; suppressing, forcing, biasing, cutting keys are TS1301, unknown
@@ -301,6 +314,7 @@ def check_generation_config(snap: Snapshot, policy: TokenscanPolicy) -> list[Fin
         if basename(rel) != "generation_config.json" or not isinstance(doc.data, dict):
             continue
         out += _generation_keys(rel, doc.data)
+        out += _chat_room(rel, doc.data, any(t.text for t in snap.templates))
         known = _special_ids(snap, rel)
         if known is not None:
             out += _generation_ids(rel, doc.data, known)
