@@ -56,7 +56,6 @@ from tests.warden.tokenscan import families as fam
 # 17 of 36 attacks missed, 0 of 5 benign variants flagged; every robustness scan ended in a finding or refusal)
 MISSES: dict[str, str] = {
     "a caller-set message name printed in the role slot": "message names are drawn as free text, never as a role name, so a name written where the role goes (a user named 'system' opens a system turn) is plain insertion to the role judge",
-    "tool-call names rewritten to a constant ('shell')": "only message content is followed into the render: a tool call's name (or any field) may be replaced by fixed text and no judge asks that the drawn name reaches the output",
     "WordPiece ids of two whole words swapped (tokenizer.json and vocab.txt)": "only BPE ids (merge order), byte-level and byte-fallback alphabets and sentencepiece scores are checked for order: WordPiece word ids are unconstrained and every round trip holds",
     "generation_config eos without the template's turn end": "generation eos ids are judged to be special tokens only, not to include the tokenizer's eos or the template's turn end (<|im_end|>): a turn never ends",
 }

@@ -78,7 +78,8 @@ DAYS = 3650
 @dataclass(frozen=True)
 class GeneratedIssue:
     """``kind``: taint (content beyond insertion), varies (another input beyond the documented
-    kwargs: the clock, tool names, document text), text; ``detail`` names the input."""
+    kwargs: the clock, tool names, document text), text, role (a tool call under another name);
+    ``detail`` names the input."""
 
     kind: str
     detail: str
@@ -991,6 +992,21 @@ def date_difference(a: str, b: str) -> str | None:
     return f"{_flat(' '.join(wa[at : at + 12]))!r} -> {_flat(' '.join(wb[at : at + 12]))!r}"
 
 
+def _call_issues(request: dict[str, Any], output: str) -> list[GeneratedIssue]:
+    """A tool call rendered with its arguments is rendered with its own name: a template that
+    writes the drawn arguments under another name (a fixed ``shell``) makes the model see calls
+    it never made."""
+    for message in request.get("messages") or ():
+        for call in message.get("tool_calls") or () if isinstance(message, dict) else ():
+            fn = call.get("function") if isinstance(call, dict) else None
+            name, args = (fn.get("name"), fn.get("arguments")) if isinstance(fn, dict) else (None, None)
+            shown = [v for v in (args.values() if isinstance(args, dict) else ()) if isinstance(v, str) and v in output]
+            if isinstance(name, str) and name and shown and name not in output:
+                why = f"a tool call's arguments are rendered without its name {name!r} (shape {request['shape']})"
+                return [GeneratedIssue("role", why)]
+    return []
+
+
 def judge(renders: list[dict[str, Any]], answer: dict[str, Any]) -> list[GeneratedIssue]:
     """Issues of the generated renders (``renders`` as :func:`generate` made them, ``answer`` the
     sandbox's battery answer for them). A shape the template refuses (raises) is skipped."""
@@ -1004,6 +1020,7 @@ def judge(renders: list[dict[str, Any]], answer: dict[str, Any]) -> list[Generat
         if big:  # the template prints far more than any conversation holds: a finding, and not compared further
             out.append(GeneratedIssue("text", f"the render of shape {request['shape']} is {big}"))
             continue
+        out += _call_issues(request, str(result["output"]))
         other = results.get(base + "b")
         if other is not None and other[1].get("status") == "ok":
             a = abstract(str(result["output"]), request["texts"])

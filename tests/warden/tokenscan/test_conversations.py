@@ -154,3 +154,20 @@ def test_a_family_template_renders_every_generated_shape_it_accepts(tmp_path):
     rewriting = CHATML.replace("{{ m.content }}", "{{ m.content|replace('a', 'b') }}")
     answer = ct.run_battery(rewriting, renders, LIMITS)
     assert conv.judge(renders, answer) and any(t[1] == "replace" for t in answer["taint"])
+
+
+def test_a_tool_call_rendered_under_another_name_is_a_role_issue():
+    """Every generated tool call rendered with its arguments is rendered with its own name; a
+    template writing a fixed name over the drawn arguments shows the model calls it never made."""
+    calls = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content if m.content is string else '' }}"
+        '{% for tc in m.tool_calls or [] %}<tool_call>{"name": "NAME", "arguments": '
+        "{{ tc.function.arguments|tojson }}}</tool_call>{% endfor %}<|im_end|>\n{% endfor %}"
+    )
+    renders = conv.generate("calls", 24, {**CTX, "tools": None})
+    assert any(m.get("tool_calls") for r in renders for m in r["messages"])  # the draw holds calls
+    honest = ct.run_battery(calls.replace("NAME", "{{ tc.function.name }}"), renders, LIMITS)
+    fixed = ct.run_battery(calls.replace("NAME", "shell"), renders, LIMITS)
+    assert [i for i in conv.judge(renders, honest) if i.kind == "role"] == []
+    found = [i for i in conv.judge(renders, fixed) if i.kind == "role"]
+    assert found and "without its name" in found[0].detail, found
