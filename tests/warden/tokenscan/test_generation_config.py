@@ -52,7 +52,7 @@ def test_generation_config_outside_the_allow_list_is_found(
     assert rule in _scan_with(llama, tmp_path, {**SANE, key: value})
 
 
-@pytest.mark.parametrize("length", random.Random(34).sample(range(64, 1024), 3) + [1024, 4096])
+@pytest.mark.parametrize("length", [*random.Random(34).sample(range(64, 1024), 3), 1024, 4096])
 def test_max_length_leaves_room_past_a_chat_prompt(llama: Path, tmp_path: Path, length: int) -> None:
     """With a chat template, max_length (prompt and answer) below a chat model's context floor
     is a finding; from the floor on it is clean. Without a chat template only the allow-list
