@@ -149,7 +149,8 @@ def _shape(rng: random.Random, index: int, forced: dict[str, Any] | None = None)
         n = min(int(forced["messages"]), MAX_MESSAGES)
         roles = _roles(rng, min(MAX_TURNS, n // 2 + 1), forced.get("first"), True)[:n]
     if forced.get("calls") and "assistant_call" not in roles:  # a demanded number of tool calls: an exchange
-        roles = [*roles[:1], "assistant_call", "tool", "assistant", *roles[1:]]
+        at = roles.index("user") + 1 if "user" in roles else len(roles)  # answering the first question
+        roles = [*roles[:at], "assistant_call", "tool", "assistant", *roles[at:]]
     if forced.get("role"):  # a role the template names: after the first answer (or the question)
         at = roles.index("assistant") + 1 if "assistant" in roles else len(roles)
         roles = [*roles[:at], forced["role"], *roles[at:]]
@@ -208,8 +209,9 @@ def _probe_shapes(probes: list[dict[str, Any]], budget: int) -> list[dict[str, A
                     shape.setdefault(key, value)
             if "key" in probe or "tool_name" in probe:
                 shape |= {"tools": max(shape.get("tools", 0), 1), "docs": max(shape.get("docs", 0), 1)}
-            elif "kwargs" in probe and at % 2:  # a switch is read with tools too (Llama 3.1: tools_in_user_message)
-                shape["tools"] = max(shape.get("tools", 0), 1)
+            elif "kwargs" in probe and at % 2:  # a switch is read with tools and a call too (Llama 3.1:
+                shape["tools"] = max(shape.get("tools", 0), 1)  # tools_in_user_message, builtin_tools)
+                shape["calls"] = max(shape.get("calls") or 0, 1)
     return shapes
 
 
@@ -387,6 +389,8 @@ def _kwarg_value(value: Any, text: Any, tools: list[dict[str, Any]]) -> Any:
         return [text("kwarg"), text("kwarg")]
     if value == TOOLS:
         return tools or None
+    if value == TOOL_NAMES:  # a list a tool call's name is looked for in (Llama 3.1's builtin_tools)
+        return [t["function"]["name"] for t in tools] or [text("kwarg")]
     return value
 
 
@@ -430,7 +434,7 @@ LIMITS = {"kwargs": 16, "values": 4, "roles": 6, "part_types": 6, "keys": 12, "t
 MAX_TURNS = 100  # user turns one generated conversation may have
 MAX_MESSAGES = 200  # messages a demanded conversation length may have (a render of them takes milliseconds)
 MIN_SIZE, MAX_SIZE = 41, 16384  # content lengths probed (the draw covers shorter ones)
-TEXT, TEXTS, TOOLS = "\x00text", "\x00texts", "\x00tools"  # kwarg values made per filling
+TEXT, TEXTS, TOOLS, TOOL_NAMES = "\x00text", "\x00texts", "\x00tools", "\x00tool names"  # made per filling
 _STR_FILTERS = frozenset({"trim", "upper", "lower", "replace", "title", "capitalize", "truncate", "indent", "center",
                           "striptags", "wordcount", "string", "e", "escape", "format"})  # fmt: skip
 _LIST_FILTERS = frozenset({"join", "length", "count", "first", "last", "reject", "select", "map", "list", "sort",
@@ -574,6 +578,8 @@ def _uses(node: nodes.Name, parent: nodes.Node | None) -> set[Any]:
         return {TEXT}
     if isinstance(parent, nodes.For) and parent.iter is node:
         return {TEXTS}
+    if isinstance(parent, nodes.Operand) and parent.op in ("in", "notin"):  # x in it: the tools' names too
+        return {TEXTS, TOOL_NAMES}
     if isinstance(parent, nodes.Compare):
         found = {c for c in (*_consts(parent.expr), *(c for o in parent.ops for c in _consts(o.expr)))}
         return {c for c in found if isinstance(c, (str, int)) and not isinstance(c, bool)} | {"bool"}
@@ -708,7 +714,7 @@ def demanded(
     return [{**r, "context": {**context, **r["context"]}} for r in _rendered(rng, shapes, prefix)], left
 
 
-VALUE_NAMES = {TEXT: "<text>", TEXTS: "<list of texts>", TOOLS: "<the tools>"}
+VALUE_NAMES = {TEXT: "<text>", TEXTS: "<list of texts>", TOOLS: "<the tools>", TOOL_NAMES: "<the tools' names>"}
 
 
 def describe(shape: dict[str, Any]) -> str:

@@ -56,6 +56,7 @@ _INT_RE = re.compile(r"-?[0-9]{1,12}")
 _DECIMAL_RE = re.compile(r"-?[0-9]{1,12}\.[0-9]{1,12}")
 _KWARG_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,79}")
 RESERVED_KWARGS = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
+ITEMS = "/*"  # a keyword argument's source suffix for the items of its list (``input:kwarg:builtin_tools/*``)
 STEP_METHODS = frozenset({"lower", "upper", "strip", "lstrip", "rstrip", "title", "capitalize", "casefold", "swapcase"})
 
 
@@ -214,7 +215,10 @@ def probe(demand: Any) -> dict[str, Any] | None:
         return {"edits": [{"at": at, "value": value}], **_reaching(at)}
     if kind.startswith("kwarg:"):
         name = kind[len("kwarg:") :]
-        return {"kwargs": {name: value}} if _KWARG_RE.fullmatch(name) and name not in RESERVED_KWARGS else None
+        items = name.endswith(ITEMS)  # an item of a list argument: a list holding the value
+        name = name[: -len(ITEMS)] if items else name
+        ok = _KWARG_RE.fullmatch(name) and name not in RESERVED_KWARGS
+        return {"kwargs": {name: [value] if items else value}} if ok else None
     return None
 
 
@@ -281,6 +285,14 @@ def input_values(value: Any, path: str, depth: int = 0) -> Iterator[tuple[str, A
                 yield from input_values(item, step(path, key), depth + 1)
 
 
+def _mapping(value: Any) -> dict[Any, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def observed(renders: Iterable[dict[str, Any]]) -> dict[str, set[Any]]:
     """The values each input source had in ``renders`` (render requests: their messages, tools,
     documents and keyword arguments), by the demand sources' names: what round one drew."""
@@ -297,14 +309,14 @@ def observed(renders: Iterable[dict[str, Any]]) -> dict[str, set[Any]]:
     for render in renders:
         messages, context = render.get("messages") or [], render.get("context") or {}
         add("count:messages", len(messages))
-        for message in messages:
+        for message in map(_mapping, messages):
             keys("message", message)
             add("role", message.get("role"))
             if isinstance(message.get("content"), list):
                 add("count:parts", len(message["content"]))
-            if message.get("tool_calls"):
+            if isinstance(message.get("tool_calls"), list) and message["tool_calls"]:
                 add("count:tool_calls", len(message["tool_calls"]))
-            for part in message.get("content") if isinstance(message.get("content"), list) else ():
+            for part in _listed(message.get("content")):
                 keys("part", part)
                 add("type", part.get("type") if isinstance(part, dict) else None)
         for root, values in (("messages", messages), ("tools", context.get("tools")), ("documents",
@@ -315,20 +327,23 @@ def observed(renders: Iterable[dict[str, Any]]) -> dict[str, set[Any]]:
         tools, documents = context.get("tools") or [], context.get("documents") or []
         add("count:tools", len(tools))
         add("count:documents", len(documents))
-        calls = [c for m in messages for c in m.get("tool_calls") or () if isinstance(c, dict)]
+        # a demand round may have drawn any of these as another kind (a string where a dict was)
+        calls = [c for m in messages for c in _listed(_mapping(m).get("tool_calls")) if isinstance(c, dict)]
         if calls and not tools:  # the first call names the first tool (a probe's name goes to both)
-            add("tool name", (calls[0].get("function") or {}).get("name"))
-        for i, tool in enumerate(tools):
-            function = tool.get("function") or {}
+            add("tool name", _mapping(calls[0].get("function")).get("name"))
+        for i, tool in enumerate(_listed(tools)):
+            function = _mapping(_mapping(tool).get("function"))
             keys("tool", tool)
             keys("function", function)
-            keys("param", (function.get("parameters") or {}).get("properties"))
+            keys("param", _mapping(function.get("parameters")).get("properties"))
             if i == 0:  # where a tool-name probe puts its name: a later tool's name passes no test of tools[0]
                 add("tool name", function.get("name"))
         for document in documents:
             keys("document", document)
         for name in render.get("inputs") or ():
             add(f"kwarg:{name}", context.get(name))
+            for item in _listed(context.get(name)):
+                add(f"kwarg:{name}{ITEMS}", item)
     return out
 
 

@@ -206,6 +206,14 @@ def _generated(
     return {**answer, "examples": examples}, res.judged.get_or_make(("generated", key), judged)
 
 
+def _not_judged(t: TemplateSource, snap: Snapshot, exc: Exception) -> None:
+    """A failure of the scanner's own draw or judge on what a template made it draw (a value of an
+    unexpected kind): that template is not analysed (TS910), never a traceback and never clean."""
+    why = f"the generated conversations could not be judged ({type(exc).__name__}: {str(exc)[:80]})"
+    snap.unanalysed.append((t.rel, f"{_where(t)}: {why}"))
+    snap.transient.append(f"{t.rel}: {why}")
+
+
 DEMAND_ROUNDS = (
     "d",
     "e",
@@ -263,10 +271,16 @@ def render(snap: Snapshot, policy: TokenscanPolicy, res: ScanResources) -> None:
         review = tb.default_system_prompt(renders, answer, tokens) if answer["status"] == "ok" else ""
         shown_generated: list[tuple[str, str]] = []
         if answer["status"] == "ok" and time.monotonic() <= snap.deadline:
-            generated = _generated(t, snap, policy, limits, res, answer)
-            if generated is None:
+            try:
+                generated, failed = _generated(t, snap, policy, limits, res, answer), False
+            except OSError:
+                raise
+            except Exception as exc:  # any failure of the scanner's own here: not analysed, never a traceback
+                generated, failed = None, True
+                _not_judged(t, snap, exc)
+            if generated is None and not failed:
                 snap.unanalysed.append((t.rel, f"{_where(t)}: generated conversations not rendered in time"))
-            else:
+            elif generated is not None:
                 g_answer, g_issues = generated
                 g_issues = (*g_issues, *tb.unexercised_issues([answer, g_answer]))
                 issues = (*issues, *(x for x in g_issues if x not in issues))

@@ -1754,7 +1754,7 @@ def _label_tree(value: Any, path: str, depth: int = 0) -> Any:
 def _label_inputs(context: dict[str, Any], kwargs: list[str]) -> None:
     """The render's inputs as recording values (a generated render's: its request names its
     keyword arguments ``kwargs``): roles, content-block types, tool names, keyword arguments
-    (strings and numbers) are Probes or tainted numbers of source ``input:...``; messages, tools
+    (strings, numbers, the texts of a list) are Probes or tainted numbers of source ``input:...``; messages, tools
     and documents are counted lists, each dict in them an input dict (:func:`_lookup`)."""
     for message in context["messages"]:
         if not isinstance(message, dict):
@@ -1795,6 +1795,9 @@ def _label_inputs(context: dict[str, Any], kwargs: list[str]) -> None:
             context[name] = ProbeInt(value, source, "number")
         elif type(value) is float:
             context[name] = ProbeFloat(value, source)
+        elif type(value) is list:  # a list of texts (builtin_tools): its items inputs too, one source
+            context[name] = [Probe(v, source + "/*") if type(v) is str else v for v in value[:MAX_LABELLED]]
+            INPUT_TEXTS.update(v for v in value[:MAX_LABELLED] if type(v) is str)  # a name looked for in it: structure
 
 
 GENERATED: list[str] = []  # the text of each {% generation %} block of the render in progress

@@ -156,3 +156,25 @@ def test_a_branch_taken_for_markup_in_content_is_judged_as_markup_tests_are(mark
     gated = "{% elif (messages|length) > " + str(n) + " %}Zq gated" + plain
     found = _unexercised(cut + gated)
     assert len(found) == 1 and "Zq gated" in found[0] and "(elif)" in found[0], found
+
+
+def test_a_call_looked_for_in_a_list_argument_is_drawn_both_ways(tmp_path):
+    """A template that writes built-in calls its own way (a tool call's name looked for in a
+    list keyword argument, as Llama 3.1's ``builtin_tools``): the draw passes the list as the
+    tools' names beside a call, so both ways are rendered; the name compared with the list's
+    items is structure, not a demand per drawn text (which would overflow the draw)."""
+    from warden.tokenscan import scan_directory
+    from warden.tokenscan.policy import default_policy
+
+    calls = (
+        "{% for tc in m.tool_calls or [] %}{% if builtin_tools is defined and tc.function.name in builtin_tools %}"
+        "<|python_tag|>{{ tc.function.name }}.call(){% else %}{{ tc.function|tojson }}{% endif %}{% endfor %}"
+    )
+    template = LOOP.replace("{{ m.content }}", "{{ m.content }}" + calls) + "{% if builtin_tools is defined %}"
+    template += "<|eom_id|>{% endif %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    d = tmp_path / "tok"
+    d.mkdir()
+    config = {"eos_token": "<|im_end|>", "bos_token": "<s>", "chat_template": template}
+    (d / "tokenizer_config.json").write_text(__import__("json").dumps(config), encoding="utf-8")
+    found = [(f.id, f.message) for f in scan_directory(str(d), default_policy()).findings if f.id in ("TS814", "TS910")]
+    assert found == [], found

@@ -171,3 +171,22 @@ def test_a_tool_call_rendered_under_another_name_is_a_role_issue():
     assert [i for i in conv.judge(renders, honest) if i.kind == "role"] == []
     found = [i for i in conv.judge(renders, fixed) if i.kind == "role"]
     assert found and "without its name" in found[0].detail, found
+
+
+def test_a_failure_of_the_scanners_own_draw_is_not_analysed_never_a_traceback(tmp_path, monkeypatch):
+    """Whatever goes wrong in the scanner's draw or judge of a template's generated conversations
+    (a value of a kind it did not expect), the template is analysis-incomplete (TS910), the scan
+    returns, and its verdict is not kept for reuse."""
+    from warden.tokenscan import exercise
+
+    def broken(*args, **kwargs):
+        raise AttributeError("'str' object has no attribute 'get'")
+
+    monkeypatch.setattr(exercise.conv, "demanded", broken)
+    d = tmp_path / "tok"
+    d.mkdir()
+    template = CHATML.replace("{% for m in messages %}", "{% for m in messages %}{{ m.meta.x if m.meta is defined }}")
+    (d / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "chat_template": template}))
+    result = scan_directory(str(d), default_policy(chat_template=ChatTemplatePolicy(conversation_seed="broken")))
+    found = [f for f in result.findings if f.id == "TS910" and "could not be judged" in f.message]
+    assert found and "AttributeError" in found[0].message, result.findings

@@ -334,3 +334,22 @@ def test_labelled_inputs_keep_every_content_record(snippet: str, secret: str) ->
     records = lambda a: {tuple(t[:3]) for t in a["taint"] if t[0] == "content"}  # noqa: E731
     assert records(unlabelled) and records(labelled) == records(unlabelled)
     assert "demands" in labelled and not any(d[0] == "content" for d in labelled["demands"])
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(
+        ["role", "content", "tool_calls", "function", "name", "parameters", "properties", "type", "x"]), inner, max_size=4),
+    max_leaves=12,
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(messages=st.lists(st.dictionaries(st.sampled_from(["role", "content", "tool_calls", "x"]), _json), max_size=3),
+       tools=st.lists(_json, max_size=3), documents=st.lists(_json, max_size=2), kwarg=_json)  # fmt: skip
+def test_what_a_demand_round_drew_is_read_whatever_kind_each_value_has(messages, tools, documents, kwarg):
+    """A demand round draws a value of any kind at any path (a string where a tool's function
+    was): reading the draws back never raises, and counts what is there."""
+    render = {"messages": messages, "context": {"tools": tools, "documents": documents, "k": kwarg}, "inputs": ["k"]}
+    seen = dm.observed([render])
+    assert len(messages) in seen["input:count:messages"] and len(tools) in seen["input:count:tools"]
