@@ -336,12 +336,12 @@ def test_labelled_inputs_keep_every_content_record(snippet: str, secret: str) ->
     assert "demands" in labelled and not any(d[0] == "content" for d in labelled["demands"])
 
 
+_KEYS = st.sampled_from(["role", "content", "tool_calls", "function", "name", "parameters", "properties", "type", "x"])
 _json = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 5) | st.text(max_size=4),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(
-        ["role", "content", "tool_calls", "function", "name", "parameters", "properties", "type", "x"]), inner, max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=4),
     max_leaves=12,
-)  # fmt: skip
+)
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)
