@@ -180,6 +180,9 @@ def probe(demand: Any) -> dict[str, Any] | None:
     source, operation, constant = demand[:3]
     path = demand[3] if len(demand) > 3 and isinstance(demand[3], list) else []
     kind = source[len(INPUT) :] if source.startswith(INPUT) else ""
+    if operation == "truthy":  # a keyword argument the loader left undefined, tested for truth: set it
+        name = kind[len("kwarg:") :] if kind.startswith("kwarg:") else ""
+        return {"kwargs": {name: True}} if _KWARG_RE.fullmatch(name) and name not in RESERVED_KWARGS else None
     if operation == "kind" and kind.startswith(AT) and constant in KIND_VALUES:  # a value of the kind tested
         at = kind[len(AT) :]
         return {"edits": [{"at": at, "kind": constant}], **_reaching(at)}
@@ -355,6 +358,8 @@ def satisfied(demand: list[Any], seen: dict[str, set[Any]]) -> bool:
         return False
     path = demand[3] if len(demand) > 3 and isinstance(demand[3], list) else []
     values = seen.get(source, set())
+    if operation == "truthy":  # drawn true in a render before: the test's render kept its own shape
+        return False
     if _target(operation, constant) is not None:  # a count's ints; a string's length; a number's ints
         counted = source.startswith(INPUT + "count:") or operation.startswith("number")
         numbers = (

@@ -1160,6 +1160,9 @@ def _counting_loop() -> type:
 
 BRANCHES: list[list[Any]] = []  # the compiled template's branches: [line, what, exempt] (index = number)
 REACHED: set[int] = set()  # the numbers of the branches that ran in this request's renders
+LAST_BRANCH = [-1]  # the branch whose body ran last (where a test now running sits)
+TRUTHY: dict[str, set[str]] = {}  # an undefined name -> the places its truth was asked (per request)
+MAX_TRUTHY_PLACES = 4
 MAX_BRANCHES = 4096  # branches numbered per template; one past it is reported, never judged clean
 LOADER_NAMES = frozenset({"strftime_now", "raise_exception", "range", "dict", "lipsum", "cycler", "joiner",
                           "namespace"})  # fmt: skip
@@ -1567,6 +1570,7 @@ def _environment() -> Any:
         def reached(self, number: int) -> str:
             """A branch's first statement: records that branch ``number`` ran."""
             REACHED.add(number)
+            LAST_BRANCH[0] = number
             return ""
 
         def arms(self, then: int, other: int, test: Any) -> bool:
@@ -1600,7 +1604,27 @@ def _environment() -> Any:
     Recording.code_generator_class = _slicing_generator()
 
     PROBE_MARKUP[0] = _probe_markup()
-    env = Recording(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols])
+
+    class Undefined(jinja2.Undefined):  # the loader's, named and shown as it is
+        """jinja's default ``Undefined``, except that the truth of a top-level name the loader
+        left undefined is a demand for a keyword argument of that name set true (Qwen2-VL's
+        ``add_vision_id``, read only where an image is): the next round draws it so, in the shape
+        of the render it was first read in at that place (line and branch)."""
+
+        __slots__ = ()
+
+        def __bool__(self) -> bool:
+            name = self._undefined_name
+            if self._undefined_obj is jinja2.utils.missing and isinstance(name, str) and len(name) <= 80:
+                where = f"line {_template_line()} branch {LAST_BRANCH[0]}"  # per place: its own shape
+                if len(TRUTHY.setdefault(name, set()) | {where}) <= MAX_TRUTHY_PLACES:
+                    TRUTHY[name].add(where)
+                    _demand(f"{INPUT}kwarg:{name}", "truthy", where)
+            return False
+
+    env = Recording(
+        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols], undefined=Undefined
+    )
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = _Global(raise_exception, "raise_exception")
     # As transformers: a naive datetime's strftime (so '%Z' and '%z' are '', '%f' is microseconds).
@@ -1853,6 +1877,7 @@ def battery(env: Any, request: dict[str, Any]) -> dict[str, Any]:
     SEEN.clear()
     DEMAND_SEEN.clear()
     REACHED.clear()
+    TRUTHY.clear()
     try:
         template = env.from_string(request["text"])
     except jinja2.TemplateSyntaxError as exc:

@@ -178,3 +178,35 @@ def test_a_call_looked_for_in_a_list_argument_is_drawn_both_ways(tmp_path):
     (d / "tokenizer_config.json").write_text(__import__("json").dumps(config), encoding="utf-8")
     found = [(f.id, f.message) for f in scan_directory(str(d), default_policy()).findings if f.id in ("TS814", "TS910")]
     assert found == [], found
+
+
+def test_a_switch_read_only_beside_one_block_type_is_drawn_true_there(tmp_path):
+    """A keyword argument the loader leaves undefined, tested for truth only where an image or a
+    video block is (Qwen2-VL's ``add_vision_id``): each line's test asks for it set true in the
+    shape it was read in, so the numbered branches are rendered (and judged), not left unreached."""
+    from warden.tokenscan import scan_directory
+    from warden.tokenscan.policy import default_policy
+
+    blocks = (
+        "{% for p in (m.content if m.content is not string else []) %}"
+        "{% if p.type == 'image' %}{% if add_vision_id %}Picture: {% endif %}<|image|>"
+        "{% elif p.type == 'video' %}{% if add_vision_id %}Video: {% endif %}<|video|>"
+        "{% elif p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}"
+    )
+    template = LOOP.replace("{{ m.content }}", "{{ m.content if m.content is string else '' }}" + blocks)
+    d = tmp_path / "tok"
+    d.mkdir()
+    config = {"eos_token": "<|im_end|>", "chat_template": template}
+    (d / "tokenizer_config.json").write_text(__import__("json").dumps(config), encoding="utf-8")
+    found = [(f.id, f.message) for f in scan_directory(str(d), default_policy()).findings if f.id in ("TS814", "TS910")]
+    assert found == [], found
+
+
+def test_the_sandbox_undefined_shows_as_the_loaders():
+    """The recording ``Undefined`` prints, tests and compares as jinja's default one (the loader's)."""
+    template = "{{ x }}|{{ x is defined }}|{{ x|pprint }}|{{ 'y' if x else 'n' }}|{{ x|default('d') }}"
+    answer = ct.run_battery(template, [{"name": "u", "messages": [], "context": {}}], LIMITS)
+    import jinja2
+
+    expected = jinja2.sandbox.ImmutableSandboxedEnvironment().from_string(template).render()
+    assert answer["renders"][0]["output"] == expected, answer
