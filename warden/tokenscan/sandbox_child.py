@@ -1175,7 +1175,16 @@ def _constant_tests(tests: list[Any], assigned: set[str]) -> bool:
     from jinja2 import nodes
 
     names = [t for test in tests for t in (test, *test.find_all(nodes.Name)) if isinstance(t, nodes.Name)]
-    return all((n.name in LOADER_NAMES or n.name.endswith("_token")) and n.name not in assigned for n in names)
+    return all((n.name in LOADER_NAMES or n.name in LOADER_TOKENS) and n.name not in assigned for n in names)
+
+
+STANDARD_TOKENS = frozenset(
+    {"bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token"}
+)
+LOADER_TOKENS: set[str] = set(STANDARD_TOKENS)
+"""The ``*_token`` names the loader fixes for this tokenizer (the standard ones, set or left
+undefined, and the ones the request's context sets): another ``*_token`` name is a caller's
+keyword argument, an input."""
 
 
 SELECTING = frozenset({"split", "rsplit", "partition", "rpartition", "startswith", "endswith", "strip", "lstrip",
@@ -1203,7 +1212,10 @@ def _literals(body: list[Any]) -> list[str]:
                 skipped.update(id(a) for a in sub.args[: 1 if sub.node.attr == "replace" else None])
             elif isinstance(sub, nodes.Filter) and sub.name in ("replace", "trim", "indent"):
                 skipped.update(id(a) for a in sub.args[:1])
-    out: list[str] = []
+    made = [c for node in body for c in (node, *node.find_all(nodes.Call)) if isinstance(c, nodes.Call)]
+    out: list[str] = [  # dict(Say_X=1): the names of a dict made from keywords are its keys, text
+        k.key for c in made if isinstance(c.node, nodes.Name) and c.node.name == "dict" for k in c.kwargs
+    ][:MAX_LITERALS]
     for node in body:
         for sub in (node, *node.find_all((nodes.TemplateData, nodes.Const))):
             value = sub.data if isinstance(sub, nodes.TemplateData) else getattr(sub, "value", None)
@@ -1261,6 +1273,20 @@ def _markup_tests(tests: list[Any], taken: bool = False) -> bool:
     return bool(tests) and (all(markup(t) for t in tests) or (taken and required(tests[-1])))
 
 
+def _name_literals(tree: Any) -> dict[str, list[str]]:
+    """Per variable, the literals the assignments to it hold (``{% set opener = '<|im_start|>system' %}``):
+    a branch that writes the variable writes them."""
+    from jinja2 import nodes
+
+    out: dict[str, list[str]] = {}
+    for assign in tree.find_all((nodes.Assign, nodes.AssignBlock)):
+        target = assign.target
+        value = [nodes.Output([assign.node])] if isinstance(assign, nodes.Assign) else assign.body
+        if isinstance(target, nodes.Name) and len(out.setdefault(target.name, [])) < MAX_LITERALS:
+            out[target.name] += _literals(value)[: MAX_LITERALS - len(out[target.name])]
+    return out
+
+
 def _raises_only(body: list[Any]) -> bool:
     """Whether a branch's body does nothing but call ``raise_exception`` (the render is refused)."""
     from jinja2 import nodes
@@ -1297,6 +1323,8 @@ def _slicing_generator() -> type:
         def visit_Template(self, node: Any, frame: Any = None) -> None:
             BRANCHES.clear()  # numbered afresh for each template compiled
             self._assigned = {n.name for n in node.find_all(nodes.Name) if n.ctx in ("store", "param")}
+            self._assigned |= {m.name for m in node.find_all(nodes.Macro)}  # a macro named raise_exception
+            self._carrying = _name_literals(node)
             self._tests: set[int] = set()  # the predicates of branch tests (their branches are followed)
             self._statement: Any = None  # the output or assignment being written
             self._enclosing: dict[int, int] = {}  # id of a node -> the innermost branch it is in
@@ -1316,9 +1344,15 @@ def _slicing_generator() -> type:
                     self._enclosing[id(sub)] = number
             return number
 
+        def _written(self, body: list[Any]) -> list[str]:
+            """The literals ``body`` writes, those of the variables it reads included."""
+            read = {n.name for top in body for n in (top, *top.find_all(nodes.Name)) if isinstance(n, nodes.Name)}
+            carried = (x for name in sorted(read) for x in self._carrying.get(name, ()))
+            return [*_literals(body), *carried][:MAX_LITERALS]
+
         def _marked(self, body: list[Any], node: Any, what: str, exempt: bool) -> list[Any]:
             """``body`` with a first statement that records that it ran (see :data:`BRANCHES`)."""
-            number = self._branch(node, what, exempt, _literals(body), body)
+            number = self._branch(node, what, exempt, self._written(body), body)
             reached = nodes.EnvironmentAttribute("reached").set_lineno(node.lineno)
             call = nodes.Call(reached, [nodes.Const(number)], [], None, None).set_lineno(node.lineno)
             return [nodes.ExprStmt(call).set_lineno(node.lineno), *body]
@@ -1326,7 +1360,8 @@ def _slicing_generator() -> type:
         def _guarded(self, body: list[Any], node: Any, what: str, tests: list[Any]) -> list[Any]:
             taken = what in ("if", "elif")  # runs when the last of ``tests`` holds (an else when none does)
             markup = _markup_tests(tests, taken)
-            exempt = _raises_only(body) or _constant_tests(tests, self._assigned) or markup
+            raises = _raises_only(body) and "raise_exception" not in self._assigned
+            exempt = raises or _constant_tests(tests, self._assigned) or markup
             return self._marked(body, node, what, exempt)
 
         def visit_Macro(self, node: Any, frame: Any) -> None:
@@ -1368,7 +1403,7 @@ def _slicing_generator() -> type:
             if id(node) in self._tests or self._statement is None or len(BRANCHES) > MAX_BRANCHES:
                 visit(node, frame)
                 return
-            exempt, literals = _constant_tests([node], self._assigned), _literals([self._statement])
+            exempt, literals = _constant_tests([node], self._assigned), self._written([self._statement])
             true = self._branch(node, "test true", exempt, literals, [])
             false = self._branch(node, "test false", exempt, literals, [])
             self.write(f"environment.predicate({true}, {false}, ")
@@ -1412,10 +1447,11 @@ def _slicing_generator() -> type:
             self._followed(node.test)
             exempt = _constant_tests([node.test], self._assigned) or _markup_tests([node.test])
             arm, other_arm = [nodes.Output([node.expr1])], [nodes.Output([node.expr2])] if node.expr2 else []
-            taken = exempt or _raises_only(arm) or _markup_tests([node.test], True)
-            then = self._branch(node, "if-expression", taken, _literals(arm), [node.expr1])
+            raises = _raises_only(arm) and "raise_exception" not in self._assigned
+            taken = exempt or raises or _markup_tests([node.test], True)
+            then = self._branch(node, "if-expression", taken, self._written(arm), [node.expr1])
             other = self._branch(
-                node, "if-expression else", exempt, _literals(other_arm), [node.expr2] if node.expr2 else []
+                node, "if-expression else", exempt, self._written(other_arm), [node.expr2] if node.expr2 else []
             )
             frame = frame.soft()
             self.write("(")
@@ -1434,7 +1470,7 @@ def _slicing_generator() -> type:
             """``left op right`` with the right side through ``environment.passed`` (that it ran)."""
             exempt = _constant_tests([node.left], self._assigned)
             number = self._branch(
-                node, f"right side of {op}", exempt, _literals([nodes.Output([node.right])]), [node.right]
+                node, f"right side of {op}", exempt, self._written([nodes.Output([node.right])]), [node.right]
             )
             self.write("(")
             self.visit(node.left, frame)
@@ -1878,6 +1914,10 @@ def battery(env: Any, request: dict[str, Any]) -> dict[str, Any]:
     DEMAND_SEEN.clear()
     REACHED.clear()
     TRUTHY.clear()
+    renders = request.get("renders") or [{}]
+    context = renders[0].get("context") if isinstance(renders[0], dict) else None
+    LOADER_TOKENS.clear()  # the branches' constants are judged against this request's loader names
+    LOADER_TOKENS.update(STANDARD_TOKENS, (k for k in context or () if isinstance(k, str) and k.endswith("_token")))
     try:
         template = env.from_string(request["text"])
     except jinja2.TemplateSyntaxError as exc:

@@ -210,3 +210,30 @@ def test_the_sandbox_undefined_shows_as_the_loaders():
 
     expected = jinja2.sandbox.ImmutableSandboxedEnvironment().from_string(template).render()
     assert answer["renders"][0]["output"] == expected, answer
+
+
+@SETTINGS
+@given(role=st.sampled_from(["system", "developer"]), n=st.integers(100, 10**6), via=st.sampled_from(["set", "block"]))
+def test_a_branch_writing_a_variable_writes_the_literals_assigned_to_it(role, n, via):
+    """Markup kept in a variable set outside the gated branch (``{% set opener = '<|im_start|>system' %}``)
+    is what the branch writes when it prints the variable."""
+    opener = "<|im_start|>" + role
+    kept = f"{{% set opener = {opener!r} %}}" if via == "set" else f"{{% set opener %}}{opener}{{% endset %}}"
+    gated = "{% if (messages|length) > " + str(n) + " %}{{ opener }}\n{% endif %}"
+    found = _unexercised(kept + LOOP + gated)
+    assert len(found) == 1 and opener in found[0], found
+
+
+@SETTINGS
+@given(name=st.sampled_from(["audit_token", "mode_token", "x_token"]), n=st.integers(100, 10**6))
+def test_a_callers_keyword_named_like_a_token_is_an_input(name, n):
+    """Only the loader's own ``*_token`` names are constants; another is a caller's keyword."""
+    found = _unexercised(LOOP + "{% if " + name + " == 'on' %}<|im_start|>system\nZq{% endif %}")
+    assert len(found) == 1 and "<|im_start|>system" in found[0], found
+
+
+def test_a_template_defining_raise_exception_gets_no_raise_only_exemption():
+    own = "{% macro raise_exception(m) %}<|im_start|>system\n{{ m }}<|im_end|>{% endmacro %}"
+    gated = "{% if (messages|length) > 500 %}{{ raise_exception('Zq steer') }}{% endif %}"
+    found = _unexercised(own + LOOP + gated)
+    assert len(found) == 1 and "Zq steer" in found[0], found

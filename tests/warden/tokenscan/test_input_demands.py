@@ -192,8 +192,10 @@ def test_counts_without_gated_text_judge_clean(form: str) -> None:
 @pytest.mark.parametrize("name", [*fam.CURRENT_TEMPLATES, "llama3.1", "qwen2.5", "mistral", "gemma"])
 def test_family_templates_ask_for_nothing_round_one_did_not_draw(name: str) -> None:
     """The real families test only inputs the draw gives, but for the kind of a value (Qwen3's
-    ``arguments is string``: OpenAI-style JSON-string arguments): a second round for those only,
-    nothing left, and its renders judge clean."""
+    ``arguments is string``: OpenAI-style JSON-string arguments), an item of a list argument
+    (Llama 3.1's ``builtin_tools`` without ``code_interpreter``) and a conversation just longer than
+    one drawn (a turn counter compared with a count kept in a namespace): a second round for those
+    only, nothing left, and its renders judge clean."""
     template = {**fam.CURRENT_TEMPLATES, "llama3.1": fam.LLAMA31_TEMPLATE, "qwen2.5": fam.QWEN25_TEMPLATE,
                 "mistral": fam.MISTRAL_TEMPLATE, "gemma": fam.GEMMA_TEMPLATE}[name]  # fmt: skip
     first = conv.generate("warden-33", 24, CTX, template)
@@ -201,7 +203,13 @@ def test_family_templates_ask_for_nothing_round_one_did_not_draw(name: str) -> N
     assert answer["demands"], "the labelled inputs record the family's own tests"
     second, left = conv.demanded("warden-33", 24, CTX, answer["demands"], first)
     assert left == 0
-    assert all(e.get("kind") for r in second for e in r["forced"]["edits"]), [r["shape"] for r in second]
+    for r in second:
+        forced = r["forced"]
+        if "edits" in forced:
+            assert all(e.get("kind") for e in forced["edits"]), r["shape"]
+        else:
+            lists = all(isinstance(v, list) for v in (forced.get("kwargs") or {}).values())
+            assert ("messages" in forced) != ("kwargs" in forced and lists), r["shape"]
     answer2 = ct.run_battery(template, second, LIMITS) if second else {"renders": []}
     assert conv.judge([*first, *second], {**answer, "renders": [*answer["renders"], *answer2["renders"]]}) == []
 
