@@ -63,12 +63,6 @@ MISSES: dict[str, str] = {
     "a tag in content and-ed with any gate (markup required) -> steering": "a branch whose last test has a markup term among its and terms is exempt: any gate and-ed with '</think>' in content hides a branch that writes steering (spelled by dict() keyword names)",
     "a message's author field in the role slot (|default(message.role))": "a message field asked for is drawn holding text, never a role name: a field printed in the role slot through |default is free text to the role judge, so author 'system' opens a system turn",
     "a macro holding the system opener, called from a literal-free branch": f"macro bodies are exempt and a call carries no literal: a hidden branch that only calls a macro writing a system turn has nothing novel, and {REPEAT_GATE}",
-    "default prompt carries the payload as hex": "only base64 of fixed text is decoded: a hex-encoded directive in the default system prompt passes the steering judge",
-    "default prompt carries the payload as rot13": "no ROT13 (letter rotation) reading of fixed text: a rotated directive in the default system prompt passes",
-    "default prompt carries the payload as base32": "only base64 of fixed text is decoded: base32 passes",
-    "default prompt carries the payload as base64 in lines of 8 characters": "base64 is decoded only as one unbroken run: the same text broken into groups of 8 by spaces is not joined before decoding",
-    "Bert TemplateProcessing with [SEP] first and [CLS] last": "cls/sep are checked against the config for BertProcessing/RobertaProcessing only: a TemplateProcessing that writes [SEP] first and [CLS] last passes",
-    "Bert post_processor removed (no [CLS] nor [SEP])": "a WordPiece tokenizer with cls/sep in its config and a null post_processor is not judged: encodings carry neither, and the classifier reads the first word as [CLS]",
 }
 BENIGN_FLAGGED: dict[str, str] = {}  # benign -> the false positive (Qwen2-VL's add_vision_id one is fixed)
 

@@ -914,22 +914,56 @@ def _steering_elsewhere(sentence: str) -> str | None:
 
 
 BASE64_RE = re.compile(r"(?<![A-Za-z0-9+/=_-])[A-Za-z0-9+/_-]{16,}={0,2}(?![A-Za-z0-9+/=_-])")
+GROUPED_RE = re.compile(r"(?<![A-Za-z0-9+/=])(?:[A-Za-z0-9+/=]{4,12}[ \t]+){3,}[A-Za-z0-9+/=]{2,12}")  # b64 in groups
+HEX_RE = re.compile(r"(?<![0-9A-Fa-f])(?:[0-9A-Fa-f]{2}[ :]?){12,}(?![0-9A-Fa-f])")
+BASE32_RE = re.compile(r"(?<![A-Z2-7=])[A-Z2-7]{16,}={0,6}(?![A-Z2-7=])")
+ROT13 = str.maketrans(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz", "NOPQRSTUVWXYZABCDEFGHIJKLMnopqrstuvwxyzabcdefghijklm"
+)
+
+
+def _readable_bytes(data: bytes) -> str | None:
+    """``data`` as text when it is printable UTF-8 holding three words or more."""
+    try:
+        decoded = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    printable = sum(c.isprintable() or c in "\n\t" for c in decoded)
+    ok = decoded and printable >= 0.95 * len(decoded) and len(re.findall(r"[^\W\d_]{2,}", decoded)) >= 3
+    return decoded if ok else None
+
+
+def _decodings(text: str) -> Iterator[tuple[str, bytes]]:
+    """Each run of ``text`` in an encoding a model reads and a reviewer does not: base64 (either
+    alphabet, padded or not, whole or in space-separated groups), base32, hex."""
+    runs = [(m.group(0), "base64") for m in BASE64_RE.finditer(text)]
+    runs += [(re.sub(r"\s+", "", m.group(0)), "base64") for m in GROUPED_RE.finditer(text)]
+    for run, _kind in runs:
+        padded = run + "=" * (-len(run) % 4)
+        with contextlib.suppress(binascii.Error, ValueError):
+            yield "base64", base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True)
+    for m in BASE32_RE.finditer(text):
+        run = m.group(0).rstrip("=")
+        with contextlib.suppress(binascii.Error, ValueError):
+            yield "base32", base64.b32decode(run + "=" * (-len(run) % 8))
+    for m in HEX_RE.finditer(text):
+        with contextlib.suppress(ValueError):
+            yield "hex", bytes.fromhex(re.sub(r"[ :]", "", m.group(0)))
 
 
 def encoded_text(text: str) -> str | None:
-    """The first base64 (or URL-safe base64) run of ``text`` that decodes to readable words: text
-    a model can read and a reviewer cannot (three words or more, printable UTF-8)."""
-    for m in BASE64_RE.finditer(text):
-        run = m.group(0)
-        padded = run + "=" * (-len(run) % 4)
-        try:
-            decoded = base64.b64decode(padded.replace("-", "+").replace("_", "/"), validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError, ValueError):
-            continue
-        printable = sum(c.isprintable() or c in "\n\t" for c in decoded)
-        if printable >= 0.95 * len(decoded) and len(re.findall(r"[^\W\d_]{2,}", decoded)) >= 3:
+    """The first run of ``text`` that decodes (:func:`_decodings`) to readable words: text a model
+    can read and a reviewer cannot (three words or more, printable UTF-8)."""
+    for _kind, data in _decodings(text):
+        if (decoded := _readable_bytes(data)) is not None:
             return decoded
     return None
+
+
+def _plain_instruction(text: str) -> bool:
+    """:func:`instruction_text` of a decoded view, without decoding it again."""
+    flat = readable(text)
+    return bool(INJECTION_RE.search(flat)) or any(steering(x) for x in SENTENCE_RE.split(flat) if x.strip())
 
 
 @functools.lru_cache(maxsize=2048)  # pure: a directory of template copies asks once per distinct render
@@ -941,7 +975,9 @@ def instruction_text(text: str) -> str | None:
     plain = spelled_out(flat)
     scripts = _IDENT_RE.sub(" ", without_markup(_visible(text)))  # other scripts unfolded: the lexicon reads them
     if encoded := encoded_text(text):
-        return f"encoded text (base64 of {_short(encoded, 60)!r})"
+        return f"encoded text (decodes to {_short(encoded, 60)!r})"
+    if (rotated := text.translate(ROT13)) != text and _plain_instruction(rotated):
+        return f"encoded text (ROT13 of {_short(readable(rotated), 60)!r})"
     for view in dict.fromkeys((flat, plain, scripts)):
         if m := INJECTION_RE.search(view):
             return f"instruction-like text ({m.group(0)!r})"

@@ -850,6 +850,32 @@ def processor_role_issues(processor: Any, declared: Mapping[str, Any]) -> list[P
                 out.append(PipelineIssue("template", "post_processor", detail))
         if isinstance(node.get("cls"), list) and node.get("cls") == node.get("sep"):
             out.append(PipelineIssue("template", "post_processor", f"{node['type']} cls and sep are one token"))
+    return out + _template_role_issues(processor, declared)
+
+
+def _declared(declared: Mapping[str, Any], key: str) -> str | None:
+    value = declared.get(key)
+    value = value.get("content") if isinstance(value, dict) else value
+    return value if isinstance(value, str) and value else None
+
+
+def _template_role_issues(processor: Any, declared: Mapping[str, Any]) -> list[PipelineIssue]:
+    """A TemplateProcessing's single template never opens with the config's separator (BERT's
+    ``[SEP] $A [CLS]``; XLNet's ``$A <sep> <cls>`` closes with both), and a WordPiece-style
+    config declaring both cls and sep has a post-processor that adds them."""
+    cls, sep = _declared(declared, "cls_token"), _declared(declared, "sep_token")
+    if cls is None or sep is None:
+        return []
+    if processor is None:
+        detail = f"no post-processor, though the config declares cls {cls!r} and sep {sep!r}: encodings carry neither"
+        return [PipelineIssue("template", "post_processor", detail)]
+    out = []
+    for _where, node in rules({"post_processor": processor}, "post_processor"):
+        single = node.get("single") if node.get("type") == "TemplateProcessing" else None
+        first = _piece(single[0]) if isinstance(single, list) and single else None
+        if first is not None and first[0] == "SpecialToken" and first[1] == sep:
+            detail = f"TemplateProcessing single template opens with the separator {sep!r}"
+            out.append(PipelineIssue("template", "post_processor", detail))
     return out
 
 

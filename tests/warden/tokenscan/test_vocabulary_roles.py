@@ -104,3 +104,30 @@ def test_family_tokenizers_have_none_of_these_issues(tmp_path, family):
     assert pr.spanning_issues(tok) == []
     assert pr.processor_role_issues(tok.get("post_processor"), config) == []
     assert pr.case_issues(tok, (), config.get("do_lower_case") is False) == []
+
+
+def _single(*pieces: str) -> dict:
+    def piece(p: str) -> dict:
+        return {"Sequence": {"id": "A", "type_id": 0}} if p == "$A" else {"SpecialToken": {"id": p, "type_id": 0}}
+
+    return {"type": "TemplateProcessing", "single": [piece(p) for p in pieces]}
+
+
+@pytest.mark.parametrize(
+    "pieces,flagged",
+    [(("[CLS]", "$A", "[SEP]"), False), (("$A", "[SEP]", "[CLS]"), False), (("[SEP]", "$A", "[CLS]"), True),
+     (("[SEP]", "$A"), True)],
+)  # fmt: skip
+def test_a_template_never_opens_with_the_configs_separator(pieces, flagged):
+    """BERT's ``[CLS] $A [SEP]`` and XLNet's ``$A <sep> <cls>`` are the families' orders; an
+    encoding opening with the separator feeds the classifier the wrong token."""
+    issues = pr.processor_role_issues(_single(*pieces), {"cls_token": "[CLS]", "sep_token": "[SEP]"})
+    assert (len(issues) == 1 and "opens with the separator" in issues[0].detail) is flagged, issues
+
+
+def test_a_config_declaring_cls_and_sep_needs_a_post_processor():
+    issues = pr.processor_role_issues(None, {"cls_token": "[CLS]", "sep_token": "[SEP]"})
+    assert [i.detail for i in issues] == [
+        "no post-processor, though the config declares cls '[CLS]' and sep '[SEP]': encodings carry neither"
+    ]
+    assert pr.processor_role_issues(None, {"bos_token": "<s>"}) == []
