@@ -44,9 +44,10 @@ ARG PIP_CONSTRAINT
 ARG PIP_DEFAULT_TIMEOUT
 ARG PIP_DISABLE_PIP_VERSION_CHECK
 WORKDIR /opt/warden
-# The runtime comes from the project's own hashed lock (deps audits the same lock).
+# The runtime comes from the project's own hashed lock (deps audits the same lock); the lock is
+# complete, so no dependency is resolved (a newer release upstream cannot enter the image).
 COPY policies/locks/runtime-py311-linux-x86_64.txt /tmp/runtime-lock.txt
-RUN pip install --require-hashes -r /tmp/runtime-lock.txt && rm /tmp/runtime-lock.txt
+RUN pip install --no-deps --require-hashes -r /tmp/runtime-lock.txt && rm /tmp/runtime-lock.txt
 
 ARG WITH_TRAIN=false
 # The CPU build of torch comes from this index; empty: from pip's own configuration

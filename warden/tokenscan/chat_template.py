@@ -929,7 +929,7 @@ def _readable_bytes(data: bytes) -> str | None:
     except UnicodeDecodeError:
         return None
     printable = sum(c.isprintable() or c in "\n\t" for c in decoded)
-    ok = decoded and printable >= 0.95 * len(decoded) and len(re.findall(r"[^\W\d_]{2,}", decoded)) >= 3
+    ok = decoded and printable >= 0.95 * len(decoded) and len(re.findall(r"[^\W0-9_]{2,}", decoded)) >= 3
     return decoded if ok else None
 
 
