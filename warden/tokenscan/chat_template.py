@@ -963,7 +963,12 @@ def encoded_text(text: str) -> str | None:
 def _plain_instruction(text: str) -> bool:
     """:func:`instruction_text` of a decoded view, without decoding it again."""
     flat = readable(text)
-    return bool(INJECTION_RE.search(flat)) or any(steering(x) for x in SENTENCE_RE.split(flat) if x.strip())
+    if INJECTION_RE.search(flat):
+        return True
+    cues = (PROMOTE_RE, SAY_RE, SUPERLATIVE_RE, LEXICON_PROMOTE_RE, LEXICON_SAY_RE)  # linear: no cue, no steering
+    if not any(cue.search(flat) for cue in cues):
+        return False
+    return any(steering(x) for x in SENTENCE_RE.split(flat) if x.strip())
 
 
 @functools.lru_cache(maxsize=2048)  # pure: a directory of template copies asks once per distinct render
