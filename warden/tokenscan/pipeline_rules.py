@@ -843,9 +843,8 @@ def processor_role_issues(processor: Any, declared: Mapping[str, Any]) -> list[P
         if node.get("type") not in ("BertProcessing", "RobertaProcessing"):
             continue
         for key in ("cls", "sep"):
-            pair, want = node.get(key), declared.get(f"{key}_token")
-            want = want.get("content") if isinstance(want, dict) else want
-            if isinstance(pair, list) and pair and isinstance(want, str) and pair[0] != want:
+            pair, want = node.get(key), _declared(declared, f"{key}_token")
+            if isinstance(pair, list) and pair and want is not None and pair[0] != want:
                 detail = f"{node['type']} {key} is {pair[0]!r} but the config's {key}_token is {want!r}"
                 out.append(PipelineIssue("template", "post_processor", detail))
         if isinstance(node.get("cls"), list) and node.get("cls") == node.get("sep"):

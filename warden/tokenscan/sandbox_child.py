@@ -1360,9 +1360,12 @@ def _slicing_generator() -> type:
         def _guarded(self, body: list[Any], node: Any, what: str, tests: list[Any]) -> list[Any]:
             taken = what in ("if", "elif")  # runs when the last of ``tests`` holds (an else when none does)
             markup = _markup_tests(tests, taken)
-            raises = _raises_only(body) and "raise_exception" not in self._assigned
-            exempt = raises or _constant_tests(tests, self._assigned) or markup
+            exempt = self._refuses(body) or _constant_tests(tests, self._assigned) or markup
             return self._marked(body, node, what, exempt)
+
+        def _refuses(self, body: list[Any]) -> bool:
+            """``body`` only calls the loader's ``raise_exception`` (not one the template defines)."""
+            return _raises_only(body) and "raise_exception" not in self._assigned
 
         def visit_Macro(self, node: Any, frame: Any) -> None:
             body = self._marked(node.body, node, "macro body", True)  # never called: dead code, not judged
@@ -1447,8 +1450,7 @@ def _slicing_generator() -> type:
             self._followed(node.test)
             exempt = _constant_tests([node.test], self._assigned) or _markup_tests([node.test])
             arm, other_arm = [nodes.Output([node.expr1])], [nodes.Output([node.expr2])] if node.expr2 else []
-            raises = _raises_only(arm) and "raise_exception" not in self._assigned
-            taken = exempt or raises or _markup_tests([node.test], True)
+            taken = exempt or self._refuses(arm) or _markup_tests([node.test], True)
             then = self._branch(node, "if-expression", taken, self._written(arm), [node.expr1])
             other = self._branch(
                 node, "if-expression else", exempt, self._written(other_arm), [node.expr2] if node.expr2 else []
